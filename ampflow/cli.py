@@ -1,0 +1,78 @@
+"""`ampflow`: one command per pipeline step, plus serving, the pipeline and the demo.
+
+Every command is a thin shell over a library function: this file only finds the command's
+module and turns an `AmpflowError` into one clear line and a non-zero exit (no traceback).
+Each module named below exposes `register(subparsers)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from ampflow import __version__
+from ampflow.errors import AmpflowError
+
+# (command modules in pipeline order). Modules are imported lazily so `--help` stays fast.
+COMMAND_MODULES: tuple[str, ...] = (
+    "ampflow.components.prepare_data.cli",
+    "ampflow.components.train.cli",
+    "ampflow.components.evaluate_parity.cli",
+    "ampflow.components.export_savedmodel.cli",
+    "ampflow.components.convert_tflite.cli",
+    "ampflow.serving.cli",
+    "ampflow.components.deploy_serving.cli",
+    "ampflow.pipeline.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with every available subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="ampflow",
+        description="Mixed-precision TensorFlow training to a served endpoint, as a KFP pipeline.",
+    )
+    parser.add_argument("--version", action="version", version=f"ampflow {__version__}")
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="<command>")
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name and module_name.startswith(e.name):
+                continue  # a step not built yet; its command is simply absent
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `ampflow` console script."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except AmpflowError as e:
+        print(f"ampflow {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"ampflow {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
