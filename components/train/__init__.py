@@ -1,0 +1,10 @@
+"""Step 2: mixed-precision training with XLA, loss-scale telemetry and resumable checkpoints."""
+
+from ampflow.components.train.step import (
+    TrainConfig,
+    TrainResult,
+    load_trained_model,
+    run_train,
+)
+
+__all__ = ["TrainConfig", "TrainResult", "load_trained_model", "run_train"]

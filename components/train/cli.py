@@ -1,0 +1,34 @@
+"""`ampflow train`: a thin shell over `run_train`."""
+
+from __future__ import annotations
+
+from ampflow.cliutil import add_step_command
+
+
+def _summary(result) -> dict:
+    meta = result.metadata
+    final = meta["final_metrics"]
+    return {
+        "model": meta["model_name"],
+        "policy": f"{meta['precision']['policy']} ({meta['precision']['reason']})",
+        "xla": f"{meta['xla']['effective']} ({meta['xla']['reason']})",
+        "val_accuracy": final.get("val_accuracy"),
+        "throughput_img_s": meta["throughput_examples_per_sec"],
+        "loss_scale": meta["loss_scale"].get("final", "n/a (no loss scaling)"),
+        "skipped_steps": meta["loss_scale"].get("skipped_steps", 0),
+        "model_dir": str(result.output_dir),
+    }
+
+
+def register(subparsers) -> None:
+    """Add the `train` subcommand."""
+    from ampflow.components.train.step import TrainConfig, run_train
+
+    add_step_command(
+        subparsers,
+        "train",
+        config_cls=TrainConfig,
+        run=run_train,
+        summarize=_summary,
+        help="Train a model with mixed precision (AMP) and XLA on a prepared dataset.",
+    )

@@ -1,0 +1,284 @@
+"""train: mixed-precision (AMP) training with XLA, loss-scale telemetry and resumable checkpoints.
+
+Writes into `output_dir` (docs/ARTIFACTS.md): `model.keras`, `loss_scale_history.json`,
+`tensorboard/` and, LAST, `metadata.json`, whose presence marks the model as published. The
+`backup/` dir (Keras BackupAndRestore, double checkpoint) lets a killed run resume; it is kept
+when the loss-scale guard stops a run and removed by Keras after a successful one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ampflow.components.train.precision import POLICIES, HardwareInfo, PrecisionSetup
+
+from ampflow.errors import ConfigError, ModelLoadError, TrainingDivergedError
+from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+METADATA_FILE = "metadata.json"
+MODEL_FILE = "model.keras"
+HISTORY_FILE = "loss_scale_history.json"
+EPOCH_LOG_FILE = "epochs.jsonl"
+BACKUP_DIR = "backup"
+
+
+def _model_choices() -> tuple[str, ...]:
+    from ampflow.components.train.models import model_names
+
+    return model_names()
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run depends on; written next to the model it produced."""
+
+    data_dir: Path = field(metadata={"help": "A prepared dataset dir (from prepare-data)."})
+    output_dir: Path = field(metadata={"help": "Directory that receives the model artifact."})
+    model: str = field(default="small_cnn", metadata={
+        "help": "small_cnn (fast on a CPU), resnet50 or mobilenet_v2 (keras.applications, "
+                "weights=None)."})
+    image_size: int | None = field(default=None, metadata={
+        "help": "Resize inside the model to this square size (default: the model's own; "
+                "32 for resnet50/mobilenet_v2)."})
+    precision: str = field(default="auto", metadata={
+        "choices": POLICIES,
+        "help": "Dtype policy; auto picks mixed_float16 on NVIDIA GPUs with compute capability "
+                ">= 7.0, mixed_bfloat16 on TPUs and CPUs with AVX512_BF16/AMX, else float32."})
+    jit_compile: bool | None = field(default=None, metadata={
+        "help": "XLA-compile the train step; auto = on with a GPU/TPU, off on a CPU "
+                "(measured slower there)."})
+    epochs: int = field(default=8, metadata={"help": "Epochs to train (a resumed run finishes "
+                                                     "the same total)."})
+    batch_size: int = field(default=32, metadata={"help": "Examples per step."})
+    learning_rate: float = field(default=3e-3, metadata={"help": "Optimizer learning rate."})
+    optimizer: str = field(default="adam", metadata={"choices": ("adam", "sgd"),
+                                                     "help": "Optimizer."})
+    seed: int = field(default=42, metadata={"help": "Seed for weights, shuffling and dropout."})
+    steps_per_epoch: int | None = field(default=None, metadata={
+        "help": "Cap the steps of each epoch (default: the whole training split)."})
+    loss_scale_floor: float = field(default=1.0, metadata={
+        "help": "Stop the run if the dynamic loss scale falls below this."})
+    max_skipped_fraction: float = field(default=0.05, metadata={
+        "help": "Stop the run if more than this fraction of steps after warm-up is skipped."})
+    guard_warmup_steps: int = field(default=50, metadata={
+        "help": "Steps before the skipped-step check starts (the scale settles first)."})
+    telemetry_every_n_steps: int = field(default=1, metadata={
+        "help": "Record the loss scale every N steps."})
+
+    def __post_init__(self) -> None:
+        positive = {"epochs": self.epochs, "batch_size": self.batch_size,
+                    "telemetry_every_n_steps": self.telemetry_every_n_steps}
+        for name, value in positive.items():
+            if value is None or value <= 0:
+                raise ConfigError(f"{name} must be > 0. Received: {name}={value}")
+        if self.steps_per_epoch is not None and self.steps_per_epoch <= 0:
+            raise ConfigError(
+                f"steps_per_epoch must be > 0. Received: steps_per_epoch={self.steps_per_epoch}"
+            )
+        if not self.learning_rate > 0:
+            raise ConfigError(
+                f"learning_rate must be > 0. Received: learning_rate={self.learning_rate}"
+            )
+        if self.precision not in POLICIES:
+            raise ConfigError(
+                f"precision must be one of {POLICIES}. Received: precision={self.precision!r}"
+            )
+        if self.model not in _model_choices():
+            raise ConfigError(
+                f"model must be one of {_model_choices()}. Received: model={self.model!r}"
+            )
+        if self.optimizer not in ("adam", "sgd"):
+            raise ConfigError(
+                f"optimizer must be 'adam' or 'sgd'. Received: optimizer={self.optimizer!r}"
+            )
+        if not 0 <= self.max_skipped_fraction <= 1:
+            raise ConfigError("max_skipped_fraction must be in [0, 1]. Received: "
+                              f"max_skipped_fraction={self.max_skipped_fraction}")
+        if self.image_size is not None and self.image_size < 8:
+            raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """The published model dir and its metadata."""
+
+    output_dir: Path
+    metadata: dict[str, Any]
+
+    @property
+    def model_path(self) -> Path:
+        """Path of the saved `.keras` model."""
+        return self.output_dir / MODEL_FILE
+
+
+def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> TrainResult:
+    """Train `config.model` on the prepared data; publish the model only if training is healthy."""
+    import keras
+    from ampflow.components.prepare_data import load_dataset_info
+    from ampflow.components.train.precision import configure_precision
+
+    info = load_dataset_info(config.data_dir)  # a bad data_dir fails before any compute
+    output_dir = ensure_writable_dir(config.output_dir, "output_dir")
+    if (output_dir / METADATA_FILE).exists():
+        log.warning("%s already holds a published model; it will be replaced", output_dir)
+        (output_dir / METADATA_FILE).unlink()
+    previous_policy = keras.mixed_precision.global_policy().name
+    try:
+        setup = configure_precision(config.precision, config.jit_compile, hardware)
+        return _train(config, info, setup, output_dir)
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def load_trained_model(model_dir: str | os.PathLike):
+    """Load a published model dir → `(keras.Model, metadata)`; ModelLoadError if incomplete."""
+    import keras
+
+    model_dir = Path(model_dir)
+    metadata_path, model_path = model_dir / METADATA_FILE, model_dir / MODEL_FILE
+    if not metadata_path.is_file() or not model_path.is_file():
+        raise ModelLoadError(
+            f"{model_dir} is not a published model: expected {MODEL_FILE} and {METADATA_FILE} "
+            "(a run that failed or is still going publishes neither)."
+        )
+    try:
+        metadata = read_json(metadata_path)
+        model = keras.saving.load_model(model_path, compile=False)
+    except Exception as e:
+        raise ModelLoadError(f"{model_path} could not be loaded (corrupt?): {e}") from e
+    return model, metadata
+
+
+def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: Path):
+    import keras
+    from ampflow.components.prepare_data import load_split, make_input_pipeline
+    from ampflow.components.train.models import build_model
+    from ampflow.components.train.telemetry import (
+        EpochLog,
+        GuardLimits,
+        LossScaleTelemetry,
+        read_epoch_log,
+    )
+
+    keras.utils.set_random_seed(config.seed)
+    train_ds = make_input_pipeline(load_split(config.data_dir, "train"),
+                                   batch_size=config.batch_size, training=True, seed=config.seed)
+    test_ds = make_input_pipeline(load_split(config.data_dir, "test"),
+                                  batch_size=config.batch_size, training=False)
+    steps = info["splits"]["train"] // config.batch_size
+    if steps == 0:
+        raise ConfigError(f"batch_size must be <= the training split size "
+                          f"({info['splits']['train']}). Received: batch_size={config.batch_size}")
+    if config.steps_per_epoch:
+        steps = min(steps, config.steps_per_epoch)
+        train_ds = train_ds.repeat()
+
+    model = build_model(config.model, tuple(info["image_shape"]), info["num_classes"],
+                        image_size=config.image_size)
+    model.compile(optimizer=_optimizer(config, setup), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"], jit_compile=setup.jit_compile)
+
+    backup_dir = output_dir / BACKUP_DIR
+    resumed = backup_dir.exists()
+    telemetry = LossScaleTelemetry(
+        GuardLimits(config.loss_scale_floor, config.max_skipped_fraction,
+                    config.guard_warmup_steps),
+        every_n=config.telemetry_every_n_steps, tensorboard_dir=output_dir / "tensorboard")
+    callbacks = [
+        keras.callbacks.BackupAndRestore(str(backup_dir), save_freq="epoch",
+                                         double_checkpoint=True, delete_checkpoint=True),
+        telemetry,
+        EpochLog(output_dir / EPOCH_LOG_FILE, config.batch_size),
+        keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), update_freq="epoch",
+                                    profile_batch=0, write_graph=False),
+    ]
+    if resumed:
+        log.info("found a checkpoint in %s: resuming", backup_dir)
+    start = time.perf_counter()
+    try:
+        model.fit(train_ds, validation_data=test_ds, epochs=config.epochs,
+                  steps_per_epoch=steps, callbacks=callbacks,
+                  verbose=1 if sys.stdout.isatty() else 2)
+    except TrainingDivergedError:
+        telemetry.save(output_dir / HISTORY_FILE)
+        log.error("training stopped by the loss-scale guard; checkpoint kept in %s, no model "
+                  "published", backup_dir)
+        raise
+    train_seconds = time.perf_counter() - start
+
+    epochs = read_epoch_log(output_dir / EPOCH_LOG_FILE)
+    telemetry.save(output_dir / HISTORY_FILE)
+    _save_model(model, output_dir)
+    metadata = _metadata(config, info, setup, epochs, telemetry.summary(), train_seconds, resumed,
+                         steps)
+    write_json_atomic(output_dir / METADATA_FILE, metadata)  # last: publishes the model
+    return TrainResult(output_dir=output_dir, metadata=metadata)
+
+
+def _optimizer(config: TrainConfig, setup: PrecisionSetup):
+    import keras
+
+    if config.optimizer == "adam":
+        inner = keras.optimizers.Adam(config.learning_rate)
+    else:
+        inner = keras.optimizers.SGD(config.learning_rate, momentum=0.9)
+    if setup.loss_scaling:
+        return keras.optimizers.LossScaleOptimizer(inner)  # dynamic: starts at 2**15
+    return inner
+
+
+def _save_model(model, output_dir: Path) -> None:
+    """Save through a hidden temp file so a crash never leaves a truncated model.keras."""
+    staging = output_dir / ".staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    model.save(staging / MODEL_FILE)
+    os.replace(staging / MODEL_FILE, output_dir / MODEL_FILE)
+    staging.rmdir()
+
+
+def _metadata(config, info, setup, epochs, loss_scale, train_seconds, resumed, steps) -> dict:
+    import keras
+    import tensorflow as tf
+
+    timed = [e["examples_per_sec"] for e in epochs[1:] if e.get("examples_per_sec")]
+    if not timed:  # one epoch only: it includes compilation, so say so
+        timed = [e["examples_per_sec"] for e in epochs if e.get("examples_per_sec")]
+    final = epochs[-1] if epochs else {}
+    meta = {
+        "model_name": config.model,
+        "input_shape": info["image_shape"],
+        "num_classes": info["num_classes"],
+        "class_names": info["class_names"],
+        "image_size": config.image_size,
+        "seed": config.seed,
+        "epochs": epochs,
+        "steps_per_epoch": steps,
+        "resumed": resumed,
+        "train_seconds": train_seconds,
+        "throughput_examples_per_sec": sum(timed) / len(timed) if timed else None,
+        "throughput_excludes_first_epoch": len(epochs) > 1,
+        "final_metrics": {k: v for k, v in final.items() if k not in ("epoch", "seconds")},
+        "loss_scale": loss_scale,
+        "devices": [d.name for d in tf.config.list_physical_devices()],
+        "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
+                     "keras": keras.__version__},
+        "dataset": {k: info[k] for k in ("name", "version", "splits", "image_shape",
+                                         "num_classes", "class_names")},
+        "config": {k: os.fspath(v) if isinstance(v, Path) else v
+                   for k, v in dataclasses.asdict(config).items()},
+    }
+    meta.update(setup.as_metadata())
+    meta["xla"]["requested"] = config.jit_compile
+    return meta

@@ -1,0 +1,176 @@
+"""Loss-scale telemetry and the guard that stops a run whose scale or loss went bad.
+
+Keras 3's dynamic loss scale halves on every overflow with no lower bound, and a skipped step
+(non-finite gradients) never shows up as a NaN loss: a run can quietly stop learning. The guard
+turns three symptoms into a `TrainingDivergedError` that names the likely causes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from ampflow.errors import TrainingDivergedError
+
+LIKELY_CAUSES = (
+    "likely causes: an output layer computing in float16 (keep logits/softmax float32), "
+    "a learning rate too high, or an op that is unsafe in float16 (exp/log/large reductions "
+    "without a float32 cast)"
+)
+
+
+@dataclass(frozen=True)
+class GuardLimits:
+    """When to stop: scale under `floor`, or over `max_skipped_fraction` skipped after warm-up."""
+
+    floor: float = 1.0
+    max_skipped_fraction: float = 0.05
+    warmup_steps: int = 50
+    min_window: int = 20
+
+
+class LossScaleTelemetry(keras.callbacks.Callback):
+    """Record the loss scale and skipped steps every `every_n` steps; enforce `GuardLimits`."""
+
+    def __init__(self, limits: GuardLimits, every_n: int = 1, tensorboard_dir: Path | None = None):
+        super().__init__()
+        self.limits = limits
+        self.every_n = max(1, every_n)
+        self.history: list[dict[str, Any]] = []
+        self._epoch = 0
+        self._writer = None
+        self._tensorboard_dir = tensorboard_dir
+        self._skipped_at_warmup: int | None = None
+
+    def on_train_begin(self, logs=None):
+        import tensorflow as tf
+
+        if self._tensorboard_dir is not None:
+            self._writer = tf.summary.create_file_writer(str(self._tensorboard_dir / "loss_scale"))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        logs = logs or {}
+        step = self._epoch * int(self.params.get("steps") or 0) + batch + 1
+        loss = logs.get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            raise TrainingDivergedError(
+                f"the training loss became non-finite ({float(loss)}) at step {step}; "
+                + LIKELY_CAUSES
+            )
+        optimizer = self.model.optimizer
+        if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            return
+        scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
+        skipped = step - int(keras.ops.convert_to_numpy(optimizer.iterations))
+        if step % self.every_n == 0 or scale < self.limits.floor:
+            self._record(step, scale, skipped, loss)
+        self._check(step, scale, skipped)
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.flush()
+
+    def summary(self) -> dict[str, Any]:
+        """The loss-scale block of the model metadata."""
+        if not self.history:
+            return {"enabled": False}
+        scales = [h["loss_scale"] for h in self.history]
+        last = self.history[-1]
+        return {
+            "enabled": True,
+            "initial": scales[0],
+            "final": scales[-1],
+            "min": min(scales),
+            "max": max(scales),
+            "steps": last["step"],
+            "skipped_steps": last["skipped_steps"],
+            "skipped_fraction": last["skipped_steps"] / max(1, last["step"]),
+            "guard": {
+                "floor": self.limits.floor,
+                "max_skipped_fraction": self.limits.max_skipped_fraction,
+                "warmup_steps": self.limits.warmup_steps,
+            },
+        }
+
+    def save(self, path: Path) -> None:
+        """Write the history as JSON (also after a guarded failure, for the post-mortem)."""
+        path.write_text(json.dumps(self.history, indent=1))
+
+    def _record(self, step: int, scale: float, skipped: int, loss) -> None:
+        entry = {"step": step, "loss_scale": scale, "skipped_steps": skipped,
+                 "loss": None if loss is None else float(loss), "time": time.time()}
+        self.history.append(entry)
+        if self._writer is not None:
+            import tensorflow as tf
+
+            with self._writer.as_default(step=step):
+                tf.summary.scalar("loss_scale", scale)
+                tf.summary.scalar("skipped_steps", skipped)
+
+    def _check(self, step: int, scale: float, skipped: int) -> None:
+        limits = self.limits
+        if scale < limits.floor:
+            raise TrainingDivergedError(
+                f"the dynamic loss scale fell to {scale:g}, below the floor {limits.floor:g}, at "
+                f"step {step} ({skipped} steps skipped for non-finite gradients); "
+                + LIKELY_CAUSES
+            )
+        if step == limits.warmup_steps or (
+            self._skipped_at_warmup is None and step > limits.warmup_steps
+        ):
+            self._skipped_at_warmup = skipped
+        if self._skipped_at_warmup is None:
+            return
+        window = step - limits.warmup_steps
+        if window < limits.min_window:
+            return
+        fraction = (skipped - self._skipped_at_warmup) / window
+        if fraction > limits.max_skipped_fraction:
+            raise TrainingDivergedError(
+                f"{fraction:.1%} of the {window} steps after warm-up were skipped for "
+                f"non-finite gradients (limit {limits.max_skipped_fraction:.1%}); healthy "
+                "runs skip well under 1 %; " + LIKELY_CAUSES
+            )
+
+
+class EpochLog(keras.callbacks.Callback):
+    """Per-epoch metrics and throughput, appended to a JSON-lines file that survives a kill."""
+
+    def __init__(self, path: Path, batch_size: int):
+        super().__init__()
+        self.path = path
+        self.batch_size = batch_size
+        self._start = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = time.perf_counter() - self._start
+        steps = int(self.params.get("steps") or 0)
+        entry = {"epoch": epoch + 1, "seconds": seconds, "steps": steps,
+                 "examples_per_sec": steps * self.batch_size / seconds if seconds else None}
+        entry.update({k: float(v) for k, v in (logs or {}).items()})
+        with open(self.path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def read_epoch_log(path: Path) -> list[dict[str, Any]]:
+    """Read the epoch log, keeping the last entry per epoch (a resumed run may repeat one)."""
+    if not path.is_file():
+        return []
+    by_epoch: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            by_epoch[entry["epoch"]] = entry
+    return [by_epoch[k] for k in sorted(by_epoch)]
