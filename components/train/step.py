@@ -195,16 +195,19 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: P
         GuardLimits(config.loss_scale_floor, config.max_skipped_fraction,
                     config.guard_warmup_steps),
         every_n=config.telemetry_every_n_steps, tensorboard_dir=output_dir / "tensorboard")
+    epoch_log = EpochLog(output_dir / EPOCH_LOG_FILE, config.batch_size)
     callbacks = [
         keras.callbacks.BackupAndRestore(str(backup_dir), save_freq="epoch",
                                          double_checkpoint=True, delete_checkpoint=True),
         telemetry,
-        EpochLog(output_dir / EPOCH_LOG_FILE, config.batch_size),
+        epoch_log,
         keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), update_freq="epoch",
                                     profile_batch=0, write_graph=False),
     ]
     if resumed:
         log.info("found a checkpoint in %s: resuming", backup_dir)
+    else:
+        (output_dir / EPOCH_LOG_FILE).unlink(missing_ok=True)  # a fresh run starts a fresh log
     start = time.perf_counter()
     try:
         model.fit(train_ds, validation_data=test_ds, epochs=config.epochs,
@@ -220,8 +223,9 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: P
     epochs = read_epoch_log(output_dir / EPOCH_LOG_FILE)
     telemetry.save(output_dir / HISTORY_FILE)
     _save_model(model, output_dir)
-    metadata = _metadata(config, info, setup, epochs, telemetry.summary(), train_seconds, resumed,
-                         steps)
+    resumed_at = (epoch_log.first_epoch or 0) + 1 if resumed else None
+    metadata = _metadata(config, info, setup, epochs, telemetry.summary(), train_seconds,
+                         resumed_at, steps)
     write_json_atomic(output_dir / METADATA_FILE, metadata)  # last: publishes the model
     return TrainResult(output_dir=output_dir, metadata=metadata)
 
@@ -248,7 +252,7 @@ def _save_model(model, output_dir: Path) -> None:
     staging.rmdir()
 
 
-def _metadata(config, info, setup, epochs, loss_scale, train_seconds, resumed, steps) -> dict:
+def _metadata(config, info, setup, epochs, loss_scale, train_seconds, resumed_at, steps) -> dict:
     import keras
     import tensorflow as tf
 
@@ -265,7 +269,8 @@ def _metadata(config, info, setup, epochs, loss_scale, train_seconds, resumed, s
         "seed": config.seed,
         "epochs": epochs,
         "steps_per_epoch": steps,
-        "resumed": resumed,
+        "resumed": resumed_at is not None,
+        "resumed_at_epoch": resumed_at,
         "train_seconds": train_seconds,
         "throughput_examples_per_sec": sum(timed) / len(timed) if timed else None,
         "throughput_excludes_first_epoch": len(epochs) > 1,

@@ -150,8 +150,11 @@ class EpochLog(keras.callbacks.Callback):
         self.path = path
         self.batch_size = batch_size
         self._start = 0.0
+        self.first_epoch: int | None = None  # > 0 when BackupAndRestore resumed the run
 
     def on_epoch_begin(self, epoch, logs=None):
+        if self.first_epoch is None:
+            self.first_epoch = epoch
         self._start = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):

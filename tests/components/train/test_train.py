@@ -1,0 +1,192 @@
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from ampflow.components.train import TrainConfig, load_trained_model, run_train
+from ampflow.components.train.models import build_model, register_model
+
+from ampflow.errors import ConfigError, DatasetError, ModelLoadError, TrainingDivergedError
+
+
+@pytest.mark.slow
+def test_train_mixed_float16_on_cpu_has_loss_scaling_and_float32_output(trained_model):
+    import keras
+
+    model_dir = trained_model("mixed_float16")
+    model, meta = load_trained_model(model_dir)
+    assert meta["precision"]["policy"] == "mixed_float16"
+    assert meta["precision"]["loss_scaling"] == "dynamic"
+    assert model.get_layer("conv2d").dtype_policy.name == "mixed_float16"
+    assert model.get_layer("logits").dtype_policy.name == "float32"
+    assert model.output.dtype == "float32"
+    assert all(math.isfinite(e["loss"]) for e in meta["epochs"])
+    history = json.loads((model_dir / "loss_scale_history.json").read_text())
+    assert len(history) == meta["loss_scale"]["steps"] > 0
+    assert all(h["loss_scale"] >= 1.0 for h in history)
+    assert meta["loss_scale"]["skipped_fraction"] < 0.05
+    assert meta["throughput_examples_per_sec"] > 0
+    assert (model_dir / "tensorboard").is_dir()
+    assert not (model_dir / "backup").exists()  # removed after a successful run
+    recompiled = keras.saving.load_model(model_dir / "model.keras")
+    assert isinstance(recompiled.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+@pytest.mark.slow
+def test_train_default_model_learns_the_offline_digits(trained_model, prepared_digits):
+    """Chance is 10 %; 6 epochs of the small CNN reach ~95 %, so 90 % leaves room for noise."""
+    from ampflow.components.prepare_data import load_arrays
+
+    model, meta = load_trained_model(trained_model("mixed_float16"))
+    images, labels = load_arrays(prepared_digits, "test")
+    accuracy = float(np.mean(np.argmax(model.predict(images.astype("float32"), verbose=0), 1)
+                             == labels))
+    assert accuracy > 0.90
+    np.testing.assert_allclose(meta["final_metrics"]["val_accuracy"], accuracy, atol=0.02)
+
+
+@pytest.mark.slow
+def test_train_mixed_bfloat16_records_no_loss_scaling(trained_model):
+    _, meta = load_trained_model(trained_model("mixed_bfloat16"))
+    assert meta["precision"]["compute_dtype"] == "bfloat16"
+    assert meta["precision"]["loss_scaling"] == "none"
+    assert meta["loss_scale"] == {"enabled": False}
+
+
+def _inf_gradient_cnn(input_shape, num_classes, image_size):
+    """A model whose backward pass always overflows: every step is skipped by the optimizer."""
+    import keras
+    import tensorflow as tf
+    from ampflow.components.train.models import float32_head
+
+    class InfGradient(keras.layers.Layer):
+        def call(self, x):
+            @tf.custom_gradient
+            def identity_with_inf_grad(t):
+                return tf.identity(t), lambda dy: dy * float("inf")
+
+            return identity_with_inf_grad(x)
+
+    inputs = keras.Input(shape=input_shape, name="images")
+    x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
+    x = InfGradient()(keras.layers.Dense(16, activation="relu")(x))
+    return keras.Model(inputs, float32_head(x, num_classes))
+
+
+register_model("test_inf_gradient", _inf_gradient_cnn)
+
+
+@pytest.mark.slow
+def test_train_infinite_gradients_trip_the_scale_floor_and_publish_nothing(prepared_digits,
+                                                                           tmp_path):
+    config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path, model="test_inf_gradient",
+                         precision="mixed_float16", epochs=10, steps_per_epoch=4,
+                         guard_warmup_steps=1000)
+    with pytest.raises(TrainingDivergedError, match=r"loss scale fell to 0.5.*below the floor 1"):
+        run_train(config)
+    assert not (tmp_path / "metadata.json").exists()
+    assert not (tmp_path / "model.keras").exists()
+    assert any((tmp_path / "backup").iterdir())  # the checkpoint is kept for a post-mortem
+    history = json.loads((tmp_path / "loss_scale_history.json").read_text())
+    assert [h["loss_scale"] for h in history[:3]] == [16384.0, 8192.0, 4096.0]
+    assert history[-1]["skipped_steps"] == history[-1]["step"]
+
+
+@pytest.mark.slow
+def test_train_skipped_step_rate_over_limit_stops_the_run(prepared_digits, tmp_path):
+    config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path, model="test_inf_gradient",
+                         precision="mixed_float16", epochs=4, steps_per_epoch=10,
+                         guard_warmup_steps=2, loss_scale_floor=1e-30)
+    with pytest.raises(TrainingDivergedError, match=r"were skipped.*limit 5.0%.*likely causes"):
+        run_train(config)
+    assert not (tmp_path / "metadata.json").exists()
+
+
+@pytest.mark.slow
+def test_train_absurd_learning_rate_gives_non_finite_loss_error(prepared_digits, tmp_path):
+    config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path, precision="float32",
+                         learning_rate=1e30, optimizer="sgd", epochs=2, steps_per_epoch=5)
+    with pytest.raises(TrainingDivergedError, match="non-finite"):
+        run_train(config)
+    assert not (tmp_path / "model.keras").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"model": "resnet5"}, "model must be one of"),
+        ({"precision": "fp16"}, "precision must be one of"),
+        ({"batch_size": 0}, "batch_size must be > 0. Received: batch_size=0"),
+        ({"epochs": -1}, "epochs must be > 0"),
+        ({"learning_rate": 0.0}, "learning_rate must be > 0"),
+    ],
+)
+def test_train_config_bad_values_are_rejected_before_compute(overrides, message, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(data_dir=tmp_path, output_dir=tmp_path / "out", **overrides)
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_unprepared_data_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(DatasetError, match="not a prepared dataset"):
+        run_train(TrainConfig(data_dir=tmp_path / "nothing", output_dir=tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_unwritable_output_dir_is_a_clear_error(prepared_digits, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="output_dir must be a writable directory"):
+        run_train(TrainConfig(data_dir=prepared_digits, output_dir=blocker / "out"))
+
+
+def test_load_trained_model_incomplete_or_corrupt_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="not a published model"):
+        load_trained_model(tmp_path)
+    (tmp_path / "model.keras").write_bytes(b"not a zip")
+    (tmp_path / "metadata.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="could not be loaded"):
+        load_trained_model(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
+def test_build_application_models_take_raw_8x8_images_and_output_float32(name):
+    import keras
+
+    model = build_model(name, (8, 8, 1), 10, policy="mixed_bfloat16")
+    assert keras.mixed_precision.global_policy().name == "float32"  # restored
+    out = model(np.zeros((2, 8, 8, 1), "float32"))
+    assert tuple(out.shape) == (2, 10) and keras.backend.standardize_dtype(out.dtype) == "float32"
+    assert model.get_layer("logits").dtype_policy.name == "float32"
+
+
+@pytest.mark.slow
+def test_train_killed_with_sigkill_resumes_and_completes_planned_epochs(prepared_digits, tmp_path):
+    out = tmp_path / "model"
+    cmd = [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(prepared_digits),
+           "--output-dir", str(out), "--epochs", "30", "--precision", "float32"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and first.poll() is None:
+            log = out / "epochs.jsonl"
+            if log.exists() and len(log.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.wait(timeout=30)
+    assert first.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert (out / "backup").is_dir() and not (out / "metadata.json").exists()
+
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["resumed"] and meta["resumed_at_epoch"] >= 3
+    assert [e["epoch"] for e in meta["epochs"]] == list(range(1, 31))
