@@ -1,0 +1,156 @@
+"""Server-side batching: concurrent Predict calls on one signature run as one batch.
+
+Like TF Serving's `--enable_batching`, requests queue per (model version, signature); one
+worker takes the first, waits up to `batch_timeout_ms` for more with the same input
+structure, concatenates along the batch dimension (up to `max_batch_size` rows), runs once and
+splits the outputs back. Requests that cannot merge (different trailing shapes or dtypes, or
+an output without a batch dimension) simply run alone, so batching never changes an answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+
+from ampflow.serving.config import BatchingConfig
+from ampflow.serving.model_registry import ServableVersion
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Item:
+    inputs: dict[str, np.ndarray]
+    rows: int
+    key: tuple
+    future: Future
+
+
+class _Queue:
+    """One queue + worker thread for one (servable, signature)."""
+
+    def __init__(self, servable: ServableVersion, signature: str, config: BatchingConfig):
+        self._servable = servable
+        self._signature = signature
+        self._config = config
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        self._pending: _Item | None = None
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"ampflow-batch-{servable.model}-{signature}")
+        self._thread.start()
+
+    def submit(self, item: _Item) -> None:
+        self._queue.put(item)
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            first = self._pending or self._queue.get()
+            self._pending = None
+            if first is None:
+                return
+            batch = self._collect(first)
+            self._run(batch)
+
+    def _collect(self, first: _Item) -> list[_Item]:
+        """Gather items with the same structure until full or the timeout passes."""
+        batch, rows = [first], first.rows
+        deadline = time.monotonic() + self._config.batch_timeout_ms / 1000.0
+        while rows < self._config.max_batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                item = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if item is None or item.key != first.key or rows + item.rows > \
+                    self._config.max_batch_size:
+                self._pending = item  # starts the next batch (or ends the loop)
+                if item is None:
+                    self._queue.put(None)
+                    self._pending = None
+                break
+            batch.append(item)
+            rows += item.rows
+        return batch
+
+    def _run(self, batch: list[_Item]) -> None:
+        try:
+            if len(batch) == 1:
+                batch[0].future.set_result(self._servable.run(self._signature, batch[0].inputs))
+                return
+            merged = {k: np.concatenate([it.inputs[k] for it in batch]) for k in batch[0].inputs}
+            outputs = self._servable.run(self._signature, merged)
+            total = sum(it.rows for it in batch)
+            if any(np.ndim(v) == 0 or np.shape(v)[0] != total for v in outputs.values()):
+                for item in batch:  # outputs without a batch dim cannot be split: run alone
+                    item.future.set_result(self._servable.run(self._signature, item.inputs))
+                return
+            start = 0
+            for item in batch:
+                end = start + item.rows
+                item.future.set_result({k: v[start:end] for k, v in outputs.items()})
+                start = end
+        except Exception as e:  # every waiting request gets the error, the worker lives on
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(e)
+
+
+class Batcher:
+    """Routes runs to per-(servable, signature) queues; created once per server."""
+
+    def __init__(self, config: BatchingConfig) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._queues: dict[tuple[int, str], tuple[ServableVersion, _Queue]] = {}
+
+    def run(self, servable: ServableVersion, signature: str, inputs: dict[str, np.ndarray],
+            timeout_s: float | None) -> dict[str, np.ndarray]:
+        """Run through the batch queue; falls back to a direct run for unbatchable inputs."""
+        rows = _batch_rows(inputs)
+        if rows is None or rows >= self._config.max_batch_size:
+            return servable.run(signature, inputs)
+        key = tuple(sorted((k, v.dtype.str, v.shape[1:]) for k, v in inputs.items()))
+        future: Future = Future()
+        with self._lock:  # submit under the lock: a queue is never closed between get and put
+            slot = (id(servable), signature)
+            if slot not in self._queues:
+                self._queues[slot] = (servable, _Queue(servable, signature, self._config))
+            self._queues[slot][1].submit(_Item(inputs, rows, key, future))
+        return future.result(timeout=timeout_s)
+
+    def retire(self, live: set[int]) -> None:
+        """Close queues of servables no longer served (`live` holds the served ones' ids).
+
+        Queued work still runs (the close marker goes after it); a late request for a retired
+        version gets a fresh queue, which the next `retire` closes again.
+        """
+        with self._lock:
+            for slot in [s for s in self._queues if s[0] not in live]:
+                self._queues.pop(slot)[1].close()
+
+    def close(self) -> None:
+        """Stop every worker after it drains what is queued."""
+        with self._lock:
+            for _servable, q in self._queues.values():
+                q.close()
+            self._queues.clear()
+
+
+def _batch_rows(inputs: dict[str, np.ndarray]) -> int | None:
+    """The common first dimension of all inputs, or None when they do not share one."""
+    rows = {v.shape[0] if v.ndim else None for v in inputs.values()}
+    if len(rows) != 1:
+        return None
+    (value,) = rows
+    return value if value else None

@@ -1,0 +1,261 @@
+"""`ampflow serve`, `ampflow predict`, `ampflow model-metadata`, `ampflow model-status`.
+
+Thin shells: flags -> a validated config -> the library call. `serve` runs the real
+`tensorflow_model_server` when it is on PATH (`--server auto`), else the local server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from ampflow.errors import ConfigError, ServingError
+
+log = logging.getLogger(__name__)
+
+_FMT = argparse.ArgumentDefaultsHelpFormatter
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the serving commands to the top-level `ampflow` parser."""
+    serve = subparsers.add_parser(
+        "serve", help="serve SavedModels over TF Serving's gRPC API", formatter_class=_FMT,
+        description="Serve SavedModels in TF Serving's layout (<base>/<version>/) over TF "
+                    "Serving's gRPC API (PredictionService, ModelService, health, reflection). "
+                    "Runs tensorflow_model_server when it is on PATH, else the local server.")
+    _add_serve_flags(serve)
+    serve.set_defaults(func=_serve)
+
+    client_parent = argparse.ArgumentParser(add_help=False)
+    _add_client_flags(client_parent)
+    predict = subparsers.add_parser(
+        "predict", parents=[client_parent], formatter_class=_FMT,
+        help="send images (PNG/JPEG/.npy) to a served model and print the top-k classes",
+        description="Predict over gRPC. Input keys, dtype and shape come from the model's "
+                    "metadata. See also `model-metadata` and `model-status`.")
+    predict.add_argument("inputs", nargs="+", help="image files (.png/.jpg) or .npy arrays")
+    predict.add_argument("--signature", default="serving_default", help="signature name")
+    predict.add_argument("--version-label", default=None, help="e.g. stable or canary")
+    predict.add_argument("--top-k", type=int, default=3, help="classes to print per input")
+    predict.add_argument("--output", default="probabilities",
+                         help="output holding class probabilities")
+    predict.add_argument("--labels", default=None,
+                         help="labels.txt (one class name per line; the model's assets/labels.txt)")
+    predict.set_defaults(func=_predict)
+    for name, func, text in (("model-metadata", _metadata, "print a model's signatures"),
+                             ("model-status", _status, "print a model's version states")):
+        sub = subparsers.add_parser(name, parents=[client_parent], formatter_class=_FMT,
+                                    help=text, description=text + " (GetModel* over gRPC)")
+        sub.set_defaults(func=func)
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-name", default="ampflow", help="model name (single-model mode)")
+    p.add_argument("--model-base-path", default=None,
+                   help="dir holding <version>/ SavedModel dirs (single-model mode)")
+    p.add_argument("--model-config-file", default=None,
+                   help="TF Serving ModelServerConfig text proto (several models); replaces "
+                        "--model-name/--model-base-path/version flags")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address; use 0.0.0.0 explicitly to listen on every interface")
+    p.add_argument("--port", type=int, default=8500, help="gRPC port (0 = pick a free one)")
+    p.add_argument("--version-policy", default="latest", choices=["latest", "all", "specific"],
+                   help="which versions on disk are served")
+    p.add_argument("--num-latest", type=int, default=1, help="N of the 'latest' policy")
+    p.add_argument("--versions", type=int, nargs="+", default=[],
+                   help="versions of the 'specific' policy")
+    p.add_argument("--version-label", action="append", default=[], metavar="LABEL=VERSION",
+                   help="version label, e.g. stable=1 (repeatable)")
+    p.add_argument("--file-system-poll-wait-seconds", type=float, default=1.0,
+                   help="poll interval for new/removed version dirs (0 = load once)")
+    p.add_argument("--max-message-bytes", type=int, default=64 * 1024 * 1024,
+                   help="largest gRPC message accepted or sent (larger: RESOURCE_EXHAUSTED)")
+    p.add_argument("--tls-cert", default=None, help="server certificate (PEM); enables TLS")
+    p.add_argument("--tls-key", default=None, help="server private key (PEM)")
+    p.add_argument("--tls-client-ca", default=None,
+                   help="CA (PEM) that client certificates must chain to (mutual TLS)")
+    p.add_argument("--max-batch-size", type=int, default=0,
+                   help="server-side batching of concurrent Predict calls (0/1 = off)")
+    p.add_argument("--batch-timeout-ms", type=float, default=2.0,
+                   help="how long a batch waits to fill")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="Prometheus /metrics port (0 = off)")
+    p.add_argument("--grace-s", type=float, default=10.0,
+                   help="on SIGTERM, how long in-flight requests may take to finish")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip replaying assets.extra/tf_serving_warmup_requests")
+    p.add_argument("--server", default="auto", choices=["auto", "local", "tf-serving"],
+                   help="auto: tensorflow_model_server if on PATH, else the local server")
+
+
+def serve_config_from_args(args: argparse.Namespace):
+    """Flags -> a validated `ServerConfig` (shared by the local server and the real binary)."""
+    from ampflow.serving import config as cfg
+
+    if args.model_config_file:
+        models = cfg.load_model_config_file(args.model_config_file)
+    elif args.model_base_path:
+        models = (cfg.ModelConfig(
+            name=args.model_name, base_path=Path(args.model_base_path),
+            version_policy=args.version_policy, num_latest=args.num_latest,
+            versions=tuple(args.versions), version_labels=_parse_labels(args.version_label)),)
+    else:
+        raise ConfigError("give --model-base-path or --model-config-file. Received: neither")
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise ConfigError("--tls-cert and --tls-key must be given together. Received: "
+                              f"tls_cert={args.tls_cert}, tls_key={args.tls_key}")
+        tls = cfg.TlsConfig(Path(args.tls_cert), Path(args.tls_key),
+                            Path(args.tls_client_ca) if args.tls_client_ca else None)
+    elif args.tls_client_ca:
+        raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key. Received: only "
+                          f"tls_client_ca={args.tls_client_ca}")
+    return cfg.ServerConfig(
+        models=models, host=args.host, port=args.port,
+        file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
+        max_message_bytes=args.max_message_bytes, tls=tls,
+        batching=cfg.BatchingConfig(args.max_batch_size, args.batch_timeout_ms),
+        metrics_port=args.metrics_port, grace_s=args.grace_s, enable_warmup=not args.no_warmup,
+        model_config_file=Path(args.model_config_file) if args.model_config_file else None,
+    )
+
+
+def _parse_labels(items: list[str]) -> dict[str, int]:
+    labels = {}
+    for item in items:
+        label, sep, version = item.partition("=")
+        if not sep or not version.strip().isdigit():
+            raise ConfigError(f"--version-label must be LABEL=VERSION. Received: {item!r}")
+        labels[label.strip()] = int(version)
+    return labels
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ampflow.serving import tf_serving_binary
+
+    config = serve_config_from_args(args)
+    binary = tf_serving_binary.find_binary()
+    if args.server == "tf-serving" and binary is None:
+        raise ServingError("--server tf-serving needs tensorflow_model_server on PATH. "
+                           "Received: not found (use --server local)")
+    if args.server != "local" and binary is not None:
+        tf_serving_binary.exec_binary(config, binary)
+    from ampflow.serving.server import serve_forever
+
+    return serve_forever(config)
+
+
+def _add_client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="server host")
+    p.add_argument("--port", type=int, default=8500, help="server gRPC port")
+    p.add_argument("--model-name", default="ampflow", help="model name")
+    p.add_argument("--version", type=int, default=None, help="model version (default: latest)")
+    p.add_argument("--timeout-s", type=float, default=10.0, help="deadline of each call")
+    p.add_argument("--retries", type=int, default=3, help="retries on UNAVAILABLE")
+    p.add_argument("--tls-ca", default=None, help="CA (PEM) to verify the server; enables TLS")
+    p.add_argument("--tls-cert", default=None, help="client certificate (PEM) for mutual TLS")
+    p.add_argument("--tls-key", default=None, help="client private key (PEM)")
+    p.add_argument("--tls-server-name", default=None,
+                   help="name to check in the server certificate (default: --host)")
+
+
+def _client(args: argparse.Namespace):
+    from ampflow.serving.client import PredictionClient
+
+    if not 1 <= args.port <= 65535:
+        raise ConfigError(f"port must be in 1..65535. Received: port={args.port}")
+    return PredictionClient(f"{args.host}:{args.port}", timeout_s=args.timeout_s,
+                            retries=args.retries, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
+                            tls_key=args.tls_key, tls_server_name=args.tls_server_name)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from ampflow.serving.client import load_images, top_k
+
+    if args.top_k < 1:
+        raise ConfigError(f"top_k must be >= 1. Received: top_k={args.top_k}")
+    labels = _read_labels(args.labels)
+    with _client(args) as client:
+        specs = client.input_specs(args.model_name, args.version, args.signature)
+        if len(specs) != 1:
+            raise ServingError(f"`ampflow predict` needs a single-input signature. Received: "
+                               f"inputs {sorted(specs)}")
+        (spec,) = specs.values()
+        images = load_images(args.inputs, spec.shape)
+        result = client.predict(args.model_name, images, args.version, args.signature,
+                                version_label=args.version_label)
+    if args.output not in result.outputs:
+        raise ServingError(f"output {args.output!r} not in the response. Received: "
+                           f"{sorted(result.outputs)} (use --output)")
+    print(f"model {args.model_name} version {result.version} signature {result.signature}")
+    rows = top_k(result.outputs[args.output], args.top_k, labels)
+    for path, row in zip(args.inputs, rows, strict=False):
+        best = ", ".join(f"{label} ({cid}) {p:.4f}" for cid, label, p in row)
+        print(f"{path}: {best}")
+    return 0
+
+
+def _read_labels(path: str | None) -> list[str] | None:
+    if path is None:
+        return None
+    try:
+        return [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    except OSError as e:
+        raise ConfigError(f"labels must be a readable text file. Received: {path}") from e
+
+
+def _metadata(args: argparse.Namespace) -> int:
+    from google.protobuf import json_format
+
+    with _client(args) as client:
+        sigs = client.metadata(args.model_name, args.version)
+    print(json.dumps({name: json_format.MessageToDict(sig) for name, sig in sigs.items()},
+                     indent=2, sort_keys=True))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        rows = client.status(args.model_name, args.version)
+    for row in rows:
+        error = f"  {row['error_message']}" if row["error_message"] else ""
+        print(f"version {row['version']}: {row['state']}{error}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ampflow.serving.cli`: the serving commands alone, same behaviour as `ampflow`.
+
+    Useful where only the serving side is installed or wanted (a serving container, tests
+    that must not depend on the other steps' commands).
+    """
+    import os
+    import sys
+
+    from ampflow.errors import AmpflowError
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = argparse.ArgumentParser(prog="ampflow", description="ampflow serving commands")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    subparsers = parser.add_subparsers(dest="command", metavar="<command>")
+    register(subparsers)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except AmpflowError as e:
+        print(f"ampflow {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

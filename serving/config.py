@@ -1,0 +1,257 @@
+"""Typed configs of the model server, and TF Serving's `ModelServerConfig` text proto.
+
+One `ModelConfig` per served model and one `ServerConfig` for the process. Both are frozen and
+validated in `__post_init__`, so a wrong flag fails before any model is loaded. The same
+`ModelServerConfig` text-proto file that the real `tensorflow_model_server` reads
+(`--model_config_file`) is parsed into `ModelConfig`s, so one file drives both servers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from collections.abc import Mapping
+from pathlib import Path
+
+from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
+
+from ampflow.errors import ConfigError
+
+VERSION_POLICIES = ("latest", "all", "specific")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """One model: where its versions live and which of them to serve.
+
+    `version_labels` maps a label (`stable`, `canary`) to a version number, as TF Serving's
+    `ModelConfig.version_labels` does; a request may name a label instead of a version.
+    """
+
+    name: str
+    base_path: Path
+    version_policy: str = "latest"
+    num_latest: int = 1
+    versions: tuple[int, ...] = ()
+    version_labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ConfigError(
+                f"model name must be a non-empty name without '/'. Received: name={self.name!r}"
+            )
+        object.__setattr__(self, "base_path", Path(self.base_path))
+        if self.version_policy not in VERSION_POLICIES:
+            raise ConfigError(
+                f"version_policy must be one of {VERSION_POLICIES}. "
+                f"Received: version_policy={self.version_policy!r}"
+            )
+        if self.num_latest < 1:
+            raise ConfigError(f"num_latest must be >= 1. Received: num_latest={self.num_latest}")
+        object.__setattr__(self, "versions", tuple(int(v) for v in self.versions))
+        if self.version_policy == "specific" and not self.versions:
+            raise ConfigError(
+                "version_policy='specific' needs at least one version. Received: versions=()"
+            )
+        if any(v < 0 for v in self.versions):
+            raise ConfigError(f"versions must be >= 0. Received: versions={self.versions}")
+        labels = {str(k): int(v) for k, v in dict(self.version_labels).items()}
+        for label in labels:
+            if not label or not (label[0].isalpha() or label[0] == "_"):
+                raise ConfigError(
+                    f"a version label must start with a letter. Received: label={label!r}"
+                )
+        object.__setattr__(self, "version_labels", labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingConfig:
+    """Server-side batching of concurrent Predict requests (off when max_batch_size is 0)."""
+
+    max_batch_size: int = 0
+    batch_timeout_ms: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 0:
+            raise ConfigError(
+                f"max_batch_size must be >= 0 (0 = off). Received: max_batch_size="
+                f"{self.max_batch_size}"
+            )
+        if not 0 <= self.batch_timeout_ms <= 10_000:
+            raise ConfigError(
+                f"batch_timeout_ms must be in 0..10000. Received: batch_timeout_ms="
+                f"{self.batch_timeout_ms}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether requests are merged at all."""
+        return self.max_batch_size > 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsConfig:
+    """Server TLS: PEM files. A client CA turns on mutual TLS (client certs required)."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cert_file", "key_file", "client_ca_file"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            path = Path(value)
+            if not path.is_file():
+                raise ConfigError(f"{name} must be a readable PEM file. Received: {name}={value}")
+            object.__setattr__(self, name, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """Everything `ampflow serve` needs; the real binary gets the same values as flags."""
+
+    models: tuple[ModelConfig, ...]
+    host: str = "127.0.0.1"
+    port: int = 8500
+    file_system_poll_wait_seconds: float = 1.0
+    max_message_bytes: int = 64 * 1024 * 1024
+    tls: TlsConfig | None = None
+    batching: BatchingConfig = dataclasses.field(default_factory=BatchingConfig)
+    metrics_port: int = 0
+    max_workers: int = 16
+    grace_s: float = 10.0
+    enable_warmup: bool = True
+    model_config_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("at least one model must be configured. Received: models=()")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"model names must be unique. Received: names={names}")
+        _check_host(self.host)
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535 (0 = pick a free one). "
+                              f"Received: port={self.port}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(
+                f"metrics_port must be in 0..65535 (0 = off). Received: metrics_port="
+                f"{self.metrics_port}"
+            )
+        if self.file_system_poll_wait_seconds < 0:
+            raise ConfigError(
+                "file_system_poll_wait_seconds must be >= 0 (0 = load once). Received: "
+                f"file_system_poll_wait_seconds={self.file_system_poll_wait_seconds}"
+            )
+        if self.max_message_bytes < 1024:
+            raise ConfigError(
+                f"max_message_bytes must be >= 1024. Received: max_message_bytes="
+                f"{self.max_message_bytes}"
+            )
+        if self.max_workers < 1:
+            raise ConfigError(f"max_workers must be >= 1. Received: max_workers={self.max_workers}")
+        if self.grace_s < 0:
+            raise ConfigError(f"grace_s must be >= 0. Received: grace_s={self.grace_s}")
+
+    def model(self, name: str) -> ModelConfig | None:
+        """The config of model `name`, or None."""
+        return next((m for m in self.models if m.name == name), None)
+
+
+def _check_host(host: str) -> None:
+    """Accept an IP literal or `localhost`; a bind address is never a free-form name."""
+    if host == "localhost":
+        return
+    try:
+        ipaddress.ip_address(host)
+    except ValueError as e:
+        raise ConfigError(
+            f"host must be an IP address such as 127.0.0.1 or 0.0.0.0. Received: host={host!r}"
+        ) from e
+
+
+def parse_model_server_config(text: str, *, source: str = "<text>") -> tuple[ModelConfig, ...]:
+    """Parse TF Serving's `ModelServerConfig` text proto into `ModelConfig`s.
+
+    Only `model_config_list` is supported (as in TF Serving's open-source server); relative
+    base paths are kept as written.
+    """
+    proto = model_server_config_pb2.ModelServerConfig()
+    try:
+        text_format.Parse(text, proto)
+    except text_format.ParseError as e:
+        raise ConfigError(
+            f"model config must be a ModelServerConfig text proto. Received: {source} ({e})"
+        ) from e
+    return model_configs_from_proto(proto, source=source)
+
+
+def model_configs_from_proto(
+    proto: model_server_config_pb2.ModelServerConfig, *, source: str = "<proto>"
+) -> tuple[ModelConfig, ...]:
+    """Turn a `ModelServerConfig` proto (file or ReloadConfigRequest) into `ModelConfig`s."""
+    if proto.WhichOneof("config") != "model_config_list":
+        raise ConfigError(
+            f"model config must contain model_config_list. Received: {source} with "
+            f"{proto.WhichOneof('config')!r}"
+        )
+    return tuple(_model_config_from_proto(m) for m in proto.model_config_list.config)
+
+
+def _model_config_from_proto(m) -> ModelConfig:
+    platform = m.model_platform or "tensorflow"
+    if platform != "tensorflow":
+        raise ConfigError(
+            f"model_platform must be 'tensorflow'. Received: model_platform={platform!r} "
+            f"for model {m.name!r}"
+        )
+    policy = m.model_version_policy
+    kind = policy.WhichOneof("policy_choice") or "latest"
+    num_latest, versions = 1, ()
+    if kind == "latest":
+        num_latest = policy.latest.num_versions or 1
+    elif kind == "specific":
+        versions = tuple(policy.specific.versions)
+    return ModelConfig(
+        name=m.name,
+        base_path=Path(m.base_path),
+        version_policy=kind,
+        num_latest=num_latest,
+        versions=versions,
+        version_labels=dict(m.version_labels),
+    )
+
+
+def load_model_config_file(path: str | Path) -> tuple[ModelConfig, ...]:
+    """Read and parse a `--model-config-file`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(
+            f"model_config_file must be a readable file. Received: model_config_file={path} "
+            f"({e.strerror})"
+        ) from e
+    return parse_model_server_config(text, source=str(path))
+
+
+def to_model_server_config_text(models: tuple[ModelConfig, ...]) -> str:
+    """Write `models` as a `ModelServerConfig` text proto (what the real binary reads)."""
+    proto = model_server_config_pb2.ModelServerConfig()
+    for model in models:
+        entry = proto.model_config_list.config.add()
+        entry.name = model.name
+        entry.base_path = str(Path(model.base_path).resolve())
+        entry.model_platform = "tensorflow"
+        if model.version_policy == "latest":
+            entry.model_version_policy.latest.num_versions = model.num_latest
+        elif model.version_policy == "all":
+            entry.model_version_policy.all.SetInParent()
+        else:
+            entry.model_version_policy.specific.versions.extend(model.versions)
+        for label, version in model.version_labels.items():
+            entry.version_labels[label] = version
+    return text_format.MessageToString(proto)

@@ -1,0 +1,422 @@
+"""Which model versions exist, which are loaded, and which one answers a request.
+
+This mirrors TF Serving's file-system source + availability-preserving manager:
+- a version is a numeric dir `<base_path>/<version>/` holding a SavedModel;
+- the version policy (latest N / all / specific) picks the *aspired* versions;
+- a new aspired version is loaded and warmed up *before* it is published, and an old version
+  is retired only once an aspired one is available, so a reload never drops a request
+  (in-flight requests keep their reference to the old version object);
+- a version dir that fails to load (partly written, corrupt) is logged, marked END with its
+  error in GetModelStatus, never served, and retried only when its files change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from ampflow.serving.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
+MAX_WARMUP_RECORDS = 1000  # TF Serving's limit
+INIT_OP_SIGNATURE = "__saved_model_init_op"
+
+
+class VersionState(enum.IntEnum):
+    """`ModelVersionStatus.State` values of tensorflow_serving/apis/get_model_status.proto."""
+
+    START = 10
+    LOADING = 20
+    AVAILABLE = 30
+    UNLOADING = 40
+    END = 50
+
+
+class ServingStatusError(Exception):
+    """A request-level failure with the gRPC status code TF Serving uses for it."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclasses.dataclass
+class VersionStatus:
+    """What GetModelStatus reports for one version."""
+
+    state: VersionState
+    error: str = ""
+    error_code: grpc.StatusCode = grpc.StatusCode.OK
+
+
+class ServableVersion:
+    """One loaded SavedModel version: its signature defs (protos) and callable signatures."""
+
+    def __init__(self, model: str, version: int, path: Path) -> None:
+        import tensorflow as tf  # heavy: imported where a model is actually loaded
+
+        self.model = model
+        self.version = version
+        self.path = path
+        self.signature_defs = _read_signature_defs(path)
+        self._loaded = tf.saved_model.load(str(path), tags=["serve"])
+        self._functions = dict(self._loaded.signatures)
+        # TF Serving lists the init op in metadata too, but it is not a signature to call.
+        missing = set(self.signature_defs) - set(self._functions) - {INIT_OP_SIGNATURE}
+        if missing:
+            raise ValueError(f"signatures {sorted(missing)} are in saved_model.pb but not loadable")
+
+    def can_run(self, signature: str) -> bool:
+        """Whether `signature` can be run (the init-op SignatureDef cannot)."""
+        return signature in self._functions
+
+    def run(self, signature: str, inputs: dict) -> dict:
+        """Run `signature` on numpy/tensor `inputs` keyed by signature input names."""
+        outputs = self._functions[signature](**inputs)
+        return {key: value.numpy() for key, value in outputs.items()}
+
+
+def _read_signature_defs(path: Path) -> dict:
+    """The `serve`-tagged MetaGraph's SignatureDefs, read from saved_model.pb itself."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    pb = path / "saved_model.pb"
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString(pb.read_bytes())
+    for meta_graph in proto.meta_graphs:
+        if "serve" in meta_graph.meta_info_def.tags:
+            return dict(meta_graph.signature_def)
+    raise ValueError(f"{pb} has no MetaGraph tagged 'serve'")
+
+
+@dataclasses.dataclass
+class _ModelState:
+    config: ModelConfig
+    served: dict[int, ServableVersion] = dataclasses.field(default_factory=dict)
+    status: dict[int, VersionStatus] = dataclasses.field(default_factory=dict)
+    failed: dict[int, tuple] = dataclasses.field(default_factory=dict)
+
+
+Warmup = Callable[[ServableVersion], int]
+
+
+class ModelRegistry:
+    """Loads, warms up, publishes and retires model versions; resolves a ModelSpec."""
+
+    def __init__(self, models: tuple[ModelConfig, ...], warmup: Warmup | None = None) -> None:
+        self._lock = threading.RLock()
+        self._poll_lock = threading.Lock()
+        self._models: dict[str, _ModelState] = {m.name: _ModelState(m) for m in models}
+        self._warmup = warmup
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.on_change: Callable[[], None] | None = None
+
+    # ---- discovery and loading -------------------------------------------------------------
+
+    def start(self, poll_wait_s: float) -> None:
+        """Load what is there now, then keep polling every `poll_wait_s` (0 = never)."""
+        self.poll_once()
+        if poll_wait_s > 0:
+            self._thread = threading.Thread(
+                target=self._poll_loop, args=(poll_wait_s,), name="ampflow-version-poller",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop polling (loaded versions stay usable until the process ends)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _poll_loop(self, poll_wait_s: float) -> None:
+        while not self._stop.wait(poll_wait_s):
+            try:
+                self.poll_once()
+            except Exception:  # one bad poll must never end hot reload
+                log.exception("version poll failed; retrying in %.1fs", poll_wait_s)
+
+    def poll_once(self) -> None:
+        """One pass: load new aspired versions, then retire unaspired ones (availability first)."""
+        with self._poll_lock:
+            with self._lock:
+                states = list(self._models.values())
+            for state in states:
+                self._sync_model(state)
+
+    def _sync_model(self, state: _ModelState) -> None:
+        """Load the aspired versions; a version that fails is skipped and the policy re-applied.
+
+        So with `latest 1`, a corrupt newest dir leaves the newest *loadable* version served
+        (TF Serving would aspire the corrupt one and serve nothing for a fresh model).
+        """
+        config = state.config
+        on_disk = discover_versions(config.base_path)
+        for _ in range(len(on_disk) + 1):
+            loadable = [v for v in sorted(on_disk) if not self._known_bad(state, v, on_disk[v])]
+            aspired = aspired_versions(config, loadable)
+            pending = [v for v in aspired if v not in state.served]
+            if not pending:
+                break
+            for version in pending:
+                self._try_load(state, version, on_disk[version])
+        self._retire(state, aspired)
+
+    @staticmethod
+    def _known_bad(state: _ModelState, version: int, path: Path) -> bool:
+        """Failed before with the same files: not retried until they change."""
+        return version in state.failed and state.failed[version] == _fingerprint(path)
+
+    def _try_load(self, state: _ModelState, version: int, path: Path) -> None:
+        name = state.config.name
+        fingerprint = _fingerprint(path)
+        state.status[version] = VersionStatus(VersionState.LOADING)
+        started = time.perf_counter()
+        try:
+            servable = ServableVersion(name, version, path)
+            replayed = self._warmup(servable) if self._warmup else 0
+        except Exception as e:  # a corrupt or partial dir: log, mark, never serve
+            state.failed[version] = fingerprint
+            state.status[version] = VersionStatus(
+                VersionState.END, f"{type(e).__name__}: {e}"[:2000], grpc.StatusCode.UNKNOWN
+            )
+            log.error("model %s version %d at %s failed to load, not served: %s",
+                      name, version, path, e)
+            return
+        state.failed.pop(version, None)
+        with self._lock:
+            state.served = {**state.served, version: servable}
+            state.status[version] = VersionStatus(VersionState.AVAILABLE)
+        log.info("model %s version %d is AVAILABLE (loaded in %.2fs, %d warm-up requests)",
+                 name, version, time.perf_counter() - started, replayed)
+        self._changed()
+
+    def _retire(self, state: _ModelState, aspired: list[int]) -> None:
+        """Unload versions no longer aspired, but only once an aspired one is being served."""
+        stale = [v for v in state.served if v not in aspired]
+        if not stale:
+            return
+        if aspired and not any(v in state.served for v in aspired):
+            return  # availability-preserving: keep the old version until a new one is ready
+        with self._lock:
+            state.served = {v: s for v, s in state.served.items() if v in aspired}
+            for version in stale:
+                state.status[version] = VersionStatus(VersionState.END)
+        for version in stale:
+            log.info("model %s version %d unloaded (no longer aspired)", state.config.name, version)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    # ---- queries ----------------------------------------------------------------------------
+
+    def model_names(self) -> list[str]:
+        """Names of the configured models."""
+        with self._lock:
+            return list(self._models)
+
+    def any_available(self) -> bool:
+        """Whether every configured model has at least one servable version."""
+        with self._lock:
+            return bool(self._models) and all(s.served for s in self._models.values())
+
+    def served_ids(self) -> set[int]:
+        """Identities of the versions being served (the batcher closes queues of the rest)."""
+        with self._lock:
+            return {id(s) for state in self._models.values() for s in state.served.values()}
+
+    def set_warmup(self, warmup: Warmup | None) -> None:
+        """Replay warm-up requests through `warmup` before a version is published."""
+        self._warmup = warmup
+
+    def resolve(self, name: str, version: int | None, label: str | None) -> ServableVersion:
+        """The version that answers a request for (name, version | label | latest)."""
+        with self._lock:
+            state = self._models.get(name)
+            if state is None:
+                raise ServingStatusError(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"Servable not found for request: {_spec_text(name, version, label)}. "
+                    f"Known models: {sorted(self._models)}",
+                )
+            served = state.served
+            labels = dict(state.config.version_labels)
+        if label:
+            if label not in labels:
+                raise ServingStatusError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Unrecognized servable version label: {label}. Known labels: "
+                    f"{sorted(labels)}",
+                )
+            version = labels[label]
+        if version is not None:
+            if version not in served:
+                raise ServingStatusError(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"Servable not found for request: {_spec_text(name, version, label)}. "
+                    f"Available versions: {sorted(served)}",
+                )
+            return served[version]
+        if not served:
+            raise ServingStatusError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"Model {name!r} is configured but no version is loaded yet "
+                f"(base path {state.config.base_path})",
+            )
+        return served[max(served)]
+
+    def status(self, name: str, version: int | None) -> list[tuple[int, VersionStatus]]:
+        """GetModelStatus: every known version (or one), sorted by version."""
+        with self._lock:
+            state = self._models.get(name)
+            if state is None:
+                raise ServingStatusError(
+                    grpc.StatusCode.NOT_FOUND, f"Could not find any versions of model {name}"
+                )
+            statuses = dict(state.status)
+        if version is not None:
+            if version not in statuses:
+                raise ServingStatusError(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"Could not find version {version} of model {name}. Known versions: "
+                    f"{sorted(statuses)}",
+                )
+            return [(version, statuses[version])]
+        if not statuses:
+            raise ServingStatusError(
+                grpc.StatusCode.NOT_FOUND, f"Could not find any versions of model {name}"
+            )
+        return sorted(statuses.items())
+
+    # ---- reconfiguration --------------------------------------------------------------------
+
+    def reload_config(self, models: tuple[ModelConfig, ...]) -> None:
+        """Apply a new model list (HandleReloadConfigRequest): add, drop, relabel models.
+
+        Labels may only point at versions being served; otherwise nothing of the new config
+        is kept for that model's labels and FAILED_PRECONDITION is raised, as in TF Serving.
+        """
+        with self._poll_lock:
+            with self._lock:
+                old = {name: state.config for name, state in self._models.items()}
+                new_states: dict[str, _ModelState] = {}
+                for model in models:
+                    state = self._models.get(model.name)
+                    if state is None or _paths_differ(state.config, model):
+                        state = _ModelState(model)
+                    new_states[model.name] = state
+            for model in models:  # load new models (old labels kept meanwhile), then check labels
+                state = new_states[model.name]
+                current = old.get(model.name)
+                kept = current.version_labels if state.config is current else {}
+                state.config = dataclasses.replace(model, version_labels=kept)
+                self._sync_model(state)
+            problems = _label_problems(models, new_states)
+            with self._lock:
+                for model in models:
+                    state = new_states[model.name]
+                    keep = old.get(model.name) if problems else None
+                    labels = keep.version_labels if keep is not None else (
+                        {} if problems else model.version_labels
+                    )
+                    state.config = dataclasses.replace(model, version_labels=labels)
+                self._models = new_states
+        self._changed()
+        if problems:
+            raise ServingStatusError(grpc.StatusCode.FAILED_PRECONDITION, "; ".join(problems))
+
+
+def _label_problems(models: tuple[ModelConfig, ...], states: dict[str, _ModelState]) -> list[str]:
+    problems = []
+    for model in models:
+        served = states[model.name].served
+        for label, version in model.version_labels.items():
+            if version not in served:
+                problems.append(
+                    f"Request to assign label {label!r} to version {version} of model "
+                    f"{model.name}, which is not currently available for inference "
+                    f"(available: {sorted(served)})"
+                )
+    return problems
+
+
+def _paths_differ(a: ModelConfig, b: ModelConfig) -> bool:
+    return Path(a.base_path).resolve() != Path(b.base_path).resolve()
+
+
+def _spec_text(name: str, version: int | None, label: str | None) -> str:
+    """How TF Serving prints a ServableRequest: Latest(m) / Specific(m, 3)."""
+    if version is not None:
+        return f"Specific({name}, {version})"
+    if label:
+        return f"Label({name}, {label})"
+    return f"Latest({name})"
+
+
+def discover_versions(base_path: Path) -> dict[int, Path]:
+    """Numeric child dirs of `base_path` (dot-prefixed staging dirs are not numeric)."""
+    try:
+        entries = list(os.scandir(base_path))
+    except OSError as e:
+        log.warning("model base path %s cannot be read: %s", base_path, e.strerror)
+        return {}
+    versions = {}
+    for entry in entries:
+        if entry.name.isdigit() and entry.is_dir():
+            versions[int(entry.name)] = Path(entry.path)
+    return versions
+
+
+def aspired_versions(config: ModelConfig, available: list[int]) -> list[int]:
+    """Apply the version policy to the versions found on disk."""
+    if config.version_policy == "all":
+        return list(available)
+    if config.version_policy == "specific":
+        missing = [v for v in config.versions if v not in available]
+        if missing:
+            log.warning("model %s: specific versions %s are not on disk", config.name, missing)
+        return [v for v in available if v in config.versions]
+    return sorted(available)[-config.num_latest:]
+
+
+def _fingerprint(path: Path) -> tuple:
+    """Names, sizes and mtimes of every file under `path`: changes when the dir is rewritten."""
+    items = []
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue
+            items.append((os.path.relpath(full, path), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(items))
+
+
+def read_warmup_records(path: Path) -> list[bytes]:
+    """Serialized PredictionLog records of `assets.extra/tf_serving_warmup_requests`, if any."""
+    import tensorflow as tf
+
+    warmup = path / WARMUP_FILE
+    if not warmup.is_file():
+        return []
+    records = []
+    for record in tf.data.TFRecordDataset(str(warmup)).take(MAX_WARMUP_RECORDS + 1):
+        records.append(record.numpy())
+    if len(records) > MAX_WARMUP_RECORDS:
+        raise ValueError(f"{warmup} holds more than {MAX_WARMUP_RECORDS} warm-up records")
+    return records

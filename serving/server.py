@@ -1,0 +1,216 @@
+"""The local model server: TF Serving's gRPC protocol over SavedModels in TF Serving's layout.
+
+`start_local_server(config)` returns a `RunningServer` in this process (tests, the demo, the
+pipeline); `serve_forever(config)` is `ampflow serve`: it blocks, and on SIGTERM/SIGINT stops
+accepting calls, lets in-flight ones finish (up to `grace_s`), and returns 0.
+Besides the two TF Serving services it registers `grpc.health.v1` (SERVING once every model
+has a version loaded) and server reflection, and optionally serves Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import threading
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from tensorflow_serving.apis import model_service_pb2, prediction_service_pb2
+
+from ampflow.errors import ServingError
+from ampflow.serving import model_registry
+from ampflow.serving.batching import Batcher
+from ampflow.serving.config import ServerConfig
+from ampflow.serving.service import InferenceCore, ModelServicer, PredictionServicer
+
+log = logging.getLogger(__name__)
+
+PREDICTION_SERVICE = prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"]
+MODEL_SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
+
+
+@dataclasses.dataclass
+class RunningServer:
+    """A started server: where it listens and how to stop it."""
+
+    address: str
+    port: int
+    config: ServerConfig
+    registry: model_registry.ModelRegistry
+    metrics_port: int | None
+    _server: grpc.Server
+    _health: health.HealthServicer
+    _batcher: Batcher | None
+    _metrics_http: object | None
+
+    def stop(self, grace: float | None = None) -> None:
+        """Refuse new calls, let in-flight ones finish within `grace` seconds, then stop."""
+        grace = self.config.grace_s if grace is None else grace
+        self._health.enter_graceful_shutdown()
+        self._server.stop(grace).wait(grace + 5)
+        self.registry.stop()
+        if self._batcher is not None:
+            self._batcher.close()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server has stopped."""
+        return self._server.wait_for_termination(timeout)
+
+
+class _Metrics:
+    """Prometheus counters/histogram per model, version and method, in a private registry."""
+
+    def __init__(self) -> None:
+        import prometheus_client as prom
+
+        self.registry = prom.CollectorRegistry()
+        labels = ("model", "version", "method")
+        self.requests = prom.Counter("ampflow_serving_requests", "gRPC requests handled",
+                                     labels, registry=self.registry)
+        self.errors = prom.Counter("ampflow_serving_errors", "gRPC requests that failed",
+                                   (*labels, "code"), registry=self.registry)
+        self.latency = prom.Histogram(
+            "ampflow_serving_latency_seconds", "gRPC request latency", labels,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+            registry=self.registry,
+        )
+
+    def observe(self, model, version, method, code: grpc.StatusCode, seconds: float) -> None:
+        self.requests.labels(model, version, method).inc()
+        self.latency.labels(model, version, method).observe(seconds)
+        if code != grpc.StatusCode.OK:
+            self.errors.labels(model, version, method, code.name).inc()
+
+
+def start_local_server(config: ServerConfig) -> RunningServer:
+    """Load the configured models, then listen; returns once the port is bound."""
+    registry = model_registry.ModelRegistry(config.models)
+    batcher = Batcher(config.batching) if config.batching.enabled else None
+    runner = (lambda s, sig, inputs, t: batcher.run(s, sig, inputs, t)) if batcher else None
+    core = InferenceCore(registry, runner)
+    if config.enable_warmup:
+        registry.set_warmup(core.warmup)
+    metrics = _Metrics() if config.metrics_port else None
+    observe = metrics.observe if metrics else None
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=config.max_workers,
+                                   thread_name_prefix="ampflow-grpc"),
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+        maximum_concurrent_rpcs=config.max_workers * 8,
+    )
+    prediction_service_pb2_grpc_add(server, core, observe)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (PREDICTION_SERVICE.full_name, MODEL_SERVICE.full_name,
+         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    port = _bind(server, config)
+    registry.on_change = lambda: _on_change(registry, health_servicer, batcher)
+    registry.start(config.file_system_poll_wait_seconds)
+    _on_change(registry, health_servicer, batcher)
+    server.start()
+    metrics_http, metrics_port = _start_metrics(config, metrics)
+    address = f"{_client_host(config.host)}:{port}"
+    log.info("ampflow model server listening on %s:%d (models %s)%s", config.host, port,
+             [m.name for m in config.models],
+             f", metrics on :{metrics_port}/metrics" if metrics_port else "")
+    return RunningServer(address, port, config, registry, metrics_port, server, health_servicer,
+                         batcher, metrics_http)
+
+
+def prediction_service_pb2_grpc_add(server: grpc.Server, core: InferenceCore, observe) -> None:
+    """Register PredictionService and ModelService on `server`."""
+    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+        PredictionServicer(core, observe), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(core, observe), server)
+
+
+def _bind(server: grpc.Server, config: ServerConfig) -> int:
+    target = f"[{config.host}]:{config.port}" if ":" in config.host else \
+        f"{config.host}:{config.port}"
+    try:
+        if config.tls is None:
+            port = server.add_insecure_port(target)
+        else:
+            port = server.add_secure_port(target, _server_credentials(config.tls))
+    except RuntimeError as e:
+        raise ServingError(f"cannot bind the gRPC port. Received: {target} ({e})") from e
+    if port == 0:
+        raise ServingError(f"cannot bind the gRPC port (in use?). Received: {target}")
+    return port
+
+
+def _server_credentials(tls) -> grpc.ServerCredentials:
+    key, cert = tls.key_file.read_bytes(), tls.cert_file.read_bytes()
+    ca = tls.client_ca_file.read_bytes() if tls.client_ca_file else None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
+                                       require_client_auth=ca is not None)
+
+
+def _on_change(registry, health_servicer, batcher) -> None:
+    """Health follows the registry: SERVING once every model has a loaded version."""
+    status = (health_pb2.HealthCheckResponse.SERVING if registry.any_available()
+              else health_pb2.HealthCheckResponse.NOT_SERVING)
+    for service in ("", PREDICTION_SERVICE.full_name, MODEL_SERVICE.full_name):
+        health_servicer.set(service, status)
+    if batcher is not None:
+        batcher.retire(registry.served_ids())
+
+
+def _start_metrics(config: ServerConfig, metrics: _Metrics | None):
+    if metrics is None:
+        return None, None
+    import prometheus_client as prom
+
+    try:
+        http, _thread = prom.start_http_server(config.metrics_port, addr=config.host,
+                                               registry=metrics.registry)
+    except OSError as e:
+        raise ServingError(
+            f"cannot bind the metrics port. Received: metrics_port={config.metrics_port} "
+            f"({e.strerror})"
+        ) from e
+    return http, http.server_address[1]
+
+
+def _client_host(host: str) -> str:
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def serve_forever(config: ServerConfig) -> int:
+    """`ampflow serve`: run until SIGTERM/SIGINT, drain in-flight calls, return 0."""
+    running = start_local_server(config)
+    stop = threading.Event()
+
+    def _signal(signum, _frame):
+        log.info("received %s: draining in-flight requests (grace %.1fs)",
+                 signal.Signals(signum).name, config.grace_s)
+        stop.set()
+
+    previous = {s: signal.signal(s, _signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        print(f"ampflow serve: listening on {running.address}", flush=True)
+        while not stop.wait(0.5):
+            pass
+        running.stop(config.grace_s)
+        log.info("server stopped cleanly")
+        return 0
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

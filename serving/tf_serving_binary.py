@@ -1,0 +1,109 @@
+"""Run the real `tensorflow_model_server` with the flags that `ampflow serve` was given.
+
+In production the real TF Serving binary serves the model. When it is on PATH, `ampflow serve`
+execs it instead of the local server; the argv is built here from the same `ServerConfig`
+(the config-only settings — model list, version policy, labels, batching, TLS, monitoring —
+become the small text-proto files the binary reads). The binary could not be run on the
+machine this was written on (not on PyPI, no Docker), so only the argv is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ampflow.serving.config import ServerConfig, to_model_server_config_text
+
+log = logging.getLogger(__name__)
+
+BINARY = "tensorflow_model_server"
+
+
+def find_binary() -> str | None:
+    """The real binary's path, or None."""
+    return shutil.which(BINARY)
+
+
+def build_argv(config: ServerConfig, workdir: str | os.PathLike, binary: str = BINARY
+               ) -> list[str]:
+    """The argv for `tensorflow_model_server`; writes its config files into `workdir`."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if config.model_config_file is not None:
+        model_config = Path(config.model_config_file).resolve()
+    else:
+        model_config = workdir / "models.config"
+        model_config.write_text(to_model_server_config_text(config.models))
+    argv = [
+        binary,
+        f"--port={config.port}",
+        f"--model_config_file={model_config}",
+        f"--file_system_poll_wait_seconds={_poll_seconds(config.file_system_poll_wait_seconds)}",
+        f"--grpc_channel_arguments=grpc.max_receive_message_length={config.max_message_bytes},"
+        f"grpc.max_send_message_length={config.max_message_bytes}",
+        f"--enable_model_warmup={str(config.enable_warmup).lower()}",
+    ]
+    if config.batching.enabled:
+        argv += ["--enable_batching=true",
+                 f"--batching_parameters_file={_write_batching(config, workdir)}"]
+    if config.tls is not None:
+        argv.append(f"--ssl_config_file={_write_ssl(config, workdir)}")
+    if config.metrics_port:
+        argv += [f"--rest_api_port={config.metrics_port}",
+                 f"--monitoring_config_file={_write_monitoring(workdir)}"]
+    return argv
+
+
+def _poll_seconds(seconds: float) -> int:
+    """The binary takes whole seconds; 0 means 'poll once' in both servers."""
+    return 0 if seconds == 0 else max(1, round(seconds))
+
+
+def _write_batching(config: ServerConfig, workdir: Path) -> Path:
+    path = workdir / "batching.config"
+    micros = int(config.batching.batch_timeout_ms * 1000)
+    path.write_text(
+        f"max_batch_size {{ value: {config.batching.max_batch_size} }}\n"
+        f"batch_timeout_micros {{ value: {micros} }}\n"
+        f"num_batch_threads {{ value: {os.cpu_count() or 1} }}\n"
+        "max_enqueued_batches { value: 1000 }\n"
+    )
+    return path
+
+
+def _write_ssl(config: ServerConfig, workdir: Path) -> Path:
+    """SSLConfig text proto: the binary wants the PEM *contents*, not paths."""
+    tls = config.tls
+    lines = [
+        f"server_key: {json.dumps(tls.key_file.read_text())}",
+        f"server_cert: {json.dumps(tls.cert_file.read_text())}",
+    ]
+    if tls.client_ca_file is not None:
+        lines += [f"custom_ca: {json.dumps(tls.client_ca_file.read_text())}",
+                  "client_verify: true"]
+    path = workdir / "ssl.config"
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def _write_monitoring(workdir: Path) -> Path:
+    path = workdir / "monitoring.config"
+    path.write_text('prometheus_config {\n  enable: true\n  path: "/metrics"\n}\n')
+    return path
+
+
+def exec_binary(config: ServerConfig, binary: str) -> None:
+    """Replace this process with the real server (never returns)."""
+    workdir = Path(tempfile.mkdtemp(prefix="ampflow-tf-serving-"))
+    argv = build_argv(config, workdir, binary)
+    if config.host not in ("0.0.0.0", "::"):
+        log.warning("tensorflow_model_server has no bind-address flag: it listens on all "
+                    "interfaces, not only %s; restrict access with a firewall or NetworkPolicy",
+                    config.host)
+    log.info("exec %s", " ".join(argv))
+    os.execv(binary, argv)

@@ -1,0 +1,51 @@
+"""Helpers shared by the serving tests (a uniquely named module: tests/ dirs share sys.path)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+MODEL = os.environ.get("AMPFLOW_SERVING_MODEL", "ampflow")
+EXTERNAL_TARGET = os.environ.get("AMPFLOW_SERVING_TARGET")
+LOCAL_MAX_MESSAGE_BYTES = 1024 * 1024
+
+local_only = pytest.mark.skipif(
+    EXTERNAL_TARGET is not None,
+    reason="needs to control the server (AMPFLOW_SERVING_TARGET points at an external one)",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where the conformance tests send requests, and what they compare against."""
+
+    address: str
+    model: str
+    base_path: Path
+    local: bool
+    max_message_bytes: int | None
+
+
+def install_version(store: Path, base: Path, version: int, source: int | None = None) -> Path:
+    """Copy a stored version into `base/<version>` atomically (copy beside it, then rename)."""
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".{version}.incomplete-"))
+    shutil.copytree(store / str(source or version), tmp, dirs_exist_ok=True)
+    final = base / str(version)
+    os.replace(tmp, final)
+    return final
+
+
+def free_port() -> int:
+    """A free 127.0.0.1 TCP port (for the metrics endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+

@@ -1,0 +1,224 @@
+"""Version lifecycle through real gRPC: hot reload under load, partial dirs, deletions,
+version labels changed at run time, warm-up replay."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from serving_helpers import MODEL, install_version, local_only
+from tensorflow_serving.apis import prediction_log_pb2
+
+from ampflow.serving.client import RpcError
+from ampflow.serving.config import ModelConfig, to_model_server_config_text
+from ampflow.serving.model_registry import WARMUP_FILE, aspired_versions
+from ampflow.serving.testing import sample_images
+
+pytestmark = [pytest.mark.serving, local_only, pytest.mark.timeout(120)]
+
+
+def _wait_for(predicate, timeout_s: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def _state(client, version: int) -> str | None:
+    try:
+        return {r["version"]: r["state"] for r in client.status(MODEL)}.get(version)
+    except RpcError:
+        return None
+
+
+def test_aspired_versions_policies_pick_expected_versions():
+    on_disk = [1, 2, 5, 7]
+    assert aspired_versions(ModelConfig("m", "/x"), on_disk) == [7]
+    assert aspired_versions(ModelConfig("m", "/x", num_latest=2), on_disk) == [5, 7]
+    assert aspired_versions(ModelConfig("m", "/x", version_policy="all"), on_disk) == on_disk
+    specific = ModelConfig("m", "/x", version_policy="specific", versions=(2, 9))
+    assert aspired_versions(specific, on_disk) == [2]
+
+
+def test_hot_reload_under_load_zero_failures_and_switch_to_v2(
+        model_store, tmp_path, start_server, client_for):
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    server = start_server(base, file_system_poll_wait_seconds=0.1)
+    images = sample_images(2, seed=7)
+    expected = {v: tf.saved_model.load(str(model_store / str(v))).signatures["serving_default"](
+        images=tf.constant(images))["probabilities"].numpy() for v in (1, 2)}
+    stop, switched_at = threading.Event(), []
+    results: list[tuple[float, int | None, str]] = []
+    lock = threading.Lock()
+
+    def worker():
+        client = client_for(server.address, retries=0)
+        for _ in range(400):  # bounded in count and (below) in time
+            if stop.is_set():
+                return
+            started = time.monotonic()
+            try:
+                result = client.predict(MODEL, images)
+                version = result.version
+                np.testing.assert_allclose(result.outputs["probabilities"], expected[version],
+                                           rtol=1e-6)
+                outcome = "ok"
+            except Exception as e:  # recorded, asserted below
+                version, outcome = None, f"{type(e).__name__}: {e}"
+            with lock:
+                results.append((started, version, outcome))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.5)
+        install_version(model_store, base, 2)
+        probe = client_for(server.address)
+        _wait_for(lambda: _state(probe, 2) == "AVAILABLE", what="version 2 AVAILABLE")
+        switched_at.append(time.monotonic())
+        time.sleep(0.7)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    failures = [r for r in results if r[2] != "ok"]
+    assert not failures, failures[:3]
+    after = [r for r in results if r[0] > switched_at[0]]
+    assert after and all(v == 2 for _, v, _ in after)
+    assert any(v == 1 for _, v, _ in results)
+    assert _state(probe, 1) == "END"
+
+
+def test_partial_version_dir_is_skipped_then_loaded_once_complete(
+        model_store, tmp_path, start_server, client_for):
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    server = start_server(base)
+    client = client_for(server.address)
+    partial = base / "2"
+    shutil.copytree(model_store / "2", partial)
+    shutil.rmtree(partial / "variables")  # a copy caught half-way
+    _wait_for(lambda: _state(client, 2) == "END", what="version 2 marked END")
+    (row,) = [r for r in client.status(MODEL) if r["version"] == 2]
+    assert row["error_message"] and row["error_code"] != 0
+    assert client.predict(MODEL, sample_images(1)).version == 1
+    with pytest.raises(RpcError) as info:
+        client.predict(MODEL, sample_images(1), version=2)
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
+    shutil.rmtree(partial)
+    install_version(model_store, base, 2)  # the finished dir: new files, so it is retried
+    _wait_for(lambda: _state(client, 2) == "AVAILABLE", what="version 2 AVAILABLE")
+    assert client.predict(MODEL, sample_images(1)).version == 2
+
+
+def test_corrupt_saved_model_pb_is_never_served(model_store, tmp_path, start_server, client_for):
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    (base / "3").mkdir()
+    (base / "3" / "saved_model.pb").write_bytes(b"\x00not a saved model")
+    server = start_server(base)
+    client = client_for(server.address)
+    assert _state(client, 3) == "END"
+    assert client.predict(MODEL, sample_images(1)).version == 1  # availability preserved
+
+
+def test_deleting_served_version_dir_falls_back_without_crash(
+        model_store, tmp_path, start_server, client_for):
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    install_version(model_store, base, 2)
+    server = start_server(base)
+    client = client_for(server.address)
+    assert client.predict(MODEL, sample_images(1)).version == 2
+    shutil.rmtree(base / "2")
+    _wait_for(lambda: _state(client, 1) == "AVAILABLE", what="fallback to version 1")
+    _wait_for(lambda: _state(client, 2) == "END", what="version 2 unloaded")
+    assert client.predict(MODEL, sample_images(1)).version == 1
+    shutil.rmtree(base / "1")  # nothing left on disk: UNAVAILABLE, and the server lives on
+    _wait_for(lambda: _state(client, 1) == "END", what="version 1 unloaded")
+    with pytest.raises(RpcError) as info:
+        client_for(server.address, retries=0).predict(MODEL, sample_images(1))
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    install_version(model_store, base, 3, source=1)
+    assert client.wait_until_available(MODEL, timeout=20) == 3
+
+
+def test_version_labels_promote_and_roll_back_without_restart(
+        model_store, tmp_path, start_server, client_for):
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    install_version(model_store, base, 2)
+    model = ModelConfig(MODEL, base, version_policy="all", version_labels={"stable": 1})
+    server = start_server(models=(model,))
+    client = client_for(server.address)
+    images = sample_images(1)
+    assert client.predict(MODEL, images, version_label="stable").version == 1
+
+    def relabel(**labels):
+        new = ModelConfig(MODEL, base, version_policy="all", version_labels=labels)
+        client.reload_config(to_model_server_config_text((new,)))
+
+    relabel(stable=1, canary=2)
+    assert client.predict(MODEL, images, version_label="canary").version == 2
+    relabel(stable=2)  # promote
+    assert client.predict(MODEL, images, version_label="stable").version == 2
+    with pytest.raises(RpcError) as info:
+        client.predict(MODEL, images, version_label="canary")
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    relabel(stable=1)  # roll back
+    assert client.predict(MODEL, images, version_label="stable").version == 1
+    with pytest.raises(RpcError) as info:
+        relabel(stable=7)  # not loaded: refused, old labels kept
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "version 7" in info.value.details
+    assert client.predict(MODEL, images, version_label="stable").version == 1
+
+
+def test_failing_warmup_record_keeps_version_unavailable(
+        model_store, tmp_path, start_server, client_for):
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    bad = install_version(model_store, tmp_path / "staging", 2)
+    log = prediction_log_pb2.PredictionLog()
+    log.predict_log.request.model_spec.name = MODEL
+    log.predict_log.request.inputs["wrong_key"].CopyFrom(tf.make_tensor_proto(sample_images(1)))
+    with tf.io.TFRecordWriter(str(bad / WARMUP_FILE)) as writer:
+        writer.write(log.SerializeToString())
+    shutil.move(str(bad), str(base / "2"))
+    server = start_server(base)
+    client = client_for(server.address)
+    (row,) = [r for r in client.status(MODEL) if r["version"] == 2]
+    assert row["state"] == "END" and "wrong_key" in row["error_message"]
+    assert client.predict(MODEL, sample_images(1)).version == 1
+
+
+def test_unknown_model_dir_reports_unavailable_until_first_version(
+        model_store, tmp_path, start_server, client_for):
+    base = tmp_path / MODEL  # does not exist yet
+    server = start_server(base)
+    client = client_for(server.address, retries=0)
+    with pytest.raises(RpcError) as info:
+        client.predict(MODEL, sample_images(1))
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "no version is loaded" in info.value.details
+    assert _health(server.address) == health_pb2.HealthCheckResponse.NOT_SERVING
+    install_version(model_store, base, 1)
+    assert client.wait_until_available(MODEL, timeout=20) == 1
+    assert _health(server.address) == health_pb2.HealthCheckResponse.SERVING
+
+
+def _health(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        request = health_pb2.HealthCheckRequest(service="tensorflow.serving.PredictionService")
+        return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status

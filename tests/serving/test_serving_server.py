@@ -1,0 +1,223 @@
+"""The server process: TLS, SIGTERM drain, batching, metrics, health, reflection, retries."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from serving_helpers import MODEL, free_port, install_version, local_only
+
+from ampflow.serving.client import PredictionClient, RpcError
+from ampflow.serving.config import BatchingConfig, TlsConfig
+from ampflow.serving.testing import sample_images
+
+pytestmark = [pytest.mark.serving, local_only, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def served_base(model_store, tmp_path) -> Path:
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    return base
+
+
+# ---- TLS ---------------------------------------------------------------------------------------
+
+def _key():
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _cert(subject_cn, key, issuer_cn, issuer_key, *, ca: bool, sans=()):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject_cn)]))
+               .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_cn)]))
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict[str, Path]:
+    """A throwaway CA, a server cert for localhost/127.0.0.1 and a client cert."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    out = tmp_path_factory.mktemp("pki")
+    ca_key = _key()
+    ca = _cert("ampflow test CA", ca_key, "ampflow test CA", ca_key, ca=True)
+    server_key, client_key = _key(), _key()
+    sans = (x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    server = _cert("localhost", server_key, "ampflow test CA", ca_key, ca=False, sans=sans)
+    client = _cert("client", client_key, "ampflow test CA", ca_key, ca=False)
+    files = {}
+    for name, obj in (("ca", ca), ("server", server), ("client", client)):
+        files[name] = out / f"{name}.pem"
+        files[name].write_bytes(obj.public_bytes(serialization.Encoding.PEM))
+    for name, key in (("server_key", server_key), ("client_key", client_key)):
+        files[name] = out / f"{name}.pem"
+        files[name].write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+    return files
+
+
+def test_tls_client_without_ca_refused_with_ca_succeeds(pki, served_base, start_server,
+                                                        client_for):
+    server = start_server(served_base, tls=TlsConfig(pki["server"], pki["server_key"]))
+    plain = client_for(server.address, retries=0, timeout_s=5)
+    with pytest.raises(RpcError) as info:
+        plain.status(MODEL)
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    wrong_ca = client_for(server.address, retries=0, timeout_s=5, tls_ca=pki["client"])
+    with pytest.raises(RpcError):
+        wrong_ca.status(MODEL)
+    good = client_for(server.address, tls_ca=pki["ca"], tls_server_name="localhost")
+    assert good.predict(MODEL, sample_images(1)).version == 1
+
+
+def test_mutual_tls_requires_client_certificate(pki, served_base, start_server, client_for):
+    tls = TlsConfig(pki["server"], pki["server_key"], client_ca_file=pki["ca"])
+    server = start_server(served_base, tls=tls)
+    no_cert = client_for(server.address, retries=0, timeout_s=5, tls_ca=pki["ca"],
+                         tls_server_name="localhost")
+    with pytest.raises(RpcError) as info:
+        no_cert.status(MODEL)
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    with_cert = client_for(server.address, tls_ca=pki["ca"], tls_cert=pki["client"],
+                           tls_key=pki["client_key"], tls_server_name="localhost")
+    assert with_cert.status(MODEL)[0]["state"] == "AVAILABLE"
+
+
+# ---- SIGTERM drains in-flight requests (a real `ampflow serve` subprocess) ----------------------
+
+def test_sigterm_with_in_flight_requests_completes_them_and_exits_zero(served_base):
+    # A long batch timeout keeps requests in flight (queued for their batch) when SIGTERM lands.
+    cmd = [sys.executable, "-m", "ampflow.serving.cli", "serve",
+           "--model-base-path", str(served_base), "--model-name", MODEL, "--port", "0",
+           "--max-batch-size", "64",
+           "--batch-timeout-ms", "1500", "--grace-s", "10", "--server", "local"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    try:
+        address = _read_address(proc, timeout_s=60)
+        with PredictionClient(address, timeout_s=20) as client:
+            client.wait_until_available(MODEL, timeout=30)
+            client.input_specs(MODEL)  # metadata cached before the requests start
+            with ThreadPoolExecutor(4) as pool:
+                futures = [pool.submit(client.predict, MODEL, sample_images(1, seed=i))
+                           for i in range(4)]
+                time.sleep(0.5)
+                assert not any(f.done() for f in futures), "requests finished before SIGTERM"
+                proc.terminate()
+                versions = [f.result(timeout=30).version for f in futures]
+        assert versions == [1, 1, 1, 1]
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def _read_address(proc: subprocess.Popen, timeout_s: float) -> str:
+    """Read `listening on HOST:PORT` from the server's output (bounded in time)."""
+    found: list[str] = []
+
+    def reader():
+        for line in proc.stdout:
+            match = re.search(r"listening on (\S+:\d+)", line)
+            if match and line.startswith("ampflow serve"):
+                found.append(match.group(1))
+                return
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not found:
+        raise AssertionError(f"server did not report its address in {timeout_s}s")
+    return found[0]
+
+
+# ---- batching, metrics, health, reflection, retries ---------------------------------------------
+
+def test_batching_concurrent_predicts_equal_unbatched(served_base, start_server, client_for):
+    server = start_server(served_base,
+                          batching=BatchingConfig(max_batch_size=16, batch_timeout_ms=20))
+    reference = tf.saved_model.load(str(served_base / "1")).signatures["serving_default"]
+    inputs = [sample_images(1 + i % 3, seed=i) for i in range(12)]
+    client = client_for(server.address)
+    client.input_specs(MODEL)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda x: client.predict(MODEL, x), inputs))
+    for images, result in zip(inputs, results, strict=True):
+        expected = reference(images=tf.constant(images))["probabilities"].numpy()
+        np.testing.assert_allclose(result.outputs["probabilities"], expected, rtol=1e-5,
+                                   atol=1e-7)
+
+
+def test_metrics_endpoint_counts_requests_per_model_version_method(
+        served_base, start_server, client_for):
+    port = free_port()
+    server = start_server(served_base, metrics_port=port)
+    client = client_for(server.address)
+    for _ in range(3):
+        client.predict(MODEL, sample_images(1))
+    with pytest.raises(RpcError):
+        client.predict(MODEL, {"images": sample_images(1)}, version=42)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert ('ampflow_serving_requests_total{method="Predict",model="ampflow",version="1"} 3.0'
+            in body)
+    assert ('ampflow_serving_errors_total{code="NOT_FOUND",method="Predict",model="ampflow",'
+            'version="42"} 1.0' in body)
+    assert "ampflow_serving_latency_seconds_bucket" in body
+
+
+def test_health_and_reflection_report_serving_services(served_base, start_server):
+    server = start_server(served_base)
+    with grpc.insecure_channel(server.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        response = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert response.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        (answer,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
+        names = {s.name for s in answer.list_services_response.service}
+    assert {"tensorflow.serving.PredictionService", "tensorflow.serving.ModelService",
+            "grpc.health.v1.Health"} <= names
+
+
+def test_client_retries_unavailable_with_attempt_log_then_raises(caplog):
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    with PredictionClient(address, timeout_s=2, retries=2, backoff_s=0.01) as client:
+        with pytest.raises(RpcError) as info:
+            client.status(MODEL)
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "attempt 1/3" in caplog.text and "attempt 2/3" in caplog.text
