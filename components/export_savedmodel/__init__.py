@@ -1,0 +1,18 @@
+"""Step 4: a versioned, float32 SavedModel for TF Serving, with warm-up and a parity check."""
+
+from ampflow.components.export_savedmodel.step import (
+    EXPORT_METADATA_FILE,
+    ExportConfig,
+    ExportResult,
+    run_export,
+)
+from ampflow.components.export_savedmodel.versions import list_versions, next_version
+
+__all__ = [
+    "EXPORT_METADATA_FILE",
+    "ExportConfig",
+    "ExportResult",
+    "list_versions",
+    "next_version",
+    "run_export",
+]

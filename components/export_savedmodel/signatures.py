@@ -1,0 +1,243 @@
+"""The serving signatures of docs/ARTIFACTS.md, and the proto-level checks of a written SavedModel.
+
+`serving_default` (method `tensorflow/serving/predict`): `images` float32 [-1, H, W, C] raw
+pixels 0..255 → `probabilities` float32 [-1, K], `class_ids` int64 [-1].
+`classify` (method `tensorflow/serving/classify`): `inputs` string [-1] of serialized tf.Example
+with float_list feature `image` (H*W*C raw pixels) → `scores` float32 [-1, K], `classes` string
+[-1, K] (the label names, in class-id order).
+
+TF2's `tf.saved_model.save` writes every SignatureDef with method_name
+`tensorflow/serving/predict`, and TF Serving's Classify API rejects anything but
+`tensorflow/serving/classify`. So, after saving, we rewrite that one string field of the
+`classify` SignatureDef in saved_model.pb (graph and functions untouched) and recompute
+fingerprint.pb, whose checksum covers saved_model.pb. The step then reloads the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ampflow.errors import ExportError
+
+log = logging.getLogger(__name__)
+
+SERVING_DEFAULT = "serving_default"
+CLASSIFY = "classify"
+PREDICT_METHOD = "tensorflow/serving/predict"
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+IMAGE_FEATURE = "image"
+LABELS_FILE = "labels.txt"
+SAVED_MODEL_PB = "saved_model.pb"
+FINGERPRINT_PB = "fingerprint.pb"
+_HALF_DTYPES = ("float16", "bfloat16")
+
+
+def expected_signatures(input_shape: tuple[int, int, int], num_classes: int) -> dict[str, Any]:
+    """The contract, in the form `describe_signatures` returns (-1 = any batch size)."""
+    h, w, c = input_shape
+    k = num_classes
+    return {
+        SERVING_DEFAULT: {
+            "method_name": PREDICT_METHOD,
+            "inputs": {"images": {"dtype": "float32", "shape": [-1, h, w, c]}},
+            "outputs": {"probabilities": {"dtype": "float32", "shape": [-1, k]},
+                        "class_ids": {"dtype": "int64", "shape": [-1]}},
+        },
+        CLASSIFY: {
+            "method_name": CLASSIFY_METHOD,
+            "inputs": {"inputs": {"dtype": "string", "shape": [-1]}},
+            "outputs": {"scores": {"dtype": "float32", "shape": [-1, k]},
+                        "classes": {"dtype": "string", "shape": [-1, k]}},
+        },
+    }
+
+
+def save_servable(model, input_shape: tuple[int, int, int], labels: list[str],
+                  export_dir: str | os.PathLike) -> None:
+    """Write `model` (a float32 Keras model on raw pixels) as a SavedModel with both signatures."""
+    import tensorflow as tf
+
+    export_dir = Path(export_dir)
+    with tempfile.TemporaryDirectory(prefix="ampflow-labels-") as tmp:
+        labels_path = Path(tmp) / LABELS_FILE
+        labels_path.write_text("".join(f"{name}\n" for name in labels))
+        module = _ServingModule(model, tuple(input_shape), list(labels), labels_path)
+        signatures = {
+            SERVING_DEFAULT: module.serving_default.get_concrete_function(),
+            CLASSIFY: module.classify.get_concrete_function(),
+        }
+        try:
+            tf.saved_model.save(module, str(export_dir), signatures=signatures)
+        except Exception as e:
+            raise ExportError(f"tf.saved_model.save failed for {export_dir}: {e}") from e
+    set_method_name(export_dir, CLASSIFY, CLASSIFY_METHOD)
+
+
+def set_method_name(export_dir: str | os.PathLike, signature: str, method_name: str) -> None:
+    """Rewrite one SignatureDef's method_name in saved_model.pb; then refresh fingerprint.pb."""
+    export_dir = Path(export_dir)
+    saved_model = read_saved_model(export_dir)
+    for meta_graph in saved_model.meta_graphs:
+        if signature not in meta_graph.signature_def:
+            raise ExportError(f"signature {signature!r} missing from {export_dir}. Received: "
+                              f"{sorted(meta_graph.signature_def)}")
+        meta_graph.signature_def[signature].method_name = method_name
+    tmp = export_dir / f".{SAVED_MODEL_PB}.tmp"
+    tmp.write_bytes(saved_model.SerializeToString(deterministic=True))
+    os.replace(tmp, export_dir / SAVED_MODEL_PB)
+    _refresh_fingerprint(export_dir)
+
+
+def read_saved_model(export_dir: str | os.PathLike):
+    """Parse `<export_dir>/saved_model.pb` into a `SavedModel` proto."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = Path(export_dir) / SAVED_MODEL_PB
+    saved_model = saved_model_pb2.SavedModel()
+    try:
+        saved_model.ParseFromString(path.read_bytes())
+    except Exception as e:
+        raise ExportError(f"{path} is not a readable SavedModel proto: {e}") from e
+    return saved_model
+
+
+def describe_signatures(export_dir: str | os.PathLike) -> dict[str, Any]:
+    """What `saved_model_cli show --all` prints, as a dict: method, input/output dtypes, shapes."""
+    import tensorflow as tf
+
+    meta_graph = _serving_meta_graph(read_saved_model(export_dir), export_dir)
+
+    def tensors(infos) -> dict[str, Any]:
+        return {name: {"dtype": tf.dtypes.as_dtype(info.dtype).name,
+                       "shape": None if info.tensor_shape.unknown_rank
+                       else [d.size for d in info.tensor_shape.dim]}
+                for name, info in sorted(infos.items())}
+
+    return {name: {"method_name": sig.method_name, "inputs": tensors(sig.inputs),
+                   "outputs": tensors(sig.outputs)}
+            for name, sig in sorted(meta_graph.signature_def.items())
+            if not name.startswith("__")}  # skip TF's internal `__saved_model_init_op`
+
+
+def check_signatures(export_dir: str | os.PathLike, input_shape, num_classes: int) -> dict:
+    """Raise ExportError unless the written signatures are exactly the contract; return them."""
+    found = describe_signatures(export_dir)
+    expected = expected_signatures(tuple(input_shape), num_classes)
+    for name, spec in expected.items():
+        if found.get(name) != spec:
+            raise ExportError(f"signature {name!r} does not follow docs/ARTIFACTS.md. "
+                              f"Expected: {spec}. Received: {found.get(name)}")
+    return found
+
+
+def half_precision_nodes(export_dir: str | os.PathLike) -> list[str]:
+    """Every node (graph or function library) with a float16/bfloat16 type, tensor or arg.
+
+    An empty list proves the SavedModel runs no half-precision compute: the mixed policy did not
+    leak into the served graph (TFLite and many CPU servers reject float16 Conv2D/MatMul).
+    """
+    found = []
+    for meta_graph in read_saved_model(export_dir).meta_graphs:
+        graph = meta_graph.graph_def
+        found += [f"graph/{n.name} ({n.op})" for n in graph.node if _node_is_half(n)]
+        for function in graph.library.function:
+            fname = function.signature.name
+            found += [f"{fname}/{n.name} ({n.op})" for n in function.node_def if _node_is_half(n)]
+            args = list(function.signature.input_arg) + list(function.signature.output_arg)
+            found += [f"{fname}/arg:{a.name}" for a in args if _dtype_is_half(a.type)]
+    return found
+
+
+def _serving_meta_graph(saved_model, export_dir):
+    for meta_graph in saved_model.meta_graphs:
+        if "serve" in meta_graph.meta_info_def.tags:
+            return meta_graph
+    raise ExportError(f"{export_dir} has no MetaGraph tagged 'serve' (what TF Serving loads)")
+
+
+def _node_is_half(node) -> bool:
+    for attr in node.attr.values():
+        kind = attr.WhichOneof("value")
+        if kind == "type" and _dtype_is_half(attr.type):
+            return True
+        if kind == "list" and any(_dtype_is_half(t) for t in attr.list.type):
+            return True
+        if kind == "tensor" and _dtype_is_half(attr.tensor.dtype):
+            return True
+    return False
+
+
+def _dtype_is_half(enum_value: int) -> bool:
+    import tensorflow as tf
+
+    try:
+        return tf.dtypes.as_dtype(enum_value).name in _HALF_DTYPES
+    except TypeError:
+        return False
+
+
+def _refresh_fingerprint(export_dir: Path) -> None:
+    """Recompute fingerprint.pb after editing saved_model.pb (its checksum would be stale)."""
+    path = export_dir / FINGERPRINT_PB
+    try:
+        from tensorflow.python.saved_model.pywrap_saved_model import (
+            fingerprinting as fingerprinting_pywrap,
+        )
+
+        serialized = fingerprinting_pywrap.CreateFingerprintDef(str(export_dir))
+    except Exception as e:  # a TF without the (private) API: no fingerprint beats a wrong one
+        log.warning("could not recompute %s (%s); removing it (it is optional)", path, e)
+        path.unlink(missing_ok=True)
+        return
+    tmp = export_dir / f".{FINGERPRINT_PB}.tmp"
+    tmp.write_bytes(serialized)
+    os.replace(tmp, path)
+
+
+def _module_class():
+    import tensorflow as tf
+
+    class ServingModule(tf.Module):
+        """The exported object: the model, the labels asset, and the two signature functions."""
+
+        def __init__(self, model, input_shape, labels, labels_path) -> None:
+            super().__init__(name="ampflow_servable")
+            # Track the tf.Variables behind the Keras variables, not the Keras model: the TFLite
+            # converter only freezes plain tf.Variables into constants (with the model tracked
+            # it leaves VAR_HANDLE/READ_VARIABLE ops and a .tflite without weights).
+            self.model_variables = [v.value for v in model.variables]
+            self.labels_asset = tf.saved_model.Asset(str(labels_path))  # → assets/labels.txt
+            h, w, c = input_shape
+            label_names = list(labels)  # captured by the closures below, not tracked
+
+            def probabilities_of(images):
+                return tf.cast(model(images, training=False), tf.float32)
+
+            def predict(images):
+                probabilities = probabilities_of(images)
+                return {"probabilities": probabilities,
+                        "class_ids": tf.argmax(probabilities, axis=-1, output_type=tf.int64)}
+
+            def classify(inputs):
+                features = tf.io.parse_example(
+                    inputs, {IMAGE_FEATURE: tf.io.FixedLenFeature([h * w * c], tf.float32)})
+                scores = probabilities_of(tf.reshape(features[IMAGE_FEATURE], [-1, h, w, c]))
+                names = tf.constant(label_names, dtype=tf.string)
+                classes = tf.tile(names[tf.newaxis, :], tf.stack([tf.shape(scores)[0], 1]))
+                return {"scores": scores, "classes": classes}
+
+            self.serving_default = tf.function(
+                predict, input_signature=[tf.TensorSpec([None, h, w, c], tf.float32, "images")])
+            self.classify = tf.function(
+                classify, input_signature=[tf.TensorSpec([None], tf.string, "inputs")])
+
+    return ServingModule
+
+
+def _ServingModule(model, input_shape, labels, labels_path):  # noqa: N802 (a class factory)
+    """Build the module lazily so importing this file does not import TensorFlow."""
+    return _module_class()(model, input_shape, labels, labels_path)

@@ -1,0 +1,253 @@
+"""export: a versioned SavedModel for TF Serving, from the float32 twin of the trained model.
+
+A model trained under a mixed policy keeps float16/bfloat16 ops in any graph traced from it,
+which TFLite and many CPU servers reject; so the same architecture is rebuilt under `float32`
+and given the trained weights (they are float32 under every policy), and that twin is exported.
+
+Order of work (docs/ARTIFACTS.md): the gate first (no compute on a refused model), then the
+SavedModel into a hidden staging dir beside the versions, its signatures checked against the
+contract, its graph scanned for half-precision, warm-up records written and replayed, and the
+reloaded model compared with Keras on real test images. Only then is the staging dir renamed
+to `<export_base>/<model_name>/<version>/`, so TF Serving never sees a half-made version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ampflow.components.export_savedmodel.gate import GateDecision, check_gate
+from ampflow.components.export_savedmodel.parity import ParityReport, check_export_parity
+from ampflow.components.export_savedmodel.signatures import (
+    LABELS_FILE,
+    check_signatures,
+    half_precision_nodes,
+    save_servable,
+)
+from ampflow.components.export_savedmodel.versions import (
+    next_version,
+    staged_version_dir,
+)
+from ampflow.components.export_savedmodel.warmup import (
+    MAX_WARMUP_RECORDS,
+    WARMUP_FILE,
+    replay_warmup_records,
+    write_warmup_records,
+)
+from ampflow.errors import ConfigError, ExportError
+from ampflow.files import ensure_writable_dir, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+EXPORT_METADATA_FILE = "ampflow_export.json"
+CONFIG_FILE = "config.json"
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """What to export, where, and how strictly; written next to the SavedModel (config.json)."""
+
+    model_dir: Path = field(metadata={"help": "A trained model dir (from train)."})
+    data_dir: Path = field(metadata={
+        "help": "The prepared dataset dir: real test images for warm-up and the parity check."})
+    export_base: Path = field(metadata={
+        "help": "TF Serving base path; the model lands in <export_base>/<model_name>/<version>/."})
+    eval_dir: Path | None = field(default=None, metadata={
+        "help": "The evaluate step's output dir (its verdict.json gates the export). Required "
+                "unless --force."})
+    model_name: str | None = field(default=None, metadata={
+        "help": "Served model name (default: the trained model's name from its metadata)."})
+    version: int | None = field(default=None, metadata={
+        "help": "Version number to write (default: the next free one; an existing version is "
+                "never replaced)."})
+    num_warmup_records: int = field(default=10, metadata={
+        "help": f"Predict warm-up requests to write (one real test image each; plus one "
+                f"Classify request); 0 writes no warm-up file; at most {MAX_WARMUP_RECORDS - 1}."})
+    num_parity_images: int = field(default=256, metadata={
+        "help": "Real test images on which the SavedModel must match the Keras model."})
+    parity_atol: float = field(default=1e-5, metadata={
+        "help": "Export parity: absolute tolerance on probabilities (SavedModel vs Keras)."})
+    parity_rtol: float = field(default=1e-5, metadata={
+        "help": "Export parity: relative tolerance on probabilities (SavedModel vs Keras)."})
+    force: bool = field(default=False, metadata={
+        "help": "Export even if the parity verdict failed or is missing (logged loudly and "
+                "recorded in ampflow_export.json). The export parity check still applies."})
+
+    def __post_init__(self) -> None:
+        if self.eval_dir is None and not self.force:
+            raise ConfigError(
+                "eval_dir must be given: the export is gated on the evaluate step's verdict. "
+                "Received: eval_dir=None, force=False (pass --force to export ungated)")
+        if self.model_name is not None and not _MODEL_NAME.match(self.model_name):
+            raise ConfigError("model_name must be letters, digits, '_', '.', '-' and not start "
+                              f"with '.' or '-'. Received: model_name={self.model_name!r}")
+        if self.version is not None and self.version <= 0:
+            raise ConfigError(f"version must be > 0. Received: version={self.version}")
+        if not 0 <= self.num_warmup_records < MAX_WARMUP_RECORDS:
+            raise ConfigError(f"num_warmup_records must be in [0, {MAX_WARMUP_RECORDS - 1}]. "
+                              f"Received: num_warmup_records={self.num_warmup_records}")
+        if self.num_parity_images <= 0:
+            raise ConfigError("num_parity_images must be > 0. "
+                              f"Received: num_parity_images={self.num_parity_images}")
+        for name in ("parity_atol", "parity_rtol"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ConfigError(f"{name} must be >= 0. Received: {name}={value}")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """The published version dir and its metadata (the content of ampflow_export.json)."""
+
+    version_dir: Path
+    version: int
+    model_name: str
+    metadata: dict[str, Any]
+
+    @property
+    def model_base(self) -> Path:
+        """TF Serving's `--model_base_path` for this model."""
+        return self.version_dir.parent
+
+    @property
+    def forced(self) -> bool:
+        """True when the export went past a failed or missing parity verdict."""
+        return bool(self.metadata["gate"]["forced"])
+
+
+def run_export(config: ExportConfig) -> ExportResult:
+    """Gate, export the float32 twin, check it, and publish it as a new TF Serving version."""
+    from ampflow.components.prepare_data import load_arrays, load_dataset_info
+    from ampflow.components.train import load_trained_model
+
+    gate = check_gate(config.eval_dir, config.force)  # a refused model costs no compute
+    trained, meta = load_trained_model(config.model_dir)
+    info = load_dataset_info(config.data_dir)
+    input_shape, labels = _check_compatible(meta, info, config)
+    model_name = config.model_name or _default_model_name(meta)
+    model_base = ensure_writable_dir(Path(config.export_base) / model_name, "export_base")
+    version = config.version or next_version(model_base)
+
+    twin = _float32_twin(trained, meta)
+    count = max(config.num_parity_images, config.num_warmup_records)
+    images, _ = load_arrays(config.data_dir, "test", limit=count)
+    images = images.astype(np.float32)
+    log.info("exporting %s (trained under %s) as %s version %d", config.model_dir,
+             meta["precision"]["policy"], model_name, version)
+    with staged_version_dir(model_base, version) as staging:
+        signatures, parity, warmup_count = _write_and_check(
+            twin, trained, staging, input_shape, labels, model_name, images, config)
+        metadata = _metadata(config, meta, model_name, version, input_shape, labels,
+                             signatures, parity, warmup_count, gate)
+        for name, payload in ((CONFIG_FILE, _config_dict(config)),
+                              (EXPORT_METADATA_FILE, metadata)):
+            write_json_atomic(staging / name, payload).chmod(0o644)  # mkstemp made it 0600
+    version_dir = model_base / str(version)
+    log.info("export parity on %d images: max |SavedModel - Keras float32| = %.3g (atol %g, "
+             "rtol %g); max |SavedModel - trained %s model| = %.3g", parity.num_images,
+             parity.max_abs_diff, parity.atol, parity.rtol, meta["precision"]["policy"],
+             parity.trained_max_abs_diff)
+    if gate.forced:
+        log.warning("FORCED export published at %s: %s", version_dir, gate.warning)
+    return ExportResult(version_dir=version_dir, version=version, model_name=model_name,
+                        metadata=metadata)
+
+
+def _write_and_check(twin, trained, staging: Path, input_shape, labels, model_name,
+                     images: np.ndarray, config: ExportConfig):
+    """Everything that happens inside the staging dir; any failure leaves no version behind."""
+    import tensorflow as tf
+
+    save_servable(twin, input_shape, labels, staging)
+    signatures = check_signatures(staging, input_shape, len(labels))
+    half = half_precision_nodes(staging)
+    if half:
+        raise ExportError(f"the exported graph must hold no float16/bfloat16 tensors. "
+                          f"Received: {len(half)} nodes, e.g. {half[:3]}")
+    warmup_count = write_warmup_records(staging, model_name, images, config.num_warmup_records)
+    try:
+        loaded = tf.saved_model.load(str(staging))
+    except Exception as e:
+        raise ExportError(f"the written SavedModel does not load back: {e}") from e
+    replay_warmup_records(staging, loaded)
+    parity = check_export_parity(loaded, twin, trained, images[:config.num_parity_images],
+                                 labels, atol=config.parity_atol, rtol=config.parity_rtol)
+    return signatures, parity, warmup_count
+
+
+def _float32_twin(model, meta: dict[str, Any]):
+    """The same architecture under the float32 policy, with the trained weights.
+
+    Private stand-in for `evaluate_parity.twin.build_float32_twin` until that step lands.
+    """
+    from ampflow.components.train.models import build_model
+
+    try:
+        twin = build_model(meta["model_name"], tuple(meta["input_shape"]), meta["num_classes"],
+                           image_size=meta.get("image_size"), policy="float32")
+        twin.set_weights(model.get_weights())
+    except (KeyError, ValueError) as e:
+        raise ExportError(f"could not rebuild {meta.get('model_name')!r} under float32 with the "
+                          f"trained weights: {e}") from e
+    return twin
+
+
+def _check_compatible(meta: dict[str, Any], info: dict[str, Any], config: ExportConfig):
+    """The dataset's images must be what the model takes; labels come from the model."""
+    input_shape = tuple(meta["input_shape"])
+    if tuple(info["image_shape"]) != input_shape:
+        raise ConfigError(
+            f"data_dir must hold images of the model's input shape {list(input_shape)}. "
+            f"Received: image_shape={info['image_shape']} in {config.data_dir}")
+    labels = [str(name) for name in meta.get("class_names") or info["class_names"]]
+    if len(labels) != meta["num_classes"]:
+        raise ExportError(f"the model has {meta['num_classes']} classes but {len(labels)} "
+                          f"class names in {config.model_dir}")
+    return input_shape, labels
+
+
+def _default_model_name(meta: dict[str, Any]) -> str:
+    name = str(meta.get("model_name") or "model")
+    return name if _MODEL_NAME.match(name) else "model"
+
+
+def _metadata(config: ExportConfig, meta, model_name, version, input_shape, labels, signatures,
+              parity: ParityReport, warmup_count: int, gate: GateDecision) -> dict[str, Any]:
+    import keras
+    import tensorflow as tf
+
+    return {
+        "model_name": model_name,
+        "version": version,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "input": {"name": "images", "shape": [-1, *input_shape], "dtype": "float32",
+                  "range": [0, 255], "note": "raw pixels; rescaling is inside the model"},
+        "labels": labels,
+        "labels_file": f"assets/{LABELS_FILE}",
+        "signatures": signatures,
+        "source": {"model_dir": os.fspath(Path(config.model_dir).resolve()),
+                   "architecture": meta.get("model_name"),
+                   "trained_policy": meta["precision"]["policy"],
+                   "exported_policy": "float32"},
+        "parity": parity.as_metadata(),
+        "half_precision_nodes": 0,
+        "warmup": {"file": str(WARMUP_FILE), "records": warmup_count},
+        "gate": gate.as_metadata(),
+        "forced": gate.forced,
+        "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+        "config": _config_dict(config),
+    }
+
+
+def _config_dict(config: ExportConfig) -> dict[str, Any]:
+    return {k: os.fspath(v) if isinstance(v, Path) else v
+            for k, v in dataclasses.asdict(config).items()}
