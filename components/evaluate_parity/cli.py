@@ -1,0 +1,39 @@
+"""`ampflow evaluate`: a thin shell over `run_evaluate` (a failed gate exits non-zero)."""
+
+from __future__ import annotations
+
+from ampflow.cliutil import add_step_command
+
+
+def _summary(result) -> dict:
+    metrics = result.metrics
+    summary = {
+        "gate": "passed" if result.passed else f"FAILED: {result.verdict['message']}",
+        "policy": metrics["context"]["policy"],
+        "amp_accuracy": metrics["amp_accuracy"],
+        "fp32_twin_accuracy": metrics["fp32_twin_accuracy"],
+        "argmax_agreement": metrics["argmax_agreement"],
+        "max_relative_logit_diff": metrics["max_relative_logit_diff"],
+    }
+    if "baseline_accuracy" in metrics:
+        summary["baseline_accuracy"] = metrics["baseline_accuracy"]
+        summary["training_speedup"] = metrics["training_speedup"]
+    summary["output_dir"] = str(result.output_dir)
+    return summary
+
+
+def register(subparsers) -> None:
+    """Add the `evaluate` subcommand."""
+    from ampflow.components.evaluate_parity.step import EvaluateConfig, run_evaluate
+
+    add_step_command(
+        subparsers,
+        "evaluate",
+        config_cls=EvaluateConfig,
+        run=run_evaluate,
+        summarize=_summary,
+        help="FP32 parity gate: the AMP model vs its float32 twin (and a float32 baseline).",
+        description="Score a mixed-precision model and its float32 twin (same weights, float32 "
+                    "policy) on a dataset split; write metrics.json, confusion_matrix.json, "
+                    "verdict.json and report.md with plots; exit non-zero if the gate fails.",
+    )

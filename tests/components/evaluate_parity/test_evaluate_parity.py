@@ -1,0 +1,190 @@
+"""The evaluate step end to end: real trained models, real data, real files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ampflow.components.evaluate_parity import (
+    EvaluateConfig,
+    build_float32_twin,
+    load_verdict,
+    run_evaluate,
+    scalar_metrics,
+)
+from ampflow.components.evaluate_parity.gate import default_relative_logit_bound
+from ampflow.components.prepare_data import load_arrays
+from ampflow.components.train import load_trained_model
+from ampflow.errors import ConfigError, GateFailedError
+
+OUTPUT_FILES = {"metrics.json", "verdict.json", "confusion_matrix.json", "report.md",
+                "config.json", "per_class_accuracy.png", "logit_diff_histogram.png",
+                "loss_scale_history.png"}
+
+
+def _test_split(prepared_digits):
+    images, labels = load_arrays(prepared_digits, "test")
+    return images.astype("float32"), labels
+
+
+def _accuracy(model, images, labels) -> float:
+    """Independent of the step: full model (probabilities), argmax, compare."""
+    return float(np.mean(np.argmax(model.predict(images, verbose=0), axis=1) == labels))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy, compute_dtype", [("mixed_float16", "float16"),
+                                                   ("mixed_bfloat16", "bfloat16")])
+def test_run_evaluate_trained_amp_model_passes_gate_with_defaults(
+        trained_model, prepared_digits, tmp_path, policy, compute_dtype):
+    model_dir = trained_model(policy)
+    result = run_evaluate(EvaluateConfig(model_dir=model_dir, data_dir=prepared_digits,
+                                         output_dir=tmp_path / "eval"))
+
+    assert result.passed, result.verdict["message"]
+    assert {p.name for p in result.output_dir.iterdir()} == OUTPUT_FILES
+    metrics = json.loads((result.output_dir / "metrics.json").read_text())
+    model, meta = load_trained_model(model_dir)
+    images, labels = _test_split(prepared_digits)
+    amp_accuracy = _accuracy(model, images, labels)
+    twin_accuracy = _accuracy(build_float32_twin(model, meta), images, labels)
+    assert metrics["num_examples"] == len(labels) == 359
+    np.testing.assert_allclose(metrics["amp_accuracy"], amp_accuracy, atol=1e-12)
+    np.testing.assert_allclose(metrics["fp32_twin_accuracy"], twin_accuracy, atol=1e-12)
+    np.testing.assert_allclose(metrics["accuracy_drop_points"],
+                               100 * (twin_accuracy - amp_accuracy), atol=1e-9)
+    assert metrics["amp_accuracy"] > 0.9
+    assert metrics["argmax_agreement"] >= 0.99
+    # the twin really computes in float32: the logits differ, by rounding only
+    bound = default_relative_logit_bound(compute_dtype)
+    assert 0 < metrics["max_relative_logit_diff"] <= bound
+    assert 0 < metrics["mean_abs_logit_diff"] <= metrics["max_abs_logit_diff"]
+    assert metrics["context"]["policy"] == policy
+    assert metrics["context"]["relative_logit_bound"] == bound
+    assert [c["name"] for c in metrics["gate"]["checks"]] == [
+        "accuracy_drop_points", "argmax_agreement", "max_relative_logit_diff",
+        "amp_nonfinite_logits"]
+    assert load_verdict(result.output_dir) == {**result.verdict}
+    assert load_verdict(result.output_dir)["failed_checks"] == []
+    assert scalar_metrics(metrics)["gate_passed"] == 1.0
+
+
+@pytest.mark.slow
+def test_run_evaluate_confusion_matrix_maps_to_kfp_and_matches_per_class(
+        trained_model, prepared_digits, tmp_path):
+    result = run_evaluate(EvaluateConfig(model_dir=trained_model("mixed_bfloat16"),
+                                         data_dir=prepared_digits, output_dir=tmp_path / "e"))
+    cm = json.loads((result.output_dir / "confusion_matrix.json").read_text())
+    _, labels = _test_split(prepared_digits)
+    matrix = np.array(cm["matrix"])
+    assert cm["categories"] == [str(i) for i in range(10)]
+    assert matrix.shape == (10, 10) and matrix.sum() == len(labels)
+    np.testing.assert_array_equal(matrix.sum(axis=1), np.bincount(labels, minlength=10))
+    np.testing.assert_allclose(np.trace(matrix) / matrix.sum(), result.metrics["amp_accuracy"])
+    per_class = result.metrics["per_class_accuracy"]["amp"]
+    np.testing.assert_allclose([per_class[str(i)] for i in range(10)],
+                               np.diag(matrix) / matrix.sum(axis=1))
+    report = (result.output_dir / "report.md").read_text()
+    assert "# FP32 parity: PASSED" in report and "| argmax_agreement |" in report
+    assert "![loss-scale history](loss_scale_history.png)" in report
+    assert (result.output_dir / "loss_scale_history.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_build_float32_twin_mixed_model_computes_float32_with_same_weights(trained_model):
+    model, meta = load_trained_model(trained_model("mixed_float16"))
+    twin = build_float32_twin(model, meta)
+    assert model.get_layer("conv2d").compute_dtype == "float16"
+    assert {layer.compute_dtype for layer in twin.layers} == {"float32"}
+    for ours, theirs in zip(twin.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.slow
+def test_run_evaluate_float16_overflow_fails_gate_naming_each_measure(
+        overflowing_float16_model, trained_model, prepared_digits, tmp_path):
+    out = tmp_path / "eval"
+    config = EvaluateConfig(model_dir=overflowing_float16_model, data_dir=prepared_digits,
+                            output_dir=out)
+    with pytest.raises(GateFailedError) as info:
+        run_evaluate(config)
+
+    message = str(info.value)
+    assert "parity gate failed" in message
+    assert "accuracy_drop_points: measured" in message and "vs threshold <= 0.5" in message
+    assert "argmax_agreement: measured" in message and "vs threshold >= 0.99" in message
+    assert "max_relative_logit_diff: measured" in message and "vs threshold <= 0.009766" in message
+    # the outputs were written before the gate raised
+    assert {p.name for p in out.iterdir()} == OUTPUT_FILES
+    verdict = load_verdict(out)
+    assert verdict["passed"] is False
+    failed = {c["name"] for c in verdict["failed_checks"]}
+    # the inf activations are flushed to finite (wrong) values by the layers after them, so
+    # the logits stay finite: only the comparison against the float32 twin can see the defect
+    assert failed == {"accuracy_drop_points", "argmax_agreement", "max_relative_logit_diff"}
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["gate_passed"] == 0.0 and metrics["amp_accuracy"] < 0.5
+    # the float32 function survived the rescaling: the twin scores like the original model
+    original, _ = load_trained_model(trained_model("mixed_float16"))
+    images, labels = _test_split(prepared_digits)
+    np.testing.assert_allclose(metrics["fp32_twin_accuracy"],
+                               _accuracy(original, images, labels), atol=0.01)
+    assert "# FP32 parity: FAILED" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_run_evaluate_fail_on_gate_false_returns_failed_verdict(
+        trained_model, prepared_digits, tmp_path):
+    result = run_evaluate(EvaluateConfig(
+        model_dir=trained_model("mixed_float16"), data_dir=prepared_digits,
+        output_dir=tmp_path / "eval", max_relative_logit_diff=1e-9, fail_on_gate=False,
+        limit=100))
+
+    assert not result.passed and result.metrics["num_examples"] == 100
+    assert [c["name"] for c in result.verdict["failed_checks"]] == ["max_relative_logit_diff"]
+    check = result.verdict["failed_checks"][0]
+    assert check["threshold"] == 1e-9 and check["value"] > 1e-9
+    assert "max_relative_logit_diff: measured" in result.verdict["message"]
+    assert "vs threshold <= 1.000e-09" in result.verdict["message"]
+    assert load_verdict(result.output_dir)["passed"] is False
+
+
+@pytest.mark.slow
+def test_run_evaluate_with_float32_baseline_reports_training_parity(
+        trained_model, prepared_digits, tmp_path):
+    amp_dir, base_dir = trained_model("mixed_bfloat16"), trained_model("float32")
+    result = run_evaluate(EvaluateConfig(model_dir=amp_dir, data_dir=prepared_digits,
+                                         output_dir=tmp_path / "eval",
+                                         baseline_model_dir=base_dir, fail_on_gate=False))
+
+    metrics = result.metrics
+    base_model, base_meta = load_trained_model(base_dir)
+    _, amp_meta = load_trained_model(amp_dir)
+    images, labels = _test_split(prepared_digits)
+    base_accuracy = _accuracy(base_model, images, labels)
+    np.testing.assert_allclose(metrics["baseline_accuracy"], base_accuracy, atol=1e-12)
+    np.testing.assert_allclose(metrics["baseline_accuracy_delta_points"],
+                               100 * (metrics["amp_accuracy"] - base_accuracy), atol=1e-9)
+    np.testing.assert_allclose(metrics["training_speedup"],
+                               amp_meta["throughput_examples_per_sec"]
+                               / base_meta["throughput_examples_per_sec"])
+    check = result.verdict["checks"][-1]
+    assert check["name"] == "baseline_accuracy_delta_points" and check["op"] == ">="
+    np.testing.assert_allclose(
+        check["threshold"], -max(0.5, 2 * metrics["baseline_delta_stderr_points"]))
+    assert check["passed"] == (check["value"] >= check["threshold"])
+    assert metrics["per_class_accuracy"].keys() == {"amp", "fp32_twin", "baseline"}
+    assert "## Training parity" in (result.output_dir / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_run_evaluate_mixed_precision_baseline_rejected(trained_model, prepared_digits,
+                                                        tmp_path):
+    with pytest.raises(ConfigError, match=r"baseline_model_dir must hold a model trained under "
+                                          r"the float32 policy. Received: .*'mixed_float16'"):
+        run_evaluate(EvaluateConfig(model_dir=trained_model("mixed_bfloat16"),
+                                    data_dir=prepared_digits, output_dir=tmp_path / "eval",
+                                    baseline_model_dir=trained_model("mixed_float16")))
+    assert not (tmp_path / "eval").exists()
