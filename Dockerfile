@@ -1,0 +1,31 @@
+# The one image every ampflow pipeline step runs in (and `ampflow serve` for local tests).
+# GPU base: CUDA/cuDNN matching TF 2.21; the same image runs CPU-only steps unchanged.
+#   docker build -t REGISTRY/ampflow:0.1.0 .  &&  docker push REGISTRY/ampflow:0.1.0
+#   ampflow compile --image REGISTRY/ampflow:0.1.0
+FROM tensorflow/tensorflow:2.21.0-gpu
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    TF_CPP_MIN_LOG_LEVEL=2 \
+    MPLBACKEND=Agg
+
+WORKDIR /opt/ampflow
+COPY pyproject.toml README.md ./
+COPY ampflow ./ampflow
+COPY components ./components
+COPY pipeline ./pipeline
+COPY serving ./serving
+COPY k8s ./k8s
+# tensorflow is already in the base image at the pinned version; pip keeps it
+# (tensorflow-serving-api depends on the full `tensorflow` wheel, never tensorflow-cpu).
+RUN python3 -m pip install --upgrade pip && python3 -m pip install . && python3 -m pip check
+
+# KFP runs every step as this user; the home dir is writable for TFDS and Keras caches.
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin ampflow
+USER 10001
+ENV HOME=/home/ampflow TFDS_DATA_DIR=/home/ampflow/tensorflow_datasets
+WORKDIR /home/ampflow
+
+ENTRYPOINT ["ampflow"]
+CMD ["--help"]

@@ -1,0 +1,48 @@
+"""KFP component: deploy. A thin wrapper over `run_deploy` (local dir or Kubernetes)."""
+
+from kfp.dsl import Artifact, Input, Output
+
+
+def deploy_serving(
+    saved_model: Input[Artifact],
+    endpoint: Output[Artifact],
+    target: str = "local",
+    model_store: str = "/models",
+    server_address: str = "",
+    namespace: str = "ampflow",
+    overlay: str = "cpu",
+):
+    """Push the exported version to the serving model store; on Kubernetes, roll out + canary.
+
+    `target="none"` skips deployment (the task then records nothing to serve).
+    """
+    import json
+    from pathlib import Path
+
+    if target == "none":
+        Path(endpoint.path).write_text(json.dumps({"target": "none"}))
+        return
+    from ampflow.components.deploy_serving.step import DeployConfig, run_deploy
+    from ampflow.pipeline.artifacts import find_exported_version
+
+    version_dir = find_exported_version(saved_model.path)
+    result = run_deploy(
+        DeployConfig(
+            saved_model_dir=version_dir,
+            target=target,
+            model_store=model_store,
+            server_address=server_address or None,
+            namespace=namespace,
+            overlay=overlay,
+        )
+    )
+    payload = {
+        "target": result.target,
+        "model_name": result.model_name,
+        "version": result.version,
+        "model_path": result.model_path,
+        "endpoint": result.endpoint,
+        "served_version": result.served_version,
+    }
+    Path(endpoint.path).write_text(json.dumps(payload, indent=2))
+    endpoint.metadata.update(payload)

@@ -1,0 +1,43 @@
+"""KFP component: train. A thin wrapper: artifact paths in, `run_train` out."""
+
+from kfp.dsl import Dataset, Input, Metrics, Model, Output
+
+
+def train(
+    data: Input[Dataset],
+    model: Output[Model],
+    metrics: Output[Metrics],
+    model_name: str = "small_cnn",
+    precision: str = "auto",
+    jit_compile: str = "auto",
+    epochs: int = 8,
+    batch_size: int = 32,
+    learning_rate: float = 3e-3,
+    seed: int = 42,
+):
+    """Train with mixed precision; publish the model and its training metrics.
+
+    `jit_compile` is "auto", "true" or "false" (KFP has no optional booleans).
+    """
+    from ampflow.components.train import TrainConfig, run_train
+    from ampflow.errors import ConfigError
+
+    jit = {"auto": None, "true": True, "false": False}.get(jit_compile.lower(), "bad")
+    if jit == "bad":
+        raise ConfigError(f"jit_compile must be auto, true or false. Received: {jit_compile!r}")
+    result = run_train(TrainConfig(
+        data_dir=data.path, output_dir=model.path, model=model_name, precision=precision,
+        jit_compile=jit, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+        seed=seed))
+    meta = result.metadata
+    model.metadata.update({"framework": "keras", "policy": meta["precision"]["policy"],
+                           "xla": meta["xla"]["effective"], "model_name": meta["model_name"]})
+    final = meta["final_metrics"]
+    for key in ("accuracy", "val_accuracy", "loss", "val_loss"):
+        if key in final:
+            metrics.log_metric(key, float(final[key]))
+    metrics.log_metric("throughput_img_per_s", float(meta["throughput_examples_per_sec"] or 0))
+    metrics.log_metric("train_seconds", float(meta["train_seconds"]))
+    if meta["loss_scale"].get("enabled"):
+        metrics.log_metric("loss_scale_final", float(meta["loss_scale"]["final"]))
+        metrics.log_metric("skipped_steps", float(meta["loss_scale"]["skipped_steps"]))

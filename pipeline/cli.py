@@ -1,0 +1,111 @@
+"""`ampflow compile | submit | run-local | demo`: thin shells over pipeline/."""
+
+from __future__ import annotations
+
+import argparse
+
+from ampflow.cliutil import add_config_arguments, config_from_args, print_summary
+
+
+def register(subparsers) -> None:
+    """Add the pipeline subcommands."""
+    _register_compile(subparsers)
+    _register_submit(subparsers)
+    _register_run_local(subparsers)
+    _register_demo(subparsers)
+
+
+def _register_compile(subparsers) -> None:
+    from ampflow.pipeline.settings import DEFAULT_IMAGE
+
+    p = subparsers.add_parser("compile", help="Compile the pipeline to KFP IR YAML.",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--output", default="ampflow_pipeline.yaml", help="IR YAML path to write.")
+    p.add_argument("--image", default=DEFAULT_IMAGE, help="Image every step runs in.")
+    p.add_argument("--gpu", action=argparse.BooleanOptionalAction, default=True,
+                   help="Request a GPU (accelerator, node selector, toleration) for training.")
+    p.add_argument("--accelerator-type", default="nvidia.com/gpu", help="GPU resource name.")
+    p.add_argument("--with-float32-baseline", action=argparse.BooleanOptionalAction,
+                   default=False, help="Add the float32 baseline training branch.")
+
+    def run(args) -> int:
+        from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
+
+        options = PipelineOptions(image=args.image, gpu=args.gpu,
+                                  accelerator_type=args.accelerator_type,
+                                  with_float32_baseline=args.with_float32_baseline)
+        path = compile_pipeline(args.output, options)
+        print_summary("ampflow compile: done", {"pipeline": path, "image": args.image,
+                                                 "gpu": args.gpu})
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _register_submit(subparsers) -> None:
+    from ampflow.pipeline.submit import SubmitConfig
+
+    p = subparsers.add_parser("submit", help="Compile and submit the pipeline to a KFP endpoint.",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_config_arguments(p, SubmitConfig)
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="A pipeline parameter (repeatable), e.g. --param epochs=20.")
+
+    def run(args) -> int:
+        from ampflow.pipeline.submit import submit
+
+        arguments = dict(_parse_param(p) for p in args.param)
+        result = submit(config_from_args(SubmitConfig, args), arguments)
+        print_summary("ampflow submit: done", {"run_id": result.run_id, "url": result.url})
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _register_run_local(subparsers) -> None:
+    from ampflow.pipeline.run_local import LocalRunConfig
+
+    p = subparsers.add_parser("run-local", help="Run the whole pipeline with the kfp local runner.",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_config_arguments(p, LocalRunConfig)
+
+    def run(args) -> int:
+        from ampflow.pipeline.report import summarize_run
+        from ampflow.pipeline.run_local import run_local
+
+        result = run_local(config_from_args(LocalRunConfig, args))
+        print(summarize_run(result))
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _register_demo(subparsers) -> None:
+    from ampflow.pipeline.demo import DemoConfig
+
+    p = subparsers.add_parser(
+        "demo", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="The whole mission locally: pipeline, then serve and query over gRPC.")
+    add_config_arguments(p, DemoConfig)
+
+    def run(args) -> int:
+        from ampflow.pipeline.demo import run_demo
+
+        run_demo(config_from_args(DemoConfig, args))
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _parse_param(text: str) -> tuple[str, object]:
+    from ampflow.errors import ConfigError
+
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ConfigError(f"--param must be NAME=VALUE. Received: {text!r}")
+    for cast in (int, float):
+        try:
+            return name, cast(value)
+        except ValueError:
+            pass
+    return name, value

@@ -1,0 +1,162 @@
+"""The ampflow KFP pipeline: data → train → parity gate → export → TFLite, and deploy.
+
+This file only wires tasks; every step's logic lives in `components/<step>/step.py` and each
+component is a thin wrapper over it (`components/<step>/component.py`). What depends on the
+cluster (the image, GPU requests, node selectors, tolerations, resources, retries, the optional
+float32 baseline branch) is a compile-time `PipelineOptions`; what a user changes per run
+(dataset, model, epochs, precision, thresholds, serving target) is a pipeline parameter.
+"""
+
+
+from dataclasses import dataclass, field
+
+from ampflow.errors import ConfigError
+from ampflow.pipeline.settings import DEFAULT_IMAGE, as_component
+
+PIPELINE_NAME = "ampflow"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """CPU/memory requests and limits of one task (Kubernetes quantities)."""
+
+    cpu_request: str = "1"
+    memory_request: str = "2G"
+    cpu_limit: str = "2"
+    memory_limit: str = "8G"
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """Compile-time settings: where and how the steps run on a cluster."""
+
+    image: str = DEFAULT_IMAGE
+    gpu: bool = True
+    accelerator_type: str = "nvidia.com/gpu"
+    accelerator_count: int = 1
+    # Label set by NVIDIA GPU feature discovery on GPU nodes; change for your cluster.
+    gpu_node_selector: tuple[str, str] | None = ("nvidia.com/gpu.present", "true")
+    gpu_toleration_key: str | None = "nvidia.com/gpu"
+    train_retries: int = 2
+    with_float32_baseline: bool = False
+    cache_data: bool = True
+    default_resources: Resources = field(default_factory=Resources)
+    train_resources: Resources = field(
+        default_factory=lambda: Resources("4", "16G", "8", "32G"))
+
+    def __post_init__(self) -> None:
+        if not self.image or ":" not in self.image.rsplit("/", 1)[-1] and "@" not in self.image:
+            raise ConfigError("image must be a pinned image reference (name:tag or name@digest). "
+                              f"Received: image={self.image!r}")
+        if self.accelerator_count < 1:
+            raise ConfigError("accelerator_count must be >= 1. "
+                              f"Received: accelerator_count={self.accelerator_count}")
+        if self.train_retries < 0:
+            raise ConfigError(f"train_retries must be >= 0. Received: {self.train_retries}")
+
+
+def build_pipeline(options: PipelineOptions | None = None):
+    """Return the `@dsl.pipeline` function for `options` (compile it or run it locally)."""
+    from kfp import dsl
+
+    from ampflow.components.convert_tflite.component import convert_tflite
+    from ampflow.components.deploy_serving.component import deploy_serving
+    from ampflow.components.evaluate_parity.component import evaluate_parity
+    from ampflow.components.export_savedmodel.component import export_savedmodel
+    from ampflow.components.prepare_data.component import prepare_data
+    from ampflow.components.train.component import train
+
+    options = options or PipelineOptions()
+    ops = {f.__name__: as_component(f, options.image) for f in (
+        prepare_data, train, evaluate_parity, export_savedmodel, convert_tflite, deploy_serving)}
+
+    @dsl.pipeline(name=PIPELINE_NAME, description=__doc__.splitlines()[0])
+    def ampflow_pipeline(
+        dataset: str = "ampflow_digits",
+        model_name: str = "small_cnn",
+        epochs: int = 8,
+        batch_size: int = 32,
+        learning_rate: float = 3e-3,
+        precision: str = "auto",
+        jit_compile: str = "auto",
+        seed: int = 42,
+        max_accuracy_drop: float = 0.5,
+        min_agreement: float = 0.99,
+        max_relative_logit_diff: float = -1.0,
+        tflite_variants: str = "float32,float16,dynamic_range,full_int8",
+        serving_model_name: str = "ampflow",
+        serving_target: str = "local",
+        serving_model_store: str = "/models",
+        serving_address: str = "",
+    ):
+        data = ops["prepare_data"](dataset=dataset)
+        data.set_caching_options(options.cache_data)
+        _resources(data, options.default_resources)
+
+        train_args = dict(data=data.outputs["data"], model_name=model_name, epochs=epochs,
+                          batch_size=batch_size, learning_rate=learning_rate,
+                          jit_compile=jit_compile, seed=seed)
+        trained = ops["train"](precision=precision, **train_args)
+        _train_task(trained, options)
+
+        baseline_args = {}
+        if options.with_float32_baseline:
+            baseline = ops["train"](precision="float32", **train_args)
+            baseline.set_display_name("train-float32-baseline")
+            _train_task(baseline, options)
+            baseline_args["baseline_model"] = baseline.outputs["model"]
+
+        parity = ops["evaluate_parity"](
+            data=data.outputs["data"], model=trained.outputs["model"],
+            **baseline_args, max_accuracy_drop=max_accuracy_drop,
+            min_agreement=min_agreement, max_relative_logit_diff=max_relative_logit_diff)
+        _resources(parity, options.default_resources)
+
+        exported = ops["export_savedmodel"](
+            model=trained.outputs["model"], verdict=parity.outputs["verdict"],
+            data=data.outputs["data"], serving_model_name=serving_model_name)
+        _resources(exported, options.default_resources)
+
+        converted = ops["convert_tflite"](
+            saved_model=exported.outputs["saved_model"], data=data.outputs["data"],
+            variants=tflite_variants)
+        _resources(converted, options.default_resources)
+
+        deployed = ops["deploy_serving"](
+            saved_model=exported.outputs["saved_model"], target=serving_target,
+            model_store=serving_model_store, server_address=serving_address)
+        _resources(deployed, options.default_resources)
+        deployed.set_caching_options(False)  # a deployment is a side effect, never cached
+
+    return ampflow_pipeline
+
+
+def _train_task(task, options: PipelineOptions) -> None:
+    """GPU request, node placement and retries for a training task."""
+    _resources(task, options.train_resources)
+    task.set_retry(num_retries=options.train_retries, backoff_duration="30s",
+                   backoff_factor=2.0)
+    if not options.gpu:
+        return
+    from kfp import kubernetes
+
+    task.set_accelerator_type(options.accelerator_type)
+    task.set_accelerator_limit(options.accelerator_count)
+    if options.gpu_node_selector:
+        kubernetes.add_node_selector(task, *options.gpu_node_selector)
+    if options.gpu_toleration_key:
+        kubernetes.add_toleration(task, key=options.gpu_toleration_key, operator="Exists",
+                                  effect="NoSchedule")
+
+
+def _resources(task, resources: Resources) -> None:
+    task.set_cpu_request(resources.cpu_request).set_cpu_limit(resources.cpu_limit)
+    task.set_memory_request(resources.memory_request).set_memory_limit(resources.memory_limit)
+
+
+def compile_pipeline(path, options: PipelineOptions | None = None) -> str:
+    """Compile the pipeline to KFP IR YAML at `path`; return the path."""
+    from kfp import compiler
+
+    compiler.Compiler().compile(build_pipeline(options), package_path=str(path))
+    return str(path)
