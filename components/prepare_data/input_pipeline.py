@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
 from ampflow.components.prepare_data import offline_digits  # noqa: F401  (registers the builder)
 from ampflow.components.prepare_data.step import load_dataset_info
-
 from ampflow.errors import ConfigError, DatasetError
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ampflow.components.prepare_data import offline_digits
 
+from ampflow.components.prepare_data import offline_digits
 from ampflow.errors import ConfigError, DatasetError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 

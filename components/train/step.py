@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from ampflow.components.train.precision import POLICIES, HardwareInfo, PrecisionSetup
-
 from ampflow.errors import ConfigError, ModelLoadError, TrainingDivergedError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
@@ -125,6 +124,7 @@ class TrainResult:
 def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> TrainResult:
     """Train `config.model` on the prepared data; publish the model only if training is healthy."""
     import keras
+
     from ampflow.components.prepare_data import load_dataset_info
     from ampflow.components.train.precision import configure_precision
 
@@ -162,6 +162,7 @@ def load_trained_model(model_dir: str | os.PathLike):
 
 def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: Path):
     import keras
+
     from ampflow.components.prepare_data import load_split, make_input_pipeline
     from ampflow.components.train.models import build_model
     from ampflow.components.train.telemetry import (

@@ -3,6 +3,7 @@ import socket
 
 import numpy as np
 import pytest
+
 from ampflow.components.prepare_data import (
     OFFLINE_DEFAULT,
     PrepareDataConfig,
@@ -12,7 +13,6 @@ from ampflow.components.prepare_data import (
     make_input_pipeline,
     run_prepare_data,
 )
-
 from ampflow.errors import ConfigError, DatasetError
 
 

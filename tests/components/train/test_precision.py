@@ -1,4 +1,5 @@
 import pytest
+
 from ampflow.components.train.precision import (
     GpuInfo,
     HardwareInfo,
@@ -6,7 +7,6 @@ from ampflow.components.train.precision import (
     choose_policy,
     configure_precision,
 )
-
 from ampflow.errors import ConfigError
 
 V100 = GpuInfo("Tesla V100", compute_capability=(7, 0))

@@ -8,9 +8,9 @@ import time
 
 import numpy as np
 import pytest
+
 from ampflow.components.train import TrainConfig, load_trained_model, run_train
 from ampflow.components.train.models import build_model, register_model
-
 from ampflow.errors import ConfigError, DatasetError, ModelLoadError, TrainingDivergedError
 
 
@@ -62,6 +62,7 @@ def _inf_gradient_cnn(input_shape, num_classes, image_size):
     """A model whose backward pass always overflows: every step is skipped by the optimizer."""
     import keras
     import tensorflow as tf
+
     from ampflow.components.train.models import float32_head
 
     class InfGradient(keras.layers.Layer):
