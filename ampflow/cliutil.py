@@ -46,8 +46,9 @@ def config_from_args(config_cls: type, args: argparse.Namespace, **overrides: An
     return config_cls(**kwargs)
 
 
-def print_summary(title: str, rows: dict[str, Any], stream=sys.stdout) -> None:
+def print_summary(title: str, rows: dict[str, Any], stream=None) -> None:
     """Print a short aligned key/value summary, the last thing every step command shows."""
+    stream = stream or sys.stdout  # looked up per call: pytest swaps sys.stdout per test
     width = max((len(k) for k in rows), default=0)
     print(f"\n{title}", file=stream)
     for key, value in rows.items():
@@ -118,6 +119,7 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, hint: 
         kwargs["choices"] = meta["choices"]
     if not has_default:
         kwargs["required"] = True
+        kwargs["default"] = argparse.SUPPRESS  # no misleading "(default: None)" in --help
     if "metavar" in meta:
         kwargs["metavar"] = meta["metavar"]
     parser.add_argument(flag, **kwargs)

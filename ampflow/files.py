@@ -40,6 +40,7 @@ def write_json_atomic(path: str | os.PathLike, payload: Any) -> Path:
         with os.fdopen(fd, "w") as f:
             json.dump(payload, f, indent=2, sort_keys=True, default=_json_default)
             f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; servers may read as another user
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -64,6 +65,7 @@ def staging_dir(final: str | os.PathLike) -> Iterator[Path]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.incomplete-"))
+    tmp.chmod(0o755)  # mkdtemp makes 0700; TF Serving may run as another user
     try:
         yield tmp
         if final.exists():

@@ -1,0 +1,400 @@
+"""convert: SavedModel → TFLite in four variants, each checked against the SavedModel and gated.
+
+Reads the export step's SavedModel (docs/ARTIFACTS.md: `serving_default` takes float32 raw
+pixels, returns `probabilities` and `class_ids`) and the prepared dataset. Writes into
+`output_dir` (through a temp dir renamed into place): `<variant>.tflite` + `<variant>.json` per
+variant, `report.json`, `report.md` and `config.json`. A failed gate still publishes the report
+(a verdict is an artifact) and then raises `GateFailedError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ampflow.components.convert_tflite.variants import VARIANTS
+from ampflow.errors import ConfigError, GateFailedError, ModelLoadError
+from ampflow.files import ensure_writable_dir, staging_dir, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """Everything a conversion depends on; written next to the .tflite files as config.json."""
+
+    saved_model_dir: Path = field(metadata={
+        "help": "SavedModel version dir (<base>/<model>/<version>) or the model dir above it "
+                "(the highest version is taken)."})
+    data_dir: Path = field(metadata={
+        "help": "Prepared dataset dir: training split for calibration, test split for checks."})
+    output_dir: Path = field(metadata={"help": "Directory that receives the TFLite models."})
+    variants: tuple[str, ...] = field(default=VARIANTS, metadata={
+        "choices": VARIANTS, "help": "Variants to produce."})
+    signature_key: str = field(default="serving_default", metadata={
+        "help": "SavedModel signature to convert."})
+    representative_size: int = field(default=200, metadata={
+        "help": "Training images used to calibrate full_int8."})
+    seed: int = field(default=42, metadata={
+        "help": "Seed that draws the representative images."})
+    int8_io: bool = field(default=False, metadata={
+        "help": "full_int8 takes int8 input and returns int8 probabilities (quantize with the "
+                "input tensor's scale/zero_point; see full_int8.json)."})
+    test_limit: int | None = field(default=None, metadata={
+        "help": "Check on the first N test images only (default: the whole test split)."})
+    batch_size: int = field(default=32, metadata={
+        "help": "Batch size for the accuracy pass and the throughput measurement."})
+    latency_runs: int = field(default=200, metadata={
+        "help": "Timed single-image invocations per variant (median and p95 reported)."})
+    warmup_runs: int = field(default=10, metadata={
+        "help": "Untimed invocations before timing."})
+    num_threads: int | None = field(default=None, metadata={
+        "help": "Interpreter threads (default: the interpreter's own choice)."})
+    edge_check: bool | None = field(default=None, metadata={
+        "help": "Rerun every model in the standalone LiteRT interpreter (ai-edge-litert) and "
+                "require the same outputs; auto = where the package is installed."})
+    edge_tolerance: float = field(default=1e-5, metadata={
+        "help": "Max |probability difference| allowed between tf.lite and LiteRT outputs."})
+    float32_min_agreement: float = field(default=0.999, metadata={
+        "help": "Gate: float32 argmax agreement with the SavedModel (fraction)."})
+    float16_min_agreement: float = field(default=0.995, metadata={
+        "help": "Gate: float16 argmax agreement with the SavedModel (fraction)."})
+    dynamic_range_min_agreement: float = field(default=0.98, metadata={
+        "help": "Gate: dynamic_range argmax agreement with the SavedModel (fraction)."})
+    full_int8_min_agreement: float = field(default=0.97, metadata={
+        "help": "Gate: full_int8 argmax agreement with the SavedModel (fraction)."})
+    float32_max_accuracy_drop: float = field(default=0.3, metadata={
+        "help": "Gate: float32 top-1 accuracy drop vs the SavedModel (percentage points)."})
+    float16_max_accuracy_drop: float = field(default=0.5, metadata={
+        "help": "Gate: float16 top-1 accuracy drop vs the SavedModel (percentage points)."})
+    dynamic_range_max_accuracy_drop: float = field(default=1.0, metadata={
+        "help": "Gate: dynamic_range top-1 accuracy drop vs the SavedModel (points)."})
+    full_int8_max_accuracy_drop: float = field(default=1.0, metadata={
+        "help": "Gate: full_int8 top-1 accuracy drop vs the SavedModel (points)."})
+    float32_max_prob_diff: float = field(default=1e-4, metadata={
+        "help": "Gate: float32 max |probability difference| vs the SavedModel."})
+    float16_max_prob_diff: float = field(default=0.01, metadata={
+        "help": "Gate: float16 max |probability difference| vs the SavedModel."})
+
+    def __post_init__(self) -> None:
+        if not self.variants:
+            raise ConfigError(f"variants must name at least one of {VARIANTS}. "
+                              f"Received: variants={self.variants!r}")
+        unknown = [v for v in self.variants if v not in VARIANTS]
+        if unknown:
+            raise ConfigError(f"variants must be among {VARIANTS}. Received: variants="
+                              f"{tuple(self.variants)!r} (unknown: {unknown})")
+        if len(set(self.variants)) != len(self.variants):
+            raise ConfigError(f"variants must not repeat. Received: variants={self.variants!r}")
+        positive = {"representative_size": self.representative_size,
+                    "batch_size": self.batch_size, "latency_runs": self.latency_runs}
+        for name in ("test_limit", "num_threads"):
+            if getattr(self, name) is not None:
+                positive[name] = getattr(self, name)
+        for name, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"{name} must be > 0. Received: {name}={value}")
+        if self.warmup_runs < 0:
+            raise ConfigError(f"warmup_runs must be >= 0. Received: warmup_runs={self.warmup_runs}")
+        for variant in VARIANTS:
+            name = f"{variant}_min_agreement"
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1]. Received: {name}="
+                                  f"{getattr(self, name)}")
+        nonnegative = [f"{v}_max_accuracy_drop" for v in VARIANTS]
+        nonnegative += ["float32_max_prob_diff", "float16_max_prob_diff", "edge_tolerance"]
+        for name in nonnegative:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0. Received: {name}={value}")
+
+    def gates_for(self, variant: str) -> list[tuple[str, str, float]]:
+        """(metric, op, threshold) triples that `variant` must pass."""
+        gates = [("agreement", ">=", getattr(self, f"{variant}_min_agreement")),
+                 ("accuracy_drop_points", "<=", getattr(self, f"{variant}_max_accuracy_drop"))]
+        if variant in ("float32", "float16"):
+            gates.append(("max_abs_prob_diff", "<=", getattr(self, f"{variant}_max_prob_diff")))
+        return gates
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """One produced variant: where it is, what it measured, whether it passed its gate."""
+
+    variant: str
+    tflite_path: Path
+    metadata_path: Path
+    size_bytes: int
+    metrics: dict[str, Any]
+    checks: list[dict[str, Any]]
+    passed: bool
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What `run_convert` produced; paths are final (after the rename into place)."""
+
+    output_dir: Path
+    report_json: Path
+    report_md: Path
+    variants: dict[str, VariantResult]
+    reference: dict[str, Any]
+    passed: bool
+
+
+def run_convert(config: ConvertConfig) -> ConvertResult:
+    """Convert, check and gate every requested variant; write the models and the report."""
+    from ampflow.components.convert_tflite import checks
+    from ampflow.components.convert_tflite.report import write_reports
+    from ampflow.components.prepare_data import load_dataset_info
+
+    ensure_writable_dir(Path(config.output_dir).parent, "output_dir's parent")
+    edge = _edge_plan(config)  # before any compute: edge_check=True without LiteRT fails now
+    saved_model_dir = resolve_saved_model_dir(config.saved_model_dir)
+    info = load_dataset_info(config.data_dir)
+    reference = checks.SavedModelReference(saved_model_dir, config.signature_key)
+    _check_input_shape(reference.input_shape, info)
+    images, labels = _test_split(config)
+    ref_probs = reference.predict(images, config.batch_size)
+    ref_summary = _reference_summary(reference, saved_model_dir, images, labels, ref_probs, config)
+    labels_list = _labels(saved_model_dir, info)
+    results: dict[str, VariantResult] = {}
+    with staging_dir(config.output_dir) as tmp:
+        for variant in config.variants:
+            results[variant] = _convert_and_check(
+                config, variant, saved_model_dir, reference.input_shape, tmp,
+                images, labels, ref_probs, ref_summary, labels_list, edge)
+        _add_size_ratios(results)
+        passed = all(r.passed for r in results.values())
+        report = _report_payload(config, ref_summary, results, edge, passed)
+        write_reports(tmp, report)
+        write_json_atomic(tmp / CONFIG_FILE, _config_dict(config))
+    output_dir = Path(config.output_dir)
+    results = {v: _relocate(r, output_dir) for v, r in results.items()}
+    result = ConvertResult(output_dir, output_dir / REPORT_JSON, output_dir / REPORT_MD,
+                           results, ref_summary, passed)
+    if not passed:
+        raise GateFailedError(_gate_message(results, result.report_md))
+    return result
+
+
+def resolve_saved_model_dir(path: str | os.PathLike) -> Path:
+    """A version dir as given, or the highest numbered version below a model dir (TF Serving)."""
+    path = Path(path)
+    if (path / "saved_model.pb").is_file():
+        return path
+    versions = sorted((int(p.name), p) for p in path.glob("*")
+                      if p.name.isdigit() and (p / "saved_model.pb").is_file())
+    if not versions:
+        raise ModelLoadError(
+            f"saved_model_dir must be a SavedModel version dir (holding saved_model.pb) or a "
+            f"model dir with numbered versions. Received: saved_model_dir={str(path)!r}")
+    return versions[-1][1]
+
+
+def _convert_and_check(config, variant, saved_model_dir, input_shape, tmp: Path, images, labels,
+                       ref_probs, ref_summary, labels_list, edge) -> VariantResult:
+    from ampflow.components.convert_tflite import checks
+    from ampflow.components.convert_tflite.explain import explain_unfrozen_variables
+    from ampflow.components.convert_tflite.report import variant_metadata
+    from ampflow.components.convert_tflite.variants import convert_variant
+
+    representative = _representative(config) if variant == "full_int8" else None
+    flatbuffer = convert_variant(saved_model_dir, variant, signature_key=config.signature_key,
+                                 representative=representative, int8_io=config.int8_io,
+                                 input_shape=input_shape)
+    path = tmp / f"{variant}.tflite"
+    path.write_bytes(flatbuffer)
+    runner = checks.TFLiteRunner(path, signature_key=config.signature_key,
+                                 num_threads=config.num_threads)
+    if runner.tensor_dtypes().get("object"):  # resource tensors: variables left unfrozen
+        raise explain_unfrozen_variables(variant=variant, source=str(saved_model_dir))
+    out = runner.predict(images, config.batch_size)
+    metrics = _accuracy_metrics(out, labels, ref_probs, ref_summary["accuracy"])
+    metrics["size_bytes"] = len(flatbuffer)
+    metrics["timing"] = dataclasses.asdict(runner.time(
+        images, runs=config.latency_runs, warmup=config.warmup_runs,
+        batch_size=config.batch_size))
+    metrics["tensor_dtypes"] = runner.tensor_dtypes()
+    metrics["edge"] = _edge_check(config, path, images, out, edge)
+    gate_checks = _gate_checks(config, variant, metrics)
+    passed = all(c["passed"] for c in gate_checks)
+    log.info("%s: %d bytes, accuracy %.4f, agreement %.4f, gate %s", variant, len(flatbuffer),
+             metrics["accuracy"], metrics["agreement"], "passed" if passed else "FAILED")
+    meta_path = tmp / f"{variant}.json"
+    rep_info = None
+    if representative is not None:
+        rep_info = {"split": "train", "size": len(representative), "seed": config.seed}
+    write_json_atomic(meta_path, variant_metadata(
+        variant, runner.io_details(), labels_list, saved_model_dir, config, metrics,
+        gate_checks, passed, rep_info, hashlib.sha256(flatbuffer).hexdigest()))
+    return VariantResult(variant, path, meta_path, len(flatbuffer), metrics, gate_checks, passed)
+
+
+def _accuracy_metrics(out, labels, ref_probs, ref_accuracy: float) -> dict[str, Any]:
+    probs, ids = out["probabilities"], np.asarray(out["class_ids"])
+    accuracy = float(np.mean(ids == labels))
+    diff = np.abs(probs.astype(np.float64) - ref_probs)
+    return {
+        "accuracy": accuracy,
+        "accuracy_drop_points": (ref_accuracy - accuracy) * 100.0,
+        "agreement": float(np.mean(ids == np.argmax(ref_probs, axis=-1))),
+        "max_abs_prob_diff": float(diff.max()),
+        "mean_abs_prob_diff": float(diff.mean()),
+        "num_examples": int(len(labels)),
+    }
+
+
+def _edge_check(config, path: Path, images, out, edge: dict) -> dict[str, Any]:
+    """Rerun in the standalone LiteRT interpreter; the outputs must be the same."""
+    from ampflow.components.convert_tflite import checks
+
+    if not edge["enabled"]:
+        return {"status": "skipped", "reason": edge["reason"]}
+    runner = checks.TFLiteRunner(path, runtime="litert", signature_key=config.signature_key,
+                                 num_threads=config.num_threads)
+    edge_out = runner.predict(images, config.batch_size)
+    return {
+        "status": "ran",
+        "runtime": edge["runtime"],
+        "max_abs_diff": float(np.max(np.abs(edge_out["probabilities"] - out["probabilities"]))),
+        "class_agreement": float(np.mean(edge_out["class_ids"] == out["class_ids"])),
+    }
+
+
+def _gate_checks(config: ConvertConfig, variant: str, metrics: dict) -> list[dict[str, Any]]:
+    triples = list(config.gates_for(variant))
+    values = {name: metrics[name] for name, _, _ in triples}
+    if metrics["edge"]["status"] == "ran":
+        triples += [("edge_max_abs_diff", "<=", config.edge_tolerance),
+                    ("edge_class_agreement", ">=", 1.0)]
+        values["edge_max_abs_diff"] = metrics["edge"]["max_abs_diff"]
+        values["edge_class_agreement"] = metrics["edge"]["class_agreement"]
+    checks = []
+    for name, op, threshold in triples:
+        value = values[name]
+        ok = value >= threshold if op == ">=" else value <= threshold
+        checks.append({"name": name, "value": value, "op": op, "threshold": threshold,
+                       "passed": bool(ok)})
+    return checks
+
+
+def _gate_message(results: dict[str, VariantResult], report: Path) -> str:
+    failed = [f"{r.variant}: {c['name']} must be {c['op']} {c['threshold']:g}. Received: "
+              f"{c['name']}={c['value']:.6g}"
+              for r in results.values() for c in r.checks if not c["passed"]]
+    return f"TFLite gate failed ({'; '.join(failed)}). See {report}"
+
+
+def _edge_plan(config: ConvertConfig) -> dict[str, Any]:
+    from ampflow.components.convert_tflite.checks import litert_available
+
+    if config.edge_check is False:
+        return {"enabled": False, "reason": "disabled (edge_check=False)", "runtime": None}
+    problem = litert_available()
+    if problem and config.edge_check:
+        raise ConfigError(f"edge_check=True needs the ai-edge-litert package. Received: {problem}")
+    if problem:
+        log.warning("edge check skipped: %s", problem)
+        return {"enabled": False, "reason": problem, "runtime": None}
+    return {"enabled": True, "reason": None, "runtime": f"ai-edge-litert {_litert_version()}"}
+
+
+def _litert_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ai-edge-litert")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _check_input_shape(input_shape: tuple, info: dict) -> None:
+    if tuple(info["image_shape"]) != tuple(input_shape):
+        raise ConfigError(
+            f"data_dir images must match the SavedModel input {list(input_shape)}. Received: "
+            f"{info['name']} images of shape {info['image_shape']}")
+
+
+def _test_split(config: ConvertConfig):
+    from ampflow.components.prepare_data import load_arrays
+
+    images, labels = load_arrays(config.data_dir, "test", limit=config.test_limit)
+    return images.astype(np.float32), labels  # raw pixel values: cast, never rescale
+
+
+def _representative(config: ConvertConfig) -> np.ndarray:
+    from ampflow.components.convert_tflite.variants import draw_representative
+
+    return draw_representative(config.data_dir, config.representative_size, config.seed)
+
+
+def _reference_summary(reference, saved_model_dir: Path, images, labels, probs, config):
+    timing = reference.time(images, runs=config.latency_runs, warmup=config.warmup_runs,
+                            batch_size=config.batch_size)
+    size = sum(p.stat().st_size for p in saved_model_dir.rglob("*")
+               if p.is_file() and "assets.extra" not in p.parts)
+    return {
+        "saved_model_dir": str(saved_model_dir),
+        "accuracy": float(np.mean(np.argmax(probs, axis=-1) == labels)),
+        "size_bytes": size,
+        "timing": dataclasses.asdict(timing),
+        "input_shape": list(reference.input_shape),
+    }
+
+
+def _labels(saved_model_dir: Path, info: dict) -> list[str]:
+    path = saved_model_dir / "assets" / "labels.txt"
+    if path.is_file():
+        return [line for line in path.read_text().splitlines() if line]
+    return [str(name) for name in info.get("class_names", [])]
+
+
+def _add_size_ratios(results: dict[str, VariantResult]) -> None:
+    if "float32" not in results:
+        return
+    base = results["float32"].size_bytes
+    for r in results.values():
+        r.metrics["size_ratio_vs_float32"] = base / r.size_bytes
+
+
+def _report_payload(config, ref_summary, results, edge, passed) -> dict:
+    import platform
+
+    import tensorflow as tf
+
+    return {
+        "passed": passed,
+        "saved_model": ref_summary,
+        "variants": {v: {"file": r.tflite_path.name, "metadata": r.metadata_path.name,
+                         "passed": r.passed, "checks": r.checks, **r.metrics}
+                     for v, r in results.items()},
+        "edge_check": {k: v for k, v in edge.items() if k != "enabled"} | {
+            "enabled": edge["enabled"]},
+        "environment": {"tensorflow": tf.__version__, "machine": platform.machine(),
+                        "cpu_count": os.cpu_count(), "num_threads": config.num_threads,
+                        "delegate": "XNNPACK (interpreter default)"},
+        "config": _config_dict(config),
+    }
+
+
+def _relocate(result: VariantResult, output_dir: Path) -> VariantResult:
+    return dataclasses.replace(result, tflite_path=output_dir / result.tflite_path.name,
+                               metadata_path=output_dir / result.metadata_path.name)
+
+
+def _config_dict(config: ConvertConfig) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v)
+            for k, v in dataclasses.asdict(config).items()}

@@ -1,0 +1,193 @@
+"""The four TFLite variants and how each is converted from a SavedModel signature.
+
+| variant        | weights | activations | why                                                  |
+|----------------|---------|-------------|------------------------------------------------------|
+| float32        | float32 | float32     | the reference: same numbers as the SavedModel        |
+| float16        | float16 | float32     | ~2x smaller; GPU delegates run it natively in fp16   |
+| dynamic_range  | int8    | float32     | ~4x smaller, no calibration data needed              |
+| full_int8      | int8    | int8        | ~4x smaller, integer-only kernels (NPUs, MCUs, DSPs) |
+
+full_int8 is calibrated with a representative dataset (raw training images, as the model takes
+them); with `int8_io` its input and output tensors are int8 too, and callers quantize with the
+input tensor's (scale, zero_point) and dequantize the outputs (see each variant's JSON).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ampflow.components.convert_tflite.explain import explain_conversion_error
+from ampflow.errors import ConfigError, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+VARIANTS: tuple[str, ...] = ("float32", "float16", "dynamic_range", "full_int8")
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """What a variant stores, written into its metadata JSON."""
+
+    name: str
+    weights: str
+    activations: str
+    description: str
+
+
+SPECS: dict[str, VariantSpec] = {
+    "float32": VariantSpec("float32", "float32", "float32", "No quantization."),
+    "float16": VariantSpec("float16", "float16", "float32",
+                           "float16 weights, dequantized to float32 at load time on CPUs."),
+    "dynamic_range": VariantSpec("dynamic_range", "int8", "float32",
+                                 "int8 weights; activations quantized on the fly per op."),
+    "full_int8": VariantSpec("full_int8", "int8", "int8",
+                             "int8 weights and activations, calibrated on a representative "
+                             "dataset from the training split."),
+}
+
+
+def convert_variant(
+    saved_model_dir: str | os.PathLike,
+    variant: str,
+    *,
+    signature_key: str = "serving_default",
+    representative: np.ndarray | None = None,
+    int8_io: bool = False,
+    input_shape: tuple[int, ...] | None = None,
+) -> bytes:
+    """Convert one signature of a SavedModel to `variant`; return the flatbuffer bytes.
+
+    `representative` (float32-castable images [N, H, W, C], raw pixels as the model takes them)
+    is required for full_int8 and must match `input_shape` (the signature's, without batch; read
+    from the SavedModel when not given): a conv net would calibrate on other image sizes without
+    complaint and get the wrong ranges.
+    Converter failures come back as an explained `ConversionError`.
+    """
+    if variant not in SPECS:
+        raise ConfigError(f"variant must be one of {VARIANTS}. Received: variant={variant!r}")
+    samples = None
+    if variant == "full_int8":
+        if representative is not None and input_shape is None:
+            input_shape = signature_input_shape(saved_model_dir, signature_key)
+        samples = check_representative(representative, input_shape)
+    converter = _converter(saved_model_dir, variant, signature_key, samples, int8_io)
+    try:
+        with _native_stderr_to_debug_log():
+            return converter.convert()
+    except Exception as e:  # the converter raises ConverterError, RuntimeError, ValueError...
+        raise explain_conversion_error(e, variant=variant, source=os.fspath(saved_model_dir)) from e
+
+
+def _converter(saved_model_dir, variant: str, signature_key: str, samples, int8_io: bool):
+    import tensorflow as tf
+
+    try:
+        converter = tf.lite.TFLiteConverter.from_saved_model(
+            os.fspath(saved_model_dir), signature_keys=[signature_key])
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"saved_model_dir must hold a SavedModel with the signature "
+                             f"{signature_key!r}. Received: saved_model_dir="
+                             f"{os.fspath(saved_model_dir)!r} ({e})") from e
+    if variant != "float32":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if variant == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    if variant == "full_int8":
+        converter.representative_dataset = _representative_fn(samples)
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        if int8_io:
+            converter.inference_input_type = tf.int8
+            converter.inference_output_type = tf.int8
+    return converter
+
+
+def signature_input_shape(saved_model_dir: str | os.PathLike, signature_key: str) -> tuple:
+    """The signature's single input shape without the batch dim, e.g. (8, 8, 1)."""
+    import tensorflow as tf
+
+    try:
+        fn = tf.saved_model.load(os.fspath(saved_model_dir)).signatures[signature_key]
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"saved_model_dir must hold a SavedModel with the signature "
+                             f"{signature_key!r}. Received: saved_model_dir="
+                             f"{os.fspath(saved_model_dir)!r} ({e})") from e
+    (spec,) = fn.structured_input_signature[1].values()
+    return tuple(spec.shape.as_list()[1:])
+
+
+def check_representative(
+    representative: np.ndarray | None, input_shape: tuple[int, ...] | None
+) -> np.ndarray:
+    """Validate the calibration images before the converter sees them (its errors are opaque)."""
+    if representative is None:
+        raise ConfigError("the full_int8 variant needs a representative dataset of images "
+                          "[N, H, W, C]. Received: representative=None")
+    samples = np.asarray(representative)
+    if samples.ndim == 0 or samples.shape[0] == 0:
+        raise ConfigError("the representative dataset must hold at least one image. "
+                          f"Received: shape={list(samples.shape)}")
+    if input_shape is not None and tuple(samples.shape[1:]) != tuple(input_shape):
+        raise ConfigError(
+            "representative dataset images must have the model input's shape "
+            f"{list(input_shape)} (one image, without the batch dim). Received: images of "
+            f"shape {list(samples.shape[1:])} (dataset shape {list(samples.shape)}); calibrate "
+            "with images from the dataset the model was trained on."
+        )
+    if not (np.issubdtype(samples.dtype, np.number) or samples.dtype == np.bool_):
+        raise ConfigError("representative dataset images must be numeric. "
+                          f"Received: dtype={samples.dtype}")
+    return samples.astype(np.float32)
+
+
+def draw_representative(data_dir: str | os.PathLike, size: int, seed: int) -> np.ndarray:
+    """`size` training images (raw pixels, float32) drawn without replacement with `seed`.
+
+    From the training split, never the test split the variants are checked on; seeded, so a
+    rerun calibrates on the same images and produces the same .tflite bytes.
+    """
+    from ampflow.components.prepare_data import load_arrays
+
+    images, _ = load_arrays(data_dir, "train")
+    rng = np.random.default_rng(seed)
+    take = rng.choice(len(images), size=min(size, len(images)), replace=False)
+    return images[np.sort(take)].astype(np.float32)
+
+
+def _representative_fn(samples: np.ndarray):
+    def generate() -> Iterator[list[np.ndarray]]:
+        for i in range(len(samples)):
+            yield [samples[i : i + 1]]
+
+    return generate
+
+
+@contextlib.contextmanager
+def _native_stderr_to_debug_log() -> Iterator[None]:
+    """Keep the converter's native (C++) MLIR chatter off the terminal; log it at DEBUG.
+
+    The converter writes straight to file descriptor 2, so Python-level redirection cannot
+    catch it; the fd is duplicated to a temp file and restored afterwards.
+    """
+    try:
+        saved = os.dup(2)
+    except OSError:  # no fd 2 (some embedded interpreters): nothing to redirect
+        yield
+        return
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode("utf-8", errors="replace").strip()
+            if text:
+                log.debug("converter output:\n%s", text[-20000:])
