@@ -21,6 +21,14 @@ COPY k8s ./k8s
 # (tensorflow-serving-api depends on the full `tensorflow` wheel, never tensorflow-cpu).
 RUN python3 -m pip install --upgrade pip && python3 -m pip install . && python3 -m pip check
 
+# The deploy step renders k8s/ with kubectl (kustomize built in).
+ARG KUBECTL_VERSION=v1.32.4
+RUN curl -fsSLo /usr/local/bin/kubectl \
+      "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/amd64/kubectl" \
+ && echo "$(curl -fsSL "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/amd64/kubectl.sha256")  /usr/local/bin/kubectl" | sha256sum -c - \
+ && chmod 0755 /usr/local/bin/kubectl
+ENV AMPFLOW_K8S_DIR=/opt/ampflow/k8s
+
 # KFP runs every step as this user; the home dir is writable for TFDS and Keras caches.
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin ampflow
 USER 10001

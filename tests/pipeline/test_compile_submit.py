@@ -33,9 +33,12 @@ def test_compile_train_task_requests_gpu_node_selector_and_toleration(tmp_path):
     accelerator = train_exec["resources"]["accelerator"]
     assert accelerator["resourceType"] == "nvidia.com/gpu"
     assert str(accelerator["resourceCount"]) == "1"
-    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    k8s = executors["exec-train"]
     assert k8s["nodeSelector"]["labels"] == {"nvidia.com/gpu.present": "true"}
     assert k8s["tolerations"][0]["key"] == "nvidia.com/gpu"
+    deploy = executors["exec-deploy-serving"]
+    assert deploy["podMetadata"]["labels"] == {"ampflow.dev/serving-client": "true"}
     tasks = spec["root"]["dag"]["tasks"]
     assert tasks["train"]["retryPolicy"]["maxRetryCount"] == 2
     assert tasks["prepare-data"]["cachingOptions"].get("enableCache") is True

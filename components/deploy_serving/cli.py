@@ -1,0 +1,28 @@
+"""`ampflow deploy`: a thin shell over `run_deploy` (flags come from `DeployConfig`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ampflow.cliutil import add_step_command
+from ampflow.components.deploy_serving.step import DeployConfig, DeployResult, run_deploy
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `ampflow deploy` to the top-level CLI."""
+    add_step_command(
+        subparsers,
+        "deploy",
+        config_cls=DeployConfig,
+        run=run_deploy,
+        summarize=DeployResult.summary,
+        help="push a SavedModel version to a local model server or to Kubernetes",
+        description=(
+            "Deploy one exported SavedModel version. --target local copies it atomically into "
+            "<model-store>/<model_name>/<version>/, where a running `ampflow serve` or "
+            "tensorflow_model_server hot-loads it. --target kubernetes checks the API server, "
+            "copies the version to the model store, server-side applies the k8s/ overlay with "
+            "that version pinned, waits for the rollout, canaries it over gRPC and rolls back "
+            "on failure."
+        ),
+    )

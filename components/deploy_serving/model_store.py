@@ -1,0 +1,162 @@
+"""Check a SavedModel version dir and push it into a model store the way a server polls it.
+
+TF Serving (and `ampflow serve`) poll `<base_path>/` for numbered version dirs and load the
+highest. A server must never see half a version: on a local filesystem we copy into a hidden
+dir beside it and rename it into place; an object store has no rename, so we upload every other
+file first and `saved_model.pb` last (what TFX's Pusher does), since a loader needs that file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ampflow.errors import DeployError, ModelLoadError
+from ampflow.files import staging_dir, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+SIGNATURE = "serving_default"
+DEPLOY_RECORD = "ampflow_deploy.json"
+_URI_SCHEMES = ("gs://", "s3://")
+
+
+@dataclass(frozen=True)
+class SignatureSpec:
+    """The `serving_default` inputs (name -> (dtype enum, shape with -1)) and output names."""
+
+    inputs: dict[str, tuple[int, tuple[int, ...]]]
+    outputs: tuple[str, ...]
+
+
+def is_uri(path: str) -> bool:
+    """True for an object-store URI (gs://, s3://), where only tf.io.gfile can write."""
+    return path.startswith(_URI_SCHEMES)
+
+
+def check_saved_model(path: Path) -> SignatureSpec:
+    """Prove `path` is a loadable-looking SavedModel with a `serving_default` signature."""
+    pb = Path(path) / "saved_model.pb"
+    if not Path(path).is_dir():
+        raise ModelLoadError(
+            "saved_model_dir must be an exported SavedModel version dir. "
+            f"Received: {str(path)!r}, which does not exist"
+        )
+    if not pb.is_file():
+        raise ModelLoadError(
+            f"saved_model_dir must contain saved_model.pb. Received: {str(path)!r} "
+            f"holds {sorted(p.name for p in Path(path).iterdir())}"
+        )
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    try:
+        proto.ParseFromString(pb.read_bytes())
+    except Exception as e:  # protobuf raises DecodeError, an internal type
+        raise ModelLoadError(f"{pb} is not a SavedModel protobuf (corrupt?): {e}") from e
+    graphs = [mg for mg in proto.meta_graphs if "serve" in mg.meta_info_def.tags]
+    if not graphs or SIGNATURE not in graphs[0].signature_def:
+        found = sorted(graphs[0].signature_def) if graphs else []
+        raise ModelLoadError(
+            f"{pb} must have a 'serve' graph with signature {SIGNATURE!r}. "
+            f"Received signatures: {found}"
+        )
+    sig = graphs[0].signature_def[SIGNATURE]
+    inputs = {
+        name: (info.dtype, tuple(d.size for d in info.tensor_shape.dim))
+        for name, info in sig.inputs.items()
+    }
+    return SignatureSpec(inputs=inputs, outputs=tuple(sorted(sig.outputs)))
+
+
+def dir_digest(path: Path) -> str:
+    """A content hash of a version dir (file paths + bytes), our deploy record left out."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        rel = f.relative_to(path).as_posix()
+        if rel == DEPLOY_RECORD:
+            continue
+        h.update(rel.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def push_local(src: Path, dest: Path, record: dict[str, Any]) -> tuple[Path, bool]:
+    """Copy `src` to `dest` atomically; returns (dest, already_present).
+
+    The same content already at `dest` is a no-op (a re-run of the step); different content
+    is refused: a server may be serving that version, and a version is immutable.
+    """
+    if dest.exists():
+        if dir_digest(dest) == dir_digest(src):
+            log.info("version already present with the same content: %s", dest)
+            return dest, True
+        raise DeployError(
+            f"{dest} already holds a different model; versions are immutable. "
+            "Expected: a new version number (export again, or pass --version). "
+            f"Received: version {dest.name} for model {dest.parent.name}"
+        )
+    try:
+        with staging_dir(dest) as tmp:
+            shutil.copytree(src, tmp, dirs_exist_ok=True)
+            os.chmod(write_json_atomic(tmp / DEPLOY_RECORD, record), 0o644)
+            os.chmod(tmp, 0o755)  # mkdtemp/mkstemp make 0700/0600; servers run as other users
+    except OSError as e:
+        raise DeployError(f"could not copy {src} to {dest}: {e}") from e
+    return dest, False
+
+
+def remove_local_version(dest: Path) -> None:
+    """Take a version away again (the server then falls back to the previous one)."""
+    shutil.rmtree(dest, ignore_errors=True)
+
+
+def push_uri(src: Path, dest: str, record: dict[str, Any]) -> tuple[str, bool]:
+    """Upload `src` to an object-store `dest`, `saved_model.pb` last; same rules as local."""
+    import json
+
+    import tensorflow as tf
+
+    gfile = tf.io.gfile
+    try:
+        digest = dir_digest(src)
+        if gfile.exists(f"{dest}/saved_model.pb"):
+            if _uri_record_digest(dest) == digest:
+                log.info("version already present with the same content: %s", dest)
+                return dest, True
+            raise DeployError(
+                f"{dest} already holds a model; versions are immutable. "
+                "Expected: a new version number. "
+                f"Received: version {dest.rstrip('/').rsplit('/', 1)[-1]}"
+            )
+        files = sorted(p for p in Path(src).rglob("*") if p.is_file())
+        files.sort(key=lambda p: p.name == "saved_model.pb")  # stable: .pb goes last
+        for f in files:
+            target = f"{dest}/{f.relative_to(src).as_posix()}"
+            gfile.makedirs(target.rsplit("/", 1)[0])
+            gfile.copy(str(f), target, overwrite=True)
+        with gfile.GFile(f"{dest}/{DEPLOY_RECORD}", "w") as fh:
+            fh.write(json.dumps({**record, "content_sha256": digest}, indent=2, sort_keys=True))
+    except tf.errors.OpError as e:
+        raise DeployError(f"could not upload {src} to {dest}: {e.message}") from e
+    return dest, False
+
+
+def _uri_record_digest(dest: str) -> str | None:
+    """The content hash our deploy record holds for an uploaded version, if any."""
+    import json
+
+    import tensorflow as tf
+
+    path = f"{dest}/{DEPLOY_RECORD}"
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as fh:
+        return json.loads(fh.read()).get("content_sha256")
