@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ampflow.errors import GateFailedError
-from ampflow.files import read_json
+from ampflow.errors import GateFailedError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -67,18 +66,14 @@ def check_gate(eval_dir: str | os.PathLike | None, force: bool) -> GateDecision:
 
 
 def _load_verdict(path: Path) -> dict[str, Any]:
-    """Private stand-in for `evaluate_parity.load_verdict` until that step lands."""
-    if not path.is_file():
-        raise GateFailedError(f"eval_dir must hold {VERDICT_FILE} from `ampflow evaluate`. "
-                              f"Received: {path} does not exist")
+    """The evaluate step's reader, with its errors turned into a gate failure."""
+    from ampflow.components.evaluate_parity.step import load_verdict
+
     try:
-        verdict = read_json(path)
-    except (OSError, ValueError) as e:
-        raise GateFailedError(f"{path} is not readable JSON: {e}") from e
-    if not isinstance(verdict, dict) or not isinstance(verdict.get("passed"), bool):
-        raise GateFailedError(f"{path} must hold {{\"passed\": true|false, ...}}. "
-                              f"Received: {str(verdict)[:200]}")
-    return verdict
+        return load_verdict(path.parent)
+    except ModelLoadError as e:
+        raise GateFailedError(f"eval_dir must hold {VERDICT_FILE} (valid, from "
+                              f"`ampflow evaluate`): {e}") from e
 
 
 def _forced(passed, path, failed, warning: str) -> GateDecision:

@@ -42,7 +42,7 @@ from ampflow.components.export_savedmodel.warmup import (
     replay_warmup_records,
     write_warmup_records,
 )
-from ampflow.errors import ConfigError, ExportError
+from ampflow.errors import ConfigError, ExportError, ModelLoadError
 from ampflow.files import ensure_writable_dir, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -185,20 +185,13 @@ def _write_and_check(twin, trained, staging: Path, input_shape, labels, model_na
 
 
 def _float32_twin(model, meta: dict[str, Any]):
-    """The same architecture under the float32 policy, with the trained weights.
-
-    Private stand-in for `evaluate_parity.twin.build_float32_twin` until that step lands.
-    """
-    from ampflow.components.train.models import build_model
+    """The same architecture under the float32 policy with the trained weights (as evaluated)."""
+    from ampflow.components.evaluate_parity.twin import build_float32_twin
 
     try:
-        twin = build_model(meta["model_name"], tuple(meta["input_shape"]), meta["num_classes"],
-                           image_size=meta.get("image_size"), policy="float32")
-        twin.set_weights(model.get_weights())
-    except (KeyError, ValueError) as e:
-        raise ExportError(f"could not rebuild {meta.get('model_name')!r} under float32 with the "
-                          f"trained weights: {e}") from e
-    return twin
+        return build_float32_twin(model, meta)
+    except ModelLoadError as e:
+        raise ExportError(f"could not rebuild the float32 twin: {e}") from e
 
 
 def _check_compatible(meta: dict[str, Any], info: dict[str, Any], config: ExportConfig):
