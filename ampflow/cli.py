@@ -29,8 +29,8 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the top-level parser with every available subcommand."""
+def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.ArgumentParser:
+    """Build the top-level parser with the subcommands of `modules`."""
     parser = argparse.ArgumentParser(
         prog="ampflow",
         description="Mixed-precision TensorFlow training to a served endpoint, as a KFP pipeline.",
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     subparsers = parser.add_subparsers(dest="command", metavar="<command>")
-    for module_name in COMMAND_MODULES:
+    for module_name in modules:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -51,10 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `ampflow` console script."""
+def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODULES) -> int:
+    """Entry point of the `ampflow` console script (or of a subset of its `modules`)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = build_parser()
+    parser = build_parser(modules)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level),

@@ -229,32 +229,12 @@ def _status(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m ampflow.serving.cli`: the serving commands alone, same behaviour as `ampflow`.
 
-    Useful where only the serving side is installed or wanted (a serving container, tests
-    that must not depend on the other steps' commands).
+    Useful where only the serving side is wanted (a serving container, tests that must not
+    depend on the other steps' commands).
     """
-    import os
-    import sys
+    from ampflow.cli import main as ampflow_main
 
-    from ampflow.errors import AmpflowError
-
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = argparse.ArgumentParser(prog="ampflow", description="ampflow serving commands")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    subparsers = parser.add_subparsers(dest="command", metavar="<command>")
-    register(subparsers)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except AmpflowError as e:
-        print(f"ampflow {args.command}: error: {e}", file=sys.stderr)
-        return e.exit_code
+    return ampflow_main(argv, modules=("ampflow.serving.cli",))
 
 
 if __name__ == "__main__":
