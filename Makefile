@@ -43,4 +43,4 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/train_throughput.py --out benchmarks/results
-	$(VENV)/bin/python benchmarks/serving/run.py --out benchmarks/results/serving
+	$(VENV)/bin/python benchmarks/serving/run.py --out benchmarks/results

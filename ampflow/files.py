@@ -56,24 +56,64 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 @contextlib.contextmanager
-def staging_dir(final: str | os.PathLike) -> Iterator[Path]:
+def staging_dir(final: str | os.PathLike, *, replaces: str | None = None) -> Iterator[Path]:
     """Yield a temp dir beside `final`; rename it to `final` only if the block succeeds.
 
     The temp dir starts with a dot so that directory scanners (TF Serving's version poller,
     our own loaders) never take it for a finished artifact. On failure it is removed.
+
+    An existing `final` is replaced only if it is empty or holds the file `replaces` (i.e. it
+    is an earlier output of the same step); anything else is refused with a ConfigError, so
+    `--output-dir .` can never wipe a user's directory. The old dir is renamed aside first and
+    deleted only after the new one is in place. With `replaces=None` an existing non-empty
+    `final` is always refused (a published version is immutable), atomically: the rename fails.
     """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.incomplete-"))
+    _check_replaceable(final, replaces)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.incomplete-"))
+    except OSError as e:
+        raise ConfigError(f"cannot write beside {final}: {e.strerror or e}") from e
     tmp.chmod(0o755)  # mkdtemp makes 0700; TF Serving may run as another user
     try:
         yield tmp
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        _swap_in(tmp, final, replaces)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_replaceable(final: Path, replaces: str | None) -> None:
+    if not final.exists() or (final.is_dir() and not any(final.iterdir())):
+        return
+    if replaces and final.is_dir() and (final / replaces).is_file():
+        return
+    expected = f"an earlier output (holding {replaces})" if replaces else "nothing"
+    raise ConfigError(
+        f"{final} already exists and is not safe to replace. Expected: a new directory or "
+        f"{expected}. Received: an existing {'directory' if final.is_dir() else 'file'} "
+        "with other contents; choose another output path."
+    )
+
+
+def _swap_in(tmp: Path, final: Path, replaces: str | None) -> None:
+    """Rename `tmp` to `final`, moving an earlier output aside first and deleting it after."""
+    old = None
+    if replaces and final.is_dir() and any(final.iterdir()):
+        old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old-"))
+        os.replace(final, old / "previous")
+    elif final.is_dir():
+        final.rmdir()  # empty: a plain rename onto it would work too, but be explicit
+    try:
+        os.rename(tmp, final)  # fails (ENOTEMPTY/EEXIST) if another writer got there first
+    except OSError as e:
+        if old is not None:
+            os.replace(old / "previous", final)
+        raise ConfigError(f"could not publish {final}: {e.strerror or e}") from e
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _json_default(obj: Any) -> Any:

@@ -38,6 +38,10 @@ class PipelineOptions:
     gpu_node_selector: tuple[str, str] | None = ("nvidia.com/gpu.present", "true")
     gpu_toleration_key: str | None = "nvidia.com/gpu"
     train_retries: int = 2
+    # The PVC that k8s/ mounts into TF Serving as its model store; the deploy task mounts it at
+    # `model_store_mount` so that `serving_model_store` (a pipeline parameter) can point there.
+    model_store_pvc: str | None = "tf-serving-models"
+    model_store_mount: str = "/models"
     with_float32_baseline: bool = False
     cache_data: bool = True
     default_resources: Resources = field(default_factory=Resources)
@@ -85,7 +89,7 @@ def build_pipeline(options: PipelineOptions | None = None):
         max_relative_logit_diff: float = -1.0,
         tflite_variants: str = "float32,float16,dynamic_range,full_int8",
         serving_model_name: str = "ampflow",
-        serving_target: str = "local",
+        serving_target: str = "none",
         serving_model_store: str = "/models",
         serving_address: str = "",
     ):
@@ -128,6 +132,11 @@ def build_pipeline(options: PipelineOptions | None = None):
         _resources(deployed, options.default_resources)
         deployed.set_caching_options(False)  # a deployment is a side effect, never cached
         _serving_client(deployed)
+        if options.model_store_pvc:
+            from kfp import kubernetes
+
+            kubernetes.mount_pvc(deployed, pvc_name=options.model_store_pvc,
+                                 mount_path=options.model_store_mount)
 
     return ampflow_pipeline
 

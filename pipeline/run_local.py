@@ -100,7 +100,8 @@ def run_local(config: LocalRunConfig) -> LocalRunResult:
     before = set(root.iterdir())
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root),
                raise_on_error=True)
-    options = PipelineOptions(gpu=False, with_float32_baseline=config.with_float32_baseline)
+    options = PipelineOptions(gpu=False, with_float32_baseline=config.with_float32_baseline,
+                              model_store_pvc=None)
     pipeline = build_pipeline(options)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:

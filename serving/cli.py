@@ -192,9 +192,12 @@ def _predict(args: argparse.Namespace) -> int:
                            f"{sorted(result.outputs)} (use --output)")
     print(f"model {args.model_name} version {result.version} signature {result.signature}")
     rows = top_k(result.outputs[args.output], args.top_k, labels)
-    for path, row in zip(args.inputs, rows, strict=False):
+    # one row per image: a .npy file may hold a whole batch
+    names = args.inputs if len(rows) == len(args.inputs) else [f"row {i}" for i in
+                                                               range(len(rows))]
+    for name, row in zip(names, rows, strict=True):
         best = ", ".join(f"{label} ({cid}) {p:.4f}" for cid, label, p in row)
-        print(f"{path}: {best}")
+        print(f"{name}: {best}")
     return 0
 
 

@@ -298,13 +298,25 @@ def load_images(paths: Sequence[str | Path], shape: tuple[int, ...] | None) -> n
         if not path.is_file():
             raise ConfigError(f"input file must exist. Received: {path}")
         if path.suffix.lower() == ".npy":
-            array = np.load(path).astype(np.float32)
+            array = _load_npy(path)
             if shape is not None and array.ndim == len(shape) - 1:
                 array = array[None]
         else:
             array = _load_picture(path, shape)[None]
         arrays.append(array)
+    shapes = {a.shape[1:] for a in arrays}
+    if len(shapes) > 1:
+        found = ", ".join(f"{p}: {a.shape[1:]}" for p, a in zip(paths, arrays, strict=True))
+        raise ConfigError(f"input files must all hold images of one shape. Received: {found}")
     return np.concatenate(arrays)
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False).astype(np.float32)
+    except (ValueError, OSError, EOFError) as e:
+        raise ConfigError(f"input must be a readable numeric .npy array. Received: {path} "
+                          f"({e})") from e
 
 
 def _load_picture(path: Path, shape) -> np.ndarray:

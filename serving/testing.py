@@ -113,7 +113,7 @@ def write_model_version(base_path: str | os.PathLike, version: int, *, seed: int
 
     final = Path(base_path) / str(version)
     module = _build_module(tuple(shape), tuple(labels), version if seed is None else seed)
-    with staging_dir(final) as tmp:
+    with staging_dir(final, replaces="saved_model.pb") as tmp:
         tf.saved_model.save(module, str(tmp),
                             signatures={"serving_default": module.serve,
                                         "classify": module.classify})

@@ -8,7 +8,7 @@ given):
 and reports p50/p99 latency, requests/s and the server overhead over in-process (p50 gRPC at
 concurrency 1 minus p50 in-process). Warm-up requests are excluded. Writes JSON + Markdown.
 
-    .venv/bin/python benchmarks/serving/run.py            # writes benchmarks/serving/results/
+    .venv/bin/python benchmarks/serving/run.py            # writes benchmarks/results/
     .venv/bin/python benchmarks/serving/run.py --model-base-path runs/demo/export/ampflow
 """
 
@@ -40,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="TF Serving base path (<base>/<version>/); default: the tiny contract "
                         "model written to a temp dir")
     p.add_argument("--model-name", default="ampflow", help="model name")
-    p.add_argument("--out", default="benchmarks/serving/results", help="output dir")
+    p.add_argument("--out", default="benchmarks/results", help="output dir")
     p.add_argument("--requests", type=int, default=400, help="timed requests per measurement")
     p.add_argument("--warmup", type=int, default=30, help="untimed requests first")
     p.add_argument("--rows", type=int, default=1, help="images per request")

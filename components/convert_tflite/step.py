@@ -171,7 +171,7 @@ def run_convert(config: ConvertConfig) -> ConvertResult:
     ref_summary = _reference_summary(reference, saved_model_dir, images, labels, ref_probs, config)
     labels_list = _labels(saved_model_dir, info)
     results: dict[str, VariantResult] = {}
-    with staging_dir(config.output_dir) as tmp:
+    with staging_dir(config.output_dir, replaces="report.json") as tmp:
         for variant in config.variants:
             results[variant] = _convert_and_check(
                 config, variant, saved_model_dir, reference.input_shape, tmp,

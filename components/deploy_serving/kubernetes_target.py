@@ -79,6 +79,10 @@ def _deploy_with(
     except DeployError as e:
         _roll_back(config, api_client, name, previous, (model_name, version), e)
         raise
+    except Exception as e:  # client/transport errors (unknown kind, urllib3 timeouts) too
+        error = DeployError(f"deploying version {version} failed: {type(e).__name__}: {e}")
+        _roll_back(config, api_client, name, previous, (model_name, version), error)
+        raise error from e
     return DeployResult(
         target="kubernetes",
         model_name=model_name,
@@ -413,7 +417,7 @@ def _roll_back(
     try:
         apply(api_client, render(config, *previous), config.namespace)
         wait_rollout(api_client, config.namespace, name, config.rollout_timeout_s)
-    except DeployError as e:
+    except Exception as e:  # noqa: BLE001 (report any rollback failure, keep the first error)
         error.args = (f"{error}; and the rollback to version {previous[1]} failed too: {e}",)
         return
     error.args = (f"{error}; rolled back: version {previous[1]} is serving",)

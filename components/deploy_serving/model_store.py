@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ampflow.errors import DeployError, ModelLoadError
+from ampflow.errors import ConfigError, DeployError, ModelLoadError
 from ampflow.files import staging_dir, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,8 @@ def push_local(src: Path, dest: Path, record: dict[str, Any]) -> tuple[Path, boo
             shutil.copytree(src, tmp, dirs_exist_ok=True)
             os.chmod(write_json_atomic(tmp / DEPLOY_RECORD, record), 0o644)
             os.chmod(tmp, 0o755)  # mkdtemp/mkstemp make 0700/0600; servers run as other users
+    except ConfigError as e:  # another deploy published this version between check and rename
+        raise DeployError(f"could not publish {dest}: {e}; versions are immutable") from e
     except OSError as e:
         raise DeployError(f"could not copy {src} to {dest}: {e}") from e
     return dest, False

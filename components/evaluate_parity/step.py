@@ -416,7 +416,7 @@ def _write_outputs(config, metrics, verdict, info, scores, parity: LogitParity) 
     from ampflow.components.evaluate_parity import report
 
     names = _class_names(info)
-    with staging_dir(config.output_dir) as tmp:
+    with staging_dir(config.output_dir, replaces="verdict.json") as tmp:
         write_json_atomic(tmp / METRICS_FILE, _json_safe(metrics))
         write_json_atomic(tmp / CONFUSION_MATRIX_FILE, {
             "categories": names,

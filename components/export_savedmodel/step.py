@@ -221,7 +221,7 @@ def _metadata(config: ExportConfig, meta, model_name, version, input_shape, labe
     return {
         "model_name": model_name,
         "version": version,
-        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
         "input": {"name": "images", "shape": [-1, *input_shape], "dtype": "float32",
                   "range": [0, 255], "note": "raw pixels; rescaling is inside the model"},
         "labels": labels,

@@ -123,8 +123,8 @@ def choose_jit(
         return True, "accelerator present: XLA fuses the mixed-precision casts"
     if policy == "mixed_float16":
         return True, (
-            "CPU with mixed_float16: TF's float16 conv kernels without XLA are ~60x slower "
-            "on a CPU (measured 750 vs 12 ms/step for small_cnn); XLA compiles them well"
+            "CPU with mixed_float16: TF's float16 conv kernels without XLA are far slower on "
+            "a CPU (benchmarks/results/train_throughput_small_cnn.md: 2.4 vs 187 img/s)"
         )
     return False, (
         "CPU only: XLA measured slower than plain TF for Keras fit on this CPU "

@@ -30,6 +30,8 @@ MODEL_FILE = "model.keras"
 HISTORY_FILE = "loss_scale_history.json"
 EPOCH_LOG_FILE = "epochs.jsonl"
 BACKUP_DIR = "backup"
+# What later steps read from metadata.json to rebuild, evaluate and export the model.
+_REQUIRED_METADATA = ("model_name", "input_shape", "num_classes", "precision")
 
 
 def _model_choices() -> tuple[str, ...]:
@@ -129,10 +131,10 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     from ampflow.components.train.precision import configure_precision
 
     info = load_dataset_info(config.data_dir)  # a bad data_dir fails before any compute
+    if info["splits"]["train"] < config.batch_size:
+        raise ConfigError(f"batch_size must be <= the training split size "
+                          f"({info['splits']['train']}). Received: batch_size={config.batch_size}")
     output_dir = ensure_writable_dir(config.output_dir, "output_dir")
-    if (output_dir / METADATA_FILE).exists():
-        log.warning("%s already holds a published model; it will be replaced", output_dir)
-        (output_dir / METADATA_FILE).unlink()
     previous_policy = keras.mixed_precision.global_policy().name
     try:
         setup = configure_precision(config.precision, config.jit_compile, hardware)
@@ -154,6 +156,13 @@ def load_trained_model(model_dir: str | os.PathLike):
         )
     try:
         metadata = read_json(metadata_path)
+    except ValueError as e:
+        raise ModelLoadError(f"{metadata_path} is corrupt: {e}") from e
+    missing = [k for k in _REQUIRED_METADATA if not isinstance(metadata, dict) or k not in metadata]
+    if missing:
+        raise ModelLoadError(f"{metadata_path} must hold {list(_REQUIRED_METADATA)}. "
+                             f"Received: missing {missing}")
+    try:
         model = keras.saving.load_model(model_path, compile=False)
     except Exception as e:
         raise ModelLoadError(f"{model_path} could not be loaded (corrupt?): {e}") from e
@@ -178,9 +187,6 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: P
     test_ds = make_input_pipeline(load_split(config.data_dir, "test"),
                                   batch_size=config.batch_size, training=False)
     steps = info["splits"]["train"] // config.batch_size
-    if steps == 0:
-        raise ConfigError(f"batch_size must be <= the training split size "
-                          f"({info['splits']['train']}). Received: batch_size={config.batch_size}")
     if config.steps_per_epoch:
         steps = min(steps, config.steps_per_epoch)
         train_ds = train_ds.repeat()
@@ -223,6 +229,9 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: P
 
     epochs = read_epoch_log(output_dir / EPOCH_LOG_FILE)
     telemetry.save(output_dir / HISTORY_FILE)
+    if (output_dir / METADATA_FILE).exists():  # unpublish the old model only now, when the
+        log.warning("replacing the model published in %s", output_dir)  # new one is ready
+        (output_dir / METADATA_FILE).unlink()
     _save_model(model, output_dir)
     resumed_at = (epoch_log.first_epoch or 0) + 1 if resumed else None
     metadata = _metadata(config, info, setup, epochs, telemetry.summary(), train_seconds,

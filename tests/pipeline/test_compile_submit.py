@@ -13,6 +13,9 @@ IMAGE = "registry.example/ampflow:1.2.3"
 
 
 def _load(path):
+    from kfp import components
+
+    components.load_component_from_file(str(path))  # the IR YAML loads back with kfp
     docs = list(yaml.safe_load_all(open(path)))
     return docs[0], (docs[1] if len(docs) > 1 else {})
 
@@ -39,6 +42,10 @@ def test_compile_train_task_requests_gpu_node_selector_and_toleration(tmp_path):
     assert k8s["tolerations"][0]["key"] == "nvidia.com/gpu"
     deploy = executors["exec-deploy-serving"]
     assert deploy["podMetadata"]["labels"] == {"ampflow.dev/serving-client": "true"}
+    assert deploy["pvcMount"][0]["mountPath"] == "/models"
+    assert deploy["pvcMount"][0]["constant"] == "tf-serving-models"
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["serving_target"]["defaultValue"] == "none"  # deploying is opt-in
     tasks = spec["root"]["dag"]["tasks"]
     assert tasks["train"]["retryPolicy"]["maxRetryCount"] == 2
     assert tasks["prepare-data"]["cachingOptions"].get("enableCache") is True

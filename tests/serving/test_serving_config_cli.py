@@ -240,3 +240,19 @@ def test_cli_serve_auto_execs_binary_on_path_with_built_argv(tmp_path):
     assert "argv: --port=8555 --model_config_file=" in proc.stdout
     assert "--enable_batching=true" in proc.stdout
     assert "listens on all interfaces" in proc.stderr  # the binary has no bind-address flag
+
+
+def test_load_images_corrupt_npy_and_mixed_shapes_are_config_errors(tmp_path):
+    import numpy as np
+
+    from ampflow.errors import ConfigError
+    from ampflow.serving.client import load_images
+
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"\x93NUMPY garbage")
+    with pytest.raises(ConfigError, match="readable numeric .npy"):
+        load_images([bad], (-1, 8, 8, 1))
+    np.save(tmp_path / "a.npy", np.zeros((8, 8, 1)))
+    np.save(tmp_path / "b.npy", np.zeros((4, 4, 1)))
+    with pytest.raises(ConfigError, match="one shape"):
+        load_images([tmp_path / "a.npy", tmp_path / "b.npy"], (-1, 8, 8, 1))

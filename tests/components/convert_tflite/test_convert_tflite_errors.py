@@ -23,7 +23,7 @@ def test_convert_variant_mixed_float16_export_raises_explained_flex_error(mixed_
 @pytest.mark.slow
 def test_run_convert_mixed_graph_with_contract_signature_raises_explained_error(
         mixed_trained, prepared_digits, tmp_path):
-    from conftest import save_contract_savedmodel
+    from tflite_helpers import save_contract_savedmodel
 
     version_dir = tmp_path / "digits" / "1"
     version_dir.mkdir(parents=True)

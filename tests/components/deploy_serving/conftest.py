@@ -8,7 +8,6 @@ a test can tell from a prediction which version answered.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import socket
@@ -88,10 +87,6 @@ def no_kube_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
-requires_local_server = pytest.mark.skipif(
-    importlib.util.find_spec("ampflow.serving.server") is None,
-    reason="ampflow.serving (the local server) is not there yet",
-)
 
 
 @pytest.fixture

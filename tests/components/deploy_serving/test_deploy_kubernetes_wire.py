@@ -8,7 +8,6 @@ stalled rollout, and the canary against a real `ampflow serve`.
 from __future__ import annotations
 
 import pytest
-from conftest import requires_local_server  # noqa: E402 - the fixtures' module
 from fake_apiserver import FakeApiServer
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
@@ -49,7 +48,7 @@ def _pinned(api: FakeApiServer) -> list[str]:
 
 @pytest.mark.k8s
 @pytest.mark.serving
-@requires_local_server
+@pytest.mark.serving
 @pytest.mark.timeout(180)
 def test_deploy_applies_server_side_waits_and_canaries_real_server(
     served_store, export_base, tmp_path

@@ -7,7 +7,6 @@ version 1 to version 2, and the server process must be the same one throughout.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 
@@ -19,13 +18,7 @@ from ampflow.components.deploy_serving import DeployConfig, run_deploy
 
 MODEL_NAME = "digits"  # as in conftest.py
 
-pytestmark = [
-    pytest.mark.serving,
-    pytest.mark.skipif(
-        importlib.util.find_spec("ampflow.serving.server") is None,
-        reason="ampflow.serving (the local server) is not there yet",
-    ),
-]
+pytestmark = [pytest.mark.serving]
 
 
 class _Traffic(threading.Thread):

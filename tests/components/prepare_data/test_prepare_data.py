@@ -75,16 +75,17 @@ def test_prepare_data_unknown_dataset_suggests_close_names(tmp_path):
     assert list(tmp_path.glob("*.json")) == []
 
 
-def _network_reachable() -> bool:
-    try:
-        socket.create_connection(("storage.googleapis.com", 443), timeout=2).close()
-        return True
-    except OSError:
-        return False
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-@pytest.mark.skipif(_network_reachable(), reason="needs a machine without network")
-def test_prepare_data_catalog_dataset_offline_says_how_to_pre_prepare(tmp_path):
+def test_prepare_data_catalog_dataset_offline_says_how_to_pre_prepare(tmp_path, monkeypatch):
+    from ampflow.components.prepare_data import step
+
+    # Point the download probe at a closed loopback port: "no network", on any machine.
+    monkeypatch.setattr(step, "_DOWNLOAD_PROBE", ("127.0.0.1", _free_port()))
     with pytest.raises(DatasetError, match=r"needs a download.*--tfds-data-dir"):
         run_prepare_data(PrepareDataConfig(output_dir=tmp_path, dataset="mnist"))
     assert not (tmp_path / "dataset_info.json").exists()

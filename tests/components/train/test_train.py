@@ -130,7 +130,18 @@ def test_train_absurd_learning_rate_gives_non_finite_loss_error(prepared_digits,
 def test_train_config_bad_values_are_rejected_before_compute(overrides, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
         TrainConfig(data_dir=tmp_path, output_dir=tmp_path / "out", **overrides)
-    assert not (tmp_path / "out").exists()
+
+
+def test_train_batch_larger_than_the_split_fails_and_keeps_the_published_model(
+        trained_model, tmp_path):
+    import shutil
+
+    shutil.copytree(trained_model("mixed_float16"), tmp_path / "m")
+    meta = json.loads((tmp_path / "m" / "metadata.json").read_text())
+    data_dir = meta["config"]["data_dir"]
+    with pytest.raises(ConfigError, match="batch_size must be <= the training split size"):
+        run_train(TrainConfig(data_dir=data_dir, output_dir=tmp_path / "m", batch_size=5000))
+    load_trained_model(tmp_path / "m")  # still published
 
 
 def test_train_unprepared_data_dir_is_a_clear_error(tmp_path):
@@ -150,9 +161,22 @@ def test_load_trained_model_incomplete_or_corrupt_dir_is_a_clear_error(tmp_path)
     with pytest.raises(ModelLoadError, match="not a published model"):
         load_trained_model(tmp_path)
     (tmp_path / "model.keras").write_bytes(b"not a zip")
-    (tmp_path / "metadata.json").write_text("{}")
-    with pytest.raises(ModelLoadError, match="could not be loaded"):
+    (tmp_path / "metadata.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="metadata.json is corrupt"):
         load_trained_model(tmp_path)
+    (tmp_path / "metadata.json").write_text('{"model_name": "small_cnn"}')
+    with pytest.raises(ModelLoadError, match=r"Received: missing \['input_shape'"):
+        load_trained_model(tmp_path)
+
+
+@pytest.mark.slow
+def test_load_trained_model_corrupt_keras_file_is_a_clear_error(trained_model, tmp_path):
+    import shutil
+
+    shutil.copytree(trained_model("mixed_float16"), tmp_path / "m")
+    (tmp_path / "m" / "model.keras").write_bytes(b"not a zip")
+    with pytest.raises(ModelLoadError, match="could not be loaded"):
+        load_trained_model(tmp_path / "m")
 
 
 @pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
