@@ -26,11 +26,19 @@ def deploy_serving(
     from ampflow.pipeline.artifacts import find_exported_version
 
     version_dir = find_exported_version(saved_model.path)
+    version = int(version_dir.name)
+    if target == "local":
+        # Every run of the pipeline exports version 1 into its own artifact dir; in a shared
+        # local store the run becomes the next version, which a running server hot-loads.
+        from ampflow.components.export_savedmodel.versions import next_version
+
+        version = max(version, next_version(Path(model_store) / version_dir.parent.name))
     result = run_deploy(
         DeployConfig(
             saved_model_dir=version_dir,
             target=target,
             model_store=model_store,
+            version=version,
             server_address=server_address or None,
             namespace=namespace,
             overlay=overlay,
