@@ -30,9 +30,9 @@ def evaluate_parity(
     evaluation dir (verdict.json, metrics.json, report.md, plots) that export reads.
     """
     import json
-    import shutil
     from pathlib import Path
 
+    from ampflow.components.evaluate_parity.report import inline_images
     from ampflow.components.evaluate_parity.step import (
         EvaluateConfig,
         run_evaluate,
@@ -50,7 +50,8 @@ def evaluate_parity(
         metrics.log_metric(name, value)
     matrix = json.loads((Path(verdict.path) / "confusion_matrix.json").read_text())
     confusion.log_confusion_matrix(matrix["categories"], matrix["matrix"])
-    shutil.copyfile(Path(verdict.path) / "report.md", report.path)
+    report_md = (Path(verdict.path) / "report.md").read_text()
+    Path(report.path).write_text(inline_images(report_md, Path(verdict.path)))
     verdict.metadata.update({"passed": result.passed,
                              "failed_checks": result.verdict["failed_checks"]})
     if not result.passed:

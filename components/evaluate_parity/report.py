@@ -157,3 +157,21 @@ def _save(fig, path: Path) -> Path:
 
     plt.close(fig)
     return path
+
+
+def inline_images(markdown: str, directory: Path) -> str:
+    """Replace `![alt](file.png)` links with data URIs so the report is one self-contained file.
+
+    The KFP UI shows a `Markdown` artifact on its own, without the PNGs beside it.
+    """
+    import base64
+    import re
+
+    def embed(match: re.Match) -> str:
+        path = directory / match.group(2)
+        if not path.is_file():
+            return match.group(0)
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        return f"![{match.group(1)}](data:image/png;base64,{data})"
+
+    return re.sub(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)", embed, markdown)

@@ -58,7 +58,9 @@ def test_evaluate_component_logs_kfp_metrics_and_confusion_matrix(tmp_path, prep
     assert outputs["metrics"].metadata["argmax_agreement"] >= 0.99
     matrix = outputs["confusion"].metadata["confusionMatrix"]
     assert len(matrix["rows"]) == 10 and len(matrix["annotationSpecs"]) == 10
-    assert (tmp_path / "report.md").read_text().startswith("#")
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("#")
+    assert report.count("](data:image/png;base64,") == 3  # self-contained for the KFP UI
     assert outputs["verdict"].metadata["passed"] is True
 
 
