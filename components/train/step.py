@@ -284,7 +284,8 @@ def _metadata(config, info, setup, epochs, loss_scale, train_seconds, resumed_at
         "train_seconds": train_seconds,
         "throughput_examples_per_sec": sum(timed) / len(timed) if timed else None,
         "throughput_excludes_first_epoch": len(epochs) > 1,
-        "final_metrics": {k: v for k, v in final.items() if k not in ("epoch", "seconds")},
+        "final_metrics": {k: v for k, v in final.items()
+                          if k not in ("epoch", "seconds", "train_seconds")},
         "loss_scale": loss_scale,
         "devices": [d.name for d in tf.config.list_physical_devices()],
         "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,

@@ -143,25 +143,39 @@ class LossScaleTelemetry(keras.callbacks.Callback):
 
 
 class EpochLog(keras.callbacks.Callback):
-    """Per-epoch metrics and throughput, appended to a JSON-lines file that survives a kill."""
+    """Per-epoch metrics and throughput, appended to a JSON-lines file that survives a kill.
+
+    Throughput counts the training steps only (epoch start to the last batch end): `fit` calls
+    `on_epoch_end` after validation, so timing to it would charge evaluation to training.
+    `seconds` stays the whole epoch, validation included.
+    """
 
     def __init__(self, path: Path, batch_size: int):
         super().__init__()
         self.path = path
         self.batch_size = batch_size
         self._start = 0.0
+        self._last_batch_end: float | None = None
         self.first_epoch: int | None = None  # > 0 when BackupAndRestore resumed the run
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.first_epoch is None:
             self.first_epoch = epoch
         self._start = time.perf_counter()
+        self._last_batch_end = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._last_batch_end = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        seconds = time.perf_counter() - self._start
+        end = time.perf_counter()
+        seconds = end - self._start
+        train_seconds = (self._last_batch_end or end) - self._start
         steps = int(self.params.get("steps") or 0)
-        entry = {"epoch": epoch + 1, "seconds": seconds, "steps": steps,
-                 "examples_per_sec": steps * self.batch_size / seconds if seconds else None}
+        entry = {"epoch": epoch + 1, "seconds": seconds, "train_seconds": train_seconds,
+                 "steps": steps,
+                 "examples_per_sec": (steps * self.batch_size / train_seconds
+                                      if train_seconds > 0 else None)}
         entry.update({k: float(v) for k, v in (logs or {}).items()})
         with open(self.path, "a") as f:
             f.write(json.dumps(entry) + "\n")

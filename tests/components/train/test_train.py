@@ -215,3 +215,18 @@ def test_train_killed_with_sigkill_resumes_and_completes_planned_epochs(prepared
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["resumed"] and meta["resumed_at_epoch"] >= 3
     assert [e["epoch"] for e in meta["epochs"]] == list(range(1, 31))
+
+
+def test_epoch_log_throughput_counts_training_steps_not_validation(tmp_path):
+    from ampflow.components.train.telemetry import EpochLog, read_epoch_log
+
+    epoch_log = EpochLog(tmp_path / "epochs.jsonl", batch_size=8)
+    epoch_log.set_params({"steps": 4})
+    epoch_log.on_epoch_begin(0)
+    for batch in range(4):
+        epoch_log.on_train_batch_end(batch)
+    time.sleep(0.2)  # validation: part of the epoch, not of training throughput
+    epoch_log.on_epoch_end(0, {"loss": 1.0})
+    (entry,) = read_epoch_log(tmp_path / "epochs.jsonl")
+    assert entry["seconds"] >= entry["train_seconds"] + 0.2
+    assert entry["examples_per_sec"] == pytest.approx(4 * 8 / entry["train_seconds"])
