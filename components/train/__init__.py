@@ -1,5 +1,6 @@
 """Step 2: mixed-precision training with XLA, loss-scale telemetry and resumable checkpoints."""
 
+import ampflow.components.train.layers  # noqa: F401  (registers FusedBatchNormalization for loading)
 from ampflow.components.train.step import (
     TrainConfig,
     TrainResult,

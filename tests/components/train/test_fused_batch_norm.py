@@ -1,0 +1,139 @@
+"""FusedBatchNormalization must compute exactly what keras.layers.BatchNormalization does."""
+
+import numpy as np
+import pytest
+
+from ampflow.components.train.layers import FusedBatchNormalization
+from ampflow.components.train.models import build_model
+
+SHAPE = (4, 5, 6, 8)  # NHWC, tiny
+# float32 differs by summation order only; half precision outputs by one rounding of the
+# (identical float32) result at most: one ULP, relative to the output's magnitude.
+OUTPUT_ATOL = {"float32": 1e-5, "mixed_bfloat16": 2e-2, "mixed_float16": 2e-3}
+OUTPUT_RTOL = {"float32": 0.0, "mixed_bfloat16": 2.0**-7, "mixed_float16": 2.0**-10}
+
+
+def _pair(policy, **kwargs):
+    """A Keras BN and a fused BN with the same random weights, built under `policy`."""
+    import keras
+
+    keras.mixed_precision.set_global_policy(policy)
+    reference = keras.layers.BatchNormalization(**kwargs)
+    fused = FusedBatchNormalization(**kwargs)
+    rng = np.random.default_rng(1)
+    for layer in (reference, fused):
+        layer.build(SHAPE)
+    weights = [rng.uniform(0.5, 1.5, w.shape).astype("float32") for w in reference.weights]
+    reference.set_weights(weights)
+    fused.set_weights(weights)
+    return reference, fused
+
+
+def _inputs(shape=SHAPE):
+    return np.random.default_rng(0).normal(2.0, 3.0, shape).astype("float32")
+
+
+def _close(actual, expected, atol, rtol=0.0):
+    np.testing.assert_allclose(np.asarray(actual, "float32"), np.asarray(expected, "float32"),
+                               atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])
+def test_training_matches_keras_outputs_and_moving_statistics(policy):
+    reference, fused = _pair(policy, momentum=0.9, epsilon=1.001e-5)
+    x = _inputs()
+    for _ in range(2):  # the second step starts from updated moving statistics
+        expected, actual = reference(x, training=True), fused(x, training=True)
+        _close(actual, expected, OUTPUT_ATOL[policy], OUTPUT_RTOL[policy])
+    assert actual.dtype.name == fused.compute_dtype  # half precision stays half precision
+    _close(fused.moving_mean, reference.moving_mean, 1e-6)
+    _close(fused.moving_variance, reference.moving_variance, 1e-5)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_training_gradients_match_keras(policy):
+    import tensorflow as tf
+
+    reference, fused = _pair(policy, momentum=0.9, epsilon=1e-3)
+    x = tf.constant(_inputs())
+    weights = tf.range(SHAPE[-1], dtype=tf.float32)  # a loss that is not invariant to BN
+    grads = []
+    for layer in (reference, fused):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.cast(layer(x, training=True), tf.float32) * weights)
+        grads.append(tape.gradient(loss, [x, *layer.trainable_weights]))
+    for expected, actual in zip(*grads, strict=True):
+        _close(actual, expected, 1e-3 * max(1.0, float(np.abs(expected).max())))
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("options", [{}, {"center": False}, {"scale": False}])
+def test_inference_matches_keras(policy, options):
+    reference, fused = _pair(policy, **options)
+    x = _inputs()
+    tolerance = OUTPUT_ATOL[policy], OUTPUT_RTOL[policy]
+    _close(fused(x, training=False), reference(x, training=False), *tolerance)
+    _close(fused(x), reference(x), *tolerance)
+
+
+def test_frozen_layer_runs_in_inference_mode_like_keras():
+    reference, fused = _pair("float32")
+    reference.trainable = fused.trainable = False
+    x = _inputs()
+    _close(fused(x, training=True), reference(x, training=True), 1e-5)
+    _close(fused.moving_mean, reference.moving_mean, 0)
+
+
+@pytest.mark.parametrize(("shape", "axis"), [((6, 8), -1), ((4, 3, 8), -1), ((4, 8, 5, 6), 1)])
+def test_uncovered_inputs_fall_back_to_keras(shape, axis):
+    import keras
+
+    reference = keras.layers.BatchNormalization(axis=axis)
+    fused = FusedBatchNormalization(axis=axis)
+    x = _inputs(shape)
+    _close(fused(x, training=True), reference(x, training=True), 1e-5)
+    _close(fused.moving_variance, reference.moving_variance, 1e-6)
+
+
+def test_model_with_fused_layer_round_trips_through_model_keras(tmp_path):
+    import keras
+
+    inputs = keras.Input(SHAPE[1:])
+    model = keras.Model(inputs, FusedBatchNormalization(name="bn")(inputs))
+    x = _inputs()
+    model(x, training=True)  # move the statistics off their initial values
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras", compile=False)
+    assert type(loaded.get_layer("bn")) is FusedBatchNormalization
+    _close(loaded.predict(x, verbose=0), model.predict(x, verbose=0), 0)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
+def test_applications_use_only_fused_batch_norm_and_share_weights_with_float32_twin(name):
+    import keras
+
+    mixed = build_model(name, (8, 8, 1), 3, image_size=32, policy="mixed_bfloat16")
+    layers = [layer for layer in mixed.layers if isinstance(layer, keras.Model)][0].layers
+    kinds = [type(layer) for layer in layers]
+    assert keras.layers.BatchNormalization not in kinds
+    assert FusedBatchNormalization in kinds
+    twin = build_model(name, (8, 8, 1), 3, image_size=32, policy="float32")
+    twin.set_weights(mixed.get_weights())  # what evaluate_parity/export do
+    x = np.random.default_rng(0).uniform(0, 16, (2, 8, 8, 1)).astype("float32")
+    _close(twin.predict(x, verbose=0), mixed.predict(x, verbose=0), 0.05)
+
+
+def test_fresh_process_that_imports_only_the_train_package_loads_the_model(tmp_path):
+    import subprocess
+    import sys
+
+    import keras
+
+    inputs = keras.Input(SHAPE[1:])
+    keras.Model(inputs, FusedBatchNormalization()(inputs)).save(tmp_path / "model.keras")
+    code = ("import keras, ampflow.components.train; "
+            f"keras.saving.load_model({str(tmp_path / 'model.keras')!r}, compile=False)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
