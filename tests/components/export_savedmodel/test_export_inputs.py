@@ -24,7 +24,9 @@ def test_run_export_corrupt_model_file_raises_model_load_error(prepared_digits, 
                                                                tmp_path):
     model_dir = tmp_path / "model"  # published-looking (metadata.json present), model truncated
     model_dir.mkdir()
-    (model_dir / "metadata.json").write_text(json.dumps({"model_name": "small_cnn"}))
+    (model_dir / "metadata.json").write_text(json.dumps({
+        "model_name": "small_cnn", "input_shape": [8, 8, 1], "num_classes": 10,
+        "precision": {"policy": "mixed_float16"}}))
     (model_dir / "model.keras").write_bytes(b"PK\x03\x04 truncated zip archive")
     config = ExportConfig(model_dir=model_dir, data_dir=prepared_digits,
                           export_base=tmp_path / "base", eval_dir=passed_eval_dir)
