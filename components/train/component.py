@@ -14,10 +14,13 @@ def train(
     batch_size: int = 32,
     learning_rate: float = 3e-3,
     seed: int = 42,
+    checkpoint_dir: str = "",
 ):
     """Train with mixed precision; publish the model and its training metrics.
 
     `jit_compile` is "auto", "true" or "false" (KFP has no optional booleans).
+    `checkpoint_dir` is durable storage for the resumable checkpoint (empty: inside the output
+    artifact, which a retried pod does not get back).
     """
     from ampflow.components.train import TrainConfig, run_train
     from ampflow.errors import ConfigError
@@ -28,7 +31,7 @@ def train(
     result = run_train(TrainConfig(
         data_dir=data.path, output_dir=model.path, model=model_name, precision=precision,
         jit_compile=jit, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-        seed=seed))
+        seed=seed, checkpoint_dir=checkpoint_dir or None))
     meta = result.metadata
     model.metadata.update({"framework": "keras", "policy": meta["precision"]["policy"],
                            "xla": meta["xla"]["effective"], "model_name": meta["model_name"]})

@@ -76,6 +76,10 @@ class TrainConfig:
         "help": "Steps before the skipped-step check starts (the scale settles first)."})
     telemetry_every_n_steps: int = field(default=1, metadata={
         "help": "Record the loss scale every N steps."})
+    checkpoint_dir: str | None = field(default=None, metadata={
+        "help": "Durable dir for the run's resumable state (checkpoint and epoch log): a PVC "
+                "path or gs://... that outlives the pod, so a restarted or retried run with "
+                "the same dir resumes (default: the output dir)."})
 
     def __post_init__(self) -> None:
         positive = {"epochs": self.epochs, "batch_size": self.batch_size,
@@ -179,6 +183,7 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: P
         GuardLimits,
         LossScaleTelemetry,
         read_epoch_log,
+        write_json_lines,
     )
 
     keras.utils.set_random_seed(config.seed)
@@ -196,15 +201,18 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: P
     model.compile(optimizer=_optimizer(config, setup), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"], jit_compile=setup.jit_compile)
 
-    backup_dir = output_dir / BACKUP_DIR
-    resumed = backup_dir.exists()
+    state_dir = config.checkpoint_dir or str(output_dir)
+    _makedirs(state_dir)
+    backup_dir = _join(state_dir, BACKUP_DIR)
+    resumed = _exists(backup_dir)
     telemetry = LossScaleTelemetry(
         GuardLimits(config.loss_scale_floor, config.max_skipped_fraction,
                     config.guard_warmup_steps),
         every_n=config.telemetry_every_n_steps, tensorboard_dir=output_dir / "tensorboard")
-    epoch_log = EpochLog(output_dir / EPOCH_LOG_FILE, config.batch_size)
+    epoch_log_path = _join(state_dir, EPOCH_LOG_FILE)
+    epoch_log = EpochLog(epoch_log_path, config.batch_size, fresh=not resumed)
     callbacks = [
-        keras.callbacks.BackupAndRestore(str(backup_dir), save_freq="epoch",
+        keras.callbacks.BackupAndRestore(backup_dir, save_freq="epoch",
                                          double_checkpoint=True, delete_checkpoint=True),
         telemetry,
         epoch_log,
@@ -213,8 +221,6 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: P
     ]
     if resumed:
         log.info("found a checkpoint in %s: resuming", backup_dir)
-    else:
-        (output_dir / EPOCH_LOG_FILE).unlink(missing_ok=True)  # a fresh run starts a fresh log
     start = time.perf_counter()
     try:
         model.fit(train_ds, validation_data=test_ds, epochs=config.epochs,
@@ -227,7 +233,9 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: P
         raise
     train_seconds = time.perf_counter() - start
 
-    epochs = read_epoch_log(output_dir / EPOCH_LOG_FILE)
+    epochs = read_epoch_log(epoch_log_path)
+    if config.checkpoint_dir:  # keep the epoch log with the model it describes
+        write_json_lines(output_dir / EPOCH_LOG_FILE, epochs)
     telemetry.save(output_dir / HISTORY_FILE)
     if (output_dir / METADATA_FILE).exists():  # unpublish the old model only now, when the
         log.warning("replacing the model published in %s", output_dir)  # new one is ready
@@ -238,6 +246,28 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: P
                          resumed_at, steps)
     write_json_atomic(output_dir / METADATA_FILE, metadata)  # last: publishes the model
     return TrainResult(output_dir=output_dir, metadata=metadata)
+
+
+def _join(directory: str, name: str) -> str:
+    """A path under `directory`, which may be a URI (gs://...) that pathlib would mangle."""
+    return directory.rstrip("/") + "/" + name
+
+
+def _makedirs(path: str) -> None:
+    import tensorflow as tf
+
+    try:
+        tf.io.gfile.makedirs(path)
+    except Exception as e:  # tf.errors.OpError and OSError alike
+        raise ConfigError(f"checkpoint_dir must be a writable directory. Received: "
+                          f"checkpoint_dir={path!r} ({e})") from e
+
+
+def _exists(path: str) -> bool:
+    """Whether `path` exists; tf.io.gfile also reads gs:// and TF's other file systems."""
+    import tensorflow as tf
+
+    return tf.io.gfile.exists(path)
 
 
 def _optimizer(config: TrainConfig, setup: PrecisionSetup):

@@ -143,20 +143,25 @@ class LossScaleTelemetry(keras.callbacks.Callback):
 
 
 class EpochLog(keras.callbacks.Callback):
-    """Per-epoch metrics and throughput, appended to a JSON-lines file that survives a kill.
+    """Per-epoch metrics and throughput, in a JSON-lines file that survives a kill.
 
-    Throughput counts the training steps only (epoch start to the last batch end): `fit` calls
-    `on_epoch_end` after validation, so timing to it would charge evaluation to training.
-    `seconds` stays the whole epoch, validation included.
+    The file may live on durable storage (gs://..., via tf.io.gfile), where appending is not
+    supported, so the whole (small) file is rewritten after each epoch. Throughput counts the
+    training steps only (epoch start to the last batch end): `fit` calls `on_epoch_end` after
+    validation, so timing to it would charge evaluation to training. `seconds` stays the whole
+    epoch, validation included.
     """
 
-    def __init__(self, path: Path, batch_size: int):
+    def __init__(self, path: str | Path, batch_size: int, fresh: bool = True):
         super().__init__()
-        self.path = path
+        self.path = str(path)
         self.batch_size = batch_size
+        self._entries = [] if fresh else read_epoch_log(self.path)
         self._start = 0.0
         self._last_batch_end: float | None = None
         self.first_epoch: int | None = None  # > 0 when BackupAndRestore resumed the run
+        if fresh:
+            write_json_lines(self.path, [])  # a fresh run starts a fresh log
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.first_epoch is None:
@@ -177,17 +182,32 @@ class EpochLog(keras.callbacks.Callback):
                  "examples_per_sec": (steps * self.batch_size / train_seconds
                                       if train_seconds > 0 else None)}
         entry.update({k: float(v) for k, v in (logs or {}).items()})
-        with open(self.path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
+        self._entries.append(entry)
+        write_json_lines(self.path, self._entries)
 
 
-def read_epoch_log(path: Path) -> list[dict[str, Any]]:
+def write_json_lines(path: str | Path, entries: list[dict[str, Any]]) -> None:
+    """Write `entries` as JSON lines through a temp file and a rename (tf.io.gfile paths too)."""
+    import tensorflow as tf
+
+    path = str(path)
+    tmp = path + ".tmp"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in entries))
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def read_epoch_log(path: str | Path) -> list[dict[str, Any]]:
     """Read the epoch log, keeping the last entry per epoch (a resumed run may repeat one)."""
-    if not path.is_file():
+    import tensorflow as tf
+
+    path = str(path)
+    if not tf.io.gfile.exists(path):
         return []
     by_epoch: dict[int, dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            entry = json.loads(line)
-            by_epoch[entry["epoch"]] = entry
+    with tf.io.gfile.GFile(path) as f:
+        for line in f.read().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                by_epoch[entry["epoch"]] = entry
     return [by_epoch[k] for k in sorted(by_epoch)]

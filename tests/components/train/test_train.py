@@ -191,16 +191,24 @@ def test_build_application_models_take_raw_8x8_images_and_output_float32(name):
 
 
 @pytest.mark.slow
-def test_train_killed_with_sigkill_resumes_and_completes_planned_epochs(prepared_digits, tmp_path):
-    out = tmp_path / "model"
-    cmd = [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(prepared_digits),
-           "--output-dir", str(out), "--epochs", "30", "--precision", "float32"]
+def test_train_killed_with_sigkill_resumes_from_durable_checkpoint_in_a_fresh_output_dir(
+        prepared_digits, tmp_path):
+    """A retried pod: the first run is killed; the second gets a NEW output dir (as a KFP retry
+    does) and the same --checkpoint-dir, resumes there and finishes the planned epochs."""
+    checkpoints = tmp_path / "durable"
+
+    def cmd(out):
+        return [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(prepared_digits),
+                "--output-dir", str(out), "--checkpoint-dir", str(checkpoints),
+                "--epochs", "30", "--precision", "float32"]
+
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(cmd(tmp_path / "pod1"), env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and first.poll() is None:
-            log = out / "epochs.jsonl"
+            log = checkpoints / "epochs.jsonl"
             if log.exists() and len(log.read_text().splitlines()) >= 3:
                 break
             time.sleep(0.05)
@@ -208,13 +216,16 @@ def test_train_killed_with_sigkill_resumes_and_completes_planned_epochs(prepared
     finally:
         first.wait(timeout=30)
     assert first.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    assert (out / "backup").is_dir() and not (out / "metadata.json").exists()
+    assert (checkpoints / "backup").is_dir() and not (tmp_path / "pod1" / "backup").exists()
 
-    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    out = tmp_path / "pod2"
+    second = subprocess.run(cmd(out), env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["resumed"] and meta["resumed_at_epoch"] >= 3
     assert [e["epoch"] for e in meta["epochs"]] == list(range(1, 31))
+    assert len((out / "epochs.jsonl").read_text().splitlines()) == 30
+    assert not (checkpoints / "backup").exists()  # removed after the successful run
 
 
 def test_epoch_log_throughput_counts_training_steps_not_validation(tmp_path):
@@ -230,3 +241,12 @@ def test_epoch_log_throughput_counts_training_steps_not_validation(tmp_path):
     (entry,) = read_epoch_log(tmp_path / "epochs.jsonl")
     assert entry["seconds"] >= entry["train_seconds"] + 0.2
     assert entry["examples_per_sec"] == pytest.approx(4 * 8 / entry["train_seconds"])
+
+
+def test_train_unwritable_checkpoint_dir_is_a_clear_error(prepared_digits, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="checkpoint_dir must be a writable directory"):
+        run_train(TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "out",
+                              checkpoint_dir=str(blocker / "ckpt")))
+    assert not (tmp_path / "out" / "metadata.json").exists()
