@@ -15,6 +15,7 @@ import sys
 
 from ampflow import __version__
 from ampflow.errors import AmpflowError
+from ampflow.requirements import check_installed_versions
 
 # (command modules in pipeline order). Modules are imported lazily so `--help` stays fast.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODUL
         parser.print_help()
         return 2
     try:
+        check_installed_versions()
         return int(args.func(args) or 0)
     except AmpflowError as e:
         print(f"ampflow {args.command}: error: {e}", file=sys.stderr)

@@ -1,9 +1,12 @@
 """The hand-written package list in pyproject.toml must cover every step folder."""
 
+import os
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPING = {"ampflow": "ampflow", "ampflow.components": "components",
@@ -37,3 +40,68 @@ def test_ampflow_unknown_flag_exits_2_with_one_line_usage_error():
     assert done.returncode == 2
     assert "unrecognized arguments: --no-such-flag" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_installed_packages_satisfy_declared_requirements():
+    from ampflow.requirements import unmet_requirements
+
+    assert unmet_requirements() == []
+
+
+def test_unmet_requirements_names_package_installed_and_required_version():
+    from ampflow.requirements import unmet_requirements
+
+    versions = {"keras": "3.9.2", "tensorflow": "2.21.0"}
+    problems = unmet_requirements(
+        ["keras<4,>=3.10", "tensorflow~=2.21.0", "absent>=1", 'pytest>=8; extra == "dev"'],
+        installed_version=versions.get)
+    assert problems == ["keras 3.9.2 is installed, ampflow needs keras<4,>=3.10",
+                        "absent is not installed (ampflow needs absent>=1)"]
+
+
+def test_cli_refuses_to_run_with_a_package_outside_its_declared_range(monkeypatch, capsys):
+    import importlib.metadata
+
+    from ampflow import cli
+
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "3.9.0" if name == "keras" else real_version(name))
+    code = cli.main(["prepare-data", "--output-dir", "/nonexistent/never-created"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().splitlines() == [
+        "ampflow prepare-data: error: installed packages do not match ampflow's requirements: "
+        "keras 3.9.0 is installed, ampflow needs keras<4,>=3.10. Reinstall with `pip install -e "
+        ".` (or `make test`/`make demo`, which do)."]
+
+
+@pytest.mark.slow
+def test_keras_floor_release_runs_the_keras_sensitive_layers(tmp_path):
+    """The declared Keras floor is true: the fused BatchNormalization (which subclasses Keras's
+    layer and reads its attributes) passes its tests on exactly that release."""
+    from packaging.requirements import Requirement
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    keras = next(Requirement(r) for r in declared if Requirement(r).name == "keras")
+    floor = next(s.version for s in keras.specifier if s.operator == ">=")
+    target = tmp_path / f"keras-{floor}"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+         f"keras=={floor}"], capture_output=True, text=True, timeout=300)
+    if install.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot install keras=={floor}: {install.stderr[-1000:]}")
+        pytest.skip(f"keras=={floor} not installable here (no registry?)")
+    env = {**os.environ, "PYTHONPATH": str(target), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         str(ROOT / "tests/components/train/test_fused_batch_norm.py"),
+         "-k", "not resnet and not mobilenet"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    version = subprocess.run([sys.executable, "-c", "import keras; print(keras.__version__)"],
+                             capture_output=True, text=True, env=env, timeout=120).stdout
+    from packaging.version import Version
+
+    assert Version(version.strip()) == Version(floor)  # the floor release was what ran
+    assert run.returncode == 0, run.stdout[-3000:]

@@ -40,8 +40,9 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
         """Whether the fused kernel computes exactly what the parent would for this call."""
         return (
             mask is None
-            and not self.renorm
-            and not self.synchronized
+            # renorm exists from Keras 3.14 only; older releases have no renorm at all
+            and not getattr(self, "renorm", False)
+            and not getattr(self, "synchronized", False)
             and len(inputs.shape) == 4
             and self.axis in (-1, 3)
             and self.epsilon >= _MIN_FUSED_EPSILON

@@ -48,7 +48,6 @@ def _pinned(api: FakeApiServer) -> list[str]:
 
 @pytest.mark.k8s
 @pytest.mark.serving
-@pytest.mark.serving
 @pytest.mark.timeout(180)
 def test_deploy_applies_server_side_waits_and_canaries_real_server(
     served_store, export_base, tmp_path

@@ -121,9 +121,11 @@ def test_run_evaluate_float16_overflow_fails_gate_naming_each_measure(
     verdict = load_verdict(out)
     assert verdict["passed"] is False
     failed = {c["name"] for c in verdict["failed_checks"]}
-    # the inf activations are flushed to finite (wrong) values by the layers after them, so
-    # the logits stay finite: only the comparison against the float32 twin can see the defect
-    assert failed == {"accuracy_drop_points", "argmax_agreement", "max_relative_logit_diff"}
+    # Every twin comparison must fail on every machine. Whether an inf activation also reaches
+    # the logits (adding amp_nonfinite_logits) depends on the CPU's oneDNN kernels, so that
+    # check may or may not join them: assert the must-fail set, and nothing beyond the gate's.
+    must_fail = {"accuracy_drop_points", "argmax_agreement", "max_relative_logit_diff"}
+    assert must_fail <= failed <= must_fail | {"amp_nonfinite_logits"}
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["gate_passed"] == 0.0 and metrics["amp_accuracy"] < 0.5
     # the float32 function survived the rescaling: the twin scores like the original model
@@ -140,8 +142,10 @@ def test_run_evaluate_fail_on_gate_false_returns_failed_verdict(
     result = run_evaluate(EvaluateConfig(
         model_dir=trained_model("mixed_float16"), data_dir=prepared_digits,
         output_dir=tmp_path / "eval", max_relative_logit_diff=1e-9, fail_on_gate=False,
-        limit=100))
+        limit=100, max_accuracy_drop=100.0, min_agreement=0.0))
 
+    # The other checks are opened wide: one argmax flipped by float16 rounding (a matter of the
+    # CPU's kernels) must not decide which checks fail; only the impossible bound may.
     assert not result.passed and result.metrics["num_examples"] == 100
     assert [c["name"] for c in result.verdict["failed_checks"]] == ["max_relative_logit_diff"]
     check = result.verdict["failed_checks"][0]

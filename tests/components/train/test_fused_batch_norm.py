@@ -109,6 +109,7 @@ def test_model_with_fused_layer_round_trips_through_model_keras(tmp_path):
     _close(loaded.predict(x, verbose=0), model.predict(x, verbose=0), 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
 def test_applications_use_only_fused_batch_norm_and_share_weights_with_float32_twin(name):
     import keras

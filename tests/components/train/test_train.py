@@ -132,6 +132,7 @@ def test_train_config_bad_values_are_rejected_before_compute(overrides, message,
         TrainConfig(data_dir=tmp_path, output_dir=tmp_path / "out", **overrides)
 
 
+@pytest.mark.slow
 def test_train_batch_larger_than_the_split_fails_and_keeps_the_published_model(
         trained_model, tmp_path):
     import shutil
@@ -179,6 +180,7 @@ def test_load_trained_model_corrupt_keras_file_is_a_clear_error(trained_model, t
         load_trained_model(tmp_path / "m")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
 def test_build_application_models_take_raw_8x8_images_and_output_float32(name):
     import keras
