@@ -166,11 +166,33 @@ def load_trained_model(model_dir: str | os.PathLike):
     if missing:
         raise ModelLoadError(f"{metadata_path} must hold {list(_REQUIRED_METADATA)}. "
                              f"Received: missing {missing}")
+    _check_keras_archive(model_path)
     try:
         model = keras.saving.load_model(model_path, compile=False)
     except Exception as e:
         raise ModelLoadError(f"{model_path} could not be loaded (corrupt?): {e}") from e
     return model, metadata
+
+
+def _check_keras_archive(model_path: Path) -> None:
+    """A `.keras` file is a zip; a truncated or overwritten one gets its own clear message.
+
+    Keras reports such a file as "File not found", which sends users looking for a path
+    problem.
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(model_path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as e:
+        size = model_path.stat().st_size
+        raise ModelLoadError(
+            f"{model_path} is not a readable .keras archive (truncated or corrupt, "
+            f"{size} bytes): {e}. Re-run the step that produced it.") from e
+    if damaged is not None:
+        raise ModelLoadError(f"{model_path} is corrupt: archive member {damaged!r} fails its "
+                             "CRC check. Re-run the step that produced it.")
 
 
 def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: Path):

@@ -175,8 +175,15 @@ def test_load_trained_model_corrupt_keras_file_is_a_clear_error(trained_model, t
     import shutil
 
     shutil.copytree(trained_model("mixed_float16"), tmp_path / "m")
-    (tmp_path / "m" / "model.keras").write_bytes(b"not a zip")
-    with pytest.raises(ModelLoadError, match="could not be loaded"):
+    model_file = tmp_path / "m" / "model.keras"
+    whole = model_file.read_bytes()
+    model_file.write_bytes(whole[: len(whole) // 2])  # a truncated copy
+    with pytest.raises(ModelLoadError) as info:
+        load_trained_model(tmp_path / "m")
+    assert "not a readable .keras archive (truncated or corrupt" in str(info.value)
+    assert "File not found" not in str(info.value)
+    model_file.write_bytes(b"not a zip")
+    with pytest.raises(ModelLoadError, match="truncated or corrupt, 9 bytes"):
         load_trained_model(tmp_path / "m")
 
 
