@@ -9,10 +9,16 @@ TOOLS_STAMP := $(TOOLS)/.installed
 
 .PHONY: demo test lint bench
 
-$(STAMP): pyproject.toml
+# A *strict* editable install: build/__editable__.*/ampflow is a tree of links to our files that
+# editors and type checkers can follow (the default mode maps ampflow.components → components/
+# with an import hook they cannot see). A new or removed module needs a new link, and it changes
+# its folder's mtime, so the folders are prerequisites.
+PACKAGE_DIRS := $(shell find ampflow components pipeline serving -type d -not -name __pycache__)
+
+$(STAMP): pyproject.toml $(PACKAGE_DIRS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	$(VENV)/bin/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
 	$(VENV)/bin/python -m pip check
 	touch $(STAMP)
 
