@@ -174,16 +174,22 @@ class PredictionClient:
         response.metadata["signature_def"].Unpack(sig_map)
         return dict(sig_map.signature_def)
 
+    def signature(self, model: str, version: int | None = None,
+                  signature: str = "serving_default"):
+        """One SignatureDef of the model, from metadata; a clear error when it is absent."""
+        sigs = self.metadata(model, version)
+        if signature not in sigs:
+            raise ServingError(f"signature {signature!r} not found in model {model!r}. "
+                               f"Available: {sorted(sigs)}")
+        return sigs[signature]
+
     def input_specs(self, model: str, version: int | None = None,
                     signature: str = "serving_default") -> dict[str, TensorSpec]:
         """Input name -> dtype/shape of a signature, from metadata (cached per version)."""
         key = (model, version, signature)
         if key not in self._inputs_cache:
-            sigs = self.metadata(model, version)
-            if signature not in sigs:
-                raise ServingError(f"signature {signature!r} not found in model {model!r}. "
-                                   f"Available: {sorted(sigs)}")
-            self._inputs_cache[key] = {n: _spec(n, i) for n, i in sigs[signature].inputs.items()}
+            sig = self.signature(model, version, signature)
+            self._inputs_cache[key] = {n: _spec(n, i) for n, i in sig.inputs.items()}
         return self._inputs_cache[key]
 
     def predict(self, model: str, images, version: int | None = None,
@@ -213,6 +219,11 @@ class PredictionClient:
         (spec,) = specs.values()
         array = np.asarray(array)
         if spec.dtype is not None and array.dtype != spec.dtype:
+            if spec.dtype.kind not in "biuf" or array.dtype.kind not in "biuf":
+                raise ConfigError(
+                    f"signature {signature!r} input {spec.name!r} takes {spec.dtype.name}. "
+                    f"Received: an array of {array.dtype.name} (a classify signature takes "
+                    "serialized tf.Examples: use classify())")
             array = array.astype(spec.dtype)
         return {spec.name: array}
 

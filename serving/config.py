@@ -170,12 +170,14 @@ class ServerConfig:
         if not 0 <= self.rest_api_port <= 65535:
             raise ConfigError(f"rest_api_port must be in 0..65535 (0 = off). Received: "
                               f"rest_api_port={self.rest_api_port}")
-        if self.rest_api_port and self.rest_api_port in (self.port, self.metrics_port):
+        if self.rest_api_port and self.rest_api_port == self.port:
             raise ConfigError(
-                f"rest_api_port must differ from port and metrics_port. Received: "
-                f"rest_api_port={self.rest_api_port}, port={self.port}, "
-                f"metrics_port={self.metrics_port}"
+                f"rest_api_port must differ from port. Received: rest_api_port="
+                f"{self.rest_api_port}, port={self.port}"
             )
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ConfigError(f"metrics_port must differ from port. Received: metrics_port="
+                              f"{self.metrics_port}, port={self.port}")
         object.__setattr__(self, "reload_config_roots",
                            tuple(Path(r) for r in self.reload_config_roots))
         if self.reload_config_roots and not self.allow_reload_config:
