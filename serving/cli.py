@@ -178,7 +178,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="server host")
-    p.add_argument("--port", type=int, default=8500, help="server gRPC port")
+    p.add_argument("--port", type=int, default=None,
+                   help="server port (default: 8500 for grpc, 8501 for rest)")
+    p.add_argument("--protocol", default="grpc", choices=["grpc", "rest"],
+                   help="TF Serving's gRPC API or its REST API")
     p.add_argument("--model-name", default="ampflow", help="model name")
     p.add_argument("--version", type=int, default=None, help="model version (default: latest)")
     p.add_argument("--timeout-s", type=float, default=10.0, help="deadline of each call")
@@ -191,10 +194,16 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace):
-    from ampflow.serving.client import PredictionClient
+    from ampflow.serving.client import PredictionClient, RestClient
 
+    if args.port is None:
+        args.port = 8501 if args.protocol == "rest" else 8500
     if not 1 <= args.port <= 65535:
         raise ConfigError(f"port must be in 1..65535. Received: port={args.port}")
+    if args.protocol == "rest":
+        return RestClient(f"{args.host}:{args.port}", timeout_s=args.timeout_s,
+                          tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                          tls_server_name=args.tls_server_name)
     return PredictionClient(f"{args.host}:{args.port}", timeout_s=args.timeout_s,
                             retries=args.retries, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
                             tls_key=args.tls_key, tls_server_name=args.tls_server_name)

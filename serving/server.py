@@ -57,11 +57,20 @@ class RunningServer:
     _health: health.HealthServicer
     _batcher: Batcher | None
     _metrics_http: object | None
+    rest_port: int | None = None
+    _rest: object | None = None
+
+    @property
+    def rest_address(self) -> str | None:
+        """host:port of the REST API, or None when it is off."""
+        return f"{_client_host(self.config.host)}:{self.rest_port}" if self.rest_port else None
 
     def stop(self, grace: float | None = None) -> None:
         """Refuse new calls, let in-flight ones finish within `grace` seconds, then stop."""
         grace = self.config.grace_s if grace is None else grace
         self._health.enter_graceful_shutdown()
+        if self._rest is not None:
+            self._rest.stop(grace)
         self._server.stop(grace).wait(grace + 5)
         self.registry.stop()
         if self._batcher is not None:
@@ -149,13 +158,36 @@ def start_local_server(config: ServerConfig) -> RunningServer:
     registry.start(config.file_system_poll_wait_seconds)
     _on_change(registry, health_servicer, batcher)
     server.start()
-    metrics_http, metrics_port = _start_metrics(config, metrics)
+    try:
+        rest = _start_rest(config, core, metrics)
+        metrics_http, metrics_port = _start_metrics(config, metrics)
+    except Exception:
+        server.stop(0)
+        registry.stop()
+        raise
     address = f"{_client_host(config.host)}:{port}"
-    log.info("ampflow model server listening on %s:%d (models %s)%s", config.host, port,
+    log.info("ampflow model server listening on %s:%d (models %s)%s%s", config.host, port,
              [m.name for m in config.models],
+             f", REST API on :{rest.port}" if rest else "",
              f", metrics on :{metrics_port}/metrics" if metrics_port else "")
     return RunningServer(address, port, config, registry, metrics_port, server, health_servicer,
-                         batcher, metrics_http)
+                         batcher, metrics_http, rest.port if rest else None, rest)
+
+
+def _start_rest(config: ServerConfig, core: InferenceCore, metrics: _Metrics | None):
+    """TF Serving's REST API on --rest-api-port, with the gRPC port's host and TLS.
+
+    Metrics are served there too when --metrics-port names the same port (as the binary does).
+    """
+    if not config.rest_api_port:
+        return None
+    from ampflow.serving import rest
+
+    shared = metrics is not None and config.metrics_port == config.rest_api_port
+    handler = rest.RestHandler(core, metrics.observe if metrics else None)
+    app = rest.RestApp(handler, config.max_message_bytes, workers=min(8, config.max_workers),
+                       metrics=metrics.registry if shared else None)
+    return rest.RestServer(app, config.host, config.rest_api_port, config.tls)
 
 
 def prediction_service_pb2_grpc_add(server: grpc.Server, core: InferenceCore, observe) -> None:
@@ -239,6 +271,8 @@ def _on_change(registry, health_servicer, batcher) -> None:
 def _start_metrics(config: ServerConfig, metrics: _Metrics | None):
     if metrics is None:
         return None, None
+    if config.metrics_port == config.rest_api_port:  # served by the REST app
+        return None, config.metrics_port
     import prometheus_client as prom
 
     try:
@@ -271,6 +305,10 @@ def serve_forever(config: ServerConfig) -> int:
     previous = {s: signal.signal(s, _signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         print(f"ampflow serve: listening on {running.address}", flush=True)
+        if running.rest_address:
+            scheme = "https" if config.tls else "http"
+            print(f"ampflow serve: REST API on {scheme}://{running.rest_address}/v1/models/",
+                  flush=True)
         while not stop.wait(0.5):
             pass
         running.stop(config.grace_s)
