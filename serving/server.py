@@ -26,6 +26,7 @@ from ampflow.errors import ConfigError, ServingError
 from ampflow.serving import model_registry
 from ampflow.serving.batching import Batcher
 from ampflow.serving.config import ServerConfig
+from ampflow.serving.grpc_guard import UndecodableRequestInterceptor
 from ampflow.serving.service import (
     InferenceCore,
     ModelServicer,
@@ -144,6 +145,7 @@ def start_local_server(config: ServerConfig) -> RunningServer:
             ("grpc.so_reuseport", 0),
         ],
         maximum_concurrent_rpcs=config.max_workers * 8,
+        interceptors=(UndecodableRequestInterceptor(),),
     )
     prediction_service_pb2_grpc_add(server, core, observe)
     health_servicer = health.HealthServicer()

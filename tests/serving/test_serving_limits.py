@@ -310,3 +310,21 @@ def test_non_numeric_array_stays_valid():
     images = sample_images(2)
     array = tensors.to_ndarray("images", tf.make_tensor_proto(images), max_bytes=LIMIT)
     np.testing.assert_array_equal(array, images)
+
+
+# ---- item 2: undeserializable requests: one status, one summary log line, grpcio's leak avoided --
+
+def test_undecodable_requests_get_internal_and_one_summary_log_line(server, channel, caplog):
+    # grpcio's own failed-parse path logs a traceback per request and leaks its call state
+    # (~19 KB each, measured with benchmarks/serving/garbage_requests.py); we never take it.
+    raw = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+    health = channel.unary_unary("/grpc.health.v1.Health/Check")
+    caplog.clear()
+    for i in range(300):
+        error = _call(raw if i % 2 else health, b"\x0a\xc8\x01" + bytes([i % 256, 1, 2]))
+        assert error.code() == grpc.StatusCode.INTERNAL
+        assert "Invalid protobuf byte sequence" in error.details()
+    lines = [r for r in caplog.records if "could not be parsed" in r.getMessage()]
+    assert len(lines) <= 2, [r.getMessage() for r in lines]
+    assert not any(r.exc_info for r in caplog.records)
+    assert "Traceback" not in caplog.text
