@@ -165,7 +165,7 @@ def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> di
 
     def pusher():
         plan = [(0.2, "v2 (atomic rename)", lambda: install(store, base, 2)),
-                (0.35, "v3 corrupt", lambda: _write_corrupt(base / "3")),
+                (0.35, "v3 corrupt", lambda: _install_corrupt(store, base, 3)),
                 (0.5, "v4 slow copy started", None),
                 (0.75, "v5 (atomic rename)", lambda: install(store, base, 5))]
         for fraction, name, action in plan:
@@ -227,9 +227,12 @@ def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> di
     }
 
 
-def _write_corrupt(path: Path) -> None:
-    path.mkdir()
-    (path / "saved_model.pb").write_bytes(b"\x00this is not a SavedModel")
+def _install_corrupt(store: Path, base: Path, version: int) -> None:
+    """A complete copy of version 1 whose saved_model.pb is garbage, renamed into place."""
+    tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".{version}.incomplete-"))
+    shutil.copytree(store / "1", tmp, dirs_exist_ok=True)
+    (tmp / "saved_model.pb").write_bytes(b"\x00this is not a SavedModel")
+    os.replace(tmp, base / str(version))
 
 
 # ---- fuzz ---------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import dataclasses
 import enum
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
 MAX_WARMUP_RECORDS = 1000  # TF Serving's limit
+INCOMPLETE_GRACE_S = 60.0  # an incomplete-looking version dir unchanged this long is loaded
 INIT_OP_SIGNATURE = "__saved_model_init_op"
 
 
@@ -108,6 +110,7 @@ class _ModelState:
     failed: dict[int, tuple] = dataclasses.field(default_factory=dict)
     seen: dict[int, tuple] = dataclasses.field(default_factory=dict)  # fingerprint, last poll
     unsettled: set[int] = dataclasses.field(default_factory=set)  # still being written
+    waiting: dict[int, list] = dataclasses.field(default_factory=dict)  # missing entries logged
     path_problem: str = ""  # the last base-path warning logged (logged again only on change)
 
 
@@ -186,6 +189,7 @@ class ModelRegistry:
         config = state.config
         found = self._discover(state)
         state.seen = {v: f for v, f in state.seen.items() if v in found}
+        state.waiting = {v: m for v, m in state.waiting.items() if v in found}
         on_disk, state.unsettled = {}, set()
         for version, path in found.items():
             if version in state.served or self._settled(state, version, path):
@@ -218,22 +222,53 @@ class ModelRegistry:
         return found
 
     def _settled(self, state: _ModelState, version: int, path: Path) -> bool:
-        """Whether a version dir has stopped changing.
+        """Whether a version dir has stopped changing and looks complete.
 
-        Its files are the same as at the last poll, or (seen for the first time) none changed
-        within the settle period. So a dir copied in file by file is not loaded half-written
-        while the copy goes on; an atomic rename of a finished dir (TF Serving's advice) is
-        loaded at once or at the next poll.
+        Stopped changing: its files are the same as at the last poll, or (seen for the first
+        time) none changed within the settle period. Complete: every variables shard its file
+        names announce is there, and it has every top-level entry (assets/, assets.extra/, ...)
+        of the version being served, since versions of one model come from one exporter. A
+        copy that pauses between files is thus not loaded half-written; a dir that stays
+        incomplete is loaded anyway after INCOMPLETE_GRACE_S unchanged, with a warning. An
+        atomic rename of a finished dir (TF Serving's advice) is loaded at once or at the next
+        poll.
         """
         fingerprint = _fingerprint(path)
-        previous = state.seen.get(version)
-        state.seen[version] = fingerprint
+        previous, since = state.seen.get(version, (None, time.monotonic()))
+        if previous != fingerprint:
+            since = time.monotonic()
+        state.seen[version] = (fingerprint, since)
         if not fingerprint:
             return False
-        if previous is not None:
-            return previous == fingerprint
-        newest_ns = max(mtime for _name, _size, mtime in fingerprint)
-        return time.time() - newest_ns / 1e9 >= self._settle_s
+        if previous is None:
+            newest_ns = max(mtime for _name, _size, mtime in fingerprint)
+            if time.time() - newest_ns / 1e9 < self._settle_s:
+                return False
+        elif previous != fingerprint:
+            return False
+        missing = _missing_entries(path, self._reference_layout(state))
+        if not missing:
+            return True
+        if time.monotonic() - since < INCOMPLETE_GRACE_S:
+            if state.waiting.get(version) != missing:
+                state.waiting[version] = missing
+                log.info("model %s version %d: waiting for %s (the served version has them)",
+                         state.config.name, version, missing)
+            return False
+        log.warning("model %s version %d: loading without %s (unchanged for %.0fs)",
+                    state.config.name, version, missing, INCOMPLETE_GRACE_S)
+        return True
+
+    def _reference_layout(self, state: _ModelState) -> set[str]:
+        with self._lock:
+            served = state.served
+            newest = served[max(served)] if served else None
+        if newest is None:
+            return set()
+        try:
+            return {p.name for p in Path(newest.path).iterdir() if not p.name.startswith(".")}
+        except OSError:
+            return set()
 
     @staticmethod
     def _known_bad(state: _ModelState, version: int, path: Path) -> bool:
@@ -481,8 +516,6 @@ def _load_error_text(error: Exception, config: ModelConfig) -> str:
     The base path is shown as `<base_path>`, other absolute paths as `<path>`, so clients never
     learn the server's file system.
     """
-    import re
-
     text = f"{type(error).__name__}: {getattr(error, 'message', None) or error}"
     base = Path(config.base_path)
     for path in sorted({str(base), str(base.resolve())}, key=len, reverse=True):
@@ -526,6 +559,28 @@ def aspired_versions(config: ModelConfig, available: list[int]) -> list[int]:
             log.warning("model %s: specific versions %s are not on disk", config.name, missing)
         return [v for v in available if v in config.versions]
     return sorted(available)[-config.num_latest:]
+
+
+def _missing_entries(path: Path, reference: set[str]) -> list[str]:
+    """What a version dir lacks: entries of the reference layout, or announced shards."""
+    try:
+        names = {p.name for p in path.iterdir()}
+    except OSError:
+        return ["the dir itself"]
+    missing = sorted(reference - names)
+    shards = re.compile(r"variables\.data-(\d+)-of-(\d+)$")
+    try:
+        found = [shards.match(p.name) for p in (path / "variables").iterdir()]
+    except OSError:
+        return missing
+    announced = {int(m.group(2)) for m in found if m}
+    present = {int(m.group(1)) for m in found if m}
+    for total in announced:
+        missing += [f"variables/variables.data-{i:05d}-of-{total:05d}" for i in range(total)
+                    if i not in present]
+    if announced and not (path / "variables" / "variables.index").exists():
+        missing.append("variables/variables.index")
+    return missing
 
 
 def _fingerprint(path: Path) -> tuple:

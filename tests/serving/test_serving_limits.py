@@ -35,8 +35,8 @@ def server(model_store, tmp_path_factory):
 
     base = tmp_path_factory.mktemp("limits") / MODEL
     install_version(model_store, base, 1)
-    (base / "7").mkdir()
-    (base / "7" / "saved_model.pb").write_bytes(b"\x00corrupt")  # a version that fails to load
+    install_version(model_store, base, 7, source=1)  # a complete copy whose pb is corrupt
+    (base / "7" / "saved_model.pb").write_bytes(b"\x00corrupt")
     (base.parent / "empty").mkdir()  # a configured model with no version yet
     config = ServerConfig(models=(ModelConfig(MODEL, base, version_policy="all"),
                                   ModelConfig("empty", base.parent / "empty")),
