@@ -117,12 +117,13 @@ def copy_slowly(store: Path, base: Path, version: int, pause_s: float) -> float:
     # saved_model.pb and variables first, assets later: the order of a naive copy
     files.sort(key=lambda p: (0 if p.name == "saved_model.pb" else
                               1 if "variables" in p.parts else 2))
-    for path in files:
+    for i, path in enumerate(files):
+        if i:
+            time.sleep(pause_s)
         dest = target / path.relative_to(source)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest)
-        time.sleep(pause_s)
-    return time.monotonic()
+    return time.monotonic()  # right after the last file: answers from then on are legitimate
 
 
 # ---- soak ---------------------------------------------------------------------------------------
