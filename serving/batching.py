@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
@@ -32,10 +33,15 @@ class _Item:
     future: Future
 
 
+BatchObserver = Callable[[int, int], None]  # (requests merged, rows) of one model run
+
+
 class _Queue:
     """One queue + worker thread for one (servable, signature)."""
 
-    def __init__(self, servable: ServableVersion, signature: str, config: BatchingConfig):
+    def __init__(self, servable: ServableVersion, signature: str, config: BatchingConfig,
+                 observe: BatchObserver | None = None):
+        self._observe = observe
         self._servable = servable
         self._signature = signature
         self._config = config
@@ -84,6 +90,8 @@ class _Queue:
         return batch
 
     def _run(self, batch: list[_Item]) -> None:
+        if self._observe is not None:
+            self._observe(len(batch), sum(item.rows for item in batch))
         try:
             if len(batch) == 1:
                 batch[0].future.set_result(self._servable.run(self._signature, batch[0].inputs))
@@ -109,8 +117,9 @@ class _Queue:
 class Batcher:
     """Routes runs to per-(servable, signature) queues; created once per server."""
 
-    def __init__(self, config: BatchingConfig) -> None:
+    def __init__(self, config: BatchingConfig, observe: BatchObserver | None = None) -> None:
         self._config = config
+        self._observe = observe
         self._lock = threading.Lock()
         self._queues: dict[tuple[int, str], tuple[ServableVersion, _Queue]] = {}
 
@@ -125,7 +134,8 @@ class Batcher:
         with self._lock:  # submit under the lock: a queue is never closed between get and put
             slot = (id(servable), signature)
             if slot not in self._queues:
-                self._queues[slot] = (servable, _Queue(servable, signature, self._config))
+                self._queues[slot] = (servable, _Queue(servable, signature, self._config,
+                                                             self._observe))
             self._queues[slot][1].submit(_Item(inputs, rows, key, future))
         return future.result(timeout=timeout_s)
 

@@ -15,6 +15,8 @@ from ampflow.errors import ConfigError, ServingError
 
 log = logging.getLogger(__name__)
 
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+
 _FMT = argparse.ArgumentDefaultsHelpFormatter
 
 
@@ -86,8 +88,23 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="on SIGTERM, how long in-flight requests may take to finish")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip replaying assets.extra/tf_serving_warmup_requests")
+    p.add_argument("--max-request-batch-size", type=int, default=0,
+                   help="rows (or Classify examples) one request may carry; 0 = the batching "
+                        "--max-batch-size when batching is on, else 1024")
+    p.add_argument("--rest-api-port", type=int, default=0,
+                   help="TF Serving's REST API (/v1/models/...) on this port, bound to --host "
+                        "with the same TLS (0 = off)")
+    p.add_argument("--allow-reload-config", action="store_true",
+                   help="accept ModelService/HandleReloadConfigRequest (off: PERMISSION_DENIED)")
+    p.add_argument("--reload-config-root", action="append", default=[], metavar="DIR",
+                   help="with --allow-reload-config: base paths a reload may name must lie "
+                        "under one of these dirs (repeatable; none: only the configured ones)")
+    p.add_argument("--wait-for-base-path", action="store_true",
+                   help="start even if a model base path does not exist yet, and load it once "
+                        "it appears (default: fail at start)")
     p.add_argument("--server", default="auto", choices=["auto", "local", "tf-serving"],
-                   help="auto: tensorflow_model_server if on PATH, else the local server")
+                   help="auto: tensorflow_model_server if on PATH and it can honour every flag "
+                        "(it listens on all interfaces), else the local server")
 
 
 def serve_config_from_args(args: argparse.Namespace):
@@ -120,6 +137,10 @@ def serve_config_from_args(args: argparse.Namespace):
         batching=cfg.BatchingConfig(args.max_batch_size, args.batch_timeout_ms),
         metrics_port=args.metrics_port, grace_s=args.grace_s, enable_warmup=not args.no_warmup,
         model_config_file=Path(args.model_config_file) if args.model_config_file else None,
+        max_request_batch_size=args.max_request_batch_size, rest_api_port=args.rest_api_port,
+        allow_reload_config=args.allow_reload_config,
+        reload_config_roots=tuple(Path(r) for r in args.reload_config_root),
+        wait_for_base_path=args.wait_for_base_path,
     )
 
 
@@ -137,12 +158,19 @@ def _serve(args: argparse.Namespace) -> int:
     from ampflow.serving import tf_serving_binary
 
     config = serve_config_from_args(args)
-    binary = tf_serving_binary.find_binary()
+    binary = tf_serving_binary.find_binary() if args.server != "local" else None
     if args.server == "tf-serving" and binary is None:
         raise ServingError("--server tf-serving needs tensorflow_model_server on PATH. "
                            "Received: not found (use --server local)")
-    if args.server != "local" and binary is not None:
-        tf_serving_binary.exec_binary(config, binary)
+    if binary is not None:
+        reasons = tf_serving_binary.cannot_honour(config)
+        if not reasons:
+            tf_serving_binary.exec_binary(config, binary)
+        if args.server == "tf-serving":
+            raise ConfigError("--server tf-serving cannot run with these flags: "
+                              f"{'; '.join(reasons)}. Received: {binary}")
+        log.warning("not using %s (on PATH): %s; serving with the local server instead",
+                    binary, "; ".join(reasons))
     from ampflow.serving.server import serve_forever
 
     return serve_forever(config)
@@ -150,7 +178,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="server host")
-    p.add_argument("--port", type=int, default=8500, help="server gRPC port")
+    p.add_argument("--port", type=int, default=None,
+                   help="server port (default: 8500 for grpc, 8501 for rest)")
+    p.add_argument("--protocol", default="grpc", choices=["grpc", "rest"],
+                   help="TF Serving's gRPC API or its REST API")
     p.add_argument("--model-name", default="ampflow", help="model name")
     p.add_argument("--version", type=int, default=None, help="model version (default: latest)")
     p.add_argument("--timeout-s", type=float, default=10.0, help="deadline of each call")
@@ -163,10 +194,16 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace):
-    from ampflow.serving.client import PredictionClient
+    from ampflow.serving.client import PredictionClient, RestClient
 
+    if args.port is None:
+        args.port = 8501 if args.protocol == "rest" else 8500
     if not 1 <= args.port <= 65535:
         raise ConfigError(f"port must be in 1..65535. Received: port={args.port}")
+    if args.protocol == "rest":
+        return RestClient(f"{args.host}:{args.port}", timeout_s=args.timeout_s,
+                          tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                          tls_server_name=args.tls_server_name)
     return PredictionClient(f"{args.host}:{args.port}", timeout_s=args.timeout_s,
                             retries=args.retries, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
                             tls_key=args.tls_key, tls_server_name=args.tls_server_name)
@@ -179,11 +216,19 @@ def _predict(args: argparse.Namespace) -> int:
         raise ConfigError(f"top_k must be >= 1. Received: top_k={args.top_k}")
     labels = _read_labels(args.labels)
     with _client(args) as client:
+        signature = client.signature(args.model_name, args.version, args.signature)
+        if signature.method_name == CLASSIFY_METHOD:
+            return _classify(client, args)
         specs = client.input_specs(args.model_name, args.version, args.signature)
         if len(specs) != 1:
             raise ServingError(f"`ampflow predict` needs a single-input signature. Received: "
                                f"inputs {sorted(specs)}")
         (spec,) = specs.values()
+        if spec.dtype is None or spec.dtype.kind not in "fiu":
+            raise ConfigError(
+                f"`ampflow predict` sends images as numbers, so signature {args.signature!r} "
+                f"must take a numeric input. Received: input {spec.name!r} of type "
+                f"{'unknown' if spec.dtype is None else spec.dtype.name} (use --signature)")
         images = load_images(args.inputs, spec.shape)
         result = client.predict(args.model_name, images, args.version, args.signature,
                                 version_label=args.version_label)
@@ -192,13 +237,49 @@ def _predict(args: argparse.Namespace) -> int:
                            f"{sorted(result.outputs)} (use --output)")
     print(f"model {args.model_name} version {result.version} signature {result.signature}")
     rows = top_k(result.outputs[args.output], args.top_k, labels)
+    _print_rows(args.inputs, rows)
+    return 0
+
+
+def _classify(client, args: argparse.Namespace) -> int:
+    """Predict through a `tensorflow/serving/classify` signature.
+
+    Images go as tf.Examples (the model contract's `image` float_list feature); the top-k
+    come from the returned scores.
+    """
+    from ampflow.serving.client import load_images
+
+    images = load_images(args.inputs, _image_shape(client, args))
+    result = client.classify(args.model_name, images, args.version, args.signature,
+                             version_label=args.version_label)
+    print(f"model {args.model_name} version {result.version} signature {args.signature}")
+    rows = [sorted(((i, label, score) for i, (label, score) in enumerate(row)),
+                   key=lambda r: -r[2])[:args.top_k] for row in result.classes]
+    _print_rows(args.inputs, rows)
+    return 0
+
+
+def _image_shape(client, args: argparse.Namespace) -> tuple[int, ...] | None:
+    """The image shape a classify signature expects (it only says "serialized Examples").
+
+    Read from the same model's single-input `serving_default` signature when it has one
+    ([-1, H, W, C]: images are resized to it); else None (images are sent as they are).
+    """
+    specs = client.input_specs(args.model_name, args.version) if "serving_default" in \
+        client.metadata(args.model_name, args.version) else {}
+    if len(specs) == 1:
+        (spec,) = specs.values()
+        if spec.shape is not None and len(spec.shape) == 4:
+            return spec.shape
+    return None
+
+
+def _print_rows(inputs: list[str], rows) -> None:
     # one row per image: a .npy file may hold a whole batch
-    names = args.inputs if len(rows) == len(args.inputs) else [f"row {i}" for i in
-                                                               range(len(rows))]
+    names = inputs if len(rows) == len(inputs) else [f"row {i}" for i in range(len(rows))]
     for name, row in zip(names, rows, strict=True):
         best = ", ".join(f"{label} ({cid}) {p:.4f}" for cid, label, p in row)
         print(f"{name}: {best}")
-    return 0
 
 
 def _read_labels(path: str | None) -> list[str] | None:

@@ -19,6 +19,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from ampflow.errors import ConfigError
 
 VERSION_POLICIES = ("latest", "all", "specific")
+DEFAULT_MAX_REQUEST_BATCH = 1024  # rows per request when server-side batching is off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +126,11 @@ class ServerConfig:
     grace_s: float = 10.0
     enable_warmup: bool = True
     model_config_file: Path | None = None
+    max_request_batch_size: int = 0
+    rest_api_port: int = 0
+    allow_reload_config: bool = False
+    reload_config_roots: tuple[Path, ...] = ()
+    wait_for_base_path: bool = False
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -155,6 +161,44 @@ class ServerConfig:
             raise ConfigError(f"max_workers must be >= 1. Received: max_workers={self.max_workers}")
         if self.grace_s < 0:
             raise ConfigError(f"grace_s must be >= 0. Received: grace_s={self.grace_s}")
+        if self.max_request_batch_size < 0:
+            raise ConfigError(
+                "max_request_batch_size must be >= 0 (0 = the batching max_batch_size, or "
+                f"{DEFAULT_MAX_REQUEST_BATCH} without batching). Received: "
+                f"max_request_batch_size={self.max_request_batch_size}"
+            )
+        if not 0 <= self.rest_api_port <= 65535:
+            raise ConfigError(f"rest_api_port must be in 0..65535 (0 = off). Received: "
+                              f"rest_api_port={self.rest_api_port}")
+        if self.rest_api_port and self.rest_api_port == self.port:
+            raise ConfigError(
+                f"rest_api_port must differ from port. Received: rest_api_port="
+                f"{self.rest_api_port}, port={self.port}"
+            )
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ConfigError(f"metrics_port must differ from port. Received: metrics_port="
+                              f"{self.metrics_port}, port={self.port}")
+        object.__setattr__(self, "reload_config_roots",
+                           tuple(Path(r) for r in self.reload_config_roots))
+        if self.reload_config_roots and not self.allow_reload_config:
+            raise ConfigError(
+                "reload_config_roots needs allow_reload_config. Received: "
+                f"reload_config_roots={[str(r) for r in self.reload_config_roots]}, "
+                "allow_reload_config=False"
+            )
+
+    @property
+    def request_batch_cap(self) -> int:
+        """Rows one request may carry.
+
+        The flag, else TF Serving's rule (a request larger than the batching max_batch_size is
+        refused), else a fixed default.
+        """
+        if self.max_request_batch_size:
+            return self.max_request_batch_size
+        if self.batching.enabled:
+            return self.batching.max_batch_size
+        return DEFAULT_MAX_REQUEST_BATCH
 
     def model(self, name: str) -> ModelConfig | None:
         """The config of model `name`, or None."""

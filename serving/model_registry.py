@@ -16,6 +16,7 @@ import dataclasses
 import enum
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
 MAX_WARMUP_RECORDS = 1000  # TF Serving's limit
+INCOMPLETE_GRACE_S = 60.0  # an incomplete-looking version dir unchanged this long is loaded
 INIT_OP_SIGNATURE = "__saved_model_init_op"
 
 
@@ -106,6 +108,10 @@ class _ModelState:
     served: dict[int, ServableVersion] = dataclasses.field(default_factory=dict)
     status: dict[int, VersionStatus] = dataclasses.field(default_factory=dict)
     failed: dict[int, tuple] = dataclasses.field(default_factory=dict)
+    seen: dict[int, tuple] = dataclasses.field(default_factory=dict)  # fingerprint, last poll
+    unsettled: set[int] = dataclasses.field(default_factory=set)  # still being written
+    waiting: dict[int, list] = dataclasses.field(default_factory=dict)  # missing entries logged
+    path_problem: str = ""  # the last base-path warning logged (logged again only on change)
 
 
 Warmup = Callable[[ServableVersion], int]
@@ -114,7 +120,9 @@ Warmup = Callable[[ServableVersion], int]
 class ModelRegistry:
     """Loads, warms up, publishes and retires model versions; resolves a ModelSpec."""
 
-    def __init__(self, models: tuple[ModelConfig, ...], warmup: Warmup | None = None) -> None:
+    def __init__(self, models: tuple[ModelConfig, ...], warmup: Warmup | None = None,
+                 settle_s: float = 1.0) -> None:
+        self._settle_s = settle_s
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()
         self._models: dict[str, _ModelState] = {m.name: _ModelState(m) for m in models}
@@ -126,8 +134,19 @@ class ModelRegistry:
     # ---- discovery and loading -------------------------------------------------------------
 
     def start(self, poll_wait_s: float) -> None:
-        """Load what is there now, then keep polling every `poll_wait_s` (0 = never)."""
+        """Load what is there now, then keep polling every `poll_wait_s` (0 = never).
+
+        A version dir is loaded only once it has stopped changing (see `_settled`); start
+        waits (a bounded number of settle periods) for dirs still changing, so a model that
+        is on disk when the server starts is loaded before the port opens.
+        """
+        self._settle_s = poll_wait_s or self._settle_s
         self.poll_once()
+        for _ in range(10):
+            if not self._unsettled():
+                break
+            time.sleep(self._settle_s)
+            self.poll_once()
         if poll_wait_s > 0:
             self._thread = threading.Thread(
                 target=self._poll_loop, args=(poll_wait_s,), name="ampflow-version-poller",
@@ -156,14 +175,27 @@ class ModelRegistry:
             for state in states:
                 self._sync_model(state)
 
+    def _unsettled(self) -> bool:
+        with self._lock:
+            return any(s.unsettled for s in self._models.values())
+
     def _sync_model(self, state: _ModelState) -> None:
         """Load the aspired versions; a version that fails is skipped and the policy re-applied.
 
         So with `latest 1`, a corrupt newest dir leaves the newest *loadable* version served
         (TF Serving would aspire the corrupt one and serve nothing for a fresh model).
+        Versions whose dir is still being written are not candidates yet.
         """
         config = state.config
-        on_disk = discover_versions(config.base_path)
+        found = self._discover(state)
+        state.seen = {v: f for v, f in state.seen.items() if v in found}
+        state.waiting = {v: m for v, m in state.waiting.items() if v in found}
+        on_disk, state.unsettled = {}, set()
+        for version, path in found.items():
+            if version in state.served or self._settled(state, version, path):
+                on_disk[version] = path
+            else:
+                state.unsettled.add(version)
         for _ in range(len(on_disk) + 1):
             loadable = [v for v in sorted(on_disk) if not self._known_bad(state, v, on_disk[v])]
             aspired = aspired_versions(config, loadable)
@@ -173,6 +205,70 @@ class ModelRegistry:
             for version in pending:
                 self._try_load(state, version, on_disk[version])
         self._retire(state, aspired)
+
+    def _discover(self, state: _ModelState) -> dict[int, Path]:
+        """Version dirs on disk; a missing or wrong base path is logged once per change."""
+        base = Path(state.config.base_path)
+        found, problem = discover_versions(base), ""
+        if not base.is_dir():
+            problem = f"model {state.config.name}: base path {base} does not exist (yet)"
+        elif not found:
+            problem = f"model {state.config.name}: base path {base} holds no version dirs " \
+                      f"(<base>/<number>/saved_model.pb){_meant_dir_hint(base)}"
+        if problem != state.path_problem:
+            if problem:
+                log.warning("%s; waiting for a version to appear", problem)
+            state.path_problem = problem
+        return found
+
+    def _settled(self, state: _ModelState, version: int, path: Path) -> bool:
+        """Whether a version dir has stopped changing and looks complete.
+
+        Stopped changing: its files are the same as at the last poll, or (seen for the first
+        time) none changed within the settle period. Complete: every variables shard its file
+        names announce is there, and it has every top-level entry (assets/, assets.extra/, ...)
+        of the version being served, since versions of one model come from one exporter. A
+        copy that pauses between files is thus not loaded half-written; a dir that stays
+        incomplete is loaded anyway after INCOMPLETE_GRACE_S unchanged, with a warning. An
+        atomic rename of a finished dir (TF Serving's advice) is loaded at once or at the next
+        poll.
+        """
+        fingerprint = _fingerprint(path)
+        previous, since = state.seen.get(version, (None, time.monotonic()))
+        if previous != fingerprint:
+            since = time.monotonic()
+        state.seen[version] = (fingerprint, since)
+        if not fingerprint:
+            return False
+        if previous is None:
+            newest_ns = max(mtime for _name, _size, mtime in fingerprint)
+            if time.time() - newest_ns / 1e9 < self._settle_s:
+                return False
+        elif previous != fingerprint:
+            return False
+        missing = _missing_entries(path, self._reference_layout(state))
+        if not missing:
+            return True
+        if time.monotonic() - since < INCOMPLETE_GRACE_S:
+            if state.waiting.get(version) != missing:
+                state.waiting[version] = missing
+                log.info("model %s version %d: waiting for %s (the served version has them)",
+                         state.config.name, version, missing)
+            return False
+        log.warning("model %s version %d: loading without %s (unchanged for %.0fs)",
+                    state.config.name, version, missing, INCOMPLETE_GRACE_S)
+        return True
+
+    def _reference_layout(self, state: _ModelState) -> set[str]:
+        with self._lock:
+            served = state.served
+            newest = served[max(served)] if served else None
+        if newest is None:
+            return set()
+        try:
+            return {p.name for p in Path(newest.path).iterdir() if not p.name.startswith(".")}
+        except OSError:
+            return set()
 
     @staticmethod
     def _known_bad(state: _ModelState, version: int, path: Path) -> bool:
@@ -190,7 +286,7 @@ class ModelRegistry:
         except Exception as e:  # a corrupt or partial dir: log, mark, never serve
             state.failed[version] = fingerprint
             state.status[version] = VersionStatus(
-                VersionState.END, f"{type(e).__name__}: {e}"[:2000], grpc.StatusCode.UNKNOWN
+                VersionState.END, _load_error_text(e, state.config), load_error_code(e)
             )
             log.error("model %s version %d at %s failed to load, not served: %s",
                       name, version, path, e)
@@ -229,6 +325,17 @@ class ModelRegistry:
         with self._lock:
             return list(self._models)
 
+    def configs(self) -> tuple[ModelConfig, ...]:
+        """The configs of the models being served."""
+        with self._lock:
+            return tuple(state.config for state in self._models.values())
+
+    def knows_version(self, name: str, version: int) -> bool:
+        """Whether `version` of model `name` has a status (loaded, failed or unloaded)."""
+        with self._lock:
+            state = self._models.get(name)
+            return state is not None and version in state.status
+
     def any_available(self) -> bool:
         """Whether every configured model has at least one servable version."""
         with self._lock:
@@ -244,14 +351,22 @@ class ModelRegistry:
         self._warmup = warmup
 
     def resolve(self, name: str, version: int | None, label: str | None) -> ServableVersion:
-        """The version that answers a request for (name, version | label | latest)."""
+        """The version that answers a request for (name, version | label | latest).
+
+        Codes and texts follow TF Serving's ServerCore: no name is INVALID_ARGUMENT; an unknown
+        model, version, or a model with nothing loaded is NOT_FOUND; an unknown label is
+        INVALID_ARGUMENT. Client-sent names are clipped; no server path is ever shown.
+        """
+        if not name:
+            raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                     "ModelSpec has no name specified.")
         with self._lock:
             state = self._models.get(name)
             if state is None:
                 raise ServingStatusError(
                     grpc.StatusCode.NOT_FOUND,
                     f"Servable not found for request: {_spec_text(name, version, label)}. "
-                    f"Known models: {sorted(self._models)}",
+                    f"Known models: {sorted(self._models)[:20]}",
                 )
             served = state.served
             labels = dict(state.config.version_labels)
@@ -259,7 +374,7 @@ class ModelRegistry:
             if label not in labels:
                 raise ServingStatusError(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    f"Unrecognized servable version label: {label}. Known labels: "
+                    f"Unrecognized servable version label: {_clip(label)}. Known labels: "
                     f"{sorted(labels)}",
                 )
             version = labels[label]
@@ -273,19 +388,20 @@ class ModelRegistry:
             return served[version]
         if not served:
             raise ServingStatusError(
-                grpc.StatusCode.UNAVAILABLE,
-                f"Model {name!r} is configured but no version is loaded yet "
-                f"(base path {state.config.base_path})",
+                grpc.StatusCode.NOT_FOUND,
+                f"Servable not found for request: {_spec_text(name, None, None)}. Model {name} "
+                "is configured but no version of it is loaded (see GetModelStatus)",
             )
         return served[max(served)]
 
     def status(self, name: str, version: int | None) -> list[tuple[int, VersionStatus]]:
-        """GetModelStatus: every known version (or one), sorted by version."""
+        """GetModelStatus: every known version (or one), newest first as in TF Serving."""
         with self._lock:
             state = self._models.get(name)
             if state is None:
                 raise ServingStatusError(
-                    grpc.StatusCode.NOT_FOUND, f"Could not find any versions of model {name}"
+                    grpc.StatusCode.NOT_FOUND,
+                    f"Could not find any versions of model {_clip(name)}",
                 )
             statuses = dict(state.status)
         if version is not None:
@@ -293,14 +409,14 @@ class ModelRegistry:
                 raise ServingStatusError(
                     grpc.StatusCode.NOT_FOUND,
                     f"Could not find version {version} of model {name}. Known versions: "
-                    f"{sorted(statuses)}",
+                    f"{sorted(statuses, reverse=True)}",
                 )
             return [(version, statuses[version])]
         if not statuses:
             raise ServingStatusError(
                 grpc.StatusCode.NOT_FOUND, f"Could not find any versions of model {name}"
             )
-        return sorted(statuses.items())
+        return sorted(statuses.items(), reverse=True)
 
     # ---- reconfiguration --------------------------------------------------------------------
 
@@ -360,20 +476,72 @@ def _paths_differ(a: ModelConfig, b: ModelConfig) -> bool:
 
 def _spec_text(name: str, version: int | None, label: str | None) -> str:
     """How TF Serving prints a ServableRequest: Latest(m) / Specific(m, 3)."""
+    name = _clip(name)
     if version is not None:
         return f"Specific({name}, {version})"
     if label:
-        return f"Label({name}, {label})"
+        return f"Label({name}, {_clip(label)})"
     return f"Latest({name})"
+
+
+def _clip(text: str, limit: int = 128) -> str:
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text) - limit} more chars)"
+
+
+def load_error_code(error: Exception) -> grpc.StatusCode:
+    """The code TF Serving would report for a failed load.
+
+    TensorFlow's own error code when there is one, NOT_FOUND for a missing file, DATA_LOSS for
+    a file that does not parse.
+    """
+    from google.protobuf.message import DecodeError
+
+    if isinstance(error, ServingStatusError):
+        return error.code
+    code = getattr(error, "error_code", None)  # tf.errors.OpError
+    if isinstance(code, int):
+        return next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+    if isinstance(error, FileNotFoundError) or (
+            isinstance(error, OSError) and "does not exist" in str(error)):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(error, DecodeError):
+        return grpc.StatusCode.DATA_LOSS
+    return grpc.StatusCode.UNKNOWN
+
+
+def _load_error_text(error: Exception, config: ModelConfig) -> str:
+    """A load error for GetModelStatus, without server paths.
+
+    The base path is shown as `<base_path>`, other absolute paths as `<path>`, so clients never
+    learn the server's file system.
+    """
+    text = f"{type(error).__name__}: {getattr(error, 'message', None) or error}"
+    base = Path(config.base_path)
+    for path in sorted({str(base), str(base.resolve())}, key=len, reverse=True):
+        text = text.replace(path, "<base_path>")
+    return re.sub(r"(?<![\w.<])/(?:[\w.+@-]+/)+[\w.+@-]*", "<path>", text)[:2000]
+
+
+def _meant_dir_hint(base: Path) -> str:
+    """`; did you mean <base>/<child>?` when a child dir of `base` holds version dirs."""
+    try:
+        children = [p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        return ""
+    for child in sorted(children):
+        if discover_versions(child):
+            versions = sorted(discover_versions(child))
+            return f"; did you mean {child}, which holds versions {versions}?"
+    return ""
 
 
 def discover_versions(base_path: Path) -> dict[int, Path]:
     """Numeric child dirs of `base_path` (dot-prefixed staging dirs are not numeric)."""
     try:
         entries = list(os.scandir(base_path))
-    except OSError as e:
-        log.warning("model base path %s cannot be read: %s", base_path, e.strerror)
-        return {}
+    except OSError:
+        return {}  # logged once per change by the registry
     versions = {}
     for entry in entries:
         if entry.name.isdigit() and entry.is_dir():
@@ -393,11 +561,36 @@ def aspired_versions(config: ModelConfig, available: list[int]) -> list[int]:
     return sorted(available)[-config.num_latest:]
 
 
+def _missing_entries(path: Path, reference: set[str]) -> list[str]:
+    """What a version dir lacks: entries of the reference layout, or announced shards."""
+    try:
+        names = {p.name for p in path.iterdir()}
+    except OSError:
+        return ["the dir itself"]
+    missing = sorted(reference - names)
+    shards = re.compile(r"variables\.data-(\d+)-of-(\d+)$")
+    try:
+        found = [shards.match(p.name) for p in (path / "variables").iterdir()]
+    except OSError:
+        return missing
+    announced = {int(m.group(2)) for m in found if m}
+    present = {int(m.group(1)) for m in found if m}
+    for total in announced:
+        missing += [f"variables/variables.data-{i:05d}-of-{total:05d}" for i in range(total)
+                    if i not in present]
+    if announced and not (path / "variables" / "variables.index").exists():
+        missing.append("variables/variables.index")
+    return missing
+
+
 def _fingerprint(path: Path) -> tuple:
-    """Names, sizes and mtimes of every file under `path`: changes when the dir is rewritten."""
+    """Names, sizes and mtimes of every file and dir under `path`.
+
+    It changes while the dir is being written or when it is rewritten.
+    """
     items = []
-    for root, _dirs, files in os.walk(path):
-        for name in files:
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
             full = os.path.join(root, name)
             try:
                 st = os.stat(full)

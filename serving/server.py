@@ -12,24 +12,37 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
+import ssl
 import threading
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tensorflow_serving.apis import model_service_pb2, prediction_service_pb2
 
-from ampflow.errors import ServingError
+from ampflow.errors import ConfigError, ServingError
 from ampflow.serving import model_registry
 from ampflow.serving.batching import Batcher
 from ampflow.serving.config import ServerConfig
-from ampflow.serving.service import InferenceCore, ModelServicer, PredictionServicer
+from ampflow.serving.grpc_guard import UndecodableRequestInterceptor
+from ampflow.serving.service import (
+    InferenceCore,
+    ModelServicer,
+    PredictionServicer,
+    ReloadPolicy,
+    RequestLimits,
+)
 
 log = logging.getLogger(__name__)
 
 PREDICTION_SERVICE = prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"]
 MODEL_SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
+# grpc.health.v1 names: the overall server, ours (full names), and the short names that
+# tensorflow_model_server registers (server.cc), so the same probes work against both servers.
+HEALTH_SERVICE_NAMES = ("", PREDICTION_SERVICE.full_name, MODEL_SERVICE.full_name,
+                        "PredictionService", "ModelService")
 
 
 @dataclasses.dataclass
@@ -45,11 +58,20 @@ class RunningServer:
     _health: health.HealthServicer
     _batcher: Batcher | None
     _metrics_http: object | None
+    rest_port: int | None = None
+    _rest: object | None = None
+
+    @property
+    def rest_address(self) -> str | None:
+        """host:port of the REST API, or None when it is off."""
+        return f"{_client_host(self.config.host)}:{self.rest_port}" if self.rest_port else None
 
     def stop(self, grace: float | None = None) -> None:
         """Refuse new calls, let in-flight ones finish within `grace` seconds, then stop."""
         grace = self.config.grace_s if grace is None else grace
         self._health.enter_graceful_shutdown()
+        if self._rest is not None:
+            self._rest.stop(grace)
         self._server.stop(grace).wait(grace + 5)
         self.registry.stop()
         if self._batcher is not None:
@@ -80,6 +102,17 @@ class _Metrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
             registry=self.registry,
         )
+        sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+        self.batch_requests = prom.Histogram(
+            "ampflow_serving_batch_requests", "requests merged into one model run (batching)",
+            buckets=sizes, registry=self.registry)
+        self.batch_rows = prom.Histogram(
+            "ampflow_serving_batch_rows", "rows of one batched model run", buckets=sizes,
+            registry=self.registry)
+
+    def observe_batch(self, requests: int, rows: int) -> None:
+        self.batch_requests.observe(requests)
+        self.batch_rows.observe(rows)
 
     def observe(self, model, version, method, code: grpc.StatusCode, seconds: float) -> None:
         self.requests.labels(model, version, method).inc()
@@ -90,14 +123,19 @@ class _Metrics:
 
 def start_local_server(config: ServerConfig) -> RunningServer:
     """Load the configured models, then listen; returns once the port is bound."""
-    registry = model_registry.ModelRegistry(config.models)
-    batcher = Batcher(config.batching) if config.batching.enabled else None
-    runner = (lambda s, sig, inputs, t: batcher.run(s, sig, inputs, t)) if batcher else None
-    core = InferenceCore(registry, runner)
-    if config.enable_warmup:
-        registry.set_warmup(core.warmup)
+    _check_base_paths(config)
+    credentials = _server_credentials(config.tls) if config.tls else None
     metrics = _Metrics() if config.metrics_port else None
     observe = metrics.observe if metrics else None
+    registry = model_registry.ModelRegistry(config.models)
+    batcher = Batcher(config.batching, metrics.observe_batch if metrics else None) \
+        if config.batching.enabled else None
+    runner = (lambda s, sig, inputs, t: batcher.run(s, sig, inputs, t)) if batcher else None
+    core = InferenceCore(
+        registry, runner, RequestLimits(config.max_message_bytes, config.request_batch_cap),
+        ReloadPolicy(config.allow_reload_config, config.reload_config_roots))
+    if config.enable_warmup:
+        registry.set_warmup(core.warmup)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers,
                                    thread_name_prefix="ampflow-grpc"),
@@ -107,6 +145,7 @@ def start_local_server(config: ServerConfig) -> RunningServer:
             ("grpc.so_reuseport", 0),
         ],
         maximum_concurrent_rpcs=config.max_workers * 8,
+        interceptors=(UndecodableRequestInterceptor(),),
     )
     prediction_service_pb2_grpc_add(server, core, observe)
     health_servicer = health.HealthServicer()
@@ -116,18 +155,41 @@ def start_local_server(config: ServerConfig) -> RunningServer:
          health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
-    port = _bind(server, config)
+    port = _bind(server, config, credentials)
     registry.on_change = lambda: _on_change(registry, health_servicer, batcher)
     registry.start(config.file_system_poll_wait_seconds)
     _on_change(registry, health_servicer, batcher)
     server.start()
-    metrics_http, metrics_port = _start_metrics(config, metrics)
+    try:
+        rest = _start_rest(config, core, metrics)
+        metrics_http, metrics_port = _start_metrics(config, metrics)
+    except Exception:
+        server.stop(0)
+        registry.stop()
+        raise
     address = f"{_client_host(config.host)}:{port}"
-    log.info("ampflow model server listening on %s:%d (models %s)%s", config.host, port,
+    log.info("ampflow model server listening on %s:%d (models %s)%s%s", config.host, port,
              [m.name for m in config.models],
+             f", REST API on :{rest.port}" if rest else "",
              f", metrics on :{metrics_port}/metrics" if metrics_port else "")
     return RunningServer(address, port, config, registry, metrics_port, server, health_servicer,
-                         batcher, metrics_http)
+                         batcher, metrics_http, rest.port if rest else None, rest)
+
+
+def _start_rest(config: ServerConfig, core: InferenceCore, metrics: _Metrics | None):
+    """TF Serving's REST API on --rest-api-port, with the gRPC port's host and TLS.
+
+    Metrics are served there too when --metrics-port names the same port (as the binary does).
+    """
+    if not config.rest_api_port:
+        return None
+    from ampflow.serving import rest
+
+    shared = metrics is not None and config.metrics_port == config.rest_api_port
+    handler = rest.RestHandler(core, metrics.observe if metrics else None)
+    app = rest.RestApp(handler, config.max_message_bytes, workers=min(8, config.max_workers),
+                       metrics=metrics.registry if shared else None)
+    return rest.RestServer(app, config.host, config.rest_api_port, config.tls)
 
 
 def prediction_service_pb2_grpc_add(server: grpc.Server, core: InferenceCore, observe) -> None:
@@ -139,14 +201,27 @@ def prediction_service_pb2_grpc_add(server: grpc.Server, core: InferenceCore, ob
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(core, observe), server)
 
 
-def _bind(server: grpc.Server, config: ServerConfig) -> int:
+def _check_base_paths(config: ServerConfig) -> None:
+    """A base path that does not exist fails the start, unless the operator asked to wait."""
+    if config.wait_for_base_path:
+        return
+    for model in config.models:
+        if not Path(model.base_path).is_dir():
+            raise ConfigError(
+                f"model base path must be an existing directory. Received: model {model.name} "
+                f"base_path={model.base_path} (not found; pass --wait-for-base-path to start "
+                "anyway and load it once it appears)"
+            )
+
+
+def _bind(server: grpc.Server, config: ServerConfig, credentials) -> int:
     target = f"[{config.host}]:{config.port}" if ":" in config.host else \
         f"{config.host}:{config.port}"
     try:
-        if config.tls is None:
+        if credentials is None:
             port = server.add_insecure_port(target)
         else:
-            port = server.add_secure_port(target, _server_credentials(config.tls))
+            port = server.add_secure_port(target, credentials)
     except RuntimeError as e:
         raise ServingError(f"cannot bind the gRPC port. Received: {target} ({e})") from e
     if port == 0:
@@ -154,7 +229,31 @@ def _bind(server: grpc.Server, config: ServerConfig) -> int:
     return port
 
 
+def check_tls_files(tls) -> None:
+    """Load the PEM files with Python's ssl module, so a bad file is named as such.
+
+    gRPC itself would only fail to bind the port.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+    except (ssl.SSLError, OSError) as e:
+        raise ConfigError(
+            "tls_cert and tls_key must be a PEM certificate and its matching PEM private key. "
+            f"Received: tls_cert={tls.cert_file}, tls_key={tls.key_file} ({e})"
+        ) from e
+    if tls.client_ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=tls.client_ca_file)
+        except (ssl.SSLError, OSError) as e:
+            raise ConfigError(
+                "tls_client_ca must hold PEM CA certificates. Received: "
+                f"tls_client_ca={tls.client_ca_file} ({e})"
+            ) from e
+
+
 def _server_credentials(tls) -> grpc.ServerCredentials:
+    check_tls_files(tls)
     key, cert = tls.key_file.read_bytes(), tls.cert_file.read_bytes()
     ca = tls.client_ca_file.read_bytes() if tls.client_ca_file else None
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
@@ -165,7 +264,7 @@ def _on_change(registry, health_servicer, batcher) -> None:
     """Health follows the registry: SERVING once every model has a loaded version."""
     status = (health_pb2.HealthCheckResponse.SERVING if registry.any_available()
               else health_pb2.HealthCheckResponse.NOT_SERVING)
-    for service in ("", PREDICTION_SERVICE.full_name, MODEL_SERVICE.full_name):
+    for service in HEALTH_SERVICE_NAMES:
         health_servicer.set(service, status)
     if batcher is not None:
         batcher.retire(registry.served_ids())
@@ -174,6 +273,8 @@ def _on_change(registry, health_servicer, batcher) -> None:
 def _start_metrics(config: ServerConfig, metrics: _Metrics | None):
     if metrics is None:
         return None, None
+    if config.metrics_port == config.rest_api_port:  # served by the REST app
+        return None, config.metrics_port
     import prometheus_client as prom
 
     try:
@@ -206,6 +307,10 @@ def serve_forever(config: ServerConfig) -> int:
     previous = {s: signal.signal(s, _signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         print(f"ampflow serve: listening on {running.address}", flush=True)
+        if running.rest_address:
+            scheme = "https" if config.tls else "http"
+            print(f"ampflow serve: REST API on {scheme}://{running.rest_address}/v1/models/",
+                  flush=True)
         while not stop.wait(0.5):
             pass
         running.stop(config.grace_s)

@@ -8,10 +8,13 @@ name: inputs, outputs, dtypes and shapes come from each version's SignatureDefs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FuturesTimeout
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -52,12 +55,42 @@ def _direct_run(servable: ServableVersion, signature: str, inputs: dict, _timeou
     return servable.run(signature, inputs)
 
 
+@dataclasses.dataclass(frozen=True)
+class RequestLimits:
+    """What one request may cost, checked before anything is decoded or run.
+
+    `max_bytes`: decoded input tensors (all inputs together), and Classify examples with their
+    context merged in; `max_rows`: the batch (first dimension) of a batched input, and the
+    number of Classify examples (0 = no cap).
+    """
+
+    max_bytes: int = 64 * 1024 * 1024
+    max_rows: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ReloadPolicy:
+    """Who may use HandleReloadConfigRequest.
+
+    Off unless the operator allows it, and then only for base paths under `roots` (none given:
+    only the base paths configured at start).
+    """
+
+    allowed: bool = False
+    roots: tuple[Path, ...] = ()
+
+
 class InferenceCore:
     """Validates requests like TF Serving and answers them from a resolved servable."""
 
-    def __init__(self, registry: ModelRegistry, runner: Runner | None = None) -> None:
+    def __init__(self, registry: ModelRegistry, runner: Runner | None = None,
+                 limits: RequestLimits | None = None,
+                 reload_policy: ReloadPolicy | None = None) -> None:
         self.registry = registry
         self.runner = runner or _direct_run
+        self.limits = limits or RequestLimits()
+        self.reload_policy = reload_policy or ReloadPolicy()
+        self._started_base_paths = {Path(m.base_path).resolve() for m in registry.configs()}
 
     # ---- shared -------------------------------------------------------------------------
 
@@ -78,7 +111,7 @@ class InferenceCore:
         if name not in servable.signature_defs or not servable.can_run(name):
             raise ServingStatusError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f'Serving signature key "{name}" not found. Available signatures: '
+                f'Serving signature key "{tensors.clip(name)}" not found. Available signatures: '
                 f"{sorted(n for n in servable.signature_defs if servable.can_run(n))}",
             )
         return servable.signature_defs[name]
@@ -101,21 +134,34 @@ class InferenceCore:
         return response
 
     def _predict_inputs(self, request, sig) -> dict[str, np.ndarray]:
+        """Check declared dtypes, shapes and sizes first, then decode.
+
+        Signature and limits are checked before decoding: nothing is allocated for a
+        request that will be refused.
+        """
         sent, expected = set(request.inputs), set(sig.inputs)
         if sent != expected:
             raise ServingStatusError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"input size does not match signature: {len(sent)}!={len(expected)} "
-                f"len({{{','.join(sorted(sent))}}}) vs len({{{','.join(sorted(expected))}}}). "
-                f"Sent extra: {{{','.join(sorted(sent - expected))}}}. Missing but required: "
-                f"{{{','.join(sorted(expected - sent))}}}.",
+                f"len({_names(sent)}) vs len({_names(expected)}). "
+                f"Sent extra: {_names(sent - expected)}. Missing but required: "
+                f"{_names(expected - sent)}.",
             )
-        inputs = {}
+        budget = self.limits.max_bytes
         for name in sorted(expected):
-            array = tensors.to_ndarray(name, request.inputs[name])
-            tensors.check_against_signature(name, array, sig.inputs[name])
-            inputs[name] = array
-        return inputs
+            proto = request.inputs[name]
+            shape = tensors.declared_shape(name, proto)
+            tensors.check_against_signature(name, proto.dtype, shape, sig.inputs[name],
+                                            self.limits.max_rows)
+            budget -= tensors.decoded_bytes(proto, shape)
+            if budget < 0:
+                raise ServingStatusError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the inputs of this request would decode to more than "
+                    f"{self.limits.max_bytes} bytes (--max-message-bytes)",
+                )
+        return {name: tensors.to_ndarray(name, request.inputs[name]) for name in sorted(expected)}
 
     @staticmethod
     def _output_aliases(request, sig) -> list[str]:
@@ -126,12 +172,13 @@ class InferenceCore:
             if alias not in sig.outputs:
                 raise ServingStatusError(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    f"output tensor alias not found in signature: {alias} Outputs expected to "
-                    f"be in the set {{{','.join(sorted(sig.outputs))}}}.",
+                    f"output tensor alias not found in signature: {tensors.clip(alias)} Outputs "
+                    f"expected to be in the set {{{','.join(sorted(sig.outputs))}}}.",
                 )
             if alias in seen:
                 raise ServingStatusError(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"duplicate output tensor alias: {alias}"
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"duplicate output tensor alias: {tensors.clip(alias)}",
                 )
             seen.add(alias)
         return list(request.output_filter)
@@ -149,7 +196,7 @@ class InferenceCore:
 
             if isinstance(e, (tf.errors.InvalidArgumentError, ValueError, TypeError)):
                 raise ServingStatusError(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"{type(e).__name__}: {e}"[:1000]
+                    grpc.StatusCode.INVALID_ARGUMENT, op_error_text(e)
                 ) from e
             raise
 
@@ -163,7 +210,7 @@ class InferenceCore:
         sig_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
         sig = self.signature(servable, sig_name)
         input_key = _classify_input_key(sig, sig_name)
-        examples = _serialized_examples(request.input)
+        examples = _serialized_examples(request.input, self.limits)
         batch = np.empty(len(examples), dtype=object)
         batch[:] = examples
         outputs = self._run(servable, sig_name, {input_key: batch}, timeout_s)
@@ -188,7 +235,8 @@ class InferenceCore:
             if field != "signature_def":
                 raise ServingStatusError(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    f"Metadata field {field} is not supported. Expected: signature_def",
+                    f"Metadata field {tensors.clip(field)} is not supported. Expected: "
+                    "signature_def",
                 )
         servable = self.resolve(request)
         response = get_model_metadata_pb2.GetModelMetadataResponse()
@@ -221,20 +269,40 @@ class InferenceCore:
 
     def reload_config(self, request: model_management_pb2.ReloadConfigRequest
                       ) -> model_management_pb2.ReloadConfigResponse:
-        """HandleReloadConfigRequest: swap models and version labels without a restart."""
-        response = model_management_pb2.ReloadConfigResponse()
+        """HandleReloadConfigRequest: swap models and version labels without a restart.
+
+        Refused (PERMISSION_DENIED) unless the operator allowed it, and for any base path
+        outside the allowed roots; a reload that fails fails the RPC with its code, as in
+        TF Serving (the response's `status` is not where a stock client looks).
+        """
+        if not self.reload_policy.allowed:
+            raise ServingStatusError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "HandleReloadConfigRequest is disabled on this server (the operator enables it "
+                "with --allow-reload-config)",
+            )
         try:
             models = model_configs_from_proto(request.config, source="ReloadConfigRequest")
-            self.registry.reload_config(models)
         except ConfigError as e:
-            response.status.error_code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-            response.status.error_message = str(e)
-        except ServingStatusError as e:
-            response.status.error_code = e.code.value[0]
-            response.status.error_message = e.message
-        else:
-            log.info("model config reloaded: %s", [m.name for m in models])
-        return response
+            raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
+        for model in models:
+            if not self._reload_path_allowed(Path(model.base_path)):
+                raise ServingStatusError(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"base path {tensors.clip(model.base_path)} of model "
+                    f"{tensors.clip(model.name)} is not under a root the operator allowed "
+                    "(--reload-config-root)",
+                )
+        self.registry.reload_config(models)
+        log.info("model config reloaded: %s", [m.name for m in models])
+        return model_management_pb2.ReloadConfigResponse()
+
+    def _reload_path_allowed(self, base_path: Path) -> bool:
+        resolved = base_path.resolve()
+        roots = self.reload_policy.roots
+        if not roots:
+            return resolved in self._started_base_paths
+        return any(resolved.is_relative_to(Path(root).resolve()) for root in roots)
 
     # ---- warm-up ------------------------------------------------------------------------
 
@@ -283,24 +351,44 @@ def _classify_input_key(sig, sig_name: str) -> str:
     return next(iter(sig.inputs))
 
 
-def _serialized_examples(input_proto) -> list[bytes]:
-    """tf.Examples of a request Input, with any context merged into each (as TF Serving)."""
+def _serialized_examples(input_proto, limits: RequestLimits) -> list[bytes]:
+    """tf.Examples of a request Input, with any context merged into each (as TF Serving).
+
+    The count is capped like a batch, and the merged size is computed before merging: a big
+    context copied into every example must not multiply the request's memory.
+    """
     kind = input_proto.WhichOneof("kind")
     if kind == "example_list":
-        examples = list(input_proto.example_list.examples)
-        serialized = [e.SerializeToString() for e in examples]
+        examples, context = input_proto.example_list.examples, None
     elif kind == "example_list_with_context":
-        ctx = input_proto.example_list_with_context.context
-        serialized = []
-        for example in input_proto.example_list_with_context.examples:
-            merged = type(ctx)()
-            merged.CopyFrom(ctx)
-            merged.MergeFrom(example)
-            serialized.append(merged.SerializeToString())
+        examples = input_proto.example_list_with_context.examples
+        context = input_proto.example_list_with_context.context
     else:
-        serialized = []
-    if not serialized:
+        examples, context = [], None
+    if not examples:
         raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, "Input is empty.")
+    if limits.max_rows and len(examples) > limits.max_rows:
+        raise ServingStatusError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Input has {len(examples)} examples; this server takes at most {limits.max_rows} "
+            "per request (--max-request-batch-size)",
+        )
+    context_bytes = context.ByteSize() if context is not None else 0
+    merged = sum(e.ByteSize() for e in examples) + context_bytes * len(examples)
+    if limits.max_bytes and merged > limits.max_bytes:
+        raise ServingStatusError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"merging the context ({context_bytes} bytes) into each of {len(examples)} examples "
+            f"makes {merged} bytes; the limit is {limits.max_bytes} bytes (--max-message-bytes)",
+        )
+    if context is None:
+        return [e.SerializeToString() for e in examples]
+    serialized = []
+    for example in examples:
+        combined = type(context)()
+        combined.CopyFrom(context)
+        combined.MergeFrom(example)
+        serialized.append(combined.SerializeToString())
     return serialized
 
 
@@ -324,6 +412,10 @@ def _fill_classifications(result, outputs: dict, n: int) -> None:
 Observer = Callable[[str, str, str, grpc.StatusCode, float], None]
 
 
+MAX_ERROR_MESSAGE = 1024  # well under gRPC's 8 KiB metadata limit, whatever the client sent
+UNKNOWN_LABEL = "<unknown>"
+
+
 class _Handler:
     """Turns `ServingStatusError` into the right status; one bad request never escapes."""
 
@@ -341,27 +433,63 @@ class _Handler:
             return response
         except ServingStatusError as e:
             code = e.code
-            context.abort(e.code, e.message)
+            context.abort(e.code, tensors.clip(e.message, MAX_ERROR_MESSAGE))
         except Exception as e:  # a server bug must not kill the process: report INTERNAL
             log.exception("%s failed", method)
             code = grpc.StatusCode.INTERNAL
-            context.abort(code, f"{type(e).__name__}: {e}"[:1000])
+            context.abort(code, f"internal error ({type(e).__name__}); see the server log")
         finally:
             if self.observe is not None:
-                spec = getattr(request, "model_spec", None)
-                model = spec.name if spec is not None else ""
-                version = version or _requested_version(spec)
+                model, version = self.labels(request, version)
                 self.observe(model, version, method, code, time.perf_counter() - started)
 
+    def labels(self, request, answered: str) -> tuple[str, str]:
+        """Metric labels: only configured model names and known versions.
 
-def _requested_version(spec) -> str:
-    """The version (or label) a failed request asked for, for the metrics labels."""
-    if spec is None:
-        return ""
-    choice = spec.WhichOneof("version_choice")
-    if choice == "version":
-        return str(spec.version.value)
-    return spec.version_label if choice == "version_label" else ""
+        Anything else a client sends collapses to one value, so labels cannot grow without bound.
+        """
+        spec = getattr(request, "model_spec", None)
+        if spec is None:
+            return "", ""
+        if spec.name not in self.core.registry.model_names():
+            return (UNKNOWN_LABEL if spec.name else ""), ""
+        if answered:
+            return spec.name, answered
+        choice = spec.WhichOneof("version_choice")
+        if choice == "version" and self.core.registry.knows_version(spec.name,
+                                                                     spec.version.value):
+            return spec.name, str(spec.version.value)
+        return spec.name, UNKNOWN_LABEL if choice else ""
+
+
+def _names(names) -> str:
+    """A set of client-sent names for an error message: at most 10, each clipped."""
+    ordered = sorted(names)
+    shown = ",".join(tensors.clip(n, 64) for n in ordered[:10])
+    more = f",...({len(ordered) - 10} more)" if len(ordered) > 10 else ""
+    return f"{{{shown}{more}}}"
+
+
+_PATH = re.compile(r"(?<![\w.])/(?:[\w.+@-]+/)+[\w.+@-]*")
+_TF_TRACE = re.compile(r"Detected at node .*? defined at \(most recent call last\):.*?\n\n",
+                       re.DOTALL)
+
+
+def op_error_text(error: Exception) -> str:
+    """A TensorFlow/Python error as a client may see it.
+
+    The error itself, without the Python stack TensorFlow appends and without any file-system
+    path of the server.
+    """
+    text = getattr(error, "message", None) or str(error)
+    text = _TF_TRACE.sub("", text).replace("Graph execution error:\n\n", "")
+    return tensors.clip(f"{type(error).__name__}: {scrub_paths(text.strip())}", 900)
+
+
+def scrub_paths(text: str) -> str:
+    """Replace absolute file-system paths with `<path>`."""
+    return _PATH.sub("<path>", text)
+
 
 
 def _remaining(context) -> float | None:

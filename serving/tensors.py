@@ -8,6 +8,8 @@ INVALID_ARGUMENT that names the input, instead of an exception deep inside Tenso
 
 from __future__ import annotations
 
+import math
+
 import grpc
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
@@ -44,17 +46,66 @@ def _invalid(message: str) -> ServingStatusError:
     return ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-def to_ndarray(name: str, proto: tensor_pb2.TensorProto) -> np.ndarray:
-    """Decode one request tensor; every inconsistency is INVALID_ARGUMENT naming `name`."""
+MAX_RANK = 254  # TensorShape::MaxDimensions() in TensorFlow
+MAX_ELEMENTS = 2 ** 63 - 1  # TensorShape's limit on the element count
+OBJECT_ITEM_BYTES = 8  # one pointer per string element of an object array
+
+
+def clip(text: str, limit: int = 128) -> str:
+    """Client-sent text as echoed in an error message: at most `limit` characters."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text) - limit} more chars)"
+
+
+def declared_shape(name: str, proto: tensor_pb2.TensorProto) -> tuple[int, ...]:
+    """The shape a request tensor declares, checked without allocating anything.
+
+    Python integers do not overflow, so a shape whose element count exceeds int64 is
+    INVALID_ARGUMENT (as TensorFlow's TensorShape says), never a wrapped-around count.
+    """
     if proto.dtype not in _DTYPES:
-        raise _invalid(f"tensor parsing error: {name}: unsupported dtype {dtype_name(proto.dtype)}")
-    np_dtype, field = _DTYPES[proto.dtype]
+        raise _invalid(f"tensor parsing error: {clip(name)}: unsupported dtype "
+                       f"{dtype_name(proto.dtype)}")
     if proto.tensor_shape.unknown_rank:
-        raise _invalid(f"tensor parsing error: {name}: tensor_shape must be fully defined")
+        raise _invalid(f"tensor parsing error: {clip(name)}: tensor_shape must be fully defined")
+    rank = len(proto.tensor_shape.dim)
+    if rank > MAX_RANK:
+        raise _invalid(f"tensor parsing error: {clip(name)}: rank must be <= {MAX_RANK}. "
+                       f"Received: rank {rank}")
     shape = tuple(d.size for d in proto.tensor_shape.dim)
     if any(d < 0 for d in shape):
-        raise _invalid(f"tensor parsing error: {name}: negative dimension in shape {list(shape)}")
-    count = int(np.prod(shape, dtype=np.int64))
+        raise _invalid(f"tensor parsing error: {clip(name)}: negative dimension in shape "
+                       f"{clip(list(shape))}")
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise _invalid(f"tensor parsing error: {clip(name)}: shape {clip(list(shape))} has "
+                       "more than 2**63 - 1 elements")
+    return shape
+
+
+def decoded_bytes(proto: tensor_pb2.TensorProto, shape: tuple[int, ...]) -> int:
+    """Bytes the decoded array of a (valid) declared shape takes."""
+    np_dtype = _DTYPES[proto.dtype][0]
+    item = OBJECT_ITEM_BYTES if np_dtype is np.object_ else np.dtype(np_dtype).itemsize
+    return math.prod(shape) * item
+
+
+def to_ndarray(name: str, proto: tensor_pb2.TensorProto, max_bytes: int = 0) -> np.ndarray:
+    """Decode one request tensor; every inconsistency is INVALID_ARGUMENT naming `name`.
+
+    `max_bytes` (0 = no limit) bounds the decoded array: a short value list that TensorFlow
+    would repeat to fill a huge declared shape is refused with RESOURCE_EXHAUSTED before
+    anything is allocated.
+    """
+    shape = declared_shape(name, proto)
+    size = decoded_bytes(proto, shape)
+    if max_bytes and size > max_bytes:
+        raise ServingStatusError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"tensor {clip(name)} of shape {clip(list(shape))} would decode to {size} bytes; "
+            f"the limit is {max_bytes} bytes (--max-message-bytes)",
+        )
+    np_dtype, field = _DTYPES[proto.dtype]
+    count = math.prod(shape)
     if proto.tensor_content and proto.dtype != types_pb2.DT_STRING:
         return _from_content(name, proto.tensor_content, np.dtype(np_dtype), shape, count)
     values = getattr(proto, field)
@@ -65,7 +116,7 @@ def _from_content(name: str, content: bytes, dtype: np.dtype, shape: tuple, coun
     expected = count * dtype.itemsize
     if len(content) != expected:
         raise _invalid(
-            f"tensor parsing error: {name}: tensor_shape {list(shape)} needs {count} "
+            f"tensor parsing error: {clip(name)}: tensor_shape {list(shape)} needs {count} "
             f"{dtype.name} values ({expected} bytes) in tensor_content. Received: "
             f"{len(content)} bytes"
         )
@@ -77,8 +128,8 @@ def _from_values(name: str, values, dtype_enum: int, np_dtype, shape: tuple, cou
     n = len(values)
     if n > count or (n == 0 and count > 0):
         raise _invalid(
-            f"tensor parsing error: {name}: tensor_shape {list(shape)} needs {count} values. "
-            f"Received: {n} values in {dtype_name(dtype_enum)} field"
+            f"tensor parsing error: {clip(name)}: tensor_shape {list(shape)} needs {count} "
+            f"values. Received: {n} values in {dtype_name(dtype_enum)} field"
         )
     if dtype_enum == types_pb2.DT_STRING:
         array = np.empty(n, dtype=object)
@@ -99,31 +150,31 @@ def to_proto(array) -> tensor_pb2.TensorProto:
     return tf.make_tensor_proto(np.asarray(array))
 
 
-def check_against_signature(name: str, array: np.ndarray, info) -> None:
-    """Check dtype and shape of one input against its signature `TensorInfo`."""
-    expected_dtype = info.dtype
-    received = _dtype_of(array)
-    if received != expected_dtype:
+def check_against_signature(name: str, dtype: int, shape: tuple[int, ...], info,
+                            max_rows: int = 0) -> None:
+    """Check a declared dtype and shape against the signature, before decoding.
+
+    Also the rows (first dimension) of a batched input against `max_rows` (0 = no cap).
+    """
+    if dtype != info.dtype:
         raise _invalid(
-            f"input '{name}' must be {dtype_name(expected_dtype)}. Received: {dtype_name(received)}"
+            f"input '{clip(name)}' must be {dtype_name(info.dtype)}. Received: {dtype_name(dtype)}"
         )
     if info.tensor_shape.unknown_rank:
         return
     dims = [d.size for d in info.tensor_shape.dim]
-    if array.ndim != len(dims) or any(
-            e >= 0 and e != r for e, r in zip(dims, array.shape, strict=True)):
+    if len(shape) != len(dims) or any(
+            e >= 0 and e != r for e, r in zip(dims, shape, strict=True)):
         raise _invalid(
-            f"input '{name}' must have shape {dims} (-1 = any size; the first dimension is the "
-            f"batch). Received: shape {list(array.shape)}"
+            f"input '{clip(name)}' must have shape {dims} (-1 = any size; the first dimension "
+            f"is the batch). Received: shape {clip(list(shape), 200)}"
         )
-    if dims and dims[0] == -1 and array.shape[0] == 0:
-        raise _invalid(f"input '{name}' must have a batch size >= 1. Received: batch size 0")
-
-
-def _dtype_of(array: np.ndarray) -> int:
-    if array.dtype == np.object_:
-        return types_pb2.DT_STRING
-    for enum_value, (np_dtype, _field) in _DTYPES.items():
-        if np_dtype is not np.object_ and array.dtype == np.dtype(np_dtype):
-            return enum_value
-    return types_pb2.DT_INVALID
+    if dims and dims[0] == -1:
+        if shape[0] == 0:
+            raise _invalid(f"input '{clip(name)}' must have a batch size >= 1. Received: batch "
+                           "size 0")
+        if max_rows and shape[0] > max_rows:
+            raise _invalid(
+                f"input '{clip(name)}' has batch size {shape[0]}; this server takes at most "
+                f"{max_rows} rows per request (--max-request-batch-size)"
+            )

@@ -52,10 +52,33 @@ def build_argv(config: ServerConfig, workdir: str | os.PathLike, binary: str = B
                  f"--batching_parameters_file={_write_batching(config, workdir)}"]
     if config.tls is not None:
         argv.append(f"--ssl_config_file={_write_ssl(config, workdir)}")
-    if config.metrics_port:
-        argv += [f"--rest_api_port={config.metrics_port}",
-                 f"--monitoring_config_file={_write_monitoring(workdir)}"]
+    if config.rest_api_port:
+        argv.append(f"--rest_api_port={config.rest_api_port}")
+    if config.metrics_port:  # the binary serves metrics on its REST port (cannot_honour checks)
+        argv.append(f"--monitoring_config_file={_write_monitoring(workdir)}")
     return argv
+
+
+def cannot_honour(config: ServerConfig) -> list[str]:
+    """Why the real binary would serve something other than what was asked (empty: it can).
+
+    It has no bind-address flag (gRPC and REST listen on every interface), serves Prometheus
+    metrics only on its REST port, and always accepts HandleReloadConfigRequest from anyone.
+    `ampflow serve` never widens what the user asked for: it refuses, or uses the local server.
+    """
+    reasons = []
+    if config.host not in ("0.0.0.0", "::"):
+        reasons.append(f"it listens on every interface, not only --host {config.host} "
+                       "(pass --host 0.0.0.0 to accept that)")
+    if config.metrics_port and config.metrics_port != config.rest_api_port:
+        reasons.append(f"it serves metrics on its REST port only, so --metrics-port "
+                       f"{config.metrics_port} would open the REST API there (pass the same "
+                       "port as --rest-api-port to accept that)")
+    if not config.allow_reload_config or config.reload_config_roots:
+        reasons.append("it accepts HandleReloadConfigRequest from any client for any path "
+                       "(pass --allow-reload-config without --reload-config-root to accept "
+                       "that)")
+    return reasons
 
 
 def _poll_seconds(seconds: float) -> int:
@@ -101,9 +124,5 @@ def exec_binary(config: ServerConfig, binary: str) -> None:
     """Replace this process with the real server (never returns)."""
     workdir = Path(tempfile.mkdtemp(prefix="ampflow-tf-serving-"))
     argv = build_argv(config, workdir, binary)
-    if config.host not in ("0.0.0.0", "::"):
-        log.warning("tensorflow_model_server has no bind-address flag: it listens on all "
-                    "interfaces, not only %s; restrict access with a firewall or NetworkPolicy",
-                    config.host)
     log.info("exec %s", " ".join(argv))
     os.execv(binary, argv)

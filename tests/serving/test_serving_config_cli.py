@@ -100,7 +100,7 @@ def test_tf_serving_argv_carries_every_flag(tmp_path):
         models=(ModelConfig(MODEL, tmp_path / "m", version_labels={"stable": 1}),),
         port=8600, file_system_poll_wait_seconds=2.0, max_message_bytes=4096,
         batching=BatchingConfig(max_batch_size=32, batch_timeout_ms=5), metrics_port=8601,
-        enable_warmup=False)
+        rest_api_port=8601, enable_warmup=False)
     argv = build_argv(config, tmp_path / "work")
     assert argv[0] == "tensorflow_model_server"
     flags = dict(a.split("=", 1) for a in argv[1:])
@@ -220,26 +220,103 @@ def test_cli_serve_tf_serving_without_binary_is_clear_error(tmp_path, capsys, mo
     assert "needs tensorflow_model_server on PATH" in capsys.readouterr().err
 
 
-def test_cli_serve_auto_execs_binary_on_path_with_built_argv(tmp_path):
-    """A stand-in `tensorflow_model_server` (a script echoing its argv) proves the exec path;
-    the real binary cannot be installed here."""
+def _serve_with_fake_binary(tmp_path, *flags):
+    """`ampflow serve` with a stand-in `tensorflow_model_server` (a script echoing its argv)
+    first on PATH; the real binary cannot be installed here."""
     import os
     import subprocess
     import sys
 
     fake = tmp_path / "bin" / "tensorflow_model_server"
-    fake.parent.mkdir()
+    fake.parent.mkdir(exist_ok=True)
     fake.write_text('#!/bin/sh\necho "argv: $*"\n')
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "ampflow.serving.cli", "serve", "--model-base-path",
-         str(tmp_path / "m"), "--port", "8555", "--max-batch-size", "8"],
+         str(tmp_path / "m"), "--port", "8555", *flags],
         env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_serve_auto_execs_binary_only_when_it_can_honour_the_binding(tmp_path):
+    proc = _serve_with_fake_binary(tmp_path, "--max-batch-size", "8", "--host", "0.0.0.0",
+                                   "--allow-reload-config", "--rest-api-port", "8556")
     assert proc.returncode == 0, proc.stderr
     assert "argv: --port=8555 --model_config_file=" in proc.stdout
-    assert "--enable_batching=true" in proc.stdout
-    assert "listens on all interfaces" in proc.stderr  # the binary has no bind-address flag
+    assert "--enable_batching=true" in proc.stdout and "--rest_api_port=8556" in proc.stdout
+
+
+@pytest.mark.parametrize("flags, reason", [
+    ((), "listens on every interface, not only --host 127.0.0.1"),
+    (("--host", "0.0.0.0", "--allow-reload-config", "--metrics-port", "9100"),
+     "serves metrics on its REST port only"),
+    (("--host", "0.0.0.0"), "accepts HandleReloadConfigRequest from any client"),
+])
+def test_cli_serve_auto_never_widens_the_binding(tmp_path, flags, reason):
+    # Issue 14 item 4: the binary would listen on all interfaces (and put the REST API on the
+    # metrics port), so auto keeps the local server; here it then stops at the missing dir.
+    proc = _serve_with_fake_binary(tmp_path, *flags)
+    assert "argv:" not in proc.stdout
+    assert reason in proc.stderr and "serving with the local server instead" in proc.stderr
+    assert proc.returncode == 2 and "model base path must be an existing directory" in \
+        proc.stderr
+    strict = _serve_with_fake_binary(tmp_path, "--server", "tf-serving", *flags)
+    assert strict.returncode == 2 and "argv:" not in strict.stdout
+    assert "--server tf-serving cannot run with these flags" in strict.stderr
+
+
+def test_cli_serve_missing_base_path_fails_at_start(tmp_path, capsys):
+    assert serving_main(["serve", "--server", "local", "--port", "0", "--model-base-path",
+                         str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "model base path must be an existing directory" in err
+    assert "--wait-for-base-path" in err
+
+
+def test_cli_serve_garbage_tls_certificate_says_so_not_cannot_bind(tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    for name in ("cert.pem", "key.pem"):
+        (tmp_path / name).write_text("garbage\n")
+    assert serving_main(["serve", "--server", "local", "--port", "0", "--model-base-path",
+                         str(tmp_path / "m"), "--tls-cert", str(tmp_path / "cert.pem"),
+                         "--tls-key", str(tmp_path / "key.pem")]) == 2
+    err = capsys.readouterr().err
+    assert "must be a PEM certificate and its matching PEM private key" in err
+    assert "cannot bind" not in err
+
+
+@pytest.mark.serving
+@local_only
+def test_base_path_one_level_too_high_warns_with_the_meant_dir(
+        model_store, tmp_path, start_server, caplog):
+    base = tmp_path / "models" / MODEL
+    install_version(model_store, base, 1)
+    start_server(base.parent)  # the parent of the model dir
+    assert "holds no version dirs" in caplog.text
+    assert f"did you mean {base}, which holds versions [1]" in caplog.text
+
+
+@pytest.mark.serving
+@local_only
+def test_cli_predict_through_classify_signature_prints_top_k(
+        model_store, tmp_path, start_server, capsys):
+    from PIL import Image
+
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    server = start_server(base)
+    png = tmp_path / "digit.png"
+    Image.fromarray(sample_images(1, seed=9)[0][..., 0].astype(np.uint8), mode="L").save(png)
+    common = ["--port", str(server.port), "--model-name", MODEL, "--top-k", "2"]
+    assert serving_main(["predict", *common, "--signature", "classify", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "signature classify" in out
+    classify_line = out.splitlines()[1]
+    labels = str(model_store / "1" / "assets" / "labels.txt")
+    assert serving_main(["predict", *common, "--labels", labels, str(png)]) == 0
+    predict_line = capsys.readouterr().out.splitlines()[1]
+    # the same image through both signatures: the same classes, ids and probabilities
+    assert classify_line == predict_line
 
 
 def test_load_images_corrupt_npy_and_mixed_shapes_are_config_errors(tmp_path):

@@ -11,9 +11,14 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
+from google.protobuf import text_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serving_helpers import MODEL, install_version, local_only
-from tensorflow_serving.apis import prediction_log_pb2
+from tensorflow_serving.apis import (
+    model_management_pb2,
+    model_service_pb2_grpc,
+    prediction_log_pb2,
+)
 
 from ampflow.serving.client import RpcError
 from ampflow.serving.config import ModelConfig, to_model_server_config_text
@@ -109,9 +114,8 @@ def test_partial_version_dir_is_skipped_then_loaded_once_complete(
     partial = base / "2"
     shutil.copytree(model_store / "2", partial)
     shutil.rmtree(partial / "variables")  # a copy caught half-way
-    _wait_for(lambda: _state(client, 2) == "END", what="version 2 marked END")
-    (row,) = [r for r in client.status(MODEL) if r["version"] == 2]
-    assert row["error_message"] and row["error_code"] != 0
+    time.sleep(1.0)  # five polls: the dir is stable but lacks what the served version has
+    assert _state(client, 2) is None  # waiting for variables/, never loaded half-written
     assert client.predict(MODEL, sample_images(1)).version == 1
     with pytest.raises(RpcError) as info:
         client.predict(MODEL, sample_images(1), version=2)
@@ -125,7 +129,7 @@ def test_partial_version_dir_is_skipped_then_loaded_once_complete(
 def test_corrupt_saved_model_pb_is_never_served(model_store, tmp_path, start_server, client_for):
     base = tmp_path / MODEL
     install_version(model_store, base, 1)
-    (base / "3").mkdir()
+    install_version(model_store, base, 3, source=1)  # every file there, the pb corrupt
     (base / "3" / "saved_model.pb").write_bytes(b"\x00not a saved model")
     server = start_server(base)
     client = client_for(server.address)
@@ -145,11 +149,11 @@ def test_deleting_served_version_dir_falls_back_without_crash(
     _wait_for(lambda: _state(client, 1) == "AVAILABLE", what="fallback to version 1")
     _wait_for(lambda: _state(client, 2) == "END", what="version 2 unloaded")
     assert client.predict(MODEL, sample_images(1)).version == 1
-    shutil.rmtree(base / "1")  # nothing left on disk: UNAVAILABLE, and the server lives on
+    shutil.rmtree(base / "1")  # nothing left on disk: NOT_FOUND (as TF Serving), server lives on
     _wait_for(lambda: _state(client, 1) == "END", what="version 1 unloaded")
     with pytest.raises(RpcError) as info:
         client_for(server.address, retries=0).predict(MODEL, sample_images(1))
-    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
     install_version(model_store, base, 3, source=1)
     assert client.wait_until_available(MODEL, timeout=20) == 3
 
@@ -160,7 +164,7 @@ def test_version_labels_promote_and_roll_back_without_restart(
     install_version(model_store, base, 1)
     install_version(model_store, base, 2)
     model = ModelConfig(MODEL, base, version_policy="all", version_labels={"stable": 1})
-    server = start_server(models=(model,))
+    server = start_server(models=(model,), allow_reload_config=True)
     client = client_for(server.address)
     images = sample_images(1)
     assert client.predict(MODEL, images, version_label="stable").version == 1
@@ -183,6 +187,85 @@ def test_version_labels_promote_and_roll_back_without_restart(
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "version 7" in info.value.details
     assert client.predict(MODEL, images, version_label="stable").version == 1
+    # What a stock client sees (issue 10): the RPC itself fails with the reload's code, as in
+    # TF Serving; an OK status with the error only in the response body would pass silently.
+    request = model_management_pb2.ReloadConfigRequest()
+    text_format.Parse(to_model_server_config_text((ModelConfig(
+        MODEL, base, version_policy="all", version_labels={"stable": 9}),)), request.config)
+    with grpc.insecure_channel(server.address) as channel:
+        stub = model_service_pb2_grpc.ModelServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as raw:
+            stub.HandleReloadConfigRequest(request, timeout=10)
+    assert raw.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "version 9" in raw.value.details()
+    assert client.predict(MODEL, images, version_label="stable").version == 1
+
+
+def _reload_request(base) -> model_management_pb2.ReloadConfigRequest:
+    request = model_management_pb2.ReloadConfigRequest()
+    text_format.Parse(to_model_server_config_text((ModelConfig(MODEL, base),)), request.config)
+    return request
+
+
+def test_reload_config_is_permission_denied_unless_the_operator_allows_it(
+        model_store, tmp_path, start_server):
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    elsewhere = tmp_path / "elsewhere" / MODEL
+    install_version(model_store, elsewhere, 2)
+    server = start_server(base)
+    with grpc.insecure_channel(server.address) as channel:
+        stub = model_service_pb2_grpc.ModelServiceStub(channel)
+        for target in (elsewhere, base):  # not even the configured path: reload is off
+            with pytest.raises(grpc.RpcError) as info:
+                stub.HandleReloadConfigRequest(_reload_request(target), timeout=10)
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "--allow-reload-config" in info.value.details()
+        empty = model_management_pb2.ReloadConfigRequest()
+        empty.config.model_config_list.SetInParent()  # "unload every model"
+        with pytest.raises(grpc.RpcError) as info:
+            stub.HandleReloadConfigRequest(empty, timeout=10)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert server.registry.resolve(MODEL, None, None).version == 1
+
+
+def test_reload_config_when_allowed_is_confined_to_the_named_roots(
+        model_store, tmp_path, start_server):
+    root = tmp_path / "models"
+    base = root / MODEL
+    install_version(model_store, base, 1)
+    inside = root / "other"
+    install_version(model_store, inside, 2)
+    outside = tmp_path / "secrets" / MODEL
+    install_version(model_store, outside, 2)
+    (root / "escape").symlink_to(outside.parent)
+    server = start_server(base, allow_reload_config=True, reload_config_roots=(root,))
+    with grpc.insecure_channel(server.address) as channel:
+        stub = model_service_pb2_grpc.ModelServiceStub(channel)
+        for target in (outside, root / "escape" / MODEL, root / ".." / "secrets" / MODEL):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.HandleReloadConfigRequest(_reload_request(target), timeout=10)
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, target
+            if not str(target).startswith(str(root)):  # the allowed roots are not revealed
+                assert str(root) not in info.value.details()
+        assert server.registry.resolve(MODEL, None, None).version == 1
+        stub.HandleReloadConfigRequest(_reload_request(inside), timeout=30)
+    assert server.registry.resolve(MODEL, None, None).version == 2
+
+
+def test_reload_config_without_roots_allows_only_the_configured_base_paths(
+        model_store, tmp_path, start_server):
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    other = tmp_path / "other"
+    install_version(model_store, other, 2)
+    server = start_server(base, allow_reload_config=True)
+    with grpc.insecure_channel(server.address) as channel:
+        stub = model_service_pb2_grpc.ModelServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.HandleReloadConfigRequest(_reload_request(other), timeout=10)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        stub.HandleReloadConfigRequest(_reload_request(base), timeout=10)  # same path: allowed
 
 
 def test_failing_warmup_record_keeps_version_unavailable(
@@ -203,15 +286,16 @@ def test_failing_warmup_record_keeps_version_unavailable(
     assert client.predict(MODEL, sample_images(1)).version == 1
 
 
-def test_unknown_model_dir_reports_unavailable_until_first_version(
+def test_unknown_model_dir_reports_not_found_until_first_version(
         model_store, tmp_path, start_server, client_for):
-    base = tmp_path / MODEL  # does not exist yet
-    server = start_server(base)
+    base = tmp_path / MODEL  # does not exist yet: the operator asked to wait for it
+    server = start_server(base, wait_for_base_path=True)
     client = client_for(server.address, retries=0)
     with pytest.raises(RpcError) as info:
         client.predict(MODEL, sample_images(1))
-    assert info.value.code == grpc.StatusCode.UNAVAILABLE
-    assert "no version is loaded" in info.value.details
+    assert info.value.code == grpc.StatusCode.NOT_FOUND  # TF Serving's code, not UNAVAILABLE
+    assert "no version of it is loaded" in info.value.details
+    assert str(tmp_path) not in info.value.details
     assert _health(server.address) == health_pb2.HealthCheckResponse.NOT_SERVING
     install_version(model_store, base, 1)
     assert client.wait_until_available(MODEL, timeout=20) == 1
@@ -222,3 +306,37 @@ def _health(address: str) -> int:
     with grpc.insecure_channel(address) as channel:
         request = health_pb2.HealthCheckRequest(service="tensorflow.serving.PredictionService")
         return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
+
+
+def test_version_copied_in_slowly_is_not_served_until_the_copy_stops(
+        model_store, tmp_path, start_server, client_for):
+    """Issue 14 item 6: saved_model.pb and variables first, assets later, file by file."""
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    server = start_server(base, file_system_poll_wait_seconds=0.2)
+    client = client_for(server.address)
+    target = base / "2"
+    target.mkdir()
+    source = model_store / "2"
+    shutil.copy(source / "saved_model.pb", target)  # fresh mtimes, like `cp -r`
+    shutil.copytree(source / "variables", target / "variables", copy_function=shutil.copyfile)
+    copied_assets = target / "assets.extra"
+    copied_assets.mkdir()
+    warmup = (source / WARMUP_FILE).read_bytes()
+    versions_seen = set()
+    for i in range(12):  # the copy goes on for ~1.2 s: one chunk every 0.1 s (< poll interval)
+        with open(target / WARMUP_FILE, "ab") as f:
+            f.write(warmup[i * len(warmup) // 12:(i + 1) * len(warmup) // 12])
+        versions_seen.add(client.predict(MODEL, sample_images(1)).version)
+        time.sleep(0.1)
+    assert versions_seen == {1}, "version 2 was served while it was still being copied"
+    assert _state(client, 2) is None  # not even tried: a half-written dir never fails a load
+    time.sleep(1.0)  # the copy pauses for 5 poll intervals: the dir is stable, but lacks assets/
+    assert client.predict(MODEL, sample_images(1)).version == 1
+    assert _state(client, 2) is None
+    shutil.copytree(source / "assets", target / "assets", copy_function=shutil.copyfile)
+    for rest in source.iterdir():  # the rest of the top-level files (fingerprint.pb)
+        if rest.is_file() and not (target / rest.name).exists():
+            shutil.copyfile(rest, target / rest.name)
+    _wait_for(lambda: _state(client, 2) == "AVAILABLE", what="version 2 AVAILABLE")
+    assert client.predict(MODEL, sample_images(1)).version == 2

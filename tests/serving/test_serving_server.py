@@ -101,6 +101,20 @@ def test_tls_client_without_ca_refused_with_ca_succeeds(pki, served_base, start_
     assert good.predict(MODEL, sample_images(1)).version == 1
 
 
+def test_garbage_tls_certificate_is_a_config_error_naming_the_files(pki, served_base, tmp_path):
+    from ampflow.errors import ConfigError
+    from ampflow.serving.config import ModelConfig, ServerConfig
+    from ampflow.serving.server import start_local_server
+
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    for cert, key in ((garbage, pki["server_key"]), (pki["server"], pki["client_key"])):
+        config = ServerConfig(models=(ModelConfig(MODEL, served_base),), port=0,
+                              tls=TlsConfig(cert, key))
+        with pytest.raises(ConfigError, match="PEM certificate and its matching PEM private key"):
+            start_local_server(config)
+
+
 def test_mutual_tls_requires_client_certificate(pki, served_base, start_server, client_for):
     tls = TlsConfig(pki["server"], pki["server_key"], client_ca_file=pki["ca"])
     server = start_server(served_base, tls=tls)
@@ -168,19 +182,41 @@ def _read_address(proc: subprocess.Popen, timeout_s: float) -> str:
 
 # ---- batching, metrics, health, reflection, retries ---------------------------------------------
 
-def test_batching_concurrent_predicts_equal_unbatched(served_base, start_server, client_for):
-    server = start_server(served_base,
-                          batching=BatchingConfig(max_batch_size=16, batch_timeout_ms=20))
+def _metric(body: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} (\S+)$", body, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def test_batching_merges_concurrent_predicts_and_answers_equal_unbatched(
+        served_base, start_server, client_for):
+    # 12 requests of 1-3 rows (24 rows) fill one 24-row batch; the long timeout only matters
+    # when a request is late (a busy machine), and then the batch runs with fewer requests.
+    port = free_port()
+    server = start_server(served_base, metrics_port=port,
+                          batching=BatchingConfig(max_batch_size=24, batch_timeout_ms=1000))
     reference = tf.saved_model.load(str(served_base / "1")).signatures["serving_default"]
     inputs = [sample_images(1 + i % 3, seed=i) for i in range(12)]
     client = client_for(server.address)
     client.input_specs(MODEL)
-    with ThreadPoolExecutor(8) as pool:
+    metrics_url = f"http://127.0.0.1:{port}/metrics"
+    before = urllib.request.urlopen(metrics_url, timeout=10).read().decode()  # warm-up runs
+    with ThreadPoolExecutor(12) as pool:
         results = list(pool.map(lambda x: client.predict(MODEL, x), inputs))
     for images, result in zip(inputs, results, strict=True):
         expected = reference(images=tf.constant(images))["probabilities"].numpy()
         np.testing.assert_allclose(result.outputs["probabilities"], expected, rtol=1e-5,
                                    atol=1e-7)
+    after = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+
+    def delta(name):
+        return _metric(after, name) - _metric(before, name)
+
+    runs = delta("ampflow_serving_batch_requests_count")
+    requests = delta("ampflow_serving_batch_requests_sum")
+    assert requests == 12  # every request went through the batcher
+    assert runs < requests, f"{requests:.0f} requests ran as {runs:.0f} model runs: none merged"
+    assert delta("ampflow_serving_batch_rows_sum") == 24
 
 
 def test_metrics_endpoint_counts_requests_per_model_version_method(
@@ -195,8 +231,9 @@ def test_metrics_endpoint_counts_requests_per_model_version_method(
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     assert ('ampflow_serving_requests_total{method="Predict",model="ampflow",version="1"} 3.0'
             in body)
+    # version 42 does not exist: a client-chosen value never becomes a label of its own
     assert ('ampflow_serving_errors_total{code="NOT_FOUND",method="Predict",model="ampflow",'
-            'version="42"} 1.0' in body)
+            'version="<unknown>"} 1.0' in body)
     assert "ampflow_serving_latency_seconds_bucket" in body
 
 
@@ -204,8 +241,11 @@ def test_health_and_reflection_report_serving_services(served_base, start_server
     server = start_server(served_base)
     with grpc.insecure_channel(server.address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        response = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
-        assert response.status == health_pb2.HealthCheckResponse.SERVING
+        # ours, and the short names tensorflow_model_server registers (the k8s/ probes use them)
+        for service in ("", "tensorflow.serving.PredictionService", "PredictionService",
+                        "ModelService"):
+            response = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert response.status == health_pb2.HealthCheckResponse.SERVING, service
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         request = reflection_pb2.ServerReflectionRequest(list_services="")
         (answer,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))

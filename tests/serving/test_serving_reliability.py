@@ -1,0 +1,55 @@
+"""The reliability suite of issue 14, bounded for the test run: a 20-second soak with hot
+reloads (0 failures, the corrupt and the half-copied versions never answer, RSS bounded) and a
+fuzz of 2,000 byte-mutated plus the hand-made hostile requests (server alive, RSS bounded,
+every request answered with a status). Assertions are counts and bounds, never timings.
+The full-size runs are `benchmarks/serving_soak.py` (32 clients x 120 s, 10,000 mutations)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from serving_helpers import local_only
+
+pytestmark = [pytest.mark.serving, local_only, pytest.mark.timeout(400)]
+
+RSS_BOUND_MB = 50  # issue 14: "the server stays up with RSS within +50 MB"
+
+
+@pytest.fixture(scope="module")
+def soak_module():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "serving_soak.py"
+    spec = importlib.util.spec_from_file_location("serving_soak", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fuzz_2000_mutated_and_hand_made_requests_server_alive_rss_bounded(
+        soak_module, tmp_path):
+    report = soak_module.fuzz_with_server(tmp_path, mutated=2000, seed=0)
+    assert report["server_alive"] and report["good_request_after"] == "OK"
+    table = {row["request"]: row for row in report["hand_made"]}
+    assert len(table) >= 25
+    for name, row in table.items():  # each refused with a definite code, none by a crash
+        assert row["code"] not in ("OK", "UNAVAILABLE", "UNKNOWN", "CANCELLED"), (name, row)
+    huge = table["52-byte request declaring [4000000,8,8,1], one float_val"]
+    assert huge["bytes"] == 52 and huge["code"] == "INVALID_ARGUMENT"
+    assert sum(report["mutated_codes"].values()) == 2000
+    assert "UNAVAILABLE" not in report["mutated_codes"]
+    assert report["rss_mb_after"] - report["rss_mb_before"] < RSS_BOUND_MB, report
+    # undecodable requests are logged in one summary line now and then, not one traceback each
+    log = (tmp_path / "fuzz-server.log").read_text()
+    assert "Traceback" not in log and len(log) < 20_000, log[-2000:]
+
+
+def test_soak_20s_hot_reloads_zero_failures(soak_module, tmp_path):
+    report = soak_module.soak(tmp_path, clients=8, seconds=20, poll_s=0.5)
+    assert report["requests"] > 0
+    assert report["failures"] == 0, report["failures_by_code"]
+    assert report["corrupt_v3_answers"] == 0
+    assert report["v4_answers_before_copy_finished"] == 0
+    assert report["versions_answered"][-1] == 5  # every reload reached the clients
+    assert report["server_alive_at_end"] and report["server_exit_code"] == 0
+    assert report["rss_mb"]["max"] - report["rss_mb"]["first"] < 2 * RSS_BOUND_MB, report["rss_mb"]
