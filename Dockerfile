@@ -12,7 +12,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /opt/ampflow
 COPY pyproject.toml README.md ./
-COPY ampflow ./ampflow
+COPY core ./core
 COPY components ./components
 COPY pipeline ./pipeline
 COPY serving ./serving

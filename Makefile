@@ -13,7 +13,7 @@ TOOLS_STAMP := $(TOOLS)/.installed
 # editors and type checkers can follow (the default mode maps ampflow.components → components/
 # with an import hook they cannot see). A new or removed module needs a new link, and it changes
 # its folder's mtime, so the folders are prerequisites.
-PACKAGE_DIRS := $(shell find ampflow components pipeline serving -type d -not -name __pycache__)
+PACKAGE_DIRS := $(shell find core components pipeline serving -type d -not -name __pycache__)
 
 $(STAMP): pyproject.toml $(PACKAGE_DIRS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
