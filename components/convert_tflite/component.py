@@ -15,7 +15,7 @@ def convert_tflite(
     import shutil
 
     from ampflow.components.convert_tflite.step import ConvertConfig, run_convert
-    from ampflow.pipeline.artifacts import find_exported_version
+    from ampflow.components.export_savedmodel.versions import find_exported_version
 
     result = run_convert(ConvertConfig(
         saved_model_dir=find_exported_version(saved_model.path), data_dir=data.path,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ampflow.cliutil import add_step_command
-from ampflow.components.deploy_serving.step import DeployConfig, DeployResult, run_deploy
+from ampflow.components.deploy_serving.config import DeployConfig, DeployResult
+from ampflow.components.deploy_serving.step import run_deploy
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -23,7 +23,7 @@ def deploy_serving(
         Path(endpoint.path).write_text(json.dumps({"target": "none"}))
         return
     from ampflow.components.deploy_serving.step import DeployConfig, run_deploy
-    from ampflow.pipeline.artifacts import find_exported_version
+    from ampflow.components.export_savedmodel.versions import find_exported_version
 
     version_dir = find_exported_version(saved_model.path)
     version = int(version_dir.name)

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from ampflow.components.deploy_serving import model_store
-from ampflow.components.deploy_serving.step import DeployConfig, DeployResult
+from ampflow.components.deploy_serving.config import DeployConfig, DeployResult
 from ampflow.errors import ConfigError, DeployError
 
 log = logging.getLogger(__name__)
