@@ -1,10 +1,10 @@
 """KFP component: deploy. A thin wrapper over `run_deploy` (local dir or Kubernetes)."""
 
-from kfp.dsl import Artifact, Input, Output
+from kfp.dsl import Artifact, Input, Model, Output
 
 
 def deploy_serving(
-    saved_model: Input[Artifact],
+    saved_model: Input[Model],
     endpoint: Output[Artifact],
     target: str = "local",
     model_store: str = "/models",

@@ -35,8 +35,8 @@ class DeployConfig:
         default=None,
         metadata={
             "help": "where model servers read models: a local dir (local target, or the PVC "
-            "mounted where this step runs) or gs://... / s3://... (kubernetes target); the "
-            "version lands in <model_store>/<model_name>/<version>"
+            "mounted where this step runs) or gs://... (kubernetes target); the version lands "
+            "in <model_store>/<model_name>/<version>"
         },
     )
     model_name: str | None = field(
@@ -49,12 +49,21 @@ class DeployConfig:
     server_address: str | None = field(
         default=None,
         metadata={
-            "help": "gRPC host:port of the server to canary (local target: optional, unset = no "
-            "canary; kubernetes: unset = <prefix>tf-serving.<namespace>.svc:8500)"
+            "help": "gRPC host:port of the server that must answer for the version (local "
+            "target: optional, unset = no check; kubernetes: the promoted Service, unset = "
+            "<prefix>tf-serving.<namespace>.svc:8500)"
         },
     )
     canary_timeout_s: float = field(
         default=60.0, metadata={"help": "seconds to wait for the new version to be AVAILABLE"}
+    )
+    canary_atol: float = field(
+        default=1e-3,
+        metadata={
+            "help": "max |probability - recorded| allowed in the answers to the recorded "
+            "examples (the class of an example whose top two recorded probabilities are closer "
+            "than 2*atol may differ)"
+        },
     )
     # --- kubernetes target ---
     namespace: str = field(default="ampflow", metadata={"help": "Kubernetes namespace"})
@@ -74,7 +83,28 @@ class DeployConfig:
         default=None,
         metadata={
             "help": "the model store as the servers see it; unset: /models (the PVC mount) "
-            "for a volume, the URI itself for gs:// or s3://"
+            "for a volume, the URI itself for gs://"
+        },
+    )
+    canary_replicas: int = field(
+        default=1,
+        metadata={
+            "help": "replicas of the canary Deployment; behind the same Service it gets about "
+            "canary/(canary + stable) of the traffic while it is checked"
+        },
+    )
+    canary_address: str | None = field(
+        default=None,
+        metadata={
+            "help": "gRPC host:port that reaches only the canary pods; unset = "
+            "<prefix>tf-serving-canary.<namespace>.svc:8500"
+        },
+    )
+    canary_soak_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "keep the canary serving its share this long, re-checking its answers "
+            "every 10 s, before promoting it"
         },
     )
     kubeconfig: Path | None = field(
@@ -105,7 +135,7 @@ class DeployConfig:
         elif not self.model_store:
             raise ConfigError(
                 "model_store is required for target='kubernetes' (a dir on the PVC mounted here, "
-                "or gs://bucket/path, s3://bucket/path). Received: model_store=None"
+                "or gs://bucket/path). Received: model_store=None"
             )
         if self.model_name is not None and not _MODEL_NAME.match(self.model_name):
             raise ConfigError(
@@ -127,6 +157,17 @@ class DeployConfig:
         for name in ("canary_timeout_s", "connect_timeout_s", "rollout_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0. Received: {name}={getattr(self, name)}")
+        if not self.canary_atol >= 0:
+            raise ConfigError(f"canary_atol must be >= 0. Received: canary_atol={self.canary_atol}")
+        if not self.canary_soak_s >= 0:
+            raise ConfigError(
+                f"canary_soak_s must be >= 0. Received: canary_soak_s={self.canary_soak_s}"
+            )
+        if self.canary_replicas < 1:
+            raise ConfigError(
+                f"canary_replicas must be >= 1. Received: canary_replicas={self.canary_replicas}"
+            )
+        model_store.refuse_unsupported_uri(self.model_store)
 
     def _check_local_store(self) -> None:
         """The local target writes with a rename, which only a local dir gives."""
@@ -181,6 +222,9 @@ class DeployResult:
     served_version: int | None
     previous_version: int | None = None
     already_present: bool = False
+    canary_address: str | None = None
+    canary_share: float | None = None  # approximate share of the Service's traffic it served
+    promoted: bool | None = None
 
     def summary(self) -> dict[str, Any]:
         """Rows for the CLI's closing summary."""

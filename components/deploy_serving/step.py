@@ -4,12 +4,12 @@ Two targets share one config:
 - `local`: copy `<export_base>/<model_name>/<version>/` into `<model_store>/<model_name>/<version>/`
   through a hidden temp dir and one rename, so a running `ampflow serve` or
   `tensorflow_model_server` (both poll the base path) hot-loads it and never sees half a model;
-  with `server_address` set, wait until that server reports the version AVAILABLE and answers a
-  canary Predict.
+  with `server_address` set, wait until that server reports the version AVAILABLE.
+  The server must give the answers export recorded for the version (canary.py).
 - `kubernetes`: check that the API server answers (before touching anything), copy the version
-  to the model store, server-side apply the rendered `k8s/` overlay with that version pinned,
-  wait for the rollout, then canary the new version over gRPC; on failure re-apply the previous
-  version, so the previous version keeps serving.
+  to the model store, run it as a canary Deployment that serves a small share of the traffic,
+  check its answers on the recorded real examples, then promote it to the stable Deployment;
+  a failure rolls back to the recorded previous release (kubernetes_target.py).
 """
 
 from __future__ import annotations
@@ -37,18 +37,22 @@ def run_deploy(config: DeployConfig) -> DeployResult:
 def _deploy_local(
     config: DeployConfig, model_name: str, version: int, spec: model_store.SignatureSpec
 ) -> DeployResult:
-    """Copy into the local base path; with a server address, prove the server serves it."""
+    """Copy into the local base path; with a server address, prove it serves the version."""
+    examples = None
+    if config.server_address:
+        from ampflow.components.deploy_serving import canary
+
+        examples = canary.recorded_examples(config.saved_model_dir)
     store = Path(str(config.model_store))
     dest, already = model_store.push_local(
         config.saved_model_dir, store / model_name / str(version), config.to_dict()
     )
     served = None
     if config.server_address:
-        from ampflow.components.deploy_serving import canary
-
         try:
             served = canary.check_version_served(
-                config.server_address, model_name, version, spec, timeout_s=config.canary_timeout_s
+                config.server_address, model_name, version, spec, examples,
+                timeout_s=config.canary_timeout_s, atol=config.canary_atol,
             )
         except Exception:
             if not already:
