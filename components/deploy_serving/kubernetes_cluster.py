@@ -17,11 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ampflow.components.deploy_serving.config import DeployConfig
-from ampflow.components.deploy_serving.kubernetes_render import (
-    NAME_ANNOTATION,
-    VERSION_ANNOTATION,
-    kubectl_path,
-)
+from ampflow.components.deploy_serving.kubernetes_render import kubectl_path
 from ampflow.errors import DeployError
 
 log = logging.getLogger(__name__)
@@ -71,8 +67,8 @@ class Cluster:
             raise _api_error(f"reading ConfigMap {self.namespace}/{name}", e) from e
         return {"metadata": {"name": found.metadata.name}, "data": found.data or {}}
 
-    def live_version(self, name: str) -> tuple[str, int] | None:
-        """(model, version) the live Deployment `name` serves, from our annotations; or None."""
+    def deployment_annotations(self, name: str) -> dict[str, str] | None:
+        """The live Deployment's annotations ({} if none); None if it does not exist."""
         from kubernetes import client
 
         try:
@@ -82,10 +78,7 @@ class Cluster:
             if e.status == 404:
                 return None
             raise _api_error(f"reading Deployment {self.namespace}/{name}", e) from e
-        annotations = deployment.metadata.annotations or {}
-        version = annotations.get(VERSION_ANNOTATION, "")
-        model = annotations.get(NAME_ANNOTATION)
-        return (model, int(version)) if model and version.isdigit() else None
+        return dict(deployment.metadata.annotations or {})
 
     def ready_replicas(self, name: str) -> int:
         """Ready replicas of Deployment `name` (0 if it does not exist)."""
@@ -112,9 +105,13 @@ class Cluster:
                               f"{self.pod_problems(name)}")
         log.info("rollout of %s/%s complete", self.namespace, name)
 
-    def rollout_undo(self, name: str) -> None:
-        """`kubectl rollout undo`: the Deployment back to its previous ReplicaSet's template."""
-        proc = self._kubectl(["rollout", "undo", f"deployment/{name}"], 60)
+    def rollout_undo(self, name: str, to_revision: str | None = None) -> None:
+        """`kubectl rollout undo`: the Deployment back to a ReplicaSet's template.
+
+        `to_revision` picks the revision (kubectl's default: the one before the current).
+        """
+        revision = [f"--to-revision={to_revision}"] if to_revision else []
+        proc = self._kubectl(["rollout", "undo", f"deployment/{name}", *revision], 60)
         if proc.returncode != 0:
             raise DeployError(f"kubectl rollout undo deployment/{name} failed: "
                               f"{proc.stderr.strip() or proc.stdout.strip()}")

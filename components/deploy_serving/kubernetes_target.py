@@ -28,6 +28,7 @@ from ampflow.components.deploy_serving import model_store
 from ampflow.components.deploy_serving.config import DeployConfig, DeployResult
 from ampflow.components.deploy_serving.kubernetes_cluster import Cluster
 from ampflow.components.deploy_serving.kubernetes_render import (
+    VERSION_ANNOTATION,
     canary_objects,
     one,
     parse_record,
@@ -43,6 +44,7 @@ from ampflow.errors import DeployError
 log = logging.getLogger(__name__)
 
 _SOAK_CHECK_EVERY_S = 10.0
+REVISION_ANNOTATION = "deployment.kubernetes.io/revision"  # set by the Deployment controller
 
 
 def deploy(
@@ -76,9 +78,12 @@ class _Rollout:
         self.canary = canary_objects(self.release, self.config.canary_replicas)
         self.stable_name = one(self.release, "Deployment")["metadata"]["name"]
         self.record = parse_record(self.cluster.read_config_map(record_name(self.release)))
-        live = self.cluster.live_version(self.stable_name)
-        self.stable_existed = live is not None or self.record is not None
-        previous = self.record[1] if self.record else (live[1] if live else None)
+        live = self.cluster.deployment_annotations(self.stable_name)
+        self.stable_existed = live is not None
+        self.revision_before = (live or {}).get(REVISION_ANNOTATION)
+        live_version = (live or {}).get(VERSION_ANNOTATION, "")
+        previous = (self.record[1] if self.record
+                    else int(live_version) if live_version.isdigit() else None)
         dest = f"{self.config.model_store.rstrip('/')}/{self.model_name}/{self.version}"
         _push(self.config, dest)
         try:
@@ -155,12 +160,9 @@ class _Rollout:
             _attempt(restore, f"the recorded release of version {recorded} was re-applied and "
                               "rolled out", done, failed)
         elif self.stable_touched and self.stable_existed:
-            def undo() -> None:
-                self.cluster.rollout_undo(self.stable_name)
-                self.cluster.rollout_status(self.stable_name)
-
-            _attempt(undo, "no release record: `kubectl rollout undo` restored the previous "
-                           "revision", done, failed)
+            _attempt(self._undo, "no release record: `kubectl rollout undo` restored the "
+                                 f"revision that was live before ({self.revision_before})",
+                     done, failed)
         elif self.stable_touched:
             _attempt(lambda: self.cluster.apply([scaled(one(self.release, "Deployment"), 0)]),
                      "first deploy: the new stable Deployment was scaled to 0", done, failed)
@@ -169,11 +171,21 @@ class _Rollout:
             return
         serving = (f"version {previous} is serving" if previous is not None
                    else "nothing is serving (there was no previous version)")
-        if not self.stable_touched and previous is not None:
+        if not self.stable_touched and self.stable_existed:
             serving += " (the stable Deployment was never changed)"
         log.error("deploy of %s version %d failed; rolled back: %s", self.model_name,
                   self.version, "; ".join(done))
         error.args = (f"{error}; rolled back: {serving}; {'; '.join(done)}",)
+
+
+    def _undo(self) -> None:
+        """Back to the revision that was live before this deploy, if the apply changed it."""
+        now = (self.cluster.deployment_annotations(self.stable_name) or {}).get(
+            REVISION_ANNOTATION)
+        if now is not None and now == self.revision_before:
+            return  # the apply never reached the Deployment: nothing to undo
+        self.cluster.rollout_undo(self.stable_name, self.revision_before)
+        self.cluster.rollout_status(self.stable_name)
 
 
 def _attempt(action, what: str, done: list[str], failed: list[str]) -> None:

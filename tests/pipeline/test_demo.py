@@ -23,6 +23,7 @@ def test_demo_twice_in_one_workdir_serves_the_newest_version_and_stops_its_serve
     assert "--precision auto would pick" in out
     assert out.count("server stopped (exit code 0)") == 2
     assert "serving.grpc_accuracy" in out
-    # the AMP-vs-float32 trained accuracy and the AMP training speedup are in the results
-    assert out.count("parity.amp_vs_float32_trained") == 2
-    assert out.count("parity.amp_training_speedup") == 2
+    # the AMP-vs-float32 trained accuracy and the AMP training speedup: in each run's key
+    # metrics and in its results table
+    assert out.count("parity.amp_vs_float32_trained") == 4
+    assert out.count("parity.amp_training_speedup") == 4

@@ -204,8 +204,47 @@ def test_stalled_promotion_without_a_record_uses_kubectl_rollout_undo(server, ex
         assert _stable_version(api) == "1"  # the previous ReplicaSet's template is back
         undo = [p for p in api.patches
                 if p["content_type"].startswith("application/json-patch+json")]
-    assert "`kubectl rollout undo` restored the previous revision" in str(info.value)
+    assert "`kubectl rollout undo` restored the revision that was live before (1)" in str(
+        info.value)
     assert len(undo) == 1 and undo[0]["path"].endswith(f"/deployments/{STABLE}")
+
+
+def test_stable_deployment_made_by_hand_is_restored_not_scaled_down(server, export_base,
+                                                                   tmp_path):
+    # `kubectl apply -k k8s/overlays/cpu` by hand: a stable Deployment without our annotations
+    # and no release record. A failed promotion must give it back, not treat it as absent.
+    from ampflow.components.deploy_serving import kubernetes_render
+
+    store, address = server
+    with FakeApiServer(stall={(STABLE, "1")}) as api:
+        api.kubeconfig(tmp_path / "kubeconfig")
+        config = DeployConfig(saved_model_dir=export_base / MODEL_NAME / "1", target="kubernetes",
+                              model_store=str(store), namespace=NAMESPACE)
+        by_hand = kubernetes_render.one(kubernetes_render.render(config, MODEL_NAME, 1),
+                                        "Deployment")
+        del by_hand["metadata"]["annotations"]["ampflow.dev/model-version"]
+        by_hand["spec"]["template"]["spec"]["containers"][0]["image"] = "tensorflow/serving:2.19.0"
+        _apply_by_hand(api, by_hand)
+        with pytest.raises(DeployError) as info:
+            _deploy(api, tmp_path, store, address, export_base / MODEL_NAME / "1")
+        stable = api.deployment(NAMESPACE, STABLE)
+    assert "restored the revision that was live before (1)" in str(info.value)
+    pod, hand_pod = stable["spec"]["template"]["spec"], by_hand["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "tensorflow/serving:2.19.0"  # the hand-made one
+    assert pod["volumes"] == hand_pod["volumes"]
+    assert stable["spec"].get("replicas") != 0
+
+
+def _apply_by_hand(api: FakeApiServer, obj: dict) -> None:
+    import json
+    import urllib.request
+
+    path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{obj['metadata']['name']}"
+    request = urllib.request.Request(
+        f"{api.url}{path}?fieldManager=kubectl", data=json.dumps(obj).encode(), method="PATCH",
+        headers={"Content-Type": "application/apply-patch+yaml"})
+    urllib.request.urlopen(request, timeout=10).read()
+    api.patches.clear()
 
 
 def test_first_deploy_whose_rollout_stalls_leaves_nothing_serving(server, export_base, tmp_path):
