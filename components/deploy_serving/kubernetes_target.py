@@ -169,14 +169,17 @@ class _Rollout:
         if failed:
             error.args = (f"{error}; and the rollback failed too: {'; '.join(failed)}",)
             return
-        serving = (f"version {previous} is serving" if previous is not None
-                   else "nothing is serving (there was no previous version)")
+        if previous is not None:
+            serving = f"version {previous} is serving"
+        elif self.stable_existed:
+            serving = "the stable Deployment that was live before is serving"
+        else:
+            serving = "nothing is serving (there was no previous version)"
         if not self.stable_touched and self.stable_existed:
             serving += " (the stable Deployment was never changed)"
         log.error("deploy of %s version %d failed; rolled back: %s", self.model_name,
                   self.version, "; ".join(done))
         error.args = (f"{error}; rolled back: {serving}; {'; '.join(done)}",)
-
 
     def _undo(self) -> None:
         """Back to the revision that was live before this deploy, if the apply changed it."""

@@ -71,8 +71,9 @@ def test_run_local_produces_every_artifact_and_the_served_model_answers(tmp_path
 
 
 def test_run_local_failing_parity_gate_stops_before_export_and_says_why(tmp_path):
+    # the twin comparison fails here; the baseline branch plays no part, so it is left out
     config = LocalRunConfig(workdir=tmp_path, epochs=1, max_relative_logit_diff=0.0,
-                            **OPEN_TRAINING_GATE)
+                            with_float32_baseline=False)
     with pytest.raises(PipelineError) as info:
         run_local(config)
     message = str(info.value)
@@ -81,7 +82,7 @@ def test_run_local_failing_parity_gate_stops_before_export_and_says_why(tmp_path
     run_dirs = list((tmp_path / "pipeline_root").iterdir())
     assert len(run_dirs) == 1
     tasks = {p.name for p in run_dirs[0].iterdir()}
-    assert {"train", "train-2", "evaluate-parity"} <= tasks and "export-savedmodel" not in tasks
+    assert {"train", "evaluate-parity"} <= tasks and "export-savedmodel" not in tasks
     evaluated = run_dirs[0] / "evaluate-parity"
     verdict = json.loads((evaluated / "verdict" / "verdict.json").read_text())
     assert not verdict["passed"]

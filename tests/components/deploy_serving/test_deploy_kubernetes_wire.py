@@ -229,6 +229,7 @@ def test_stable_deployment_made_by_hand_is_restored_not_scaled_down(server, expo
             _deploy(api, tmp_path, store, address, export_base / MODEL_NAME / "1")
         stable = api.deployment(NAMESPACE, STABLE)
     assert "restored the revision that was live before (1)" in str(info.value)
+    assert "the stable Deployment that was live before is serving" in str(info.value)
     pod, hand_pod = stable["spec"]["template"]["spec"], by_hand["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "tensorflow/serving:2.19.0"  # the hand-made one
     assert pod["volumes"] == hand_pod["volumes"]
