@@ -26,17 +26,33 @@ def _register_compile(subparsers) -> None:
                    help="Request a GPU (accelerator, node selector, toleration) for training.")
     p.add_argument("--accelerator-type", default="nvidia.com/gpu", help="GPU resource name.")
     p.add_argument("--with-float32-baseline", action=argparse.BooleanOptionalAction,
-                   default=False, help="Add the float32 baseline training branch.")
+                   default=True, help="Train a float32 baseline in parallel with the AMP model: "
+                   "the gate then also compares AMP-trained with float32-trained accuracy.")
+    p.add_argument("--checkpoints", choices=("workspace", "none"), default="workspace",
+                   help="Where a train task keeps its resumable checkpoint: the run's KFP "
+                   "workspace PVC (a retried pod resumes; KFP backend >= 2.15) or none.")
+    p.add_argument("--workspace-size", default="20Gi", help="Size of the run's workspace PVC.")
+    p.add_argument("--workspace-storage-class", default=None,
+                   help="Storage class of the workspace PVC (default: the KFP server's).")
+    p.add_argument("--workspace-access-mode", default=None,
+                   choices=("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"),
+                   help="Access mode of the workspace PVC (default: the KFP server's); "
+                   "ReadWriteMany lets the two train tasks run on different nodes at once.")
 
     def run(args) -> int:
         from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
 
         options = PipelineOptions(image=args.image, gpu=args.gpu,
                                   accelerator_type=args.accelerator_type,
-                                  with_float32_baseline=args.with_float32_baseline)
+                                  with_float32_baseline=args.with_float32_baseline,
+                                  checkpoints=args.checkpoints,
+                                  workspace_size=args.workspace_size,
+                                  workspace_storage_class=args.workspace_storage_class,
+                                  workspace_access_mode=args.workspace_access_mode)
         path = compile_pipeline(args.output, options)
-        print_summary("ampflow compile: done", {"pipeline": path, "image": args.image,
-                                                 "gpu": args.gpu})
+        print_summary("ampflow compile: done", {
+            "pipeline": path, "image": args.image, "gpu": args.gpu,
+            "float32_baseline": args.with_float32_baseline, "checkpoints": args.checkpoints})
         return 0
 
     p.set_defaults(func=run)

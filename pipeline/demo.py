@@ -1,7 +1,9 @@
 """`ampflow demo`: the whole mission on this machine, in a few minutes on 2 CPU cores.
 
-1. Run the KFP pipeline with the local runner (data → AMP training → FP32-parity gate →
-   SavedModel export → TFLite variants → deploy into a local TF Serving model base path).
+1. Run the KFP pipeline with the local runner (data → AMP training and float32 training →
+   FP32-parity gate: numerics against the float32 twin, accuracy against the float32-trained
+   model → SavedModel export → TFLite variants → deploy into a local TF Serving model base
+   path). The results table shows the AMP-vs-float32 trained accuracy and the AMP speedup.
 2. Serve that base path with `ampflow serve` (a separate process speaking TF Serving's gRPC API;
    the real `tensorflow_model_server` is used instead when it is on PATH).
 3. Query it over gRPC with the tensorflow-serving-api client, print predictions and a results

@@ -1,10 +1,25 @@
-"""The ampflow KFP pipeline: data → train → parity gate → export → TFLite, and deploy.
+"""The ampflow KFP pipeline: data → AMP + float32 training → parity gate → export → TFLite → deploy.
 
 This file only wires tasks; every step's logic lives in `components/<step>/step.py` and each
 component is a thin wrapper over it (`components/<step>/component.py`). What depends on the
-cluster (the image, GPU requests, node selectors, tolerations, resources, retries, the optional
-float32 baseline branch) is a compile-time `PipelineOptions`; what a user changes per run
-(dataset, model, epochs, precision, thresholds, serving target) is a pipeline parameter.
+cluster (the image, GPU requests, node selectors, tolerations, resources, retries, where the
+checkpoints live, the float32 baseline branch) is a compile-time `PipelineOptions`; what a user
+changes per run (dataset, model, epochs, precision, thresholds, serving target) is a pipeline
+parameter.
+
+How it behaves on a KFP backend, and why it is wired this way:
+- `evaluate-parity` always succeeds and publishes its report, metrics and verdict (KFP uploads
+  a task's outputs only when it exits 0); `parity-gate`, a small task after it, fails the run
+  before export with the failed checks in its message.
+- A retried train pod resumes: its checkpoint dir is on the run's KFP workspace (a PVC that KFP
+  creates per run and mounts only into the tasks that use it), one dir per train task. Within
+  one parameter value KFP's driver substitutes only `{{$.workspace_path}}`; the run-id and task
+  placeholders are substituted only when they are the whole value, so they cannot build a path.
+- The deploy task (and its model-store PVC mount) exists only under `serving_target != "none"`:
+  a PVC belongs to one namespace, and a pod that mounts a missing PVC stays Pending forever.
+- The float32 baseline is a compile-time option: a run-time switch needs `dsl.OneOf` over the
+  two evaluate branches' artifacts, which kfp 2.17.3's local runner cannot run ("Expected 1
+  artifact in ArtifactSelectorSpec. Got: 2").
 """
 
 
@@ -14,6 +29,11 @@ from ampflow.errors import ConfigError
 from ampflow.pipeline.settings import DEFAULT_IMAGE, as_component
 
 PIPELINE_NAME = "ampflow"
+CHECKPOINT_STORES = ("workspace", "none")
+ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod")
+# Where each train task keeps its resumable state on the run's workspace (one dir per task).
+AMP_CHECKPOINTS = "checkpoints/train-amp"
+FLOAT32_CHECKPOINTS = "checkpoints/train-float32"
 
 
 @dataclass(frozen=True)
@@ -38,15 +58,28 @@ class PipelineOptions:
     gpu_node_selector: tuple[str, str] | None = ("nvidia.com/gpu.present", "true")
     gpu_toleration_key: str | None = "nvidia.com/gpu"
     train_retries: int = 2
-    # The PVC that k8s/ mounts into TF Serving as its model store; the deploy task mounts it at
-    # `model_store_mount` so that `serving_model_store` (a pipeline parameter) can point there.
+    # The PVC that k8s/ mounts into TF Serving as its model store; the deploy task (which runs
+    # only when serving_target != "none") mounts it at `model_store_mount`, so that
+    # `serving_model_store` (a pipeline parameter) can point there. None: no mount (gs://).
     model_store_pvc: str | None = "tf-serving-models"
     model_store_mount: str = "/models"
-    with_float32_baseline: bool = False
+    # The float32-trained baseline: a second train task in parallel with the AMP one, so that
+    # the gate also compares AMP-trained with float32-trained accuracy (training parity).
+    with_float32_baseline: bool = True
+    # "workspace": train checkpoints on the run's KFP workspace PVC (KFP backend >= 2.15), so
+    # a retried train pod resumes; "none": inside the output artifact (not kept on a retry).
+    checkpoints: str = "workspace"
+    workspace_size: str = "20Gi"
+    # Override the KFP API server's default workspace PVC spec (None: keep the default). The
+    # two train tasks mount it at once: ReadWriteMany lets them run on different nodes.
+    workspace_storage_class: str | None = None
+    workspace_access_mode: str | None = None
     cache_data: bool = True
     default_resources: Resources = field(default_factory=Resources)
     train_resources: Resources = field(
         default_factory=lambda: Resources("4", "16G", "8", "32G"))
+    gate_resources: Resources = field(
+        default_factory=lambda: Resources("100m", "256M", "500m", "1G"))
 
     def __post_init__(self) -> None:
         if not self.image or ":" not in self.image.rsplit("/", 1)[-1] and "@" not in self.image:
@@ -57,6 +90,42 @@ class PipelineOptions:
                               f"Received: accelerator_count={self.accelerator_count}")
         if self.train_retries < 0:
             raise ConfigError(f"train_retries must be >= 0. Received: {self.train_retries}")
+        if self.checkpoints not in CHECKPOINT_STORES:
+            raise ConfigError(f"checkpoints must be one of {CHECKPOINT_STORES}. "
+                              f"Received: checkpoints={self.checkpoints!r}")
+        if self.workspace_access_mode not in (None, *ACCESS_MODES):
+            raise ConfigError(f"workspace_access_mode must be one of {ACCESS_MODES}. "
+                              f"Received: workspace_access_mode={self.workspace_access_mode!r}")
+        if self.checkpoints == "workspace":
+            from kfp import dsl
+
+            try:
+                dsl.WorkspaceConfig(size=self.workspace_size)
+            except ValueError as e:
+                raise ConfigError(f"workspace_size must be a Kubernetes quantity such as 20Gi. "
+                                  f"Received: workspace_size={self.workspace_size!r}") from e
+
+    def pipeline_config(self):
+        """The KFP PipelineConfig: the per-run workspace that holds the train checkpoints."""
+        from kfp import dsl
+
+        if self.checkpoints != "workspace":
+            return None
+        patch = {}
+        if self.workspace_storage_class:
+            patch["storageClassName"] = self.workspace_storage_class
+        if self.workspace_access_mode:
+            patch["accessModes"] = [self.workspace_access_mode]
+        return dsl.PipelineConfig(workspace=dsl.WorkspaceConfig(
+            size=self.workspace_size, kubernetes=dsl.KubernetesWorkspaceConfig(patch)))
+
+    def checkpoint_dir(self, subdir: str) -> str:
+        """A train task's `checkpoint_dir` argument ("" keeps it in the output artifact)."""
+        from kfp import dsl
+
+        if self.checkpoints != "workspace":
+            return ""
+        return f"{dsl.WORKSPACE_PATH_PLACEHOLDER}/{subdir}"
 
 
 def build_pipeline(options: PipelineOptions | None = None):
@@ -65,16 +134,18 @@ def build_pipeline(options: PipelineOptions | None = None):
 
     from ampflow.components.convert_tflite.component import convert_tflite
     from ampflow.components.deploy_serving.component import deploy_serving
-    from ampflow.components.evaluate_parity.component import evaluate_parity
+    from ampflow.components.evaluate_parity.component import evaluate_parity, parity_gate
     from ampflow.components.export_savedmodel.component import export_savedmodel
     from ampflow.components.prepare_data.component import prepare_data
     from ampflow.components.train.component import train
 
     options = options or PipelineOptions()
     ops = {f.__name__: as_component(f, options.image) for f in (
-        prepare_data, train, evaluate_parity, export_savedmodel, convert_tflite, deploy_serving)}
+        prepare_data, train, evaluate_parity, parity_gate, export_savedmodel, convert_tflite,
+        deploy_serving)}
 
-    @dsl.pipeline(name=PIPELINE_NAME, description=__doc__.splitlines()[0])
+    @dsl.pipeline(name=PIPELINE_NAME, description=__doc__.splitlines()[0],
+                  pipeline_config=options.pipeline_config())
     def ampflow_pipeline(
         dataset: str = "ampflow_digits",
         model_name: str = "small_cnn",
@@ -87,6 +158,8 @@ def build_pipeline(options: PipelineOptions | None = None):
         max_accuracy_drop: float = 0.5,
         min_agreement: float = 0.99,
         max_relative_logit_diff: float = -1.0,
+        max_baseline_accuracy_drop: float = 3.0,
+        baseline_alpha: float = 0.01,
         tflite_variants: str = "float32,float16,dynamic_range,full_int8",
         serving_model_name: str = "ampflow",
         serving_target: str = "none",
@@ -100,25 +173,35 @@ def build_pipeline(options: PipelineOptions | None = None):
         train_args = dict(data=data.outputs["data"], model_name=model_name, epochs=epochs,
                           batch_size=batch_size, learning_rate=learning_rate,
                           jit_compile=jit_compile, seed=seed)
-        trained = ops["train"](precision=precision, **train_args)
+        trained = ops["train"](precision=precision,
+                               checkpoint_dir=options.checkpoint_dir(AMP_CHECKPOINTS),
+                               **train_args)
+        trained.set_display_name("train-amp")
         _train_task(trained, options)
 
         baseline_args = {}
         if options.with_float32_baseline:
-            baseline = ops["train"](precision="float32", **train_args)
-            baseline.set_display_name("train-float32-baseline")
+            baseline = ops["train"](precision="float32",
+                                    checkpoint_dir=options.checkpoint_dir(FLOAT32_CHECKPOINTS),
+                                    **train_args)
+            baseline.set_display_name("train-float32")
             _train_task(baseline, options)
             baseline_args["baseline_model"] = baseline.outputs["model"]
 
         parity = ops["evaluate_parity"](
             data=data.outputs["data"], model=trained.outputs["model"],
             **baseline_args, max_accuracy_drop=max_accuracy_drop,
-            min_agreement=min_agreement, max_relative_logit_diff=max_relative_logit_diff)
+            min_agreement=min_agreement, max_relative_logit_diff=max_relative_logit_diff,
+            max_baseline_accuracy_drop=max_baseline_accuracy_drop,
+            baseline_alpha=baseline_alpha)
         _resources(parity, options.default_resources)
+
+        gate = ops["parity_gate"](verdict=parity.outputs["verdict"])
+        _resources(gate, options.gate_resources)
 
         exported = ops["export_savedmodel"](
             model=trained.outputs["model"], verdict=parity.outputs["verdict"],
-            data=data.outputs["data"], serving_model_name=serving_model_name)
+            data=data.outputs["data"], serving_model_name=serving_model_name).after(gate)
         _resources(exported, options.default_resources)
 
         converted = ops["convert_tflite"](
@@ -126,17 +209,18 @@ def build_pipeline(options: PipelineOptions | None = None):
             variants=tflite_variants)
         _resources(converted, options.default_resources)
 
-        deployed = ops["deploy_serving"](
-            saved_model=exported.outputs["saved_model"], target=serving_target,
-            model_store=serving_model_store, server_address=serving_address)
-        _resources(deployed, options.default_resources)
-        deployed.set_caching_options(False)  # a deployment is a side effect, never cached
-        _serving_client(deployed)
-        if options.model_store_pvc:
-            from kfp import kubernetes
+        with dsl.If(serving_target != "none", name="serving-target-set"):
+            deployed = ops["deploy_serving"](
+                saved_model=exported.outputs["saved_model"], target=serving_target,
+                model_store=serving_model_store, server_address=serving_address)
+            _resources(deployed, options.default_resources)
+            deployed.set_caching_options(False)  # a deployment is a side effect, never cached
+            _serving_client(deployed)
+            if options.model_store_pvc:
+                from kfp import kubernetes
 
-            kubernetes.mount_pvc(deployed, pvc_name=options.model_store_pvc,
-                                 mount_path=options.model_store_mount)
+                kubernetes.mount_pvc(deployed, pvc_name=options.model_store_pvc,
+                                     mount_path=options.model_store_mount)
 
     return ampflow_pipeline
 

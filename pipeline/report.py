@@ -38,10 +38,10 @@ def key_metrics(result) -> dict[str, Any]:
     metrics = _json(art.get("evaluate-parity", {}).get("verdict"), "metrics.json")
     if metrics:
         for key in ("amp_accuracy", "fp32_twin_accuracy", "accuracy_drop_points",
-                    "argmax_agreement", "max_abs_logit_diff", "max_relative_logit_diff",
-                    "training_speedup", "baseline_accuracy_delta_points"):
+                    "argmax_agreement", "max_abs_logit_diff", "max_relative_logit_diff"):
             if key in metrics:
                 out[f"parity.{key}"] = metrics[key]
+        out.update(training_parity(metrics))
         out["parity.gate"] = "passed" if metrics.get("gate", {}).get("passed") else "FAILED"
     saved = art.get("export-savedmodel", {}).get("saved_model")
     if saved and Path(saved).is_dir():
@@ -59,6 +59,25 @@ def key_metrics(result) -> dict[str, Any]:
     if endpoint:
         out["deploy"] = f"{endpoint.get('target')} → {endpoint.get('model_path')}"
     return out
+
+
+def training_parity(metrics: dict[str, Any]) -> dict[str, str]:
+    """AMP-trained vs float32-trained accuracy and the AMP training speedup, as printed."""
+    if "baseline_accuracy" not in metrics:
+        return {}
+    m = {k: (float("nan") if v is None else v) for k, v in metrics.items()}
+    return {
+        "parity.float32_trained_accuracy": f"{m['baseline_accuracy']:.4f}",
+        "parity.amp_vs_float32_trained": (
+            f"{m['baseline_accuracy_delta_points']:+.2f} points (paired SE "
+            f"{m['baseline_delta_stderr_points']:.2f}; right only under AMP: "
+            f"{int(m['baseline_amp_only_correct'])}, only under float32: "
+            f"{int(m['baseline_only_correct'])} images; McNemar p = "
+            f"{m['baseline_mcnemar_p_value']:.3g})"),
+        "parity.amp_training_speedup": (
+            f"{m['training_speedup']:.3g}x ± {m['training_speedup_stderr']:.2g} (SE; "
+            f"{m['amp_train_img_per_s']:.0f} vs {m['baseline_train_img_per_s']:.0f} img/s)"),
+    }
 
 
 def results_table(result, served: dict[str, Any]) -> str:

@@ -2,8 +2,9 @@
 
 Each task runs as a subprocess of this Python (our components are lightweight components over
 the installed package, so no image is pulled), artifacts are passed between tasks on disk
-under `<workdir>/pipeline_root`, and a failing task (e.g. the parity gate) stops the run before
-any task that depends on it.
+under `<workdir>/pipeline_root`, the run's workspace (the train checkpoints) is
+`<workdir>/workspace` (the local runner deletes it when the run ends), and a failing task (the
+parity gate) stops the run before any task that depends on it.
 """
 
 from __future__ import annotations
@@ -44,12 +45,19 @@ class LocalRunConfig:
         "help": "Parity gate: min argmax agreement of the AMP model and its float32 twin."})
     max_relative_logit_diff: float = field(default=-1.0, metadata={
         "help": "Parity gate: max |logit diff| / max |logit|; < 0 means the per-dtype default."})
+    max_baseline_accuracy_drop: float = field(default=3.0, metadata={
+        "help": "Parity gate: max accuracy drop of the AMP-trained model vs the float32-trained "
+                "baseline (points)."})
+    baseline_alpha: float = field(default=0.01, metadata={
+        "help": "Parity gate: significance level of the one-sided paired (McNemar) test of "
+                "AMP-trained vs float32-trained correctness."})
     tflite_variants: str = field(default="float32,float16,dynamic_range,full_int8", metadata={
         "help": "Comma-separated TFLite variants to convert and check."})
     serving_model_name: str = field(default="ampflow", metadata={"help": "Served model name."})
-    with_float32_baseline: bool = field(default=False, metadata={
-        "help": "Also train a float32 baseline in parallel; the parity report then shows the "
-                "AMP speedup and accuracy delta."})
+    with_float32_baseline: bool = field(default=True, metadata={
+        "help": "Also train a float32 baseline (in parallel on a cluster): the gate then "
+                "compares AMP-trained with float32-trained accuracy, and the report shows the "
+                "AMP training speedup."})
 
     def __post_init__(self) -> None:
         if self.epochs <= 0:
@@ -61,6 +69,11 @@ class LocalRunConfig:
     def pipeline_root(self) -> Path:
         """Where the local runner writes every task's artifacts."""
         return Path(self.workdir) / "pipeline_root"
+
+    @property
+    def workspace(self) -> Path:
+        """The run's KFP workspace (train checkpoints); the local runner removes it at the end."""
+        return Path(self.workdir) / "workspace"
 
     @property
     def model_store(self) -> Path:
@@ -99,7 +112,7 @@ def run_local(config: LocalRunConfig) -> LocalRunResult:
     config.model_store.mkdir(parents=True, exist_ok=True)
     before = set(root.iterdir())
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root),
-               raise_on_error=True)
+               raise_on_error=True, workspace_root=str(config.workspace))
     options = PipelineOptions(gpu=False, with_float32_baseline=config.with_float32_baseline,
                               model_store_pvc=None)
     pipeline = build_pipeline(options)
@@ -107,11 +120,31 @@ def run_local(config: LocalRunConfig) -> LocalRunResult:
     try:
         pipeline(**config.arguments())
     except RuntimeError as e:
-        raise PipelineError(f"the local pipeline run failed: {e}. Each task's log is above; "
-                            f"artifacts so far are under {root}") from e
+        reason = _gate_reason(root, before)
+        raise PipelineError(f"the local pipeline run failed: {_plain(e)}{reason}. Each task's "
+                            f"log is above; artifacts so far are under {root}") from e
     run_dir = _new_run_dir(root, before)
     return LocalRunResult(run_dir=run_dir, artifacts=_artifacts(run_dir),
                           serving_base=config.serving_base)
+
+
+def _plain(error: Exception) -> str:
+    """The local runner's message without its terminal colour codes."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+
+
+def _gate_reason(root: Path, before: set[Path]) -> str:
+    """'; the FP32-parity gate failed: <checks>' when that is why the run stopped, else ''."""
+    from ampflow.components.evaluate_parity import load_verdict
+    from ampflow.errors import ModelLoadError
+
+    try:
+        verdict = load_verdict(_new_run_dir(root, before) / "evaluate-parity" / "verdict")
+    except (PipelineError, ModelLoadError, OSError):
+        return ""
+    return "" if verdict["passed"] else f"; {verdict['message']}"
 
 
 def _new_run_dir(root: Path, before: set[Path]) -> Path:

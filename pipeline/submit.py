@@ -30,8 +30,15 @@ class SubmitConfig:
     run_name: str | None = field(default=None, metadata={"help": "Run name (default: KFP's)."})
     image: str = field(default=DEFAULT_IMAGE, metadata={"help": "Image every step runs in."})
     gpu: bool = field(default=True, metadata={"help": "Request a GPU for training."})
-    with_float32_baseline: bool = field(default=False, metadata={
-        "help": "Add the float32 baseline branch."})
+    with_float32_baseline: bool = field(default=True, metadata={
+        "help": "Train a float32 baseline in parallel (training parity in the gate)."})
+    checkpoints: str = field(default="workspace", metadata={
+        "choices": ("workspace", "none"),
+        "help": "Train checkpoints on the run's KFP workspace PVC (retries resume), or none."})
+    workspace_storage_class: str | None = field(default=None, metadata={
+        "help": "Storage class of the workspace PVC (default: the KFP server's)."})
+    workspace_access_mode: str | None = field(default=None, metadata={
+        "help": "Access mode of the workspace PVC (default: the KFP server's)."})
     connect_timeout_s: float = field(default=5.0, metadata={
         "help": "Give up reaching the endpoint after this long."})
 
@@ -57,11 +64,15 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
     """
     import kfp
 
-    _probe(config)
     options = PipelineOptions(image=config.image, gpu=config.gpu,
-                              with_float32_baseline=config.with_float32_baseline)
+                              with_float32_baseline=config.with_float32_baseline,
+                              checkpoints=config.checkpoints,
+                              workspace_storage_class=config.workspace_storage_class,
+                              workspace_access_mode=config.workspace_access_mode)
     with tempfile.TemporaryDirectory() as tmp:
         package = compile_pipeline(Path(tmp) / "ampflow.yaml", options)
+        _check_arguments(package, arguments or {})
+        _probe(config)
         try:
             client = kfp.Client(host=config.host, namespace=config.namespace or "kubeflow",
                                 existing_token=os.environ.get(TOKEN_ENV))
@@ -73,6 +84,19 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
                                 f"{_first_line(e)}") from e
     url = f"{config.host.rstrip('/')}/#/runs/details/{run.run_id}"
     return SubmitResult(run_id=run.run_id, url=url)
+
+
+def _check_arguments(package: str, arguments: dict) -> None:
+    """A misspelt --param fails here, before anything is sent, naming the real parameters."""
+    import yaml
+
+    with open(package) as f:
+        spec = next(yaml.safe_load_all(f))
+    known = set(spec["root"]["inputDefinitions"]["parameters"])
+    unknown = sorted(set(arguments) - known)
+    if unknown:
+        raise ConfigError(f"--param names must be pipeline parameters {sorted(known)}. "
+                          f"Received: {unknown}")
 
 
 def _probe(config: SubmitConfig) -> None:

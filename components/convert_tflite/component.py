@@ -1,27 +1,46 @@
 """KFP component: convert to TFLite. A thin wrapper over `run_convert`."""
 
-from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Output
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
 
 
 def convert_tflite(
-    saved_model: Input[Artifact],
+    saved_model: Input[Model],
     data: Input[Dataset],
-    tflite: Output[Artifact],
+    tflite: Output[Model],
     metrics: Output[Metrics],
     report: Output[Markdown],
     variants: str = "float32,float16,dynamic_range,full_int8",
 ):
-    """Convert the exported SavedModel to the TFLite `variants` (comma-separated), each checked."""
+    """Convert the exported SavedModel to the TFLite `variants` (comma-separated), each checked.
+
+    `tflite` is a `Model` dir holding `<variant>.tflite` + `<variant>.json` per variant; its
+    metadata lists each variant (file, sha256, size, quantization, accuracy, gate) and the
+    SavedModel version it came from.
+    """
+    import json
     import shutil
 
     from ampflow.components.convert_tflite.step import ConvertConfig, run_convert
-    from ampflow.pipeline.artifacts import find_exported_version
+    from ampflow.components.export_savedmodel.versions import find_exported_version
 
+    version_dir = find_exported_version(saved_model.path)
     result = run_convert(ConvertConfig(
-        saved_model_dir=find_exported_version(saved_model.path), data_dir=data.path,
+        saved_model_dir=version_dir, data_dir=data.path,
         output_dir=tflite.path, variants=tuple(v.strip() for v in variants.split(",") if v)))
     for name, variant in result.variants.items():
         metrics.log_metric(f"{name}_accuracy", float(variant.metrics["accuracy"]))
         metrics.log_metric(f"{name}_size_bytes", float(variant.size_bytes))
     shutil.copyfile(result.report_md, report.path)
-    tflite.metadata.update({"variants": sorted(result.variants), "passed": result.passed})
+    described = {}
+    for name, variant in result.variants.items():
+        meta = json.loads(variant.metadata_path.read_text())
+        described[name] = {"file": meta["file"], "sha256": meta["sha256"],
+                           "size_bytes": variant.size_bytes,
+                           "quantization": meta["quantization"],
+                           "accuracy": float(variant.metrics["accuracy"]),
+                           "passed": variant.passed}
+    tflite.metadata.update({
+        "framework": "tflite", "format": "tflite",
+        "framework_version": meta["converter"]["tensorflow"] if described else None,
+        "source_model_name": version_dir.parent.name, "source_version": int(version_dir.name),
+        "signature_key": "serving_default", "variants": described, "passed": result.passed})

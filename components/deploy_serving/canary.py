@@ -1,8 +1,11 @@
-"""Prove a server serves a version: GetModelStatus says AVAILABLE, then a Predict answers.
+"""Prove a server serves a version: GetModelStatus says AVAILABLE, then it answers correctly.
 
 Speaks TF Serving's own gRPC API (tensorflow-serving-api), so it checks `tensorflow_model_server`
-in a cluster and `ampflow serve` on a laptop alike. The request is built from the SavedModel's
-`serving_default` signature (names, dtypes, shapes), never from hard-coded tensor names.
+in a cluster and `ampflow serve` on a laptop alike. The correctness check sends the real test
+images that export recorded with the version (export_savedmodel/canary_examples.py) to that
+exact version and compares the answers with the recorded ones: the same classes (except where
+the recorded top two probabilities are closer than the tolerance allows to tell apart) and
+probabilities within `atol`. A server that loaded another version or a damaged copy fails it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import grpc
 import numpy as np
 
 from ampflow.components.deploy_serving.model_store import SIGNATURE, SignatureSpec
+from ampflow.components.export_savedmodel.canary_examples import INPUT_KEY, CanaryExamples
 from ampflow.errors import DeployError
 
 log = logging.getLogger(__name__)
@@ -29,25 +33,70 @@ _POLL_S = 0.5
 _CALL_DEADLINE_S = 10.0
 _PREDICT_ATTEMPTS = 3
 
-# DataType enum (tensorflow/core/framework/types.proto) -> numpy, for the canary's inputs.
-_NUMPY = {1: np.float32, 2: np.float64, 3: np.int32, 4: np.uint8, 9: np.int64, 19: np.float16}
+
+def recorded_examples(version_dir) -> CanaryExamples:
+    """The version's recorded expected answers; DeployError (nothing changed yet) if absent."""
+    from ampflow.components.export_savedmodel.canary_examples import load_canary_examples
+    from ampflow.errors import ModelLoadError
+
+    try:
+        return load_canary_examples(version_dir)
+    except ModelLoadError as e:
+        raise DeployError(f"cannot check what the server answers: {e}. Nothing was "
+                          "changed.") from e
 
 
 def check_version_served(
-    address: str, model_name: str, version: int, spec: SignatureSpec, *, timeout_s: float
+    address: str,
+    model_name: str,
+    version: int,
+    spec: SignatureSpec,
+    examples: CanaryExamples,
+    *,
+    timeout_s: float,
+    atol: float,
 ) -> int:
-    """Wait for `version` of `model_name` to be AVAILABLE at `address`, then canary it.
+    """Wait for `version` of `model_name` to be AVAILABLE at `address`, then check its answers.
 
     Returns the version the Predict response names; raises `DeployError` naming the address,
-    the state or code last seen, and the time waited.
+    the state or code last seen (or the wrong answers), and the time waited.
     """
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
+    if INPUT_KEY not in spec.inputs:
+        raise DeployError(f"the signature {SIGNATURE!r} must take {INPUT_KEY!r} (the recorded "
+                          f"examples' input). Received inputs: {sorted(spec.inputs)}")
     with grpc.insecure_channel(address) as channel:
         models = model_service_pb2_grpc.ModelServiceStub(channel)
         _wait_available(models, address, model_name, version, timeout_s)
         predictions = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        return _canary_predict(predictions, address, model_name, version, spec)
+        outputs, served = _predict(predictions, address, model_name, version, examples.images)
+    compare_answers(outputs, examples, atol, f"{model_name} version {version} at {address}")
+    log.info("%s version %d at %s answered all %d recorded examples as expected", model_name,
+             version, address, len(examples.images))
+    return served
+
+
+def compare_answers(outputs: dict[str, np.ndarray], examples: CanaryExamples, atol: float,
+                    where: str) -> None:
+    """Raise DeployError unless `outputs` match the recorded answers (see the module doc)."""
+    probabilities, class_ids = outputs.get("probabilities"), outputs.get("class_ids")
+    if probabilities is None or class_ids is None:
+        raise DeployError(f"{where} must answer 'probabilities' and 'class_ids'. Received: "
+                          f"{sorted(outputs)}")
+    expected = examples.probabilities
+    if probabilities.shape != expected.shape or class_ids.shape != examples.class_ids.shape:
+        raise DeployError(f"{where} answered shapes {probabilities.shape}/{class_ids.shape}; "
+                          f"expected {expected.shape}/{examples.class_ids.shape}")
+    diff = float(np.max(np.abs(probabilities.astype(np.float64) - expected)))
+    top2 = np.sort(expected, axis=1)[:, -2:]
+    decidable = (top2[:, 1] - top2[:, 0]) > 2 * atol
+    wrong = int(np.sum((class_ids != examples.class_ids) & decidable))
+    if wrong or not diff <= atol:
+        raise DeployError(
+            f"{where} does not give the recorded answers on {len(expected)} real examples: "
+            f"{wrong} with another class, max |probability - recorded| = {diff:.3g} "
+            f"(allowed {atol:g}); the server is not serving this version's model")
 
 
 def _wait_available(stub, address: str, model_name: str, version: int, timeout_s: float) -> None:
@@ -90,16 +139,16 @@ def _wait_available(stub, address: str, model_name: str, version: int, timeout_s
     )
 
 
-def _canary_predict(stub, address: str, model_name: str, version: int, spec: SignatureSpec) -> int:
-    """One Predict on the exact version, retried on transient codes (bounded, logged)."""
+def _predict(stub, address: str, model_name: str, version: int, images: np.ndarray):
+    """One Predict of `images` on the exact version, retried on transient codes (bounded)."""
+    import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model_name
     request.model_spec.signature_name = SIGNATURE
     request.model_spec.version.value = version
-    for name, (dtype, shape) in spec.inputs.items():
-        request.inputs[name].CopyFrom(_zeros_tensor(name, dtype, shape))
+    request.inputs[INPUT_KEY].CopyFrom(tf.make_tensor_proto(images.astype(np.float32)))
     for attempt in range(1, _PREDICT_ATTEMPTS + 1):
         try:
             response = stub.Predict(request, timeout=_CALL_DEADLINE_S)
@@ -112,31 +161,9 @@ def _canary_predict(stub, address: str, model_name: str, version: int, spec: Sig
                 ) from e
             log.warning("canary Predict attempt %d/%d: %s", attempt, _PREDICT_ATTEMPTS, e.code())
             time.sleep(_POLL_S * attempt)
-    missing = sorted(set(spec.outputs) - set(response.outputs))
     served = response.model_spec.version.value if response.model_spec.HasField("version") else 0
-    if missing or served not in (0, version):
-        raise DeployError(
-            f"canary Predict at {address}: expected outputs {list(spec.outputs)} from version "
-            f"{version}. Received: outputs {sorted(response.outputs)} from version {served}"
-        )
-    return served or version
-
-
-def _zeros_tensor(name: str, dtype: int, shape: tuple[int, ...]):
-    """A batch of one all-zeros example of the signature's dtype and shape (-1 dims -> 1)."""
-    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2
-
-    if dtype not in _NUMPY:
-        raise DeployError(
-            f"canary cannot build input {name!r}: expected a numeric dtype "
-            f"{sorted(_NUMPY)}. Received: DataType enum {dtype}"
-        )
-    dims = tuple(1 if d < 0 else d for d in shape)
-    array = np.zeros(dims, dtype=_NUMPY[dtype])
-    return tensor_pb2.TensorProto(
-        dtype=dtype,
-        tensor_shape=tensor_shape_pb2.TensorShapeProto(
-            dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in dims]
-        ),
-        tensor_content=array.tobytes(),
-    )
+    if served not in (0, version):
+        raise DeployError(f"canary Predict at {address}: expected an answer from version "
+                          f"{version}. Received: one from version {served}")
+    outputs = {key: tf.make_ndarray(proto) for key, proto in response.outputs.items()}
+    return outputs, served or version

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ampflow.cliutil import add_step_command
-from ampflow.components.deploy_serving.step import DeployConfig, DeployResult, run_deploy
+from ampflow.components.deploy_serving.config import DeployConfig, DeployResult
+from ampflow.components.deploy_serving.step import run_deploy
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,8 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Deploy one exported SavedModel version. --target local copies it atomically into "
             "<model-store>/<model_name>/<version>/, where a running `ampflow serve` or "
             "tensorflow_model_server hot-loads it. --target kubernetes checks the API server, "
-            "copies the version to the model store, server-side applies the k8s/ overlay with "
-            "that version pinned, waits for the rollout, canaries it over gRPC and rolls back "
-            "on failure."
+            "copies the version to the model store, runs it as a canary Deployment behind the "
+            "same Service (a small share of the traffic), checks its answers on the real "
+            "examples export recorded, promotes it to the stable Deployment (kubectl rollout "
+            "status) and records the release; a failure removes the canary and re-applies the "
+            "recorded previous release."
         ),
     )

@@ -1,10 +1,10 @@
 """KFP component: deploy. A thin wrapper over `run_deploy` (local dir or Kubernetes)."""
 
-from kfp.dsl import Artifact, Input, Output
+from kfp.dsl import Artifact, Input, Model, Output
 
 
 def deploy_serving(
-    saved_model: Input[Artifact],
+    saved_model: Input[Model],
     endpoint: Output[Artifact],
     target: str = "local",
     model_store: str = "/models",
@@ -23,7 +23,7 @@ def deploy_serving(
         Path(endpoint.path).write_text(json.dumps({"target": "none"}))
         return
     from ampflow.components.deploy_serving.step import DeployConfig, run_deploy
-    from ampflow.pipeline.artifacts import find_exported_version
+    from ampflow.components.export_savedmodel.versions import find_exported_version
 
     version_dir = find_exported_version(saved_model.path)
     version = int(version_dir.name)

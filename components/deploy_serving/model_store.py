@@ -23,7 +23,15 @@ log = logging.getLogger(__name__)
 
 SIGNATURE = "serving_default"
 DEPLOY_RECORD = "ampflow_deploy.json"
-_URI_SCHEMES = ("gs://", "s3://")
+_URI_SCHEMES = ("gs://",)
+# Object stores neither side can read with this TensorFlow (checked on TF 2.21): TF moved S3 to
+# tensorflow-io, whose last release (0.37.1) requires tensorflow<2.17 and whose file-system
+# plugins fail to load with 2.21 (undefined symbol), so tf.io.gfile answers "File system scheme
+# 's3' not implemented"; and tensorflow/serving images from 2.7 on cannot read s3:// either
+# (tensorflow/serving#1963, open).
+_UNSUPPORTED = {"s3://": "tf.io.gfile in TF 2.21 and tensorflow/serving >= 2.7 cannot read "
+                         "s3:// (tensorflow-io 0.37 needs TF < 2.17; tensorflow/serving#1963); "
+                         "use a PVC (a dir) or gs://"}
 
 
 @dataclass(frozen=True)
@@ -35,8 +43,16 @@ class SignatureSpec:
 
 
 def is_uri(path: str) -> bool:
-    """True for an object-store URI (gs://, s3://), where only tf.io.gfile can write."""
+    """True for an object-store URI (gs://), where only tf.io.gfile can write."""
     return path.startswith(_URI_SCHEMES)
+
+
+def refuse_unsupported_uri(path: str | None) -> None:
+    """ConfigError for a store URI that neither tf.io.gfile nor TF Serving can read."""
+    for scheme, why in _UNSUPPORTED.items():
+        if path and path.startswith(scheme):
+            raise ConfigError(f"model_store must be a directory or gs://... . Received: "
+                              f"model_store={path!r}: {why}")
 
 
 def check_saved_model(path: Path) -> SignatureSpec:

@@ -4,198 +4,23 @@ Two targets share one config:
 - `local`: copy `<export_base>/<model_name>/<version>/` into `<model_store>/<model_name>/<version>/`
   through a hidden temp dir and one rename, so a running `ampflow serve` or
   `tensorflow_model_server` (both poll the base path) hot-loads it and never sees half a model;
-  with `server_address` set, wait until that server reports the version AVAILABLE and answers a
-  canary Predict.
+  with `server_address` set, wait until that server reports the version AVAILABLE.
+  The server must give the answers export recorded for the version (canary.py).
 - `kubernetes`: check that the API server answers (before touching anything), copy the version
-  to the model store, server-side apply the rendered `k8s/` overlay with that version pinned,
-  wait for the rollout, then canary the new version over gRPC; on failure re-apply the previous
-  version, so the previous version keeps serving.
+  to the model store, run it as a canary Deployment that serves a small share of the traffic,
+  check its answers on the recorded real examples, then promote it to the stable Deployment;
+  a failure rolls back to the recorded previous release (kubernetes_target.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ampflow.components.deploy_serving import model_store
-from ampflow.errors import ConfigError
+from ampflow.components.deploy_serving.config import DeployConfig, DeployResult
 
 log = logging.getLogger(__name__)
-
-TARGETS = ("local", "kubernetes")
-OVERLAYS = ("cpu", "gpu")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-
-
-@dataclass(frozen=True)
-class DeployConfig:
-    """What to deploy, and where; validated before anything is copied or applied."""
-
-    saved_model_dir: Path = field(
-        metadata={"help": "the exported version dir <export_base>/<model_name>/<version>"}
-    )
-    target: str = field(
-        default="local", metadata={"help": "where to deploy", "choices": list(TARGETS)}
-    )
-    model_store: str | None = field(
-        default=None,
-        metadata={
-            "help": "where model servers read models: a local dir (local target, or the PVC "
-            "mounted where this step runs) or gs://... / s3://... (kubernetes target); the "
-            "version lands in <model_store>/<model_name>/<version>"
-        },
-    )
-    model_name: str | None = field(
-        default=None,
-        metadata={"help": "served model name; unset: the name of saved_model_dir's parent"},
-    )
-    version: int | None = field(
-        default=None, metadata={"help": "version number; unset: the name of saved_model_dir"}
-    )
-    server_address: str | None = field(
-        default=None,
-        metadata={
-            "help": "gRPC host:port of the server to canary (local target: optional, unset = no "
-            "canary; kubernetes: unset = <prefix>tf-serving.<namespace>.svc:8500)"
-        },
-    )
-    canary_timeout_s: float = field(
-        default=60.0, metadata={"help": "seconds to wait for the new version to be AVAILABLE"}
-    )
-    # --- kubernetes target ---
-    namespace: str = field(default="ampflow", metadata={"help": "Kubernetes namespace"})
-    name_prefix: str = field(
-        default="", metadata={"help": "prefix of every object name (kustomize namePrefix)"}
-    )
-    overlay: str = field(
-        default="cpu", metadata={"help": "k8s overlay to render", "choices": list(OVERLAYS)}
-    )
-    manifests_dir: Path | None = field(
-        default=None, metadata={"help": "the k8s/ kustomize dir; unset: the one in this repo"}
-    )
-    image: str | None = field(
-        default=None, metadata={"help": "override the serving image, e.g. a mirror:tag"}
-    )
-    server_model_base: str | None = field(
-        default=None,
-        metadata={
-            "help": "the model store as the servers see it; unset: /models (the PVC mount) "
-            "for a volume, the URI itself for gs:// or s3://"
-        },
-    )
-    kubeconfig: Path | None = field(
-        default=None,
-        metadata={
-            "help": "kubeconfig file; unset: $KUBECONFIG, ~/.kube/config, "
-            "else the in-cluster service account"
-        },
-    )
-    context: str | None = field(default=None, metadata={"help": "kubeconfig context"})
-    connect_timeout_s: float = field(
-        default=3.0, metadata={"help": "seconds to wait for the API server to answer"}
-    )
-    rollout_timeout_s: float = field(
-        default=600.0, metadata={"help": "seconds to wait for the rollout to complete"}
-    )
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "saved_model_dir", Path(self.saved_model_dir))
-        if self.target not in TARGETS:
-            raise ConfigError(f"target must be one of {TARGETS}. Received: target={self.target!r}")
-        if self.overlay not in OVERLAYS:
-            raise ConfigError(
-                f"overlay must be one of {OVERLAYS}. Received: overlay={self.overlay!r}"
-            )
-        if self.target == "local":
-            self._check_local_store()
-        elif not self.model_store:
-            raise ConfigError(
-                "model_store is required for target='kubernetes' (a dir on the PVC mounted here, "
-                "or gs://bucket/path, s3://bucket/path). Received: model_store=None"
-            )
-        if self.model_name is not None and not _MODEL_NAME.match(self.model_name):
-            raise ConfigError(
-                "model_name must be letters, digits, '_', '.', '-'. "
-                f"Received: model_name={self.model_name!r}"
-            )
-        if self.version is not None and self.version <= 0:
-            raise ConfigError(f"version must be > 0. Received: version={self.version}")
-        if not _DNS_LABEL.match(self.namespace) or len(self.namespace) > 63:
-            raise ConfigError(
-                "namespace must be a DNS label (lower-case letters, digits, '-'). "
-                f"Received: namespace={self.namespace!r}"
-            )
-        if self.name_prefix and not _DNS_LABEL.match(self.name_prefix.rstrip("-")):
-            raise ConfigError(
-                "name_prefix must be lower-case letters, digits and '-'. "
-                f"Received: name_prefix={self.name_prefix!r}"
-            )
-        for name in ("canary_timeout_s", "connect_timeout_s", "rollout_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0. Received: {name}={getattr(self, name)}")
-
-    def _check_local_store(self) -> None:
-        """The local target writes with a rename, which only a local dir gives."""
-        if not self.model_store:
-            raise ConfigError(
-                "model_store is required for target='local' (the dir holding <model_name>/ "
-                "that the server polls). Received: model_store=None"
-            )
-        if model_store.is_uri(self.model_store):
-            raise ConfigError(
-                "model_store must be a local directory for target='local'. "
-                f"Received: model_store={self.model_store!r}"
-            )
-
-    @property
-    def resolved_model_name(self) -> str:
-        """The served name: given, or the export layout's `<model_name>` dir."""
-        return self.model_name or self.saved_model_dir.resolve().parent.name
-
-    @property
-    def resolved_version(self) -> int:
-        """The version: given, or the export layout's numbered `<version>` dir."""
-        if self.version is not None:
-            return self.version
-        name = self.saved_model_dir.name
-        if not name.isdigit() or int(name) <= 0:
-            raise ConfigError(
-                "saved_model_dir must end in a positive version number "
-                "(<export_base>/<model_name>/<version>), or pass version. "
-                f"Received: saved_model_dir={str(self.saved_model_dir)!r}"
-            )
-        return int(name)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The resolved config, JSON-ready (written next to the deployed version)."""
-        out = dataclasses.asdict(self)
-        out = {k: (str(v) if isinstance(v, Path) else v) for k, v in out.items()}
-        out["model_name"] = self.resolved_model_name
-        out["version"] = self.resolved_version
-        return out
-
-
-@dataclass(frozen=True)
-class DeployResult:
-    """Where the version went and what is served now."""
-
-    target: str
-    model_name: str
-    version: int
-    model_path: str
-    endpoint: str | None
-    served_version: int | None
-    previous_version: int | None = None
-    already_present: bool = False
-
-    def summary(self) -> dict[str, Any]:
-        """Rows for the CLI's closing summary."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 def run_deploy(config: DeployConfig) -> DeployResult:
@@ -212,18 +37,22 @@ def run_deploy(config: DeployConfig) -> DeployResult:
 def _deploy_local(
     config: DeployConfig, model_name: str, version: int, spec: model_store.SignatureSpec
 ) -> DeployResult:
-    """Copy into the local base path; with a server address, prove the server serves it."""
+    """Copy into the local base path; with a server address, prove it serves the version."""
+    examples = None
+    if config.server_address:
+        from ampflow.components.deploy_serving import canary
+
+        examples = canary.recorded_examples(config.saved_model_dir)
     store = Path(str(config.model_store))
     dest, already = model_store.push_local(
         config.saved_model_dir, store / model_name / str(version), config.to_dict()
     )
     served = None
     if config.server_address:
-        from ampflow.components.deploy_serving import canary
-
         try:
             served = canary.check_version_served(
-                config.server_address, model_name, version, spec, timeout_s=config.canary_timeout_s
+                config.server_address, model_name, version, spec, examples,
+                timeout_s=config.canary_timeout_s, atol=config.canary_atol,
             )
         except Exception:
             if not already:

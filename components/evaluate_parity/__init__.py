@@ -1,13 +1,18 @@
-"""Step 3: the FP32 parity gate (AMP model vs its float32 twin, optional float32 baseline)."""
+"""Step 3: the FP32 parity gate (AMP model vs its float32 twin and vs a float32-trained model)."""
 
 from ampflow.components.evaluate_parity.step import (
     EvaluateConfig,
     EvaluateResult,
-    load_verdict,
     run_evaluate,
     scalar_metrics,
 )
 from ampflow.components.evaluate_parity.twin import build_float32_twin, logits_model
+from ampflow.components.evaluate_parity.verdict import (
+    load_verdict,
+    model_sha256,
+    require_passed,
+    require_same_model,
+)
 
 __all__ = [
     "EvaluateConfig",
@@ -15,6 +20,9 @@ __all__ = [
     "build_float32_twin",
     "load_verdict",
     "logits_model",
+    "model_sha256",
+    "require_passed",
+    "require_same_model",
     "run_evaluate",
     "scalar_metrics",
 ]

@@ -16,8 +16,13 @@ def _summary(result) -> dict:
         "max_relative_logit_diff": metrics["max_relative_logit_diff"],
     }
     if "baseline_accuracy" in metrics:
-        summary["baseline_accuracy"] = metrics["baseline_accuracy"]
-        summary["training_speedup"] = metrics["training_speedup"]
+        summary["float32_trained_accuracy"] = metrics["baseline_accuracy"]
+        summary["amp_vs_float32_trained"] = (
+            f"{metrics['baseline_accuracy_delta_points']:+.2f} points (paired SE "
+            f"{metrics['baseline_delta_stderr_points']:.2f}, one-sided McNemar p = "
+            f"{metrics['baseline_mcnemar_p_value']:.3g})")
+        summary["training_speedup"] = (f"{metrics['training_speedup']:.3g}x ± "
+                                       f"{metrics['training_speedup_stderr']:.2g} (SE)")
     summary["output_dir"] = str(result.output_dir)
     return summary
 
@@ -32,7 +37,8 @@ def register(subparsers) -> None:
         config_cls=EvaluateConfig,
         run=run_evaluate,
         summarize=_summary,
-        help="FP32 parity gate: the AMP model vs its float32 twin (and a float32 baseline).",
+        help="FP32 parity gate: the AMP model vs its float32 twin and a float32-trained "
+             "baseline.",
         description="Score a mixed-precision model and its float32 twin (same weights, float32 "
                     "policy) on a dataset split; write metrics.json, confusion_matrix.json, "
                     "verdict.json and report.md with plots; exit non-zero if the gate fails.",

@@ -1,4 +1,12 @@
-"""KFP component: evaluate (FP32 parity gate). A thin wrapper over `run_evaluate`."""
+"""KFP components: evaluate (FP32 parity, always publishes) and the gate that stops the run.
+
+KFP's launcher uploads a task's output artifacts only when the task exits 0. So `evaluate_parity`
+never fails on a failed gate: it publishes its metrics, confusion matrix, report and verdict
+either way (the UI shows why), and `parity_gate`, a small task after it, fails the run before
+export with the failed checks in its message.
+"""
+
+from typing import NamedTuple
 
 from kfp.dsl import (
     Artifact,
@@ -23,13 +31,18 @@ def evaluate_parity(
     max_accuracy_drop: float = 0.5,
     min_agreement: float = 0.99,
     max_relative_logit_diff: float = -1.0,
-):
-    """Prove the AMP model matches its float32 twin; fail the task (and the run) if not.
+    max_baseline_accuracy_drop: float = 2.0,
+    baseline_alpha: float = 0.05,
+) -> NamedTuple("Outputs", [("gate_passed", bool), ("gate_message", str)]):
+    """Score the AMP model against its float32 twin and the float32-trained baseline.
 
-    `max_relative_logit_diff` < 0 means the per-dtype default. The `verdict` artifact is the
-    evaluation dir (verdict.json, metrics.json, report.md, plots) that export reads.
+    Always succeeds and publishes: `verdict` (the evaluation dir: verdict.json, metrics.json,
+    report.md, plots; export reads it), KFP `metrics`, the `confusion` matrix and a
+    self-contained Markdown `report`; `gate_passed`/`gate_message` show the outcome in the UI.
+    `max_relative_logit_diff` < 0 means the per-dtype default.
     """
     import json
+    from collections import namedtuple
     from pathlib import Path
 
     from ampflow.components.evaluate_parity.report import inline_images
@@ -45,16 +58,24 @@ def evaluate_parity(
         max_accuracy_drop=max_accuracy_drop, min_agreement=min_agreement,
         max_relative_logit_diff=(max_relative_logit_diff if max_relative_logit_diff >= 0
                                  else None),
-        fail_on_gate=False))  # publish the KFP metrics first, then fail below
+        max_baseline_accuracy_drop=max_baseline_accuracy_drop, baseline_alpha=baseline_alpha,
+        fail_on_gate=False))  # the gate task decides; this task always publishes
     for name, value in scalar_metrics(result.metrics).items():
         metrics.log_metric(name, value)
     matrix = json.loads((Path(verdict.path) / "confusion_matrix.json").read_text())
     confusion.log_confusion_matrix(matrix["categories"], matrix["matrix"])
     report_md = (Path(verdict.path) / "report.md").read_text()
     Path(report.path).write_text(inline_images(report_md, Path(verdict.path)))
-    verdict.metadata.update({"passed": result.passed,
-                             "failed_checks": result.verdict["failed_checks"]})
-    if not result.passed:
-        from ampflow.errors import GateFailedError
+    verdict.metadata.update({
+        "passed": result.passed, "message": result.verdict["message"],
+        "failed_checks": [c["name"] for c in result.verdict["failed_checks"]],
+        "model_sha256": result.verdict["model_sha256"]})
+    outputs = namedtuple("Outputs", ["gate_passed", "gate_message"])
+    return outputs(result.passed, result.verdict["message"])
 
-        raise GateFailedError(result.verdict["message"])
+
+def parity_gate(verdict: Input[Artifact]):
+    """Fail the run before export when the parity verdict failed, naming each failed check."""
+    from ampflow.components.evaluate_parity.verdict import require_passed
+
+    require_passed(verdict.path)

@@ -101,7 +101,9 @@ def render_markdown(metrics: dict[str, Any], verdict: dict[str, Any]) -> str:
         "",
         f"Model `{ctx['model_name']}` trained under `{ctx['policy']}` (compute dtype "
         f"`{ctx['compute_dtype']}`), evaluated on {metrics['num_examples']} examples of the "
-        f"`{ctx['split']}` split against its float32 twin (same weights, float32 policy).",
+        f"`{ctx['split']}` split against its float32 twin (same weights, float32 policy)"
+        + (" and against a model trained under float32." if "baseline_accuracy" in metrics
+           else "."),
         "",
         "## Gate",
         "",
@@ -111,25 +113,57 @@ def render_markdown(metrics: dict[str, Any], verdict: dict[str, Any]) -> str:
     for check in verdict["checks"]:
         lines.append(f"| {check['name']} | {_cell(check['value'])} | {check['op']} "
                      f"{_cell(check['threshold'])} | {'pass' if check['passed'] else '**FAIL**'} |")
-    lines += ["", "## Inference parity", "", "| measure | value |", "|---|---|"]
+    lines += ["", "## Inference parity (numerics: AMP vs its float32 twin, same weights)", "",
+              "| measure | value |", "|---|---|"]
     for key in ("amp_accuracy", "fp32_twin_accuracy", "accuracy_drop_points", "argmax_agreement",
                 "max_abs_logit_diff", "mean_abs_logit_diff", "max_relative_logit_diff",
                 "amp_nonfinite_logits"):
         lines.append(f"| {key} | {_cell(metrics.get(key))} |")
     if "baseline_accuracy" in metrics:
-        lines += ["", "## Training parity (float32 baseline)", "", "| measure | value |",
-                  "|---|---|"]
-        for key in ("baseline_accuracy", "baseline_accuracy_delta_points",
-                    "baseline_delta_stderr_points",
-                    "baseline_argmax_agreement", "training_speedup", "train_time_ratio"):
-            lines.append(f"| {key} | {_cell(metrics.get(key))} |")
-        notes = ctx.get("baseline_notes") or []
-        lines += [f"- note: {note}" for note in notes]
+        lines += _training_section(metrics, ctx)
     lines += _per_class_table(metrics["per_class_accuracy"])
     lines += ["", "## Plots", "", f"![per-class accuracy]({PER_CLASS_PNG})", "",
               f"![logit differences]({LOGIT_DIFF_PNG})", "",
               f"![loss-scale history]({LOSS_SCALE_PNG})", ""]
     return "\n".join(lines)
+
+
+def _training_section(metrics: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    """AMP-trained vs float32-trained: accuracy, the paired test, the speedup with its noise."""
+    m = metrics
+    lines = [
+        "", "## Training parity (AMP-trained vs float32-trained, same data and seed)", "",
+        f"- accuracy: AMP {_pct(m['amp_accuracy'])} vs float32 {_pct(m['baseline_accuracy'])}: "
+        f"{_signed(m['baseline_accuracy_delta_points'])} points "
+        f"(paired SE {_cell(m['baseline_delta_stderr_points'])})",
+        f"- images only one model gets right: {int(m['baseline_amp_only_correct'])} only AMP, "
+        f"{int(m['baseline_only_correct'])} only float32; one-sided McNemar p = "
+        f"{_cell(m['baseline_mcnemar_p_value'])} ({m.get('baseline_mcnemar_method', '')})",
+        f"- AMP training speedup: {_cell(m['training_speedup'])}× ± "
+        f"{_cell(m['training_speedup_stderr'])} (SE; AMP {_cell(m['amp_train_img_per_s'])} ± "
+        f"{_cell(m['amp_train_img_per_s_stdev'])} img/s vs float32 "
+        f"{_cell(m['baseline_train_img_per_s'])} ± {_cell(m['baseline_train_img_per_s_stdev'])}"
+        f" img/s, mean ± SD over {_cell(m['training_speedup_epochs_measured'])} epochs; "
+        "measured in two separate tasks)",
+        "",
+        "| measure | value |",
+        "|---|---|",
+    ]
+    for key in ("baseline_accuracy", "baseline_accuracy_delta_points",
+                "baseline_delta_stderr_points", "baseline_mcnemar_p_value",
+                "baseline_argmax_agreement", "training_speedup", "training_speedup_stderr",
+                "train_time_ratio"):
+        lines.append(f"| {key} | {_cell(m.get(key))} |")
+    lines += [f"- note: {note}" for note in ctx.get("baseline_notes") or []]
+    return lines
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.2f} %"
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.2f}" if math.isfinite(value) else str(value)
 
 
 def _per_class_table(per_class: dict[str, dict[str, float | None]]) -> list[str]:

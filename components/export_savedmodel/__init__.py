@@ -6,12 +6,17 @@ from ampflow.components.export_savedmodel.step import (
     ExportResult,
     run_export,
 )
-from ampflow.components.export_savedmodel.versions import list_versions, next_version
+from ampflow.components.export_savedmodel.versions import (
+    find_exported_version,
+    list_versions,
+    next_version,
+)
 
 __all__ = [
     "EXPORT_METADATA_FILE",
     "ExportConfig",
     "ExportResult",
+    "find_exported_version",
     "list_versions",
     "next_version",
     "run_export",

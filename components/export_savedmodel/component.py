@@ -7,16 +7,33 @@ def export_savedmodel(
     model: Input[Model],
     verdict: Input[Artifact],
     data: Input[Dataset],
-    saved_model: Output[Artifact],
+    saved_model: Output[Model],
     serving_model_name: str = "ampflow",
     force: bool = False,
 ):
-    """Export the float32 twin as `<saved_model>/<serving_model_name>/<version>/`."""
+    """Export the float32 twin as `<saved_model>/<serving_model_name>/<version>/` (a `Model`).
+
+    The artifact's metadata says what a model registry needs: framework, format, name,
+    version, signatures, the precision it was trained in, and the sha256 of the trained model
+    whose parity verdict let it through.
+    """
     from ampflow.components.export_savedmodel.step import ExportConfig, run_export
 
     result = run_export(ExportConfig(
         model_dir=model.path, data_dir=data.path, export_base=saved_model.path,
         eval_dir=verdict.path, model_name=serving_model_name, force=force))
-    saved_model.metadata.update({"model_name": result.model_name, "version": result.version,
-                                 "version_dir": str(result.version_dir),
-                                 "framework": "tensorflow-savedmodel"})
+    meta = result.metadata
+    saved_model.metadata.update({
+        "framework": "tensorflow",
+        "framework_version": meta["versions"]["tensorflow"],
+        "format": "saved_model",
+        "model_name": result.model_name,
+        "version": result.version,
+        "version_dir": f"{result.model_name}/{result.version}",
+        "signatures": meta["signatures"],
+        "labels": meta["labels"],
+        "trained_policy": meta["source"]["trained_policy"],
+        "exported_policy": meta["source"]["exported_policy"],
+        "trained_model_sha256": meta["gate"]["model_sha256"],
+        "forced": result.forced,
+    })

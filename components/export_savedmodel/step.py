@@ -7,7 +7,8 @@ and given the trained weights (they are float32 under every policy), and that tw
 Order of work (docs/ARTIFACTS.md): the gate first (no compute on a refused model), then the
 SavedModel into a hidden staging dir beside the versions, its signatures checked against the
 contract, its graph scanned for half-precision, warm-up records written and replayed, and the
-reloaded model compared with Keras on real test images. Only then is the staging dir renamed
+reloaded model compared with Keras on real test images, and its answers to a few of them
+recorded for deployment canaries (canary_examples.py). Only then is the staging dir renamed
 to `<export_base>/<model_name>/<version>/`, so TF Serving never sees a half-made version.
 """
 
@@ -24,7 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.export_savedmodel.gate import GateDecision, check_gate
+from ampflow.components.export_savedmodel.canary_examples import (
+    CANARY_FILE,
+    DEFAULT_EXAMPLES,
+    write_canary_examples,
+)
+from ampflow.components.export_savedmodel.gate import GateDecision, check_gate, check_model
 from ampflow.components.export_savedmodel.parity import ParityReport, check_export_parity
 from ampflow.components.export_savedmodel.signatures import (
     LABELS_FILE,
@@ -72,6 +78,9 @@ class ExportConfig:
     num_warmup_records: int = field(default=10, metadata={
         "help": f"Predict warm-up requests to write (one real test image each; plus one "
                 f"Classify request); 0 writes no warm-up file; at most {MAX_WARMUP_RECORDS - 1}."})
+    num_canary_examples: int = field(default=DEFAULT_EXAMPLES, metadata={
+        "help": f"Real test images whose answers are recorded in {CANARY_FILE}, so that a "
+                "deployment can check what a server answers against them (1 to 1000)."})
     num_parity_images: int = field(default=256, metadata={
         "help": "Real test images on which the SavedModel must match the Keras model."})
     parity_atol: float = field(default=1e-5, metadata={
@@ -95,6 +104,9 @@ class ExportConfig:
         if not 0 <= self.num_warmup_records < MAX_WARMUP_RECORDS:
             raise ConfigError(f"num_warmup_records must be in [0, {MAX_WARMUP_RECORDS - 1}]. "
                               f"Received: num_warmup_records={self.num_warmup_records}")
+        if not 1 <= self.num_canary_examples <= 1000:
+            raise ConfigError("num_canary_examples must be in [1, 1000]. "
+                              f"Received: num_canary_examples={self.num_canary_examples}")
         if self.num_parity_images <= 0:
             raise ConfigError("num_parity_images must be > 0. "
                               f"Received: num_parity_images={self.num_parity_images}")
@@ -131,6 +143,7 @@ def run_export(config: ExportConfig) -> ExportResult:
 
     gate = check_gate(config.eval_dir, config.force)  # a refused model costs no compute
     trained, meta = load_trained_model(config.model_dir)
+    gate = check_model(gate, config.model_dir, config.force)
     info = load_dataset_info(config.data_dir)
     input_shape, labels = _check_compatible(meta, info, config)
     model_name = config.model_name or _default_model_name(meta)
@@ -138,7 +151,7 @@ def run_export(config: ExportConfig) -> ExportResult:
     version = config.version or next_version(model_base)
 
     twin = _float32_twin(trained, meta)
-    count = max(config.num_parity_images, config.num_warmup_records)
+    count = max(config.num_parity_images, config.num_warmup_records, config.num_canary_examples)
     images, _ = load_arrays(config.data_dir, "test", limit=count)
     images = images.astype(np.float32)
     log.info("exporting %s (trained under %s) as %s version %d", config.model_dir,
@@ -181,6 +194,7 @@ def _write_and_check(twin, trained, staging: Path, input_shape, labels, model_na
     replay_warmup_records(staging, loaded)
     parity = check_export_parity(loaded, twin, trained, images[:config.num_parity_images],
                                  labels, atol=config.parity_atol, rtol=config.parity_rtol)
+    write_canary_examples(staging, loaded, images[:config.num_canary_examples])
     return signatures, parity, warmup_count
 
 
@@ -234,6 +248,7 @@ def _metadata(config: ExportConfig, meta, model_name, version, input_shape, labe
         "parity": parity.as_metadata(),
         "half_precision_nodes": 0,
         "warmup": {"file": str(WARMUP_FILE), "records": warmup_count},
+        "canary": {"file": CANARY_FILE, "examples": config.num_canary_examples},
         "gate": gate.as_metadata(),
         "forced": gate.forced,
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},

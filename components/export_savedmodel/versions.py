@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ampflow.errors import ExportError
+from ampflow.errors import ExportError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,24 @@ def list_versions(model_base: str | os.PathLike) -> list[int]:
     A missing `model_base` has no versions. Staging dirs (dot-prefixed) never count.
     """
     return sorted(v for v, path in _numeric_dirs(Path(model_base)) if _is_complete(path))
+
+
+def find_exported_version(export_base: str | os.PathLike) -> Path:
+    """`<export_base>/<model_name>/<highest complete version>` of the one model under it.
+
+    The export component writes exactly one model into its artifact dir; later steps (convert,
+    deploy) find the version it published here instead of guessing the layout.
+    """
+    base = Path(export_base)
+    models = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+        if base.is_dir() else []
+    if len(models) != 1:
+        raise ModelLoadError(f"{base} must hold exactly one exported model dir. "
+                             f"Received: {[p.name for p in models]}")
+    versions = list_versions(models[0])
+    if not versions:
+        raise ModelLoadError(f"{models[0]} holds no complete version dir")
+    return models[0] / str(max(versions))
 
 
 def next_version(model_base: str | os.PathLike) -> int:

@@ -54,7 +54,7 @@ def _evaluate(tmp_path, prepared_digits, model_dir, **thresholds):
 def test_evaluate_component_logs_kfp_metrics_and_confusion_matrix(tmp_path, prepared_digits,
                                                                  trained_model):
     outputs, call = _evaluate(tmp_path, prepared_digits, trained_model("mixed_float16"))
-    call()
+    assert call() == (True, "parity gate passed (4 checks)")
     assert outputs["metrics"].metadata["argmax_agreement"] >= 0.99
     matrix = outputs["confusion"].metadata["confusionMatrix"]
     assert len(matrix["rows"]) == 10 and len(matrix["annotationSpecs"]) == 10
@@ -62,18 +62,64 @@ def test_evaluate_component_logs_kfp_metrics_and_confusion_matrix(tmp_path, prep
     assert report.startswith("#")
     assert report.count("](data:image/png;base64,") == 3  # self-contained for the KFP UI
     assert outputs["verdict"].metadata["passed"] is True
+    from ampflow.components.evaluate_parity.component import parity_gate
+
+    parity_gate(verdict=outputs["verdict"])  # a passed verdict lets the run go on
 
 
 @pytest.mark.slow
-def test_evaluate_component_failed_gate_fails_the_task_after_writing_outputs(
+def test_evaluate_component_failed_gate_publishes_everything_and_the_gate_task_fails(
         tmp_path, prepared_digits, trained_model):
+    from ampflow.components.evaluate_parity.component import parity_gate
+
     outputs, call = _evaluate(tmp_path, prepared_digits, trained_model("mixed_float16"),
                               max_relative_logit_diff=0.0)
-    with pytest.raises(GateFailedError, match="max_relative_logit_diff"):
-        call()
+    passed, message = call()  # a failed gate does not fail this task: KFP uploads its outputs
+    assert passed is False and "max_relative_logit_diff: measured" in message
     verdict = json.loads((tmp_path / "verdict" / "verdict.json").read_text())
     assert verdict["passed"] is False
+    assert outputs["verdict"].metadata["passed"] is False
+    assert outputs["verdict"].metadata["failed_checks"] == ["max_relative_logit_diff"]
     assert "max_relative_logit_diff" in outputs["metrics"].metadata
+    assert (tmp_path / "report.md").read_text().startswith("# FP32 parity: FAILED")
+    with pytest.raises(GateFailedError, match=r"failed 1 check\(s\), so the run stops before "
+                                              r"export: max_relative_logit_diff: measured"):
+        parity_gate(verdict=outputs["verdict"])
+
+
+@pytest.mark.slow
+def test_export_and_convert_components_publish_typed_model_metadata(tmp_path, prepared_digits,
+                                                                    trained_model):
+    from ampflow.components.convert_tflite.component import convert_tflite
+    from ampflow.components.evaluate_parity import model_sha256
+    from ampflow.components.export_savedmodel.component import export_savedmodel
+
+    model_dir = trained_model("mixed_float16")
+    outputs, call = _evaluate(tmp_path, prepared_digits, model_dir)
+    call()
+    saved_model = _artifact(dsl.Model, tmp_path / "saved_model")
+    export_savedmodel(model=_artifact(dsl.Model, model_dir), verdict=outputs["verdict"],
+                      data=_artifact(dsl.Dataset, prepared_digits), saved_model=saved_model,
+                      serving_model_name="digits")
+    meta = saved_model.metadata
+    assert (meta["framework"], meta["format"], meta["model_name"], meta["version"]) == (
+        "tensorflow", "saved_model", "digits", 1)
+    assert (tmp_path / "saved_model" / meta["version_dir"] / "saved_model.pb").is_file()
+    assert set(meta["signatures"]) == {"serving_default", "classify"}
+    assert (meta["trained_policy"], meta["exported_policy"]) == ("mixed_float16", "float32")
+    assert meta["trained_model_sha256"] == model_sha256(model_dir)
+    json.dumps(meta)  # KFP stores metadata as JSON
+
+    tflite = _artifact(dsl.Model, tmp_path / "tflite")
+    convert_tflite(saved_model=saved_model, data=_artifact(dsl.Dataset, prepared_digits),
+                   tflite=tflite, metrics=_artifact(dsl.Metrics, tmp_path / "tm"),
+                   report=_artifact(dsl.Markdown, tmp_path / "tr.md"), variants="float32")
+    tmeta = tflite.metadata
+    assert (tmeta["framework"], tmeta["format"], tmeta["source_version"]) == ("tflite", "tflite", 1)
+    variant = tmeta["variants"]["float32"]
+    assert variant["file"] == "float32.tflite" and variant["passed"] is True
+    assert variant["size_bytes"] == (tmp_path / "tflite" / "float32.tflite").stat().st_size
+    json.dumps(tmeta)
 
 
 def test_deploy_component_target_none_records_no_deployment(tmp_path):
@@ -85,10 +131,11 @@ def test_deploy_component_target_none_records_no_deployment(tmp_path):
 
 def test_every_component_compiles_as_a_lightweight_component_over_our_image():
     from ampflow.components.convert_tflite.component import convert_tflite
+    from ampflow.components.evaluate_parity.component import parity_gate
     from ampflow.components.export_savedmodel.component import export_savedmodel
 
-    for func in (prepare_data, train, evaluate_parity, export_savedmodel, convert_tflite,
-                 deploy_serving):
+    for func in (prepare_data, train, evaluate_parity, parity_gate, export_savedmodel,
+                 convert_tflite, deploy_serving):
         component = as_component(func, "registry.example/ampflow:9.9")
         spec = component.component_spec
         assert spec.implementation.container.image == "registry.example/ampflow:9.9"

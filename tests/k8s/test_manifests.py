@@ -267,6 +267,10 @@ def test_rbac_is_least_privilege_and_covers_what_deploy_applies(render):
         group = obj["apiVersion"].rpartition("/")[0]
         resource = plural.get(obj["kind"], obj["kind"].lower() + "s")
         assert {"get", "create", "patch"} <= granted.get((group, resource), set()), obj["kind"]
+    # what kubectl rollout status/undo and the canary's share need, and nothing more
+    assert granted[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}
+    assert granted[("apps", "replicasets")] == {"get", "list"}
+    assert granted[("apps", "deployments/status")] == {"get", "list"}
     binding = one(rbac, "RoleBinding")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "ampflow-deployer", "namespace": "ampflow"}

@@ -1,6 +1,7 @@
 import http.server
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,6 +13,13 @@ from ampflow.pipeline.submit import SubmitConfig, submit
 IMAGE = "registry.example/ampflow:1.2.3"
 
 
+@pytest.fixture(scope="module")
+def default_ir(tmp_path_factory):
+    """The IR of the default options, compiled once: (pipeline spec, platform spec)."""
+    return _load(compile_pipeline(tmp_path_factory.mktemp("ir") / "p.yaml",
+                                  PipelineOptions(image=IMAGE)))
+
+
 def _load(path):
     from kfp import components
 
@@ -20,8 +28,8 @@ def _load(path):
     return docs[0], (docs[1] if len(docs) > 1 else {})
 
 
-def test_compile_every_executor_runs_the_configured_image(tmp_path):
-    spec, _ = _load(compile_pipeline(tmp_path / "p.yaml", PipelineOptions(image=IMAGE)))
+def test_compile_every_executor_runs_the_configured_image(default_ir):
+    spec, _ = default_ir
     executors = spec["deploymentSpec"]["executors"]
     assert len(executors) >= 6
     assert {e["container"]["image"] for e in executors.values()} == {IMAGE}
@@ -30,28 +38,176 @@ def test_compile_every_executor_runs_the_configured_image(tmp_path):
         assert "pip install" not in " ".join(e["container"].get("command", []))
 
 
-def test_compile_train_task_requests_gpu_node_selector_and_toleration(tmp_path):
-    spec, platform = _load(compile_pipeline(tmp_path / "p.yaml", PipelineOptions(image=IMAGE)))
-    train_exec = spec["deploymentSpec"]["executors"]["exec-train"]["container"]
-    accelerator = train_exec["resources"]["accelerator"]
-    assert accelerator["resourceType"] == "nvidia.com/gpu"
-    assert str(accelerator["resourceCount"]) == "1"
+def test_compile_train_task_requests_gpu_node_selector_and_toleration(default_ir):
+    spec, platform = default_ir
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    k8s = executors["exec-train"]
-    assert k8s["nodeSelector"]["labels"] == {"nvidia.com/gpu.present": "true"}
-    assert k8s["tolerations"][0]["key"] == "nvidia.com/gpu"
+    for name in ("exec-train", "exec-train-2"):  # AMP and float32 training alike
+        train_exec = spec["deploymentSpec"]["executors"][name]["container"]
+        accelerator = train_exec["resources"]["accelerator"]
+        assert accelerator["resourceType"] == "nvidia.com/gpu"
+        assert str(accelerator["resourceCount"]) == "1"
+        assert executors[name]["nodeSelector"]["labels"] == {"nvidia.com/gpu.present": "true"}
+        assert executors[name]["tolerations"][0]["key"] == "nvidia.com/gpu"
     deploy = executors["exec-deploy-serving"]
     assert deploy["podMetadata"]["labels"] == {"ampflow.dev/serving-client": "true"}
-    assert deploy["pvcMount"][0]["mountPath"] == "/models"
-    assert deploy["pvcMount"][0]["constant"] == "tf-serving-models"
     params = spec["root"]["inputDefinitions"]["parameters"]
     assert params["serving_target"]["defaultValue"] == "none"  # deploying is opt-in
     tasks = spec["root"]["dag"]["tasks"]
     assert tasks["train"]["retryPolicy"]["maxRetryCount"] == 2
+    assert tasks["train-2"]["retryPolicy"]["maxRetryCount"] == 2
     assert tasks["prepare-data"]["cachingOptions"].get("enableCache") is True
     for name, executor in spec["deploymentSpec"]["executors"].items():
         assert executor["container"]["resources"].get("resourceCpuRequest"), name
         assert executor["container"]["resources"].get("resourceMemoryRequest"), name
+
+
+def _task_with_component(dag_tasks: dict, component: str) -> list[str]:
+    return [name for name, t in dag_tasks.items() if t["componentRef"]["name"] == component]
+
+
+def test_compile_deploy_and_its_pvc_mount_exist_only_under_a_serving_target_condition(default_ir):
+    spec, platform = default_ir
+    root_tasks = spec["root"]["dag"]["tasks"]
+    # not a task of the root DAG: the default run (serving_target "none") never creates its pod
+    assert _task_with_component(root_tasks, "comp-deploy-serving") == []
+    (condition,) = [t for t in root_tasks.values()
+                    if t["componentRef"]["name"].startswith("comp-condition")]
+    assert condition["triggerPolicy"]["condition"] == (
+        "inputs.parameter_values['pipelinechannel--serving_target'] != 'none'")
+    inner = spec["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
+    assert _task_with_component(inner, "comp-deploy-serving") == ["deploy-serving"]
+    assert inner["deploy-serving"]["cachingOptions"].get("enableCache") is not True
+    # the PVC mount belongs to the deploy executor, which only that conditional task runs
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    mounts = {name: e["pvcMount"] for name, e in executors.items() if "pvcMount" in e}
+    assert list(mounts) == ["exec-deploy-serving"]
+    assert mounts["exec-deploy-serving"][0]["mountPath"] == "/models"
+    assert mounts["exec-deploy-serving"][0]["constant"] == "tf-serving-models"
+
+
+def test_compile_gate_task_stops_the_run_before_export(default_ir):
+    spec, _ = default_ir
+    tasks = spec["root"]["dag"]["tasks"]
+    assert "evaluate-parity" in tasks["parity-gate"]["dependentTasks"]
+    assert tasks["parity-gate"]["inputs"]["artifacts"]["verdict"]["taskOutputArtifact"] == {
+        "outputArtifactKey": "verdict", "producerTask": "evaluate-parity"}
+    assert "parity-gate" in tasks["export-savedmodel"]["dependentTasks"]
+    # evaluate publishes the outcome as output parameters too (shown in the KFP UI)
+    outputs = spec["components"]["comp-evaluate-parity"]["outputDefinitions"]
+    assert outputs["parameters"]["gate_passed"]["parameterType"] == "BOOLEAN"
+    assert set(outputs["artifacts"]) == {"metrics", "confusion", "report", "verdict"}
+
+
+def test_compile_two_train_tasks_amp_and_float32_feed_the_parity_evaluation(default_ir):
+    spec, _ = default_ir
+    tasks = spec["root"]["dag"]["tasks"]
+    assert _task_with_component(tasks, "comp-train") + _task_with_component(
+        tasks, "comp-train-2") == ["train", "train-2"]
+    assert tasks["train"]["taskInfo"]["name"] == "train-amp"
+    assert tasks["train-2"]["taskInfo"]["name"] == "train-float32"
+    assert tasks["train"]["inputs"]["parameters"]["precision"] == {
+        "componentInputParameter": "precision"}
+    params = tasks["train-2"]["inputs"]["parameters"]
+    assert params["precision"]["runtimeValue"]["constant"] == "float32"
+    # the two run in parallel: neither depends on the other
+    assert "train" not in tasks["train-2"].get("dependentTasks", [])
+    assert "train-2" not in tasks["train"].get("dependentTasks", [])
+    evaluate = tasks["evaluate-parity"]["inputs"]["artifacts"]
+    assert evaluate["model"]["taskOutputArtifact"]["producerTask"] == "train"
+    assert evaluate["baseline_model"]["taskOutputArtifact"]["producerTask"] == "train-2"
+    for name in ("max_baseline_accuracy_drop", "baseline_alpha"):
+        assert tasks["evaluate-parity"]["inputs"]["parameters"][name] == {
+            "componentInputParameter": name}
+
+
+def test_compile_without_float32_baseline_has_one_train_task(tmp_path):
+    spec, _ = _load(compile_pipeline(tmp_path / "p.yaml", PipelineOptions(
+        image=IMAGE, with_float32_baseline=False)))
+    tasks = spec["root"]["dag"]["tasks"]
+    assert "train-2" not in tasks
+    assert "baseline_model" not in tasks["evaluate-parity"]["inputs"].get("artifacts", {})
+
+
+def test_compile_train_checkpoints_on_the_runs_workspace_one_dir_per_task(default_ir):
+    spec, platform = default_ir
+    tasks = spec["root"]["dag"]["tasks"]
+    dirs = {name: tasks[name]["inputs"]["parameters"]["checkpoint_dir"]["runtimeValue"]["constant"]
+            for name in ("train", "train-2")}
+    assert dirs == {"train": "{{$.workspace_path}}/checkpoints/train-amp",
+                    "train-2": "{{$.workspace_path}}/checkpoints/train-float32"}
+    # KFP creates the per-run workspace PVC; the server's default spec unless overridden
+    assert platform["platforms"]["kubernetes"]["pipelineConfig"]["workspace"] == {
+        "size": "20Gi", "kubernetes": {"pvcSpecPatch": {}}}
+
+
+def test_compile_every_placeholder_is_one_the_kfp_driver_resolves(tmp_path):
+    """KFP's driver (backend/src/v2/driver/resolve.go) replaces `{{$.workspace_path}}` inside a
+    constant, but the run/task placeholders only when they are the whole value: a path built
+    from them would reach the container unresolved."""
+    text = Path(compile_pipeline(tmp_path / "p.yaml", PipelineOptions(image=IMAGE))).read_text()
+    spec = next(yaml.safe_load_all(text))
+    whole_value_only = ("{{$.pipeline_job_uuid}}", "{{$.pipeline_task_name}}",
+                        "{{$.pipeline_task_uuid}}", "{{$.pipeline_job_name}}",
+                        "{{$.pipeline_root}}")
+    constants = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "runtimeValue" in node and "constant" in node["runtimeValue"]:
+                constants.append(node["runtimeValue"]["constant"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(spec["root"])
+    walk(spec["components"])
+    placeholders = [c for c in constants if isinstance(c, str) and "{{$." in c]
+    assert placeholders  # the checkpoint dirs at least
+    for constant in placeholders:
+        for placeholder in whole_value_only:
+            assert placeholder not in constant or constant == placeholder, constant
+
+
+def test_compile_checkpoints_none_keeps_them_in_the_output_artifact(tmp_path):
+    spec, platform = _load(compile_pipeline(tmp_path / "p.yaml", PipelineOptions(
+        image=IMAGE, checkpoints="none")))
+    params = spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
+    assert params["checkpoint_dir"]["runtimeValue"]["constant"] == ""
+    assert "pipelineConfig" not in platform.get("platforms", {}).get("kubernetes", {})
+
+
+def test_compile_workspace_pvc_patch_from_options(tmp_path):
+    _, platform = _load(compile_pipeline(tmp_path / "p.yaml", PipelineOptions(
+        image=IMAGE, workspace_size="50Gi", workspace_storage_class="nfs",
+        workspace_access_mode="ReadWriteMany")))
+    assert platform["platforms"]["kubernetes"]["pipelineConfig"]["workspace"] == {
+        "size": "50Gi", "kubernetes": {"pvcSpecPatch": {
+            "storageClassName": "nfs", "accessModes": ["ReadWriteMany"]}}}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"checkpoints": "s3"}, "checkpoints must be one of"),
+    ({"workspace_size": "lots"}, "workspace_size must be a Kubernetes quantity"),
+    ({"workspace_access_mode": "ReadMany"}, "workspace_access_mode must be one of"),
+])
+def test_pipeline_options_bad_checkpoint_settings_rejected(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        PipelineOptions(image=IMAGE, **kwargs)
+
+
+def test_compile_saved_model_and_tflite_outputs_are_typed_models(default_ir):
+    spec, _ = default_ir
+    components = spec["components"]
+
+    def schema(component, side, name):
+        return components[component][side]["artifacts"][name]["artifactType"]["schemaTitle"]
+
+    assert schema("comp-export-savedmodel", "outputDefinitions", "saved_model") == "system.Model"
+    assert schema("comp-convert-tflite", "inputDefinitions", "saved_model") == "system.Model"
+    assert schema("comp-convert-tflite", "outputDefinitions", "tflite") == "system.Model"
+    assert schema("comp-deploy-serving", "inputDefinitions", "saved_model") == "system.Model"
 
 
 def test_compile_cpu_cluster_switches_gpu_off(tmp_path):
@@ -60,15 +216,6 @@ def test_compile_cpu_cluster_switches_gpu_off(tmp_path):
     train_exec = spec["deploymentSpec"]["executors"]["exec-train"]["container"]
     assert "accelerator" not in train_exec["resources"]
     assert "exec-train" not in str(platform)
-
-
-def test_compile_float32_baseline_branch_adds_a_second_train_task(tmp_path):
-    spec, _ = _load(compile_pipeline(tmp_path / "p.yaml",
-                                     PipelineOptions(image=IMAGE, with_float32_baseline=True)))
-    tasks = spec["root"]["dag"]["tasks"]
-    assert "train-2" in tasks
-    params = tasks["train-2"]["inputs"]["parameters"]
-    assert params["precision"]["runtimeValue"]["constant"] == "float32"
 
 
 def test_pipeline_options_unpinned_image_is_rejected():
@@ -113,6 +260,14 @@ def test_submit_to_an_endpoint_that_refuses_names_the_refusal():
             submit(SubmitConfig(host=host, image=IMAGE, connect_timeout_s=2))
     finally:
         server.shutdown()
+
+
+def test_submit_misspelt_param_is_refused_before_anything_is_sent():
+    port = _free_port()  # nothing listens: a refusal here comes before any connection
+    with pytest.raises(ConfigError, match=r"--param names must be pipeline parameters .*"
+                                          r"Received: \['epoch'\]"):
+        submit(SubmitConfig(host=f"http://127.0.0.1:{port}", image=IMAGE, connect_timeout_s=2),
+               {"epoch": 3, "epochs": 3})
 
 
 def test_submit_config_rejects_a_host_that_is_not_a_url():

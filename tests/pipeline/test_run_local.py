@@ -1,5 +1,6 @@
 """The whole pipeline through the real kfp local runner (SubprocessRunner), tiny epochs."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -9,8 +10,12 @@ from ampflow.errors import PipelineError
 from ampflow.pipeline.run_local import LocalRunConfig, run_local
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-TASKS = {"prepare-data", "train", "evaluate-parity", "export-savedmodel", "convert-tflite",
-         "deploy-serving"}
+TASKS = {"prepare-data", "train", "train-2", "evaluate-parity", "parity-gate",
+         "export-savedmodel", "convert-tflite", "deploy-serving"}
+# These runs check the wiring; they train for 1-3 epochs, where AMP and float32 accuracy still
+# move by several points from run to run, so the training-parity thresholds are opened here
+# (their statistics are tested in tests/components/evaluate_parity/test_training_parity.py).
+OPEN_TRAINING_GATE = {"max_baseline_accuracy_drop": 100.0, "baseline_alpha": 1e-300}
 
 
 def test_run_local_produces_every_artifact_and_the_served_model_answers(tmp_path):
@@ -19,14 +24,29 @@ def test_run_local_produces_every_artifact_and_the_served_model_answers(tmp_path
     from ampflow.serving.config import ModelConfig, ServerConfig
     from ampflow.serving.server import start_local_server
 
-    config = LocalRunConfig(workdir=tmp_path, epochs=3, serving_model_name="digits")
+    config = LocalRunConfig(workdir=tmp_path, epochs=3, serving_model_name="digits",
+                            **OPEN_TRAINING_GATE)
     result = run_local(config)
 
     assert TASKS <= set(result.artifacts)
     art = result.artifacts
     assert (art["prepare-data"]["data"] / "dataset_info.json").is_file()
     assert (art["train"]["model"] / "model.keras").is_file()
-    assert json.loads((art["evaluate-parity"]["verdict"] / "verdict.json").read_text())["passed"]
+    # two trainings, AMP and float32, each checkpointing to its own dir on the run's workspace
+    amp_meta = json.loads((art["train"]["model"] / "metadata.json").read_text())
+    base_meta = json.loads((art["train-2"]["model"] / "metadata.json").read_text())
+    assert amp_meta["precision"]["policy"] == "mixed_float16"
+    assert base_meta["precision"]["policy"] == "float32"
+    assert amp_meta["config"]["checkpoint_dir"] == str(config.workspace / "checkpoints/train-amp")
+    assert base_meta["config"]["checkpoint_dir"] == str(
+        config.workspace / "checkpoints/train-float32")
+    verdict = json.loads((art["evaluate-parity"]["verdict"] / "verdict.json").read_text())
+    assert verdict["passed"]
+    assert verdict["model_sha256"] == hashlib.sha256(
+        (art["train"]["model"] / "model.keras").read_bytes()).hexdigest()
+    metrics = json.loads((art["evaluate-parity"]["verdict"] / "metrics.json").read_text())
+    assert {"baseline_accuracy", "baseline_mcnemar_p_value", "training_speedup"} <= set(metrics)
+    assert "## Training parity" in art["evaluate-parity"]["report"].read_text()
     assert (art["evaluate-parity"]["report"]).read_text().startswith("#")
     assert (art["export-savedmodel"]["saved_model"] / "digits" / "1" / "saved_model.pb").is_file()
     tflite = art["convert-tflite"]["tflite"]
@@ -50,14 +70,28 @@ def test_run_local_produces_every_artifact_and_the_served_model_answers(tmp_path
         server.stop(0)
 
 
-def test_run_local_failing_parity_gate_stops_before_export(tmp_path):
-    config = LocalRunConfig(workdir=tmp_path, epochs=1, max_relative_logit_diff=0.0)
-    with pytest.raises(PipelineError, match="evaluate-parity"):
+def test_run_local_failing_parity_gate_stops_before_export_and_says_why(tmp_path):
+    # the twin comparison fails here; the baseline branch plays no part, so it is left out
+    config = LocalRunConfig(workdir=tmp_path, epochs=1, max_relative_logit_diff=0.0,
+                            with_float32_baseline=False)
+    with pytest.raises(PipelineError) as info:
         run_local(config)
+    message = str(info.value)
+    assert "Inner task failed: 'parity-gate'" in message  # not evaluate: it published
+    assert "max_relative_logit_diff: measured" in message  # the reason, at the end of the run
     run_dirs = list((tmp_path / "pipeline_root").iterdir())
     assert len(run_dirs) == 1
     tasks = {p.name for p in run_dirs[0].iterdir()}
-    assert "train" in tasks and "export-savedmodel" not in tasks
-    verdict = json.loads((run_dirs[0] / "evaluate-parity" / "verdict" / "verdict.json").read_text())
+    assert {"train", "evaluate-parity"} <= tasks and "export-savedmodel" not in tasks
+    evaluated = run_dirs[0] / "evaluate-parity"
+    verdict = json.loads((evaluated / "verdict" / "verdict.json").read_text())
     assert not verdict["passed"]
+    # evaluate succeeded, so every output a KFP backend would upload exists
+    assert {"report", "verdict"} <= {p.name for p in evaluated.iterdir()}
+    outputs = json.loads((evaluated / "executor_output.json").read_text())
+    assert outputs["parameterValues"]["gate_passed"] is False
+    published = {name: a["artifacts"][0]["metadata"] for name, a in outputs["artifacts"].items()}
+    assert published["metrics"]["gate_passed"] == 0.0
+    assert len(published["confusion"]["confusionMatrix"]["rows"]) == 10
+    assert "max_relative_logit_diff" in published["verdict"]["failed_checks"]
     assert not list((tmp_path / "serving").rglob("saved_model.pb"))

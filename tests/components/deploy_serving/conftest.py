@@ -1,9 +1,9 @@
 """Fixtures of the deploy step: tiny real SavedModels in the export layout, and kubeconfigs.
 
-The exporter is written in parallel, so the SavedModel here is our own: a seeded `tf.Module`
-with the contract's `serving_default` signature (`images` float32 [-1,8,8,1] ->
-`probabilities` float32 [-1,10], `class_ids` int64 [-1]). Each version has other weights, so
-a test can tell from a prediction which version answered.
+The SavedModel here is our own: a seeded `tf.Module` with the contract's `serving_default`
+signature (`images` float32 [-1,8,8,1] -> `probabilities` float32 [-1,10], `class_ids` int64
+[-1]) and, as export writes it, the recorded answers to a few images (ampflow_canary.npz). Each
+version has other weights, so a test can tell from a prediction which version answered.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
+from ampflow.components.export_savedmodel.canary_examples import write_canary_examples
 
 MODEL_NAME = "digits"
 
@@ -44,6 +45,9 @@ def write_saved_model(path: Path, seed: int) -> Path:
 
     module = Tiny()
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    # the answers export would record (real-looking images: the model's own outputs)
+    images = np.random.default_rng(100 + seed).uniform(0, 255, (6, 8, 8, 1))
+    write_canary_examples(path, tf.saved_model.load(str(path)), images)
     return path
 
 

@@ -1,16 +1,24 @@
 """A tiny fake Kubernetes API server on loopback, to test the client side on the wire.
 
 It answers /version, the discovery endpoints for the kinds k8s/ renders, server-side apply
-PATCHes (recorded, and stored), and GETs of what was applied; an applied Deployment reports
-its rollout as complete at once, except a Deployment annotated with `stall_version`, whose
-rollout is past its progress deadline (a new version whose pods never become Ready).
+PATCHes (recorded, and stored), JSON-patch PATCHes of a Deployment (what `kubectl rollout
+undo` sends), GETs of what was applied, and the list + watch requests of `kubectl rollout
+status`. A stand-in for the Deployment controller gives each Deployment a uid and a revision,
+and keeps one ReplicaSet per distinct pod template (as `kubectl rollout undo` reads them). An
+applied Deployment reports its rollout as complete at once (its `spec.replicas`, or 2 where
+the HPA owns it), except a Deployment whose (name, model-version annotation) is in `stall`:
+its rollout is past its progress deadline (pods that never become Ready).
 It is not Kubernetes: it checks nothing a real API server would (schemas, RBAC, conflicts).
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import threading
+import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -35,7 +43,7 @@ RESOURCES = {
         ("pods", "Pod", True),
         ("namespaces", "Namespace", False),
     ],
-    "apps/v1": [("deployments", "Deployment", True)],
+    "apps/v1": [("deployments", "Deployment", True), ("replicasets", "ReplicaSet", True)],
     "policy/v1": [("poddisruptionbudgets", "PodDisruptionBudget", True)],
     "autoscaling/v2": [("horizontalpodautoscalers", "HorizontalPodAutoscaler", True)],
     "networking.k8s.io/v1": [("networkpolicies", "NetworkPolicy", True)],
@@ -45,10 +53,11 @@ RESOURCES = {
 class FakeApiServer:
     """`with FakeApiServer() as api:` -> api.url, api.patches, api.objects."""
 
-    def __init__(self, stall_version: str | None = None) -> None:
-        self.stall_version = stall_version
+    def __init__(self, stall: set[tuple[str, str]] = frozenset()) -> None:
+        self.stall = set(stall)  # (Deployment name, model version) whose rollout never completes
         self.patches: list[dict] = []  # {"path", "query", "content_type", "body"}
         self.objects: dict[str, dict] = {}  # object path -> stored object
+        self.requests: list[tuple[str, str]] = []  # (method, path?query)
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -70,17 +79,22 @@ class FakeApiServer:
             "contexts: [{name: fake, context: {cluster: fake, user: u}}]\n"
         )
 
+    def deployment(self, namespace: str, name: str) -> dict | None:
+        """The stored Deployment, as last applied or patched (None if absent)."""
+        return self.objects.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+
     def _deployment_with_status(self, obj: dict) -> dict:
         obj = json.loads(json.dumps(obj))
         obj["metadata"]["generation"] = 1
-        obj["spec"]["replicas"] = 2
+        obj["metadata"].setdefault("resourceVersion", "1")
+        want = obj["spec"].setdefault("replicas", 2)  # no replicas field: the HPA's minimum
         version = obj["metadata"].get("annotations", {}).get("ampflow.dev/model-version")
-        if version is not None and version == self.stall_version:
+        if (obj["metadata"]["name"], version) in self.stall:
             obj["status"] = {
                 "observedGeneration": 1,
-                "replicas": 3,
+                "replicas": want + 1,
                 "updatedReplicas": 1,
-                "availableReplicas": 2,
+                "availableReplicas": want,
                 "conditions": [
                     {
                         "type": "Progressing",
@@ -93,12 +107,73 @@ class FakeApiServer:
         else:
             obj["status"] = {
                 "observedGeneration": 1,
-                "replicas": 2,
-                "updatedReplicas": 2,
-                "availableReplicas": 2,
-                "readyReplicas": 2,
+                "replicas": want,
+                "updatedReplicas": want,
+                "availableReplicas": want,
+                "readyReplicas": want,
+                "conditions": [{"type": "Available", "status": "True"}] if want else [],
             }
         return obj
+
+    def _control(self, path: str) -> None:
+        """The Deployment controller's bookkeeping after a write: uid, ReplicaSet, revision."""
+        dep = self.objects[path]
+        meta = dep["metadata"]
+        meta.setdefault("uid", str(uuid.uuid4()))
+        namespace = path.split("/")[5]
+        template = json.dumps(dep["spec"]["template"], sort_keys=True)
+        owned = [rs for key, rs in self.objects.items()
+                 if "/replicasets/" in key
+                 and rs["metadata"]["ownerReferences"][0]["uid"] == meta["uid"]]
+        revisions = [int(rs["metadata"]["annotations"][_REVISION]) for rs in owned]
+        match = next((rs for rs in owned if _template_without_hash(rs) == template), None)
+        if match is None:
+            pod_hash = hashlib.sha256(template.encode()).hexdigest()[:10]
+            spec = copy.deepcopy(dep["spec"])
+            spec["template"]["metadata"]["labels"]["pod-template-hash"] = pod_hash
+            spec["selector"]["matchLabels"]["pod-template-hash"] = pod_hash
+            match = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                     "metadata": {"name": f"{meta['name']}-{pod_hash}", "namespace": namespace,
+                                  "uid": str(uuid.uuid4()), "annotations": {},
+                                  "labels": dict(spec["template"]["metadata"]["labels"]),
+                                  "ownerReferences": [{
+                                      "apiVersion": "apps/v1", "kind": "Deployment",
+                                      "name": meta["name"], "uid": meta["uid"],
+                                      "controller": True, "blockOwnerDeletion": True}]},
+                     "spec": {"replicas": 0, "selector": spec["selector"],
+                              "template": spec["template"]},
+                     "status": {"replicas": 0}}
+            self.objects[f"/apis/apps/v1/namespaces/{namespace}/replicasets/"
+                         f"{match['metadata']['name']}"] = match
+        current = int(match["metadata"]["annotations"].get(_REVISION, "0"))
+        if current != max(revisions, default=0) or current == 0:
+            current = max(revisions, default=0) + 1
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
+                       if k != _REVISION}
+        match["metadata"]["annotations"] = {**annotations, _REVISION: str(current)}
+        meta["annotations"] = {**annotations, _REVISION: str(current)}
+
+    def _list(self, path: str, query: dict) -> dict | None:
+        """A List of the stored objects of one namespaced collection (field/label selector)."""
+        parts = path.split("/")
+        if len(parts) < 4 or parts[-3] != "namespaces":  # not a namespaced collection
+            return None
+        prefix = path + "/"
+        items = [copy.deepcopy(o) for k, o in self.objects.items()
+                 if k.startswith(prefix) and "/" not in k[len(prefix):]]
+        name = (query.get("fieldSelector", [""])[0].partition("metadata.name=")[2])
+        if name:
+            items = [o for o in items if o["metadata"]["name"] == name]
+        labels = query.get("labelSelector", [""])[0]
+        for term in filter(None, labels.split(",")):
+            key, _, value = term.partition("=")
+            items = [o for o in items if (o["metadata"].get("labels") or {}).get(key) == value]
+        items = [self._deployment_with_status(o) if o.get("kind") == "Deployment" else o
+                 for o in items]
+        kind = items[0]["kind"] if items else parts[-1][:-1].capitalize()
+        group_version = "/".join(parts[2:-3])  # /apis/apps/v1/... -> apps/v1; /api/v1 -> v1
+        return {"apiVersion": group_version, "kind": f"{kind}List",
+                "metadata": {"resourceVersion": "1"}, "items": items}
 
     def _handler(self):
         server = self
@@ -116,7 +191,10 @@ class FakeApiServer:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-                path = urlparse(self.path).path.rstrip("/") or "/"
+                url = urlparse(self.path)
+                path = url.path.rstrip("/") or "/"
+                query = parse_qs(url.query)
+                server.requests.append(("GET", self.path))
                 if path == "/version":
                     return self._send(200, _VERSION)
                 if path == "/api":
@@ -126,31 +204,82 @@ class FakeApiServer:
                 discovery = _resource_list(path)
                 if discovery is not None:
                     return self._send(200, discovery)
+                if query.get("watch", [""])[0] in ("true", "1"):
+                    return self._watch()
                 key = path.removesuffix("/status")
                 with server.lock:
                     obj = server.objects.get(key)
+                    listing = server._list(path, query) if obj is None else None
+                if listing is not None:
+                    return self._send(200, listing)
                 if obj is None:
                     return self._send(404, _status(404, "NotFound", f"{key} not found"))
                 if obj.get("kind") == "Deployment":
                     obj = server._deployment_with_status(obj)
                 return self._send(200, obj)
 
+            def _watch(self) -> None:
+                """A watch stream with no events, closed after a moment (clients re-watch)."""
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                time.sleep(0.5)
+
             def do_PATCH(self) -> None:  # noqa: N802
                 url = urlparse(self.path)
+                content_type = self.headers.get("Content-Type", "")
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(("PATCH", self.path))
                 with server.lock:
                     server.patches.append(
                         {
                             "path": url.path,
                             "query": parse_qs(url.query),
-                            "content_type": self.headers.get("Content-Type"),
-                            "body": body,
+                            "content_type": content_type,
+                            "body": copy.deepcopy(body),  # as sent, before the controller
                         }
                     )
-                    server.objects[url.path] = body
-                self._send(200, body)
+                    if content_type.startswith("application/json-patch+json"):
+                        if url.path not in server.objects:
+                            return self._send(404, _status(404, "NotFound", url.path))
+                        _json_patch(server.objects[url.path], body)
+                    else:
+                        previous = server.objects.get(url.path, {}).get("metadata", {})
+                        if "uid" in previous:  # an object keeps its identity across applies
+                            body["metadata"]["uid"] = previous["uid"]
+                        server.objects[url.path] = body
+                    if "/deployments/" in url.path:
+                        server._control(url.path)
+                    stored = server.objects[url.path]
+                self._send(200, stored)
 
         return Handler
+
+
+_REVISION = "deployment.kubernetes.io/revision"
+
+
+def _template_without_hash(replica_set: dict) -> str:
+    template = copy.deepcopy(replica_set["spec"]["template"])
+    template["metadata"]["labels"].pop("pod-template-hash", None)
+    return json.dumps(template, sort_keys=True)
+
+
+def _json_patch(obj: dict, ops: list[dict]) -> None:
+    """RFC 6902 add/replace/remove on `obj`, in place (what kubectl sends)."""
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~")
+                          for p in op["path"].lstrip("/").split("/")]
+        target = obj
+        for part in parents:
+            target = target.setdefault(part, {})
+        if op["op"] in ("add", "replace"):
+            target[last] = op["value"]
+        elif op["op"] == "remove":
+            target.pop(last, None)
+        else:
+            raise ValueError(f"unsupported JSON patch op {op['op']}")
 
 
 def _group_list() -> dict:

@@ -1,4 +1,5 @@
-"""`deploy --target kubernetes`: fails fast and changes nothing without a cluster; renders."""
+"""`deploy --target kubernetes`: fails fast and changes nothing without a cluster; renders the
+release, its canary and the release record (the flows on the wire: test_deploy_kubernetes_wire)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from ampflow.cli import main
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
-from ampflow.components.deploy_serving import kubernetes_target as kt
+from ampflow.components.deploy_serving import kubernetes_render as kr
 from ampflow.errors import DeployError
 
 MODEL_NAME = "digits"  # as in conftest.py
@@ -91,7 +92,7 @@ def test_render_pins_version_namespace_prefix_and_volume(export_base, tmp_path):
         name_prefix="exp1-",
         image="registry.local/serving:2.20.0",
     )
-    objects = kt.render(config, MODEL_NAME, 2)
+    objects = kr.render(config, MODEL_NAME, 2)
     assert {o["metadata"]["namespace"] for o in objects} == {"team-a"}
     assert all(o["metadata"]["name"].startswith("exp1-") for o in objects)
     config_map = next(o for o in objects if o["kind"] == "ConfigMap")
@@ -100,18 +101,18 @@ def test_render_pins_version_namespace_prefix_and_volume(export_base, tmp_path):
     assert "specific { versions: 2 }" in models
     assert "max_batch_size" in config_map["data"]["batching.config"]  # merged, not replaced
     deployment = next(o for o in objects if o["kind"] == "Deployment")
-    assert deployment["metadata"]["annotations"][kt.VERSION_ANNOTATION] == "2"
+    assert deployment["metadata"]["annotations"][kr.VERSION_ANNOTATION] == "2"
     spec = deployment["spec"]["template"]["spec"]
     assert spec["containers"][0]["image"] == "registry.local/serving:2.20.0"
     assert spec["volumes"][0]["configMap"]["name"] == config_map["metadata"]["name"]
-    assert kt._service_address(config, objects) == "exp1-tf-serving.team-a.svc:8500"
+    assert kr.service_address(objects, "team-a") == "exp1-tf-serving.team-a.svc:8500"
 
 
 @pytest.mark.k8s
 def test_render_new_version_changes_config_map_name(export_base, tmp_path):
     config = _config(export_base, tmp_path)
     names = {
-        v: next(o for o in kt.render(config, MODEL_NAME, v) if o["kind"] == "ConfigMap")[
+        v: next(o for o in kr.render(config, MODEL_NAME, v) if o["kind"] == "ConfigMap")[
             "metadata"
         ]["name"]
         for v in (1, 2, 1)
@@ -122,7 +123,7 @@ def test_render_new_version_changes_config_map_name(export_base, tmp_path):
 @pytest.mark.k8s
 def test_render_object_store_drops_pvc_and_uses_uri(export_base):
     config = _config(export_base, "gs://bucket/models")
-    objects = kt.render(config, MODEL_NAME, 2)
+    objects = kr.render(config, MODEL_NAME, 2)
     assert "PersistentVolumeClaim" not in {o["kind"] for o in objects}
     config_map = next(o for o in objects if o["kind"] == "ConfigMap")
     assert f'base_path: "gs://bucket/models/{MODEL_NAME}"' in config_map["data"]["models.config"]
@@ -132,112 +133,62 @@ def test_render_object_store_drops_pvc_and_uses_uri(export_base):
     assert all("persistentVolumeClaim" not in v for v in volumes)
 
 
-def _deployment(generation=2, observed=2, want=2, replicas=2, updated=2, available=2, cond=None):
-    return _Obj(
-        metadata=_Obj(generation=generation),
-        spec=_Obj(replicas=want),
-        status=_Obj(
-            observed_generation=observed,
-            replicas=replicas,
-            updated_replicas=updated,
-            available_replicas=available,
-            conditions=cond or [],
-        ),
-    )
+@pytest.mark.k8s
+def test_canary_objects_are_a_second_track_of_the_same_release(export_base, tmp_path):
+    import kubernetes_validate
 
-
-class _Obj:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
-@pytest.mark.parametrize(
-    "kwargs, done, why",
-    [
-        ({}, True, "complete"),
-        ({"observed": 1}, False, "has not seen"),
-        ({"updated": 1}, False, "1/2 replicas updated"),
-        ({"replicas": 3}, False, "1 old replicas"),
-        ({"available": 1}, False, "1/2 updated replicas available"),
-        (
-            {"cond": [_Obj(type="Progressing", reason="ProgressDeadlineExceeded", message="m")]},
-            False,
-            "ProgressDeadlineExceeded",
-        ),
-    ],
-)
-def test_rollout_state_reads_deployment_status(kwargs, done, why):
-    state = kt.rollout_state(_deployment(**kwargs))
-    assert state[0] is done and why in state[1]
-
-
-class _FakeCluster:
-    """Stands in for the API server at the module's boundary (connect/apply/read/wait)."""
-
-    def __init__(self, live=None, rollout_ok=True):
-        self.live, self.rollout_ok = live, rollout_ok
-        self.applied: list[list[dict]] = []
-
-    def install(self, monkeypatch):
-        monkeypatch.setattr(kt, "connect", lambda config: (object(), "https://fake:6443"))
-        monkeypatch.setattr(kt, "check_reachable", lambda *a: None)
-        monkeypatch.setattr(kt, "live_version", lambda *a: self.live)
-        monkeypatch.setattr(kt, "apply", lambda client, objects, ns: self.applied.append(objects))
-        monkeypatch.setattr(kt, "wait_rollout", self._wait)
-
-    def _wait(self, *args):
-        if not self.rollout_ok and len(self.applied) == 1:
-            raise DeployError("rollout of Deployment ampflow/tf-serving did not complete")
-
-    def pinned_versions(self) -> list[str]:
-        return [
-            next(o for o in objs if o["kind"] == "Deployment")["metadata"]["annotations"][
-                kt.VERSION_ANNOTATION
-            ]
-            for objs in self.applied
-        ]
+    config = _config(export_base, tmp_path, namespace="team-a", name_prefix="exp1-")
+    release = kr.render(config, MODEL_NAME, 2)
+    config_map, canary, service = kr.canary_objects(release, replicas=2)
+    stable = kr.one(release, "Deployment")
+    assert config_map is kr.one(release, "ConfigMap")  # the version-2 pin, hashed name
+    assert canary["metadata"]["name"] == "exp1-tf-serving-canary"
+    assert canary["spec"]["replicas"] == 2
+    # same pod template (image, args, pinned config) apart from the track label
+    for d in (stable, canary):
+        assert d["metadata"]["annotations"][kr.VERSION_ANNOTATION] == "2"
+    pod = dict(canary["spec"]["template"]["spec"])
+    assert pod == stable["spec"]["template"]["spec"]
+    canary_labels = canary["spec"]["template"]["metadata"]["labels"]
+    stable_labels = stable["spec"]["template"]["metadata"]["labels"]
+    assert (canary_labels[kr.TRACK_LABEL], stable_labels[kr.TRACK_LABEL]) == ("canary", "stable")
+    # the selectors of the two Deployments never overlap; the main Service selects both
+    stable_selector = stable["spec"]["selector"]["matchLabels"]
+    canary_selector = canary["spec"]["selector"]["matchLabels"]
+    assert not stable_selector.items() <= canary_labels.items()
+    assert not canary_selector.items() <= stable_labels.items()
+    main_selector = kr.one(release, "Service")["spec"]["selector"]
+    assert main_selector.items() <= canary_labels.items()
+    assert main_selector.items() <= stable_labels.items()
+    # the canary Service reaches only canary pods
+    assert service["metadata"]["name"] == "exp1-tf-serving-canary"
+    assert service["spec"]["selector"].items() <= canary_labels.items()
+    assert not service["spec"]["selector"].items() <= stable_labels.items()
+    for obj in (canary, service):
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
 
 
 @pytest.mark.k8s
-def test_failed_rollout_re_applies_previous_version(export_base, tmp_path, monkeypatch):
-    cluster = _FakeCluster(live=(MODEL_NAME, 1), rollout_ok=False)
-    cluster.install(monkeypatch)
-    with pytest.raises(DeployError, match=r"did not complete; rolled back: version 1 is serving"):
-        run_deploy(_config(export_base, tmp_path))
-    assert cluster.pinned_versions() == ["2", "1"]
-    assert (tmp_path / MODEL_NAME / "2" / "saved_model.pb").is_file()  # pushed before apply
+def test_release_record_round_trips_the_exact_render(export_base, tmp_path):
+    config = _config(export_base, tmp_path, namespace="team-a")
+    release = kr.render(config, MODEL_NAME, 2)
+    record = kr.release_record(release, MODEL_NAME, 2, "team-a")
+    assert record["metadata"]["name"] == kr.record_name(release) == "tf-serving-release"
+    objects, version = kr.parse_record(record)
+    assert (objects, version) == (release, 2)
+    assert kr.parse_record(None) is None
+    broken = {"metadata": {"name": "tf-serving-release"}, "data": {"version": "x"}}
+    with pytest.raises(DeployError, match="release record ConfigMap tf-serving-release is "
+                                          "unreadable"):
+        kr.parse_record(broken)
 
 
-@pytest.mark.k8s
-def test_canary_failure_re_applies_previous_version(export_base, tmp_path, monkeypatch):
-    from ampflow.components.deploy_serving import canary
+def test_s3_model_store_is_refused_with_the_reason(export_base):
+    from ampflow.errors import ConfigError
 
-    cluster = _FakeCluster(live=(MODEL_NAME, 1))
-    cluster.install(monkeypatch)
-
-    def _bad_canary(address, *args, **kwargs):
-        raise DeployError(f"canary Predict at {address} failed: INTERNAL")
-
-    monkeypatch.setattr(canary, "check_version_served", _bad_canary)
-    with pytest.raises(DeployError, match=r"tf-serving.ampflow.svc:8500 failed.*rolled back"):
-        run_deploy(_config(export_base, tmp_path))
-    assert cluster.pinned_versions() == ["2", "1"]
-
-
-@pytest.mark.k8s
-def test_successful_deploy_reports_endpoint_and_served_version(export_base, tmp_path, monkeypatch):
-    from ampflow.components.deploy_serving import canary
-
-    cluster = _FakeCluster(live=None)
-    cluster.install(monkeypatch)
-    monkeypatch.setattr(canary, "check_version_served", lambda a, n, v, s, **k: v)
-    result = run_deploy(_config(export_base, tmp_path, namespace="prod"))
-    assert (result.endpoint, result.served_version, result.previous_version) == (
-        "tf-serving.prod.svc:8500",
-        2,
-        None,
-    )
-    assert cluster.pinned_versions() == ["2"]
+    with pytest.raises(ConfigError, match=r"model_store must be a directory or gs://.*"
+                                          r"tensorflow/serving#1963"):
+        _config(export_base, "s3://bucket/models")
 
 
 def test_api_server_that_never_answers_times_out_in_connect_timeout(export_base, tmp_path):
@@ -275,7 +226,7 @@ def test_deploy_render_validates_strict(export_base, tmp_path, store):
         name_prefix="exp1-",
         namespace="team-a",
     )
-    for obj in kt.render(config, MODEL_NAME, 2):
+    for obj in kr.render(config, MODEL_NAME, 2):
         kubernetes_validate.validate(obj, "1.37.0", strict=True)
 
 
@@ -285,4 +236,4 @@ def test_render_missing_manifests_dir_raises_config_error(export_base, tmp_path,
 
     monkeypatch.setenv("AMPFLOW_K8S_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match=r"AMPFLOW_K8S_DIR.*Received: manifests_dir=.*nowhere"):
-        kt.render(_config(export_base, tmp_path), MODEL_NAME, 2)
+        kr.render(_config(export_base, tmp_path), MODEL_NAME, 2)

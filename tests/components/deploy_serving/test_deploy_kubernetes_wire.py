@@ -1,96 +1,272 @@
-"""`deploy --target kubernetes` on the wire: a fake API server on loopback, a real gRPC server.
+"""`deploy --target kubernetes` on the wire: a fake API server, real kubectl, a real gRPC server.
 
-The fake (fake_apiserver.py) stands for Kubernetes' HTTP API only: what is tested is our side —
-server-side apply requests as the API server receives them, the rollout wait, the rollback on a
-stalled rollout, and the canary against a real `ampflow serve`.
+The fake (fake_apiserver.py) stands for Kubernetes' HTTP API only; what is tested is our side:
+the server-side apply requests as the API server receives them, the canary → promote order,
+`kubectl rollout status` and `kubectl rollout undo` run against it, the release record, and each
+rollback. One `ampflow serve` (all versions) stands for both the canary and the stable pods:
+every check asks it for the exact version and compares the answers with the recorded ones.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
 import pytest
+import yaml
 from fake_apiserver import FakeApiServer
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
 from ampflow.errors import DeployError
 
+pytestmark = [pytest.mark.k8s, pytest.mark.serving, pytest.mark.timeout(300)]
+
 MODEL_NAME = "digits"  # as in conftest.py
-KINDS = [
-    "ConfigMap",
-    "Deployment",
-    "HorizontalPodAutoscaler",
-    "NetworkPolicy",
-    "PersistentVolumeClaim",
-    "PodDisruptionBudget",
-    "Service",
-    "ServiceAccount",
-]
+NAMESPACE = "team-a"
+STABLE, CANARY = "tf-serving", "tf-serving-canary"
+SHARED = ["ConfigMap", "NetworkPolicy", "PersistentVolumeClaim", "PodDisruptionBudget",
+          "Service", "ServiceAccount"]
 
 
-def _config(export_base, store, kubeconfig, version, **kwargs):
-    return DeployConfig(
-        saved_model_dir=export_base / MODEL_NAME / str(version),
-        target="kubernetes",
-        model_store=str(store),
-        kubeconfig=kubeconfig,
-        namespace="team-a",
-        rollout_timeout_s=20,
-        **kwargs,
-    )
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """(model store, gRPC address): `ampflow serve` polling the store, serving every version."""
+    store = tmp_path_factory.mktemp("k8s-store")
+    (store / MODEL_NAME).mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = store.parent / "k8s-server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ampflow.cli", "serve", "--server", "local",
+             "--model-name", MODEL_NAME, "--model-base-path", str(store / MODEL_NAME),
+             "--host", "127.0.0.1", "--port", str(port), "--version-policy", "all",
+             "--file-system-poll-wait-seconds", "0.5"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    try:
+        yield store, f"127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
 
 
-def _pinned(api: FakeApiServer) -> list[str]:
-    return [
-        p["body"]["metadata"]["annotations"]["ampflow.dev/model-version"]
-        for p in api.patches
-        if p["body"]["kind"] == "Deployment"
-    ]
+def _deploy(api: FakeApiServer, tmp_path, store, address, saved_model_dir, **kwargs):
+    api.kubeconfig(tmp_path / "kubeconfig")
+    return run_deploy(DeployConfig(
+        saved_model_dir=saved_model_dir, target="kubernetes", model_store=str(store),
+        kubeconfig=tmp_path / "kubeconfig", namespace=NAMESPACE, rollout_timeout_s=20,
+        canary_timeout_s=60, server_address=address, canary_address=address, **kwargs))
 
 
-@pytest.mark.k8s
-@pytest.mark.serving
-@pytest.mark.timeout(180)
-def test_deploy_applies_server_side_waits_and_canaries_real_server(
-    served_store, export_base, tmp_path
-):
-    store, address, _ = served_store
+def _applied(api: FakeApiServer) -> list[tuple[str, str, str | None]]:
+    """(kind, name, pinned version or replicas) of each server-side apply, in order."""
+    out = []
+    for patch in api.patches:
+        body = patch["body"]
+        detail = None
+        if body["kind"] == "Deployment":
+            replicas = body["spec"].get("replicas")
+            version = body["metadata"]["annotations"]["ampflow.dev/model-version"]
+            detail = f"v{version}" + ("" if replicas is None else f" x{replicas}")
+        elif body["kind"] == "ConfigMap" and "version" in body.get("data", {}):
+            detail = f"record v{body['data']['version']}"
+        out.append((body["kind"], body["metadata"]["name"], detail))
+    return out
+
+
+def _stable_version(api: FakeApiServer) -> str:
+    return api.deployment(NAMESPACE, STABLE)["metadata"]["annotations"]["ampflow.dev/model-version"]
+
+
+def _kubectl_calls(api: FakeApiServer, what: str) -> int:
+    return sum(1 for method, path in api.requests if what in path)
+
+
+def test_first_deploy_runs_a_canary_then_promotes_and_records_the_release(
+        server, export_base, tmp_path):
+    store, address = server
     with FakeApiServer() as api:
-        api.kubeconfig(tmp_path / "kubeconfig")
-        result = run_deploy(
-            _config(export_base, store, tmp_path / "kubeconfig", 2, server_address=address)
-        )
-    assert (result.served_version, result.endpoint, result.previous_version) == (2, address, None)
-    assert sorted(p["body"]["kind"] for p in api.patches) == KINDS
+        result = _deploy(api, tmp_path, store, address, export_base / MODEL_NAME / "1")
+        steps = _applied(api)
+    assert (result.served_version, result.previous_version, result.promoted) == (1, None, True)
+    assert result.canary_address == address and result.endpoint == address
+    assert result.canary_share == pytest.approx(1.0)  # no stable pods yet: all of it
+    kinds = [kind for kind, _, _ in steps]
+    # a first deploy: the shared objects, then the canary track, then the release, then the
+    # canary retired and the release recorded
+    assert sorted(kinds[:6]) == SHARED
+    assert steps[6:9] == [("ConfigMap", steps[6][1], None), ("Deployment", CANARY, "v1 x1"),
+                          ("Service", CANARY, None)]
+    assert ("Deployment", STABLE, "v1") in steps[9:17]
+    assert steps[-2:] == [("Deployment", CANARY, "v1 x0"),
+                          ("ConfigMap", "tf-serving-release", "record v1")]
     for patch in api.patches:
         assert patch["content_type"] == "application/apply-patch+yaml"
         assert patch["query"]["fieldManager"] == ["ampflow-deploy"]
-        assert patch["query"]["force"][0].lower() == "true"
-        assert patch["path"].split("/")[-3:-2] != ["default"]
-        assert "/namespaces/team-a/" in patch["path"]
-    assert (store / MODEL_NAME / "2" / "saved_model.pb").is_file()
-    assert _pinned(api) == ["2"]
+        assert f"/namespaces/{NAMESPACE}/" in patch["path"]
+    # kubectl rollout status watched both Deployments (list + watch by name)
+    assert _kubectl_calls(api, f"fieldSelector=metadata.name%3D{CANARY}") >= 1
+    assert _kubectl_calls(api, f"fieldSelector=metadata.name%3D{STABLE}") >= 1
+    assert (store / MODEL_NAME / "1" / "saved_model.pb").is_file()
 
 
-@pytest.mark.k8s
-def test_stalled_rollout_rolls_back_to_the_previous_version(export_base, tmp_path):
-    store = tmp_path / "store"
-    with FakeApiServer(stall_version="2") as api:
-        api.kubeconfig(tmp_path / "kubeconfig")
-        # version 1 goes live first (its canary is not the point here: no server to ask)
-        with pytest.raises(DeployError, match=r"did not become AVAILABLE"):
-            run_deploy(
-                _config(
-                    export_base,
-                    store,
-                    tmp_path / "kubeconfig",
-                    1,
-                    server_address="127.0.0.1:1",
-                    canary_timeout_s=0.5,
-                )
-            )
-        api.patches.clear()
+def _promote_version_1(api, tmp_path, store, address, export_base):
+    _deploy(api, tmp_path, store, address, export_base / MODEL_NAME / "1")
+    recorded = api.objects[f"/api/v1/namespaces/{NAMESPACE}/configmaps/tf-serving-release"]
+    assert recorded["data"]["version"] == "1"
+    api.patches.clear()
+
+
+def test_second_deploy_promotes_and_reports_the_previous_version(server, export_base, tmp_path):
+    store, address = server
+    with FakeApiServer() as api:
+        _promote_version_1(api, tmp_path, store, address, export_base)
+        result = _deploy(api, tmp_path, store, address, export_base / MODEL_NAME / "2")
+        steps = _applied(api)
+        assert _stable_version(api) == "2"
+    assert (result.served_version, result.previous_version) == (2, 1)
+    assert result.canary_share == pytest.approx(1 / 3)  # 1 canary pod beside 2 stable ones
+    # not a first deploy: nothing shared is applied before the canary has passed
+    assert [k for k, _, _ in steps[:3]] == ["ConfigMap", "Deployment", "Service"]
+    assert steps[1] == ("Deployment", CANARY, "v2 x1")
+    assert steps[-1] == ("ConfigMap", "tf-serving-release", "record v2")
+
+
+def _with_wrong_answers(src, dst):
+    """A copy of a version whose recorded answers are not what it computes."""
+    shutil.copytree(src, dst)
+    with np.load(dst / "ampflow_canary.npz") as data:
+        arrays = dict(data)
+    arrays["probabilities"] = np.roll(arrays["probabilities"], 1, axis=1)
+    arrays["class_ids"] = (arrays["class_ids"] + 1) % 10
+    with open(dst / "ampflow_canary.npz", "wb") as f:
+        np.savez(f, **arrays)
+    return dst
+
+
+def test_canary_with_wrong_answers_is_removed_and_the_stable_track_never_changes(
+        server, export_base, tmp_path):
+    store, address = server
+    wrong = _with_wrong_answers(export_base / MODEL_NAME / "2", tmp_path / "x" / MODEL_NAME / "3")
+    with FakeApiServer() as api:
+        _promote_version_1(api, tmp_path, store, address, export_base)
         with pytest.raises(DeployError) as info:
-            run_deploy(_config(export_base, store, tmp_path / "kubeconfig", 2))
+            _deploy(api, tmp_path, store, address, wrong)
+        steps = _applied(api)
+        assert _stable_version(api) == "1"
     message = str(info.value)
-    assert "ProgressDeadlineExceeded" in message
+    assert "does not give the recorded answers on 6 real examples" in message
+    assert "rolled back: version 1 is serving (the stable Deployment was never changed)" in message
+    assert "the canary was scaled to 0" in message
+    assert ("Deployment", STABLE, "v3") not in steps
+    assert steps[-1] == ("Deployment", CANARY, "v3 x0")
+    assert not any(detail == "record v3" for _, _, detail in steps)
+
+
+def test_stalled_promotion_re_applies_the_recorded_release_exactly(server, export_base, tmp_path):
+    store, address = server
+    with FakeApiServer(stall={(STABLE, "2")}) as api:
+        _promote_version_1(api, tmp_path, store, address, export_base)
+        record_map = api.objects[f"/api/v1/namespaces/{NAMESPACE}/configmaps/tf-serving-release"]
+        recorded = [d for d in yaml.safe_load_all(record_map["data"]["release.yaml"]) if d]
+        with pytest.raises(DeployError) as info:
+            _deploy(api, tmp_path, store, address, export_base / MODEL_NAME / "2")
+        steps = _applied(api)
+        assert _stable_version(api) == "1"
+        rollback_bodies = [p["body"] for p in api.patches][-len(recorded):]
+    message = str(info.value)
+    assert "exceeded its progress deadline" in message
     assert "rolled back: version 1 is serving" in message
-    assert _pinned(api) == ["2", "1"]  # the new render, then the previous one again
+    assert "the recorded release of version 1 was re-applied and rolled out" in message
+    assert ("Deployment", STABLE, "v2") in steps  # promotion was attempted...
+    assert ("Deployment", CANARY, "v2 x0") in steps  # ...the canary retired...
+    assert rollback_bodies == recorded  # ...and the recorded render re-applied, object by object
+
+
+def test_stalled_promotion_without_a_record_uses_kubectl_rollout_undo(server, export_base,
+                                                                     tmp_path):
+    store, address = server
+    with FakeApiServer(stall={(STABLE, "2")}) as api:
+        _promote_version_1(api, tmp_path, store, address, export_base)
+        del api.objects[f"/api/v1/namespaces/{NAMESPACE}/configmaps/tf-serving-release"]
+        with pytest.raises(DeployError) as info:
+            _deploy(api, tmp_path, store, address, export_base / MODEL_NAME / "2")
+        assert _stable_version(api) == "1"  # the previous ReplicaSet's template is back
+        undo = [p for p in api.patches
+                if p["content_type"].startswith("application/json-patch+json")]
+    assert "`kubectl rollout undo` restored the revision that was live before (1)" in str(
+        info.value)
+    assert len(undo) == 1 and undo[0]["path"].endswith(f"/deployments/{STABLE}")
+
+
+def test_stable_deployment_made_by_hand_is_restored_not_scaled_down(server, export_base,
+                                                                   tmp_path):
+    # `kubectl apply -k k8s/overlays/cpu` by hand: a stable Deployment without our annotations
+    # and no release record. A failed promotion must give it back, not treat it as absent.
+    from ampflow.components.deploy_serving import kubernetes_render
+
+    store, address = server
+    with FakeApiServer(stall={(STABLE, "1")}) as api:
+        api.kubeconfig(tmp_path / "kubeconfig")
+        config = DeployConfig(saved_model_dir=export_base / MODEL_NAME / "1", target="kubernetes",
+                              model_store=str(store), namespace=NAMESPACE)
+        by_hand = kubernetes_render.one(kubernetes_render.render(config, MODEL_NAME, 1),
+                                        "Deployment")
+        del by_hand["metadata"]["annotations"]["ampflow.dev/model-version"]
+        by_hand["spec"]["template"]["spec"]["containers"][0]["image"] = "tensorflow/serving:2.19.0"
+        _apply_by_hand(api, by_hand)
+        with pytest.raises(DeployError) as info:
+            _deploy(api, tmp_path, store, address, export_base / MODEL_NAME / "1")
+        stable = api.deployment(NAMESPACE, STABLE)
+    assert "restored the revision that was live before (1)" in str(info.value)
+    assert "the stable Deployment that was live before is serving" in str(info.value)
+    pod, hand_pod = stable["spec"]["template"]["spec"], by_hand["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "tensorflow/serving:2.19.0"  # the hand-made one
+    assert pod["volumes"] == hand_pod["volumes"]
+    assert stable["spec"].get("replicas") != 0
+
+
+def _apply_by_hand(api: FakeApiServer, obj: dict) -> None:
+    import json
+    import urllib.request
+
+    path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{obj['metadata']['name']}"
+    request = urllib.request.Request(
+        f"{api.url}{path}?fieldManager=kubectl", data=json.dumps(obj).encode(), method="PATCH",
+        headers={"Content-Type": "application/apply-patch+yaml"})
+    urllib.request.urlopen(request, timeout=10).read()
+    api.patches.clear()
+
+
+def test_first_deploy_whose_rollout_stalls_leaves_nothing_serving(server, export_base, tmp_path):
+    store, address = server
+    with FakeApiServer(stall={(STABLE, "1")}) as api:
+        with pytest.raises(DeployError) as info:
+            _deploy(api, tmp_path, store, address, export_base / MODEL_NAME / "1")
+        stable = api.deployment(NAMESPACE, STABLE)
+    message = str(info.value)
+    assert "rolled back: nothing is serving (there was no previous version)" in message
+    assert "first deploy: the new stable Deployment was scaled to 0" in message
+    assert stable["spec"]["replicas"] == 0
+
+
+def test_canary_whose_pods_never_get_ready_is_removed(server, export_base, tmp_path):
+    store, address = server
+    with FakeApiServer(stall={(CANARY, "2")}) as api:
+        _promote_version_1(api, tmp_path, store, address, export_base)
+        with pytest.raises(DeployError) as info:
+            _deploy(api, tmp_path, store, address, export_base / MODEL_NAME / "2")
+        steps = _applied(api)
+    assert f"rollout of Deployment {NAMESPACE}/{CANARY} did not complete" in str(info.value)
+    assert "version 1 is serving (the stable Deployment was never changed)" in str(info.value)
+    assert [s for s in steps if s[1] == STABLE] == []

@@ -76,9 +76,12 @@ def test_deploy_local_hot_loads_new_version_without_restart_or_failed_request(
 ):
     store, address, proc = served_store
     from ampflow.components.deploy_serving import canary, model_store
+    from ampflow.components.export_savedmodel.canary_examples import load_canary_examples
 
     spec = model_store.check_saved_model(export_base / MODEL_NAME / "1")
-    assert canary.check_version_served(address, MODEL_NAME, 1, spec, timeout_s=120) == 1
+    examples = load_canary_examples(export_base / MODEL_NAME / "1")
+    assert canary.check_version_served(address, MODEL_NAME, 1, spec, examples, timeout_s=120,
+                                       atol=1e-5) == 1
     images = np.random.default_rng(0).uniform(0, 255, (4, 8, 8, 1)).astype(np.float32)
     traffic = _Traffic(address, images)
     traffic.start()

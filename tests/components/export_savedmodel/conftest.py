@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
-
-
-def write_verdict(directory, passed: bool, failed_checks=()):
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "verdict.json").write_text(json.dumps(
-        {"passed": passed, "failed_checks": list(failed_checks)}))
-    return directory
+from verdict_helpers import write_verdict
 
 
 @pytest.fixture(scope="session")
 def passed_eval_dir(tmp_path_factory):
+    """A passed verdict that names no model: enough for inputs refused before the model check."""
     return write_verdict(tmp_path_factory.mktemp("eval-passed"), True)
+
+
+@pytest.fixture(scope="session")
+def mixed_eval_dir(tmp_path_factory, trained_model):
+    """A passed verdict for the session's mixed_float16 model."""
+    return write_verdict(tmp_path_factory.mktemp("eval-mixed"), True,
+                         model_dir=trained_model("mixed_float16"))
 
 
 @pytest.fixture(scope="session")
@@ -27,11 +27,20 @@ def failed_eval_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def mixed_export(tmp_path_factory, trained_model, prepared_digits, passed_eval_dir):
+def failed_mixed_eval_dir(tmp_path_factory, trained_model):
+    """A failed verdict for the session's mixed_float16 model."""
+    return write_verdict(tmp_path_factory.mktemp("eval-failed-mixed"), False,
+                         [{"name": "argmax_agreement", "value": 0.9, "threshold": 0.99,
+                           "op": ">=", "passed": False}],
+                         model_dir=trained_model("mixed_float16"))
+
+
+@pytest.fixture(scope="session")
+def mixed_export(tmp_path_factory, trained_model, prepared_digits, mixed_eval_dir):
     """One export of the session's mixed_float16 model: the ExportResult."""
     from ampflow.components.export_savedmodel import ExportConfig, run_export
 
     base = tmp_path_factory.mktemp("serving-base")
     return run_export(ExportConfig(model_dir=trained_model("mixed_float16"),
                                    data_dir=prepared_digits, export_base=base,
-                                   eval_dir=passed_eval_dir))
+                                   eval_dir=mixed_eval_dir))

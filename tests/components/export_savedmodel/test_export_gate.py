@@ -7,6 +7,7 @@ import logging
 
 import numpy as np
 import pytest
+from verdict_helpers import write_verdict
 
 from ampflow.components.export_savedmodel import ExportConfig, list_versions, run_export
 from ampflow.errors import ConfigError, GateFailedError
@@ -40,9 +41,9 @@ def test_run_export_malformed_verdict_refuses(tmp_path):
 
 @pytest.mark.slow
 def test_run_export_failed_verdict_forced_exports_with_loud_warning(
-        trained_model, prepared_digits, failed_eval_dir, tmp_path, caplog):
+        trained_model, prepared_digits, failed_mixed_eval_dir, tmp_path, caplog):
     config = ExportConfig(model_dir=trained_model("mixed_float16"), data_dir=prepared_digits,
-                          export_base=tmp_path, eval_dir=failed_eval_dir, force=True,
+                          export_base=tmp_path, eval_dir=failed_mixed_eval_dir, force=True,
                           num_warmup_records=2, num_parity_images=32)
     with caplog.at_level(logging.WARNING):
         result = run_export(config)
@@ -55,6 +56,40 @@ def test_run_export_failed_verdict_forced_exports_with_loud_warning(
     forced_logs = [r for r in caplog.records
                    if r.levelno == logging.WARNING and "FORCED EXPORT" in r.getMessage()]
     assert len(forced_logs) == 1 and "!!!!" in forced_logs[0].getMessage()
+
+
+@pytest.mark.slow
+def test_run_export_verdict_of_another_model_refused_in_one_line(
+        trained_model, prepared_digits, tmp_path):
+    # a passed verdict, but for the float32 model: it says nothing about the mixed one
+    eval_dir = write_verdict(tmp_path / "eval", True, model_dir=trained_model("float32"))
+    config = ExportConfig(model_dir=trained_model("mixed_float16"), data_dir=prepared_digits,
+                          export_base=tmp_path / "base", eval_dir=eval_dir)
+    with pytest.raises(GateFailedError) as info:
+        run_export(config)
+    message = str(info.value)
+    assert message.startswith("the parity verdict is not for this model: expected model_sha256 ")
+    assert len(message.splitlines()) == 1
+    assert not (tmp_path / "base").exists()
+
+
+@pytest.mark.slow
+def test_run_export_verdict_without_model_hash_refused(trained_model, prepared_digits,
+                                                       passed_eval_dir, tmp_path):
+    config = ExportConfig(model_dir=trained_model("mixed_float16"), data_dir=prepared_digits,
+                          export_base=tmp_path / "base", eval_dir=passed_eval_dir)
+    with pytest.raises(GateFailedError, match=r"not for this model.*received no model_sha256"):
+        run_export(config)
+    assert not (tmp_path / "base").exists()
+
+
+@pytest.mark.slow
+def test_run_export_records_the_judged_model_hash(mixed_export, trained_model):
+    from ampflow.components.evaluate_parity import model_sha256
+
+    meta = json.loads((mixed_export.version_dir / "ampflow_export.json").read_text())
+    assert meta["gate"]["model_sha256"] == model_sha256(trained_model("mixed_float16"))
+    assert meta["gate"]["forced"] is False
 
 
 def test_export_config_no_eval_dir_without_force_rejected(tmp_path):
@@ -113,3 +148,16 @@ def test_check_export_parity_perturbed_reference_raises(mixed_export, trained_mo
     twin.set_weights(trained.get_weights())
     with pytest.raises(GateFailedError, match="classes are labels=False"):
         check_export_parity(loaded, twin, trained, images, wrong_labels, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_run_export_verdict_of_another_model_forced_is_recorded(trained_model, prepared_digits,
+                                                                tmp_path):
+    eval_dir = write_verdict(tmp_path / "eval", True, model_dir=trained_model("float32"))
+    result = run_export(ExportConfig(model_dir=trained_model("mixed_float16"),
+                                     data_dir=prepared_digits, export_base=tmp_path / "base",
+                                     eval_dir=eval_dir, force=True, num_warmup_records=1,
+                                     num_parity_images=32))
+    gate = json.loads((result.version_dir / "ampflow_export.json").read_text())["gate"]
+    assert result.forced and gate["forced"] is True and gate["model_sha256"] is None
+    assert "exported WITHOUT a verdict for this model" in gate["warning"]

@@ -36,10 +36,10 @@ def test_run_export_corrupt_model_file_raises_model_load_error(prepared_digits, 
 
 
 @pytest.mark.slow
-def test_run_export_missing_data_dir_raises_dataset_error(trained_model, passed_eval_dir,
+def test_run_export_missing_data_dir_raises_dataset_error(trained_model, mixed_eval_dir,
                                                           tmp_path):
     config = ExportConfig(model_dir=trained_model("mixed_float16"), data_dir=tmp_path / "none",
-                          export_base=tmp_path / "base", eval_dir=passed_eval_dir)
+                          export_base=tmp_path / "base", eval_dir=mixed_eval_dir)
     with pytest.raises(DatasetError, match="is not a prepared dataset"):
         run_export(config)
 

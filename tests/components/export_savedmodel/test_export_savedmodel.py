@@ -198,3 +198,21 @@ def test_saved_model_cli_show_all_reports_float32_io(mixed_export):
         block = text[text.index(f"['{name}'] tensor_info:"):][:120]
         assert f"dtype: {dtype}" in block, block
     assert "DT_HALF" not in text and "DT_BFLOAT16" not in text
+
+
+def test_export_records_expected_answers_for_deployment_canaries(mixed_export, trained_model,
+                                                                 prepared_digits):
+    from ampflow.components.export_savedmodel.canary_examples import (
+        CANARY_FILE,
+        load_canary_examples,
+    )
+
+    examples = load_canary_examples(mixed_export.version_dir)
+    images, _ = _test_images(prepared_digits, n=32)
+    np.testing.assert_array_equal(examples.images, images)  # real test images, as requested
+    _, twin, _ = _keras_models(trained_model("mixed_float16"))
+    expected = twin.predict(images, verbose=0)
+    np.testing.assert_allclose(examples.probabilities, expected, atol=1e-5)
+    np.testing.assert_array_equal(examples.class_ids, expected.argmax(axis=1))
+    meta = json.loads((mixed_export.version_dir / "ampflow_export.json").read_text())
+    assert meta["canary"] == {"file": CANARY_FILE, "examples": 32}

@@ -77,7 +77,7 @@ def test_staged_version_dir_version_taken_meanwhile_refused(tmp_path):
 
 @pytest.mark.slow
 def test_run_export_twice_with_crash_leftover_gives_versions_1_and_2(
-        mixed_export, trained_model, prepared_digits, passed_eval_dir):
+        mixed_export, trained_model, prepared_digits, mixed_eval_dir):
     from ampflow.components.export_savedmodel import ExportConfig, run_export
 
     base = mixed_export.model_base
@@ -86,7 +86,7 @@ def test_run_export_twice_with_crash_leftover_gives_versions_1_and_2(
     assert list_versions(base) == [1] and next_version(base) == 2
     second = run_export(ExportConfig(model_dir=trained_model("mixed_float16"),
                                      data_dir=prepared_digits, export_base=base.parent,
-                                     eval_dir=passed_eval_dir, num_warmup_records=1,
+                                     eval_dir=mixed_eval_dir, num_warmup_records=1,
                                      num_parity_images=32))
     assert (second.version, second.version_dir) == (2, base / "2")
     assert list_versions(base) == [1, 2]

@@ -1,0 +1,253 @@
+"""Talking to the cluster: connect, server-side apply, read, and kubectl's rollout status/undo.
+
+Writes go through the Kubernetes Python client (server-side apply as field manager
+`ampflow-deploy`). Waiting for a rollout and undoing one are what `kubectl rollout status` and
+`kubectl rollout undo` already do, exactly as operators know them (the Deployment's own status
+conditions and revision history), so the step runs kubectl for those instead of re-implementing
+them; kubectl gets the same kubeconfig and context, or finds the in-cluster service account.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ampflow.components.deploy_serving.config import DeployConfig
+from ampflow.components.deploy_serving.kubernetes_render import kubectl_path
+from ampflow.errors import DeployError
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "ampflow-deploy"
+_API_DEADLINE_S = 15.0
+
+
+class Cluster:
+    """One API connection plus the kubectl arguments that reach the same cluster."""
+
+    def __init__(self, config: DeployConfig) -> None:
+        self.config = config
+        self.namespace = config.namespace
+        self.api_client, self.host, self.kubeconfig = connect(config)
+
+    def close(self) -> None:
+        """Release the client's thread pool (it would outlive the step otherwise)."""
+        if hasattr(self.api_client, "close"):
+            self.api_client.close()
+
+    def check_reachable(self) -> None:
+        """GET /version within connect_timeout_s, or fail naming the endpoint (nothing changed)."""
+        check_reachable(self.api_client, self.host, self.config.connect_timeout_s)
+
+    def apply(self, objects: list[dict[str, Any]]) -> None:
+        """Server-side apply every object as field manager `ampflow-deploy`."""
+        from kubernetes import dynamic
+
+        with tempfile.TemporaryDirectory(prefix="ampflow-discovery-") as cache:
+            # its own discovery cache: the default one is left in /tmp, keyed by the server URL
+            dyn = dynamic.DynamicClient(self.api_client,
+                                        cache_file=os.path.join(cache, "discovery.json"))
+            for obj in objects:
+                _apply_one(dyn, obj, self.namespace)
+
+    def read_config_map(self, name: str) -> dict[str, Any] | None:
+        """The ConfigMap as a dict, or None if it does not exist."""
+        from kubernetes import client
+
+        try:
+            found = client.CoreV1Api(self.api_client).read_namespaced_config_map(
+                name, self.namespace, _request_timeout=_API_DEADLINE_S)
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise _api_error(f"reading ConfigMap {self.namespace}/{name}", e) from e
+        return {"metadata": {"name": found.metadata.name}, "data": found.data or {}}
+
+    def deployment_annotations(self, name: str) -> dict[str, str] | None:
+        """The live Deployment's annotations ({} if none); None if it does not exist."""
+        from kubernetes import client
+
+        try:
+            deployment = client.AppsV1Api(self.api_client).read_namespaced_deployment(
+                name, self.namespace, _request_timeout=_API_DEADLINE_S)
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise _api_error(f"reading Deployment {self.namespace}/{name}", e) from e
+        return dict(deployment.metadata.annotations or {})
+
+    def ready_replicas(self, name: str) -> int:
+        """Ready replicas of Deployment `name` (0 if it does not exist)."""
+        from kubernetes import client
+
+        try:
+            status = client.AppsV1Api(self.api_client).read_namespaced_deployment_status(
+                name, self.namespace, _request_timeout=_API_DEADLINE_S).status
+        except client.ApiException as e:
+            if e.status == 404:
+                return 0
+            raise _api_error(f"reading Deployment {self.namespace}/{name}", e) from e
+        return int(status.ready_replicas or 0)
+
+    def rollout_status(self, name: str) -> None:
+        """`kubectl rollout status` of Deployment `name`; DeployError with the pods' reasons."""
+        timeout = self.config.rollout_timeout_s
+        proc = self._kubectl(["rollout", "status", f"deployment/{name}", "--watch=true",
+                              f"--timeout={int(max(1, round(timeout)))}s"], timeout + 30)
+        if proc.returncode != 0:
+            why = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+            raise DeployError(f"rollout of Deployment {self.namespace}/{name} did not complete "
+                              f"within {timeout:g}s: {why[-1] if why else 'kubectl failed'}"
+                              f"{self.pod_problems(name)}")
+        log.info("rollout of %s/%s complete", self.namespace, name)
+
+    def rollout_undo(self, name: str, to_revision: str | None = None) -> None:
+        """`kubectl rollout undo`: the Deployment back to a ReplicaSet's template.
+
+        `to_revision` picks the revision (kubectl's default: the one before the current).
+        """
+        revision = [f"--to-revision={to_revision}"] if to_revision else []
+        proc = self._kubectl(["rollout", "undo", f"deployment/{name}", *revision], 60)
+        if proc.returncode != 0:
+            raise DeployError(f"kubectl rollout undo deployment/{name} failed: "
+                              f"{proc.stderr.strip() or proc.stdout.strip()}")
+        log.info("%s", proc.stdout.strip())
+
+    def pod_problems(self, name: str) -> str:
+        """A short list of why the Deployment's pods are not ready (best effort)."""
+        from kubernetes import client
+
+        try:
+            deployment = client.AppsV1Api(self.api_client).read_namespaced_deployment(
+                name, self.namespace, _request_timeout=_API_DEADLINE_S)
+            labels = deployment.spec.selector.match_labels or {}
+            pods = client.CoreV1Api(self.api_client).list_namespaced_pod(
+                self.namespace, label_selector=",".join(f"{k}={v}" for k, v in labels.items()),
+                _request_timeout=_API_DEADLINE_S)
+        except Exception:  # only a diagnostic: never hide the real error behind this one
+            return ""
+        problems = []
+        for pod in pods.items:
+            for cs in pod.status.container_statuses or []:
+                state = cs.state.waiting or cs.state.terminated
+                if state is not None and not cs.ready:
+                    problems.append(f"{pod.metadata.name}: {state.reason} {state.message or ''}")
+        return ("; pods: " + "; ".join(p.strip() for p in problems)) if problems else ""
+
+    def _kubectl(self, args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+        cmd = [kubectl_path(), "--namespace", self.namespace,
+               f"--request-timeout={int(max(1, round(_API_DEADLINE_S)))}s"]
+        if self.kubeconfig is not None:
+            cmd += ["--kubeconfig", str(self.kubeconfig)]
+        if self.config.context:
+            cmd += ["--context", self.config.context]
+        try:
+            return subprocess.run(cmd + args, capture_output=True, text=True,
+                                  timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired as e:
+            raise DeployError(f"kubectl {' '.join(args[:2])} did not return in "
+                              f"{e.timeout:g}s") from e
+
+
+def connect(config: DeployConfig):
+    """(ApiClient, host, kubeconfig file or None) for the configured cluster.
+
+    From --kubeconfig/--context, $KUBECONFIG, ~/.kube/config or the in-cluster service account.
+    Retries are off: a down API server must fail in `connect_timeout_s`, not after urllib3's
+    three silent retries.
+    """
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    configuration = client.Configuration()
+    kubeconfig = config.kubeconfig or _default_kubeconfig()
+    try:
+        if kubeconfig is not None:
+            kube_config.load_kube_config(
+                config_file=str(kubeconfig),
+                context=config.context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kube_config.load_incluster_config(client_configuration=configuration)
+        else:
+            raise DeployError(
+                "no Kubernetes configuration found: tried --kubeconfig, $KUBECONFIG, "
+                "~/.kube/config and the in-cluster service account. Point at a cluster with "
+                "--kubeconfig PATH [--context NAME]."
+            )
+    except kube_config.ConfigException as e:
+        raise DeployError(
+            f"cannot load Kubernetes configuration from {kubeconfig or 'in-cluster'}: {e}. "
+            "Point at a cluster with --kubeconfig PATH [--context NAME]."
+        ) from e
+    configuration.retries = 0
+    return client.ApiClient(configuration), configuration.host, kubeconfig
+
+
+def _default_kubeconfig() -> Path | None:
+    """$KUBECONFIG (first entry) or ~/.kube/config, if present."""
+    env = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    for candidate in (env, os.path.expanduser("~/.kube/config")):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def check_reachable(api_client, host: str, timeout_s: float) -> None:
+    """GET /version within `timeout_s`, or fail naming the endpoint and how to change it."""
+    from kubernetes import client
+
+    try:
+        # raw response: any 200 proves reachability; no need to parse the version model
+        client.VersionApi(api_client).get_code(_request_timeout=timeout_s, _preload_content=False)
+    except client.ApiException as e:
+        if e.status in (401, 403):
+            raise DeployError(
+                f"the Kubernetes API server at {host} refused our credentials "
+                f"({e.status} {e.reason}); check --kubeconfig/--context. Nothing was changed."
+            ) from e
+        raise DeployError(
+            f"the Kubernetes API server at {host} answered {e.status} {e.reason}"
+        ) from e
+    except Exception as e:  # urllib3/socket errors: connection refused, timeout, DNS, TLS
+        reason = getattr(e, "reason", None) or e
+        raise DeployError(
+            f"cannot reach the Kubernetes API server at {host} within {timeout_s:g}s "
+            f"({type(reason).__name__}: {reason}). Nothing was changed. Point at a reachable "
+            "cluster with --kubeconfig PATH and --context NAME (or run inside the cluster)."
+        ) from e
+
+
+def _apply_one(dyn, obj: dict[str, Any], namespace: str) -> None:
+    """Server-side apply one object (force: we own the fields we set, e.g. after kubectl edit)."""
+    from kubernetes import client
+
+    kind, name = obj["kind"], obj["metadata"]["name"]
+    try:
+        resource = dyn.resources.get(api_version=obj["apiVersion"], kind=kind)
+        dyn.server_side_apply(
+            resource,
+            body=obj,
+            namespace=namespace if resource.namespaced else None,
+            field_manager=FIELD_MANAGER,
+            force_conflicts=True,
+            _request_timeout=_API_DEADLINE_S,
+        )
+    except client.ApiException as e:
+        raise _api_error(f"applying {kind} {namespace}/{name}", e) from e
+    log.info("applied %s %s/%s", kind, namespace, name)
+
+
+def _api_error(what: str, e) -> DeployError:
+    """A DeployError for an ApiException, with a hint for the usual causes."""
+    hint = {
+        403: " (RBAC: apply k8s/rbac and run as the ampflow-deployer ServiceAccount)",
+        404: " (does the namespace exist? kubectl create namespace ...)",
+    }.get(e.status, "")
+    return DeployError(f"{what} failed: {e.status} {e.reason}{hint}")

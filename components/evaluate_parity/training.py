@@ -1,0 +1,204 @@
+"""Training parity: does AMP *training* reach the accuracy of float32 training, and how much faster.
+
+The twin check (step.py) runs one set of weights in two precisions, so it sees inference
+rounding only. Damage done while training in half precision (underflowed gradients, a collapsed
+loss scale, bfloat16 weight updates that stall) is in the weights themselves; only a model
+trained in float32 on the same data and seed can show it. Two trainings differ by run-to-run
+noise even in float32, so the comparison must be a statistical one, honest for the test-set
+size:
+
+- **Paired test (McNemar).** Both models answer the same test images, so the question is about
+  the images only one of them gets right: `amp_only` (AMP right, float32 wrong) and
+  `baseline_only` (the reverse). If both trainings were equally accurate, each such discordant
+  image would be equally likely to fall either way, so `baseline_only` ~ Binomial(n, 1/2) with
+  n = amp_only + baseline_only. The one-sided p-value P(X >= baseline_only) is the chance of
+  AMP losing at least this many images by luck. It is computed exactly (binomial tail) for up to
+  `EXACT_LIMIT` discordant images and with the continuity-corrected normal approximation
+  (McNemar's chi-square test, one-sided) above that, where the two agree to within 1e-3.
+- **Maximum drop.** A test set of a few hundred images cannot tell a 2-point drop from noise
+  (the test's power is low), so a drop larger than `max_baseline_accuracy_drop` fails however
+  insignificant; on a large test set the paired test is the stricter of the two.
+
+The speedup is the ratio of the mean per-epoch training throughputs of the two runs (the first
+epoch, which includes compilation, left out when there are more), with its standard error from
+the epoch-to-epoch spread of each run (delta method for a ratio of means). It is measured in two
+separate tasks: on a cluster they may run on different nodes at the same time, so it is only as
+comparable as those nodes; `benchmarks/` measures it side by side, interleaved, in one process.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ampflow.components.evaluate_parity.gate import Check
+from ampflow.components.evaluate_parity.parity import ModelScores
+
+EXACT_LIMIT = 1000  # discordant images up to which the binomial tail is summed exactly
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """The per-image comparison of two models on the same labelled examples."""
+
+    num_examples: int
+    amp_only: int  # images only the AMP-trained model classifies correctly
+    baseline_only: int  # images only the float32-trained model classifies correctly
+    p_value: float  # one-sided: P(AMP loses >= baseline_only discordant images | equal accuracy)
+    method: str
+
+    @property
+    def delta_points(self) -> float:
+        """AMP accuracy minus baseline accuracy, in percentage points."""
+        return 100.0 * (self.amp_only - self.baseline_only) / self.num_examples
+
+    @property
+    def stderr_points(self) -> float:
+        """Standard error of the paired accuracy difference, in points."""
+        n, d = self.num_examples, self.amp_only - self.baseline_only
+        discordant = self.amp_only + self.baseline_only
+        return 100.0 * math.sqrt(max(discordant - d * d / n, 0.0)) / n
+
+
+def paired_test(amp: ModelScores, baseline: ModelScores) -> PairedTest:
+    """McNemar's test of AMP vs baseline correctness on the same examples (one-sided)."""
+    if not np.array_equal(amp.labels, baseline.labels):
+        raise ValueError("both models must be scored on the same labelled examples")
+    amp_right = amp.predictions == amp.labels
+    base_right = baseline.predictions == baseline.labels
+    amp_only = int(np.sum(amp_right & ~base_right))
+    base_only = int(np.sum(~amp_right & base_right))
+    p_value, method = binomial_upper_tail(base_only, amp_only + base_only)
+    return PairedTest(int(amp.labels.shape[0]), amp_only, base_only, p_value, method)
+
+
+def binomial_upper_tail(k: int, n: int) -> tuple[float, str]:
+    """P(X >= k) for X ~ Binomial(n, 1/2), and the method used (exact up to EXACT_LIMIT)."""
+    if not 0 <= k <= n:
+        raise ValueError(f"k must be in [0, n]. Received: k={k}, n={n}")
+    if n == 0:
+        return 1.0, "no discordant examples"
+    if n <= EXACT_LIMIT:
+        tail = sum(math.comb(n, i) for i in range(k, n + 1))
+        return tail / 2**n, "exact binomial"
+    z = (k - 0.5 - n / 2) / math.sqrt(n / 4)  # continuity-corrected
+    return 0.5 * math.erfc(z / math.sqrt(2)), "normal approximation (continuity-corrected)"
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """AMP / float32 training throughput from the two runs' per-epoch measurements."""
+
+    ratio: float
+    stderr: float
+    amp_img_per_s: tuple[float, ...]
+    baseline_img_per_s: tuple[float, ...]
+
+    def as_metrics(self) -> dict[str, Any]:
+        """Flat entries for metrics.json."""
+        amp, base = self.amp_img_per_s, self.baseline_img_per_s
+        return {
+            "training_speedup": self.ratio,
+            "training_speedup_stderr": self.stderr,
+            "amp_train_img_per_s": _mean(amp),
+            "amp_train_img_per_s_stdev": _stdev(amp),
+            "baseline_train_img_per_s": _mean(base),
+            "baseline_train_img_per_s_stdev": _stdev(base),
+            "training_speedup_epochs_measured": float(min(len(amp), len(base))),
+        }
+
+
+def training_speedup(amp_meta: dict[str, Any], base_meta: dict[str, Any]) -> Speedup:
+    """Ratio of mean epoch throughputs and its standard error (NaN where not measurable)."""
+    amp, base = epoch_throughputs(amp_meta), epoch_throughputs(base_meta)
+    if not amp or not base:
+        return Speedup(math.nan, math.nan, amp, base)
+    mean_a, mean_b = _mean(amp), _mean(base)
+    ratio = mean_a / mean_b
+    relative_var = _sem(amp) ** 2 / mean_a**2 + _sem(base) ** 2 / mean_b**2
+    return Speedup(ratio, ratio * math.sqrt(relative_var), amp, base)
+
+
+def epoch_throughputs(meta: dict[str, Any]) -> tuple[float, ...]:
+    """Training examples/s of each epoch, without the first (compilation) when there are more.
+
+    Falls back to the metadata's single `throughput_examples_per_sec` when no per-epoch figures
+    were recorded (then the speedup has no error estimate).
+    """
+    values = [float(e["examples_per_sec"]) for e in meta.get("epochs") or []
+              if isinstance(e, dict) and isinstance(e.get("examples_per_sec"), (int, float))
+              and e["examples_per_sec"] > 0]
+    if len(values) > 1:
+        return tuple(values[1:])
+    if values:
+        return tuple(values)
+    overall = meta.get("throughput_examples_per_sec")
+    return (float(overall),) if isinstance(overall, (int, float)) and overall > 0 else ()
+
+
+def training_metrics(amp: ModelScores, baseline: ModelScores, amp_meta: dict[str, Any],
+                     base_meta: dict[str, Any]) -> dict[str, Any]:
+    """The flat training-parity entries of metrics.json."""
+    test = paired_test(amp, baseline)
+    amp_secs, base_secs = amp_meta.get("train_seconds"), base_meta.get("train_seconds")
+    return {
+        "baseline_accuracy": baseline.accuracy,
+        "baseline_accuracy_delta_points": test.delta_points,
+        "baseline_delta_stderr_points": test.stderr_points,
+        "baseline_amp_only_correct": float(test.amp_only),
+        "baseline_only_correct": float(test.baseline_only),
+        "baseline_mcnemar_p_value": test.p_value,
+        "baseline_argmax_agreement": float(np.mean(amp.predictions == baseline.predictions)),
+        **training_speedup(amp_meta, base_meta).as_metrics(),
+        "train_time_ratio": base_secs / amp_secs if amp_secs and base_secs else math.nan,
+        "baseline_mcnemar_method": test.method,
+    }
+
+
+def training_checks(metrics: dict[str, Any], max_drop: float, alpha: float,
+                    min_speedup: float | None) -> list[Check]:
+    """The gate's training-parity checks (see the module docstring)."""
+    checks = [
+        Check("baseline_accuracy_delta_points", metrics["baseline_accuracy_delta_points"], ">=",
+              -max_drop, "AMP-trained minus float32-trained accuracy, points"),
+        Check("baseline_mcnemar_p_value", metrics["baseline_mcnemar_p_value"], ">=", alpha,
+              "one-sided paired (McNemar) test: chance of AMP losing this many images by luck "
+              "if AMP and float32 training were equally accurate"),
+    ]
+    if min_speedup is not None:
+        checks.append(Check("training_speedup", metrics["training_speedup"], ">=", min_speedup,
+                            "training throughput AMP / float32 baseline"))
+    return checks
+
+
+def comparability_notes(meta: dict[str, Any], base_meta: dict[str, Any]) -> list[str]:
+    """Differences that make the training comparison less fair (same data and seed expected)."""
+    notes = []
+    for key in ("seed", "model_name", "image_size"):
+        if meta.get(key) != base_meta.get(key):
+            notes.append(f"{key} differs: {meta.get(key)!r} (AMP) vs {base_meta.get(key)!r}")
+    for key in ("epochs", "batch_size", "learning_rate", "optimizer"):
+        a, b = (meta.get("config") or {}).get(key), (base_meta.get("config") or {}).get(key)
+        if a != b:
+            notes.append(f"{key} differs: {a!r} (AMP) vs {b!r} (baseline)")
+    if meta.get("devices") != base_meta.get("devices"):
+        notes.append(f"devices differ: {meta.get('devices')} (AMP) vs {base_meta.get('devices')} "
+                     "(baseline): the speedup compares different hardware")
+    return notes
+
+
+def _mean(values: tuple[float, ...]) -> float:
+    return statistics.fmean(values) if values else math.nan
+
+
+def _stdev(values: tuple[float, ...]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else math.nan
+
+
+def _sem(values: tuple[float, ...]) -> float:
+    """Standard error of the mean; NaN from one value (no spread to estimate it from)."""
+    return _stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan

@@ -1,0 +1,104 @@
+"""The parity verdict as an artifact: what it holds, how it is read, and whose model it judges.
+
+`verdict.json` is the contract between evaluate and everything after it (the pipeline's gate
+task, export). It names the exact model it judged by the sha256 of its `model.keras`, so a
+verdict can never be paired with another model by mistake (a re-trained model in the same dir,
+a wrong `--eval-dir`): export compares the hash before it exports anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from ampflow.errors import GateFailedError, ModelLoadError
+from ampflow.files import read_json
+
+VERDICT_FILE = "verdict.json"
+HASH_KEY = "model_sha256"
+
+
+def model_sha256(model_dir: str | os.PathLike) -> str:
+    """sha256 of the trained model file (`<model_dir>/model.keras`): the model's identity."""
+    from ampflow.components.train.step import MODEL_FILE
+
+    path = Path(model_dir) / MODEL_FILE
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path} to identify the model: {e.strerror}") from e
+    return digest.hexdigest()
+
+
+def load_verdict(eval_dir: str | os.PathLike) -> dict[str, Any]:
+    """Read `verdict.json` from an evaluation dir; ModelLoadError if it is missing or corrupt.
+
+    The gate task and the export step read it to stop a model whose parity gate failed.
+    """
+    path = Path(eval_dir) / VERDICT_FILE
+    if not path.is_file():
+        raise ModelLoadError(
+            f"{eval_dir} is not an evaluation output: expected {VERDICT_FILE} in it "
+            "(run `ampflow evaluate` first)."
+        )
+    try:
+        verdict = read_json(path)
+    except ValueError as e:
+        raise ModelLoadError(f"{path} is corrupt: {e}") from e
+    if (not isinstance(verdict, dict) or not isinstance(verdict.get("passed"), bool)
+            or not isinstance(verdict.get("failed_checks"), list)):
+        raise ModelLoadError(
+            f"{path} must hold an object with a bool 'passed' and a list 'failed_checks'. "
+            f"Received: {str(verdict)[:200]}"
+        )
+    return verdict
+
+
+def require_passed(eval_dir: str | os.PathLike) -> dict[str, Any]:
+    """The verdict if it passed; GateFailedError naming every failed check otherwise.
+
+    This is the pipeline's gate: evaluate itself always succeeds (so that KFP uploads its
+    report, metrics and verdict even for a failed model), and this call, in a task of its own,
+    stops the run before export with the reason in its message.
+    """
+    verdict = load_verdict(eval_dir)
+    if verdict["passed"]:
+        return verdict
+    lines = [_explain(check) for check in verdict["failed_checks"]]
+    raise GateFailedError(
+        f"the FP32-parity gate failed {len(lines)} check(s), so the run stops before export: "
+        + "; ".join(lines)
+        + ". The evaluate task's report and metrics show every measure.")
+
+
+def require_same_model(verdict: dict[str, Any], model_dir: str | os.PathLike) -> str:
+    """The model's hash, if `verdict` was written for the model in `model_dir`; else raise.
+
+    Raises GateFailedError in one line: a verdict without a hash (older ampflow) or with
+    another model's hash proves nothing about this model.
+    """
+    actual = model_sha256(model_dir)
+    recorded = verdict.get(HASH_KEY)
+    if recorded != actual:
+        found = f"sha256 {recorded[:12]}…" if recorded else f"no {HASH_KEY}"
+        raise GateFailedError(
+            f"the parity verdict is not for this model: expected {HASH_KEY} {actual[:12]}… "
+            f"(model.keras in {model_dir}), received {found} in the verdict; evaluate this "
+            "model and export with that evaluation.")
+    return actual
+
+
+def _explain(check: Any) -> str:
+    """`name: measured X vs threshold op Y`, as the evaluate step printed it."""
+    from ampflow.components.evaluate_parity.gate import Check
+
+    try:
+        return Check(str(check["name"]), float(check["value"]), str(check["op"]),
+                     float(check["threshold"])).explain()
+    except (TypeError, KeyError, ValueError):
+        return str(check)
