@@ -1,0 +1,159 @@
+"""The architecture, checked statically (no imports run), so it cannot quietly erode.
+
+- Every `ampflow...` import in our code resolves through pyproject's package mapping to a file,
+  and every name imported from it is defined there (or is a submodule): an editor or type
+  checker following the same mapping finds what Python finds.
+- The layers point one way: the step layer (`components/`) and `serving/` never import the
+  pipeline layer (`pipeline/`), which wires them.
+- Our modules have no import cycle (imports inside functions count: they hide a cycle, they do
+  not remove it).
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@cache
+def _package_dirs() -> dict[str, Path]:
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return {name: ROOT / folder for name, folder in setuptools["package-dir"].items()}
+
+
+def _module_file(module: str) -> Path | None:
+    """The file that `module` (an `ampflow...` dotted name) is, by the static mapping."""
+    dirs = _package_dirs()
+    parts = module.split(".")
+    for cut in range(len(parts), 0, -1):
+        base = ".".join(parts[:cut])
+        if base in dirs:
+            path = dirs[base].joinpath(*parts[cut:])
+            if (path / "__init__.py").is_file():
+                return path / "__init__.py"
+            if path.with_suffix(".py").is_file():
+                return path.with_suffix(".py")
+            return None
+    return None
+
+
+@cache
+def _modules() -> dict[str, Path]:
+    """Every module of ours: dotted name → file."""
+    out = {}
+    for package, folder in _package_dirs().items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+@cache
+def _defined_names(path: Path) -> frozenset[str]:
+    """Top-level names a module defines (functions, classes, assignments, imports)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.If | ast.Try):  # `if TYPE_CHECKING:` / optional imports
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Import | ast.ImportFrom):
+                    names.update((a.asname or a.name).split(".")[0] for a in sub.names)
+    return frozenset(names)
+
+
+def _imports(path: Path, module: str) -> list[tuple[str, str | None, int]]:
+    """`(imported module, imported name or None, line)` for each ampflow import in `path`."""
+    out = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None, node.lineno) for a in node.names
+                    if a.name.split(".")[0] == "ampflow"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if base.split(".")[0] == "ampflow":
+                out += [(base, a.name, node.lineno) for a in node.names]
+    return out
+
+
+def _edges() -> dict[str, set[str]]:
+    """module → the ampflow modules it imports (a `from pkg import submodule` names the sub)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for target, name, _ in _imports(path, module):
+            if name and f"{target}.{name}" in modules:
+                graph[module].add(f"{target}.{name}")
+            elif target in modules:
+                graph[module].add(target)
+    return graph
+
+
+def test_every_ampflow_import_resolves_statically():
+    unresolved = []
+    for module, path in _modules().items():
+        for target, name, line in _imports(path, module):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            file = _module_file(target)
+            if file is None:
+                unresolved.append(f"{where}: no module {target}")
+            elif name and name != "*" and name not in _defined_names(file) \
+                    and _module_file(f"{target}.{name}") is None:
+                unresolved.append(f"{where}: {target} defines no {name}")
+    assert unresolved == []
+
+
+def test_step_and_serving_layers_never_import_the_pipeline_layer():
+    upward = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for module, path in _modules().items()
+        if module.startswith(("ampflow.components", "ampflow.serving"))
+        for target, _, line in _imports(path, module)
+        if target.startswith("ampflow.pipeline")
+    ]
+    assert upward == []
+
+
+def test_no_import_cycles_between_our_modules():
+    graph = _edges()
+    # A package's __init__ that re-exports its own submodules is not a cycle of design: drop
+    # the edge from a submodule to its own package's __init__ only when that __init__ is the
+    # one importing it (the re-export), which Python resolves by loading the package first.
+    for module in graph:
+        parent = module.rpartition(".")[0]
+        if parent in graph and module in graph[parent]:
+            graph[module].discard(parent)
+    cycles = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" → ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert cycles == []
