@@ -10,7 +10,9 @@ For each model (small_cnn, resnet50, mobilenet_v2) on the offline 28×28 MNIST (
    float32-trained accuracy (delta, paired standard error, the gate's bound);
 3. `run_export` (the float32 twin as a SavedModel) and `run_convert` (all four TFLite variants:
    accuracy, agreement with the SavedModel, size, single-image latency under XNNPACK, and the
-   full_int8 speedup over float32).
+   full_int8 speedup over float32);
+4. serving: the export behind ampflow's gRPC server (TF Serving's API), answers compared with
+   the SavedModel, single-image Predict latency.
 
 Each model runs in its own subprocess (isolation, a per-model timeout); results are written as
 JSON + Markdown (`fidelity.json`, `fidelity.md`) with the wall time of each phase. A gate that
@@ -178,6 +180,7 @@ def _worker(args) -> dict:
         row["export_forced"] = forced
         row["tflite"] = _timed(timings, f"convert {policy}",
                                lambda e=export_dir, p=policy: _convert(args, e, work, p))
+        row["serving"] = _timed(timings, f"serve {policy}", lambda e=export_dir: _serve(args, e))
         rows.append(row)
     return {"model": args.model, "baseline": _train_summary(baseline_dir), "rows": rows,
             "phase_seconds": timings}
@@ -277,6 +280,44 @@ def _convert(args, export_dir: Path, work: Path, policy: str) -> dict:
             "variants": variants, "int8_speedup_over_float32": speedup}
 
 
+def _serve(args, version_dir: Path) -> dict:
+    """Serve the export over gRPC (ampflow's TF Serving-compatible server): answers and latency.
+
+    The answers must equal the SavedModel's; latency is one image per Predict on loopback.
+    """
+    import numpy as np
+
+    from ampflow.components.convert_tflite.checks import SavedModelReference
+    from ampflow.components.prepare_data import load_arrays
+    from ampflow.serving.client import PredictionClient
+    from ampflow.serving.config import ModelConfig, ServerConfig
+    from ampflow.serving.server import start_local_server
+
+    images, _ = load_arrays(Path(args.data_dir), "test", limit=32)
+    images = images.astype(np.float32)
+    expected = SavedModelReference(version_dir, "serving_default").predict(images, 32)
+    name = version_dir.parent.name
+    server = start_local_server(ServerConfig(models=(ModelConfig(name, version_dir.parent),),
+                                             host="127.0.0.1", port=0, grace_s=1.0))
+    try:
+        client = PredictionClient(server.address, timeout_s=120.0)
+        try:
+            client.wait_until_available(name, timeout=300)
+            served = client.predict(name, images).outputs["probabilities"]
+            latencies = []
+            for i in range(args.latency_runs):
+                start = time.perf_counter()
+                client.predict(name, images[i % len(images)][None])
+                latencies.append(1000 * (time.perf_counter() - start))
+        finally:
+            client.close()
+    finally:
+        server.stop(0.5)
+    return {"max_abs_prob_diff_vs_saved_model": float(np.max(np.abs(served - expected))),
+            "latency_ms_median": float(np.median(latencies)),
+            "latency_ms_p95": float(np.percentile(latencies, 95)), "requests": len(latencies)}
+
+
 def _environment() -> dict:
     import tensorflow as tf
 
@@ -345,13 +386,25 @@ def _write(report: dict, out: Path, smoke: bool) -> None:
     for m in report["models"]:
         for r in m.get("rows", []):
             t = r["tflite"]
-            for name, v in t["variants"].items():
+            for name in [v for v in VARIANTS if v in t["variants"]]:
+                v = t["variants"][name]
                 lines.append(f"| {m['model']} | {r['policy']} | {name} | {v['accuracy']:.2%} | "
                              f"{v['agreement']:.2%} | {v['size_bytes'] / 1024:.0f} | "
                              f"{v['latency_ms_median']:.2f} | "
                              f"{'passed' if v['passed'] else 'FAILED'} |")
             lines.append(f"| {m['model']} | {r['policy']} | **int8 speedup** | | | | "
                          f"**{_fmt(t['int8_speedup_over_float32'], '.2f')}×** | |")
+    lines += [
+        "", "## Served over gRPC (ampflow's TF Serving-compatible server, loopback)", "",
+        "| model | policy | max \\|Δp\\| vs SavedModel | p50 ms | p95 ms |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for m in report["models"]:
+        for r in m.get("rows", []):
+            v = r["serving"]
+            lines.append(f"| {m['model']} | {r['policy']} | "
+                         f"{v['max_abs_prob_diff_vs_saved_model']:.1e} | "
+                         f"{v['latency_ms_median']:.2f} | {v['latency_ms_p95']:.2f} |")
     lines += ["", "## Wall time per phase (s)", ""]
     for m in report["models"]:
         if "phase_seconds" in m:
