@@ -351,6 +351,10 @@ def _write(report: dict, out: Path, smoke: bool) -> None:
         f"test images per row: see n. TF {env['tensorflow']}, {env['cpu_count']} CPUs, "
         f"bf16 CPU units: {', '.join(env['cpu_bf16']) or 'none (bfloat16 runs emulated)'}. "
         f"Whole run: {report['wall_seconds'] / 60:.1f} min.", "",
+        *([f"**Smoke run**: {report['steps_per_epoch']} steps per model, so the models are "
+           "untrained (BatchNormalization's moving statistics still at their initial values: "
+           "near-constant predictions). The numbers check the script end to end; they say "
+           "nothing about fidelity.", ""] if report["mode"] == "smoke" else []),
         "## AMP vs float32", "",
         "Twin = the AMP model's weights run under float32 (inference rounding only); baseline = a "
         "model trained under float32 on the same data and seed (training damage too). Bound = "
@@ -373,8 +377,8 @@ def _write(report: dict, out: Path, smoke: bool) -> None:
                 f"{r['max_relative_logit_diff']:.1e} ({r['relative_logit_bound']:.1e}) | "
                 f"{r['baseline_accuracy']:.2%} | {r['baseline_delta_points']:+.2f} pt "
                 f"({r['baseline_delta_stderr_points']:.2f}) | "
-                f"{_fmt(r['train']['train_images_per_sec'], '.0f')} / "
-                f"{_fmt(base['train_images_per_sec'], '.0f')} | {gate} |")
+                f"{_fmt(r['train']['train_images_per_sec'], '.1f')} / "
+                f"{_fmt(base['train_images_per_sec'], '.1f')} | {gate} |")
     lines += [
         "", "## TFLite variants (from the float32 twin of each AMP model)", "",
         f"Agreement = argmax agreement with the SavedModel; latency = one image, `invoke()` "
