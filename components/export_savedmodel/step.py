@@ -83,7 +83,11 @@ class ExportConfig:
                 "deployment can check what a server answers against them (1 to 1000)."})
     num_parity_images: int = field(default=256, metadata={
         "help": "Real test images on which the SavedModel must match the Keras model."})
-    parity_atol: float = field(default=1e-5, metadata={
+    # 1e-4, not 1e-5: the SavedModel's graph is optimized differently from Keras's call (e.g.
+    # grappler folds inference BatchNorm into the conv before it), and float32 reassociation
+    # through 50+ layers moved MobileNetV2's probabilities by 1.7e-5. A real export fault
+    # (preprocessing, weights, BN in training mode) moves them by orders of magnitude more.
+    parity_atol: float = field(default=1e-4, metadata={
         "help": "Export parity: absolute tolerance on probabilities (SavedModel vs Keras)."})
     parity_rtol: float = field(default=1e-5, metadata={
         "help": "Export parity: relative tolerance on probabilities (SavedModel vs Keras)."})

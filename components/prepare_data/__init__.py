@@ -6,6 +6,7 @@ from ampflow.components.prepare_data.input_pipeline import (
     make_input_pipeline,
 )
 from ampflow.components.prepare_data.step import (
+    OFFLINE_DATASETS,
     OFFLINE_DEFAULT,
     PrepareDataConfig,
     PreparedData,
@@ -14,6 +15,7 @@ from ampflow.components.prepare_data.step import (
 )
 
 __all__ = [
+    "OFFLINE_DATASETS",
     "OFFLINE_DEFAULT",
     "PrepareDataConfig",
     "PreparedData",

@@ -12,7 +12,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ampflow.components.prepare_data import offline_digits  # noqa: F401  (registers the builder)
+from ampflow.components.prepare_data import (  # noqa: F401  (register the builders)
+    offline_digits,
+    offline_mnist,
+)
 from ampflow.components.prepare_data.step import load_dataset_info
 from ampflow.errors import ConfigError, DatasetError
 

@@ -54,7 +54,7 @@ class AmpflowDigits(tfds.core.GeneratorBasedBuilder):
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
         del dl_manager  # nothing to download: the data ships with scikit-learn
         images, labels = _load_digits_uint8()
-        train_idx, test_idx = _stratified_split(labels, TEST_FRACTION, SPLIT_SEED)
+        train_idx, test_idx = stratified_split(labels, TEST_FRACTION, SPLIT_SEED)
         return {
             "train": self._generate_examples(images[train_idx], labels[train_idx], train_idx),
             "test": self._generate_examples(images[test_idx], labels[test_idx], test_idx),
@@ -74,7 +74,7 @@ def _load_digits_uint8() -> tuple[np.ndarray, np.ndarray]:
     return images, digits.target.astype(np.int64)
 
 
-def _stratified_split(
+def stratified_split(
     labels: np.ndarray, test_fraction: float, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Split indices per class so that both splits keep the class balance."""

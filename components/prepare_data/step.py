@@ -18,13 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.prepare_data import offline_digits
+from ampflow.components.prepare_data import offline_digits, offline_mnist
 from ampflow.errors import ConfigError, DatasetError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 OFFLINE_DEFAULT = offline_digits.NAME
+# Datasets whose data ships inside an installed package: prepared with no network.
+OFFLINE_DATASETS = (offline_digits.NAME, offline_mnist.NAME)
 DATASET_INFO_FILE = "dataset_info.json"
 # Where a catalog dataset's files come from; probed once so an offline machine fails fast.
 _DOWNLOAD_PROBE = ("storage.googleapis.com", 443)
@@ -38,7 +40,8 @@ class PrepareDataConfig:
                                                "(and the TFDS data_dir unless --tfds-data-dir)."})
     dataset: str = field(default=OFFLINE_DEFAULT, metadata={
         "help": "TFDS catalog name (mnist, cifar10, fashion_mnist, ...), optionally name:version; "
-                f"{OFFLINE_DEFAULT} ships with an installed package and needs no network."})
+                f"{' and '.join(OFFLINE_DATASETS)} (28x28 MNIST, 5,000 images) ship with "
+                "installed packages and need no network."})
     tfds_data_dir: Path | None = field(default=None, metadata={
         "help": "An existing TFDS data_dir to read/prepare into (default: <output-dir>/tfds). "
                 "Point it at a pre-prepared dir to run offline."})
@@ -116,7 +119,7 @@ def _builder(name: str, data_dir: Path):
         close = difflib.get_close_matches(base_name, sorted(known), n=3, cutoff=0.6)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise ConfigError(
-            f"dataset must be a TFDS catalog name or {OFFLINE_DEFAULT!r}. "
+            f"dataset must be a TFDS catalog name or one of {OFFLINE_DATASETS}. "
             f"Received: dataset={name!r}.{hint}"
         )
     try:
@@ -131,7 +134,7 @@ def _is_prepared(builder) -> bool:
 
 def _require_network_for(builder, data_dir: Path) -> None:
     """Fail fast, with the fix, when a dataset needs a download and there is no network."""
-    if builder.name == OFFLINE_DEFAULT:
+    if builder.name in OFFLINE_DATASETS:
         return
     host, port = _DOWNLOAD_PROBE
     try:
@@ -141,8 +144,8 @@ def _require_network_for(builder, data_dir: Path) -> None:
             f"dataset {builder.name!r} is not prepared in {data_dir} and needs a download, "
             f"but the network is unreachable ({e}). Prepare it on a machine with network "
             f"(`ampflow prepare-data --dataset {builder.name} --output-dir DIR`), copy DIR/tfds "
-            f"here and pass it as --tfds-data-dir, or use the offline default "
-            f"--dataset {OFFLINE_DEFAULT}."
+            f"here and pass it as --tfds-data-dir, or use an offline dataset "
+            f"(--dataset {' or '.join(OFFLINE_DATASETS)})."
         ) from e
 
 

@@ -38,9 +38,10 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
 
     def _fusable(self, inputs, training, mask) -> bool:
         """Whether the fused kernel computes exactly what the parent would for this call."""
+        # `renorm` exists only from Keras 3.14 (and `synchronized` is not in every 3.x): read
+        # them with a default so the layer works across the declared keras range.
         return (
             mask is None
-            # renorm exists from Keras 3.14 only; older releases have no renorm at all
             and not getattr(self, "renorm", False)
             and not getattr(self, "synchronized", False)
             and len(inputs.shape) == 4

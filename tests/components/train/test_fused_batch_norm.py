@@ -138,3 +138,13 @@ def test_fresh_process_that_imports_only_the_train_package_loads_the_model(tmp_p
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("attribute", ["renorm", "synchronized"])
+def test_layer_works_on_keras_versions_without_the_attribute(attribute):
+    # Keras < 3.14 has no `renorm` on BatchNormalization (issue 10): the layer must not read it.
+    reference, fused = _pair("float32")
+    fused.__dict__.pop(attribute, None)
+    assert not hasattr(fused, attribute)
+    x = _inputs()
+    _close(fused(x, training=True), reference(x, training=True), 1e-5)
