@@ -31,6 +31,7 @@ def test_flops_count_two_per_multiply_add_and_skip_the_first_input_gradient(benc
     assert training == 2 * conv + 3 * depthwise + 3 * dense
 
 
+@pytest.mark.slow  # builds ResNet-50
 def test_flops_of_nested_backbones_are_counted(bench):
     from ampflow.components.train.models import build_model
 
