@@ -241,7 +241,7 @@ def _install_corrupt(store: Path, base: Path, version: int) -> None:
 def hand_made_requests() -> list[tuple[str, str, bytes]]:
     """(name, method, serialized request): bad requests a hostile client could send."""
     import numpy as np
-    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+    from tensorflow.core.framework import types_pb2
     from tensorflow_serving.apis import (
         classification_pb2,
         get_model_metadata_pb2,
@@ -249,21 +249,15 @@ def hand_made_requests() -> list[tuple[str, str, bytes]]:
         predict_pb2,
     )
 
+    from ampflow.serving.testing import raw_tensor_proto
+
     def predict(dims=(1, 8, 8, 1), dtype=types_pb2.DT_FLOAT, key="images", name=MODEL,
                 signature="", **values):
         request = predict_pb2.PredictRequest()
         request.model_spec.name = name
         if signature:
             request.model_spec.signature_name = signature
-        tensor = tensor_pb2.TensorProto(dtype=dtype, tensor_shape=tensor_shape_pb2.
-                                        TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.
-                                                              Dim(size=d) for d in dims]))
-        for field, items in values.items():
-            if field == "tensor_content":
-                tensor.tensor_content = items
-            else:
-                getattr(tensor, field).extend(items)
-        request.inputs[key].CopyFrom(tensor)
+        request.inputs[key].CopyFrom(raw_tensor_proto(dims, dtype, **values))
         return request
 
     one_image = np.zeros((1, 8, 8, 1), np.float32).tobytes()
@@ -376,7 +370,7 @@ def seed_requests() -> list[tuple[str, bytes]]:
         predict_pb2,
     )
 
-    from ampflow.serving.client import image_example
+    from ampflow.serving.model_format import image_example
 
     predict = predict_pb2.PredictRequest()
     predict.model_spec.name = MODEL

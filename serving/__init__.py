@@ -1,14 +1,20 @@
-"""The serving side: TF Serving's gRPC API over SavedModels in TF Serving's layout.
+"""The serving side: TF Serving's gRPC and REST APIs over SavedModels in TF Serving's layout.
 
+- `model_format`: what a served model is (TF Serving's model-name rule, method names, warm-up
+  file, `set_method_name`; the classify input `image_example`), shared with the export and
+  deploy steps.
 - `config`: typed configs and TF Serving's `ModelServerConfig` text proto.
-- `model_registry`: version discovery, loading, warm-up, hot reload, version labels.
-- `tensors`, `service`, `batching`: request validation, TensorProto encoding, the servicers.
+- `version_source`: the version dirs of a base path and the version policy.
+- `servable`: one loaded version; `model_registry`: loading, warm-up, hot reload, labels.
+- `status`: TF Serving's status codes and what a client may see of an error.
+- `inference` (with `tensors`, `classification`): the request logic; `service` (gRPC) and
+  `rest` (REST, with `json_tensor`) are the transports; `batching` merges concurrent Predicts.
 - `server`: the gRPC server (`start_local_server`, `serve_forever`): health, reflection, TLS,
   batching, Prometheus metrics, SIGTERM drain.
-- `rest`: TF Serving's REST API (`--rest-api-port`) over the same core, served by uvicorn.
 - `grpc_guard`: requests whose bytes do not parse get one status and one summary log line.
 - `tf_serving_binary`: the argv for the real `tensorflow_model_server`, used when on PATH.
-- `client`: `PredictionClient` (gRPC), `RestClient` (REST) and helpers for `ampflow predict`.
+- `client`: `PredictionClient` (gRPC) and helpers for `ampflow predict`; `rest_client`:
+  `RestClient` (REST).
 - `cli`: `ampflow serve | predict | model-metadata | model-status`.
 - `testing`: a tiny real SavedModel that follows docs/ARTIFACTS.md.
 """

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from ampflow.serving.config import BatchingConfig
-from ampflow.serving.model_registry import ServableVersion
+from ampflow.serving.servable import ServableVersion
 
 log = logging.getLogger(__name__)
 

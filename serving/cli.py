@@ -15,8 +15,6 @@ from ampflow.errors import ConfigError, ServingError
 
 log = logging.getLogger(__name__)
 
-CLASSIFY_METHOD = "tensorflow/serving/classify"
-
 _FMT = argparse.ArgumentDefaultsHelpFormatter
 
 
@@ -194,7 +192,8 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace):
-    from ampflow.serving.client import PredictionClient, RestClient
+    from ampflow.serving.client import PredictionClient
+    from ampflow.serving.rest_client import RestClient
 
     if args.port is None:
         args.port = 8501 if args.protocol == "rest" else 8500
@@ -211,6 +210,7 @@ def _client(args: argparse.Namespace):
 
 def _predict(args: argparse.Namespace) -> int:
     from ampflow.serving.client import load_images, top_k
+    from ampflow.serving.model_format import CLASSIFY_METHOD
 
     if args.top_k < 1:
         raise ConfigError(f"top_k must be >= 1. Received: top_k={args.top_k}")

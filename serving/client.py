@@ -3,6 +3,8 @@
 Every call has a deadline; only UNAVAILABLE (server starting, reloading, a dropped
 connection) is retried, a bounded number of times with exponential backoff and `attempt i/N`
 in the log. Input keys, dtypes and shapes come from GetModelMetadata, never from constants.
+`RestClient` (rest_client.py) offers the same calls over TF Serving's REST API; `load_images`
+and `top_k` turn files into a batch and probabilities into rows for `ampflow predict`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tensorflow_serving.apis import (
 )
 
 from ampflow.errors import ConfigError, ServingError
+from ampflow.serving.model_format import CLASSIFY_SIGNATURE, DEFAULT_SIGNATURE, image_example
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,29 @@ class TensorSpec:
     shape: tuple[int, ...] | None
 
 
-class PredictionClient:
+class SignatureLookups:
+    """What both clients derive from `metadata()`: one signature, and its input specs."""
+
+    def metadata(self, model: str, version: int | None = None) -> dict:
+        raise NotImplementedError
+
+    def signature(self, model: str, version: int | None = None,
+                  signature: str = DEFAULT_SIGNATURE):
+        """One SignatureDef of the model, from metadata; a clear error when it is absent."""
+        sigs = self.metadata(model, version)
+        if signature not in sigs:
+            raise ServingError(f"signature {signature!r} not found in model {model!r}. "
+                               f"Available: {sorted(sigs)}")
+        return sigs[signature]
+
+    def input_specs(self, model: str, version: int | None = None,
+                    signature: str = DEFAULT_SIGNATURE) -> dict[str, TensorSpec]:
+        """Input name -> dtype/shape of a signature, from metadata."""
+        sig = self.signature(model, version, signature)
+        return {n: tensor_spec(n, i) for n, i in sig.inputs.items()}
+
+
+class PredictionClient(SignatureLookups):
     """TF Serving client over one channel; use as a context manager or call `close()`."""
 
     def __init__(self, address: str, *, timeout_s: float = 10.0, retries: int = 3,
@@ -174,26 +199,16 @@ class PredictionClient:
         response.metadata["signature_def"].Unpack(sig_map)
         return dict(sig_map.signature_def)
 
-    def signature(self, model: str, version: int | None = None,
-                  signature: str = "serving_default"):
-        """One SignatureDef of the model, from metadata; a clear error when it is absent."""
-        sigs = self.metadata(model, version)
-        if signature not in sigs:
-            raise ServingError(f"signature {signature!r} not found in model {model!r}. "
-                               f"Available: {sorted(sigs)}")
-        return sigs[signature]
-
     def input_specs(self, model: str, version: int | None = None,
-                    signature: str = "serving_default") -> dict[str, TensorSpec]:
+                    signature: str = DEFAULT_SIGNATURE) -> dict[str, TensorSpec]:
         """Input name -> dtype/shape of a signature, from metadata (cached per version)."""
         key = (model, version, signature)
         if key not in self._inputs_cache:
-            sig = self.signature(model, version, signature)
-            self._inputs_cache[key] = {n: _spec(n, i) for n, i in sig.inputs.items()}
+            self._inputs_cache[key] = super().input_specs(model, version, signature)
         return self._inputs_cache[key]
 
     def predict(self, model: str, images, version: int | None = None,
-                signature: str = "serving_default", *, version_label: str | None = None,
+                signature: str = DEFAULT_SIGNATURE, *, version_label: str | None = None,
                 output_filter: Sequence[str] = (), timeout_s: float | None = None
                 ) -> PredictResult:
         """Predict; `images` is one array (single-input signature) or a dict name -> array."""
@@ -228,7 +243,7 @@ class PredictionClient:
         return {spec.name: array}
 
     def classify(self, model: str, examples, version: int | None = None,
-                 signature: str = "classify", *, version_label: str | None = None,
+                 signature: str = CLASSIFY_SIGNATURE, *, version_label: str | None = None,
                  timeout_s: float | None = None) -> ClassifyResult:
         """Classify `tf.train.Example`s (or images, turned into `image` float_list Examples)."""
         request = classification_pb2.ClassificationRequest()
@@ -256,15 +271,6 @@ class PredictionClient:
             raise RpcError("HandleReloadConfigRequest", code, response.status.error_message)
 
 
-def image_example(image: np.ndarray, feature: str = "image"):
-    """A tf.Example with one float_list feature: what the contract's classify signature parses."""
-    import tensorflow as tf
-
-    values = np.asarray(image, dtype=np.float32).ravel().tolist()
-    return tf.train.Example(features=tf.train.Features(feature={
-        feature: tf.train.Feature(float_list=tf.train.FloatList(value=values))}))
-
-
 def _set_spec(spec, model: str, version: int | None, label: str | None = None) -> None:
     spec.name = model
     if version is not None and label:
@@ -276,7 +282,8 @@ def _set_spec(spec, model: str, version: int | None, label: str | None = None) -
         spec.version_label = label
 
 
-def _spec(name: str, info) -> TensorSpec:
+def tensor_spec(name: str, info) -> TensorSpec:
+    """A signature TensorInfo as a `TensorSpec` (dtype None when numpy has no such type)."""
     import tensorflow as tf
 
     try:
@@ -355,159 +362,3 @@ def top_k(probabilities: np.ndarray, k: int, labels: Sequence[str] | None = None
         rows.append([(int(i), labels[i] if labels and i < len(labels) else str(int(i)),
                       float(row[i])) for i in best])
     return rows
-
-
-class RestClient:
-    """TF Serving's REST API client (real or `ampflow serve --rest-api-port`), stdlib HTTP only.
-
-    It has the calls of `PredictionClient` that `ampflow predict` needs.
-
-    Errors are `RpcError`s whose code is the gRPC code of TF Serving's HTTP status.
-    """
-
-    def __init__(self, address: str, *, timeout_s: float = 10.0, tls_ca=None, tls_cert=None,
-                 tls_key=None, tls_server_name: str | None = None) -> None:
-        import ssl
-
-        if timeout_s <= 0:
-            raise ConfigError(f"timeout_s must be > 0. Received: timeout_s={timeout_s}")
-        if tls_server_name:
-            raise ConfigError("the REST client checks the certificate against the host it "
-                              "connects to: give that name as --host. Received: "
-                              f"tls_server_name={tls_server_name!r}")
-        self.timeout_s = timeout_s
-        self._context = None
-        scheme = "http"
-        if tls_ca or tls_cert:
-            scheme = "https"
-            self._context = ssl.create_default_context(cafile=tls_ca)
-            if tls_cert:
-                self._context.load_cert_chain(tls_cert, tls_key)
-        self.base = f"{scheme}://{address}"
-
-    def __enter__(self) -> RestClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Nothing to close (one connection per call)."""
-
-    def call(self, method: str, path: str, payload: dict | None = None) -> dict:
-        """One HTTP call; JSON in and out; TF Serving's `{"error"}` becomes an RpcError."""
-        import json
-        import urllib.error
-        import urllib.request
-
-        data = None if payload is None else json.dumps(payload).encode()
-        request = urllib.request.Request(self.base + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s,
-                                        context=self._context) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as e:
-            body = e.read()
-            try:
-                message = json.loads(body).get("error", "")
-            except ValueError:
-                message = body.decode("utf-8", "replace")[:500]
-            raise RpcError(f"{method} {path}", _GRPC_OF_HTTP.get(e.code, grpc.StatusCode.UNKNOWN),
-                           message) from e
-        except (urllib.error.URLError, OSError) as e:
-            raise RpcError(f"{method} {path}", grpc.StatusCode.UNAVAILABLE, str(e)) from e
-
-    @staticmethod
-    def model_path(model: str, version: int | None = None, label: str | None = None) -> str:
-        """`/v1/models/{name}[/versions/{n}|/labels/{l}]` with the name quoted."""
-        from urllib.parse import quote
-
-        path = f"/v1/models/{quote(model, safe='')}"
-        if version is not None:
-            path += f"/versions/{int(version)}"
-        elif label:
-            path += f"/labels/{quote(label, safe='')}"
-        return path
-
-    def status(self, model: str, version: int | None = None) -> list[dict]:
-        """GET status, as `PredictionClient.status` returns it."""
-        answer = self.call("GET", self.model_path(model, version))
-        return [{"version": int(s["version"]), "state": s["state"],
-                 "error_code": _code_number(s["status"]["error_code"]),
-                 "error_message": s["status"]["error_message"]}
-                for s in answer.get("model_version_status", [])]
-
-    def metadata(self, model: str, version: int | None = None) -> dict:
-        """GET metadata: signature name -> SignatureDef proto."""
-        from google.protobuf import json_format
-
-        answer = self.call("GET", self.model_path(model, version) + "/metadata")
-        sig_map = json_format.ParseDict(answer["metadata"]["signature_def"],
-                                        get_model_metadata_pb2.SignatureDefMap())
-        return dict(sig_map.signature_def)
-
-    def signature(self, model: str, version: int | None = None,
-                  signature: str = "serving_default"):
-        """One SignatureDef, or a clear error."""
-        sigs = self.metadata(model, version)
-        if signature not in sigs:
-            raise ServingError(f"signature {signature!r} not found in model {model!r}. "
-                               f"Available: {sorted(sigs)}")
-        return sigs[signature]
-
-    def input_specs(self, model: str, version: int | None = None,
-                    signature: str = "serving_default") -> dict[str, TensorSpec]:
-        """Input name -> dtype/shape of a signature."""
-        sig = self.signature(model, version, signature)
-        return {n: _spec(n, i) for n, i in sig.inputs.items()}
-
-    def predict(self, model: str, images, version: int | None = None,
-                signature: str = "serving_default", *, version_label: str | None = None
-                ) -> PredictResult:
-        """POST :predict in columnar form (`inputs`); outputs as numpy arrays."""
-        inputs = images if isinstance(images, dict) else {
-            next(iter(self.input_specs(model, version, signature))): images}
-        payload = {"signature_name": signature,
-                   "inputs": {k: np.asarray(v).tolist() for k, v in inputs.items()}}
-        answer = self.call("POST", self.model_path(model, version, version_label) + ":predict",
-                           payload)
-        outputs = answer["outputs"]
-        if not isinstance(outputs, dict):  # one output: TF Serving drops its name
-            sig = self.signature(model, version, signature)
-            outputs = {next(iter(sig.outputs)): outputs}
-        return PredictResult({k: np.asarray(v) for k, v in outputs.items()},
-                             version or self._latest(model), signature)
-
-    def _latest(self, model: str) -> int:
-        """The newest AVAILABLE version: what answered a request without one, most likely.
-
-        REST answers do not name their version.
-        """
-        available = [s["version"] for s in self.status(model) if s["state"] == "AVAILABLE"]
-        return max(available, default=0)
-
-    def classify(self, model: str, images, version: int | None = None,
-                 signature: str = "classify", *, version_label: str | None = None
-                 ) -> ClassifyResult:
-        """POST :classify with images as `image` float features."""
-        examples = [{"image": np.asarray(i, dtype=np.float32).ravel().astype(float).tolist()}
-                    for i in images]
-        answer = self.call("POST", self.model_path(model, version, version_label) + ":classify",
-                           {"signature_name": signature, "examples": examples})
-        classes = [[(label, float(score)) for label, score in row] for row in answer["results"]]
-        return ClassifyResult(classes, version or self._latest(model))
-
-
-_GRPC_OF_HTTP = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
-                 403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
-                 409: grpc.StatusCode.ABORTED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-                 499: grpc.StatusCode.CANCELLED, 500: grpc.StatusCode.INTERNAL,
-                 501: grpc.StatusCode.UNIMPLEMENTED, 503: grpc.StatusCode.UNAVAILABLE,
-                 504: grpc.StatusCode.DEADLINE_EXCEEDED}
-
-
-def _code_number(name) -> int:
-    if isinstance(name, int):
-        return name
-    return next((c.value[0] for c in grpc.StatusCode if c.name == name), 2)

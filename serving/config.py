@@ -17,6 +17,7 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from ampflow.errors import ConfigError
+from ampflow.serving.model_format import check_model_name
 
 VERSION_POLICIES = ("latest", "all", "specific")
 DEFAULT_MAX_REQUEST_BATCH = 1024  # rows per request when server-side batching is off
@@ -38,10 +39,7 @@ class ModelConfig:
     version_labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name:
-            raise ConfigError(
-                f"model name must be a non-empty name without '/'. Received: name={self.name!r}"
-            )
+        check_model_name(self.name, "name")
         object.__setattr__(self, "base_path", Path(self.base_path))
         if self.version_policy not in VERSION_POLICIES:
             raise ConfigError(

@@ -1,8 +1,9 @@
-"""Which model versions exist, which are loaded, and which one answers a request.
+"""Which model versions are loaded, and which one answers a request.
 
-This mirrors TF Serving's file-system source + availability-preserving manager:
-- a version is a numeric dir `<base_path>/<version>/` holding a SavedModel;
-- the version policy (latest N / all / specific) picks the *aspired* versions;
+This mirrors TF Serving's availability-preserving manager, over its file-system source
+(`version_source`: the version dirs on disk and the policy's aspired versions) and its
+loader (`servable`: one loaded version):
+- a version dir is loaded only once it has stopped changing and looks complete;
 - a new aspired version is loaded and warmed up *before* it is published, and an old version
   is retired only once an aspired one is available, so a reload never drops a request
   (in-flight requests keep their reference to the old version object);
@@ -13,10 +14,7 @@ This mirrors TF Serving's file-system source + availability-preserving manager:
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
-import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,81 +23,26 @@ from pathlib import Path
 import grpc
 
 from ampflow.serving.config import ModelConfig
+from ampflow.serving.servable import ServableVersion
+from ampflow.serving.status import (
+    ServingStatusError,
+    VersionState,
+    VersionStatus,
+    clip,
+    load_error_code,
+    scrub_paths,
+)
+from ampflow.serving.version_source import (
+    aspired_versions,
+    dir_fingerprint,
+    discover_versions,
+    meant_dir_hint,
+    missing_entries,
+)
 
 log = logging.getLogger(__name__)
 
-WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
-MAX_WARMUP_RECORDS = 1000  # TF Serving's limit
 INCOMPLETE_GRACE_S = 60.0  # an incomplete-looking version dir unchanged this long is loaded
-INIT_OP_SIGNATURE = "__saved_model_init_op"
-
-
-class VersionState(enum.IntEnum):
-    """`ModelVersionStatus.State` values of tensorflow_serving/apis/get_model_status.proto."""
-
-    START = 10
-    LOADING = 20
-    AVAILABLE = 30
-    UNLOADING = 40
-    END = 50
-
-
-class ServingStatusError(Exception):
-    """A request-level failure with the gRPC status code TF Serving uses for it."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclasses.dataclass
-class VersionStatus:
-    """What GetModelStatus reports for one version."""
-
-    state: VersionState
-    error: str = ""
-    error_code: grpc.StatusCode = grpc.StatusCode.OK
-
-
-class ServableVersion:
-    """One loaded SavedModel version: its signature defs (protos) and callable signatures."""
-
-    def __init__(self, model: str, version: int, path: Path) -> None:
-        import tensorflow as tf  # heavy: imported where a model is actually loaded
-
-        self.model = model
-        self.version = version
-        self.path = path
-        self.signature_defs = _read_signature_defs(path)
-        self._loaded = tf.saved_model.load(str(path), tags=["serve"])
-        self._functions = dict(self._loaded.signatures)
-        # TF Serving lists the init op in metadata too, but it is not a signature to call.
-        missing = set(self.signature_defs) - set(self._functions) - {INIT_OP_SIGNATURE}
-        if missing:
-            raise ValueError(f"signatures {sorted(missing)} are in saved_model.pb but not loadable")
-
-    def can_run(self, signature: str) -> bool:
-        """Whether `signature` can be run (the init-op SignatureDef cannot)."""
-        return signature in self._functions
-
-    def run(self, signature: str, inputs: dict) -> dict:
-        """Run `signature` on numpy/tensor `inputs` keyed by signature input names."""
-        outputs = self._functions[signature](**inputs)
-        return {key: value.numpy() for key, value in outputs.items()}
-
-
-def _read_signature_defs(path: Path) -> dict:
-    """The `serve`-tagged MetaGraph's SignatureDefs, read from saved_model.pb itself."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    pb = path / "saved_model.pb"
-    proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString(pb.read_bytes())
-    for meta_graph in proto.meta_graphs:
-        if "serve" in meta_graph.meta_info_def.tags:
-            return dict(meta_graph.signature_def)
-    raise ValueError(f"{pb} has no MetaGraph tagged 'serve'")
 
 
 @dataclasses.dataclass
@@ -214,7 +157,7 @@ class ModelRegistry:
             problem = f"model {state.config.name}: base path {base} does not exist (yet)"
         elif not found:
             problem = f"model {state.config.name}: base path {base} holds no version dirs " \
-                      f"(<base>/<number>/saved_model.pb){_meant_dir_hint(base)}"
+                      f"(<base>/<number>/saved_model.pb){meant_dir_hint(base)}"
         if problem != state.path_problem:
             if problem:
                 log.warning("%s; waiting for a version to appear", problem)
@@ -233,7 +176,7 @@ class ModelRegistry:
         atomic rename of a finished dir (TF Serving's advice) is loaded at once or at the next
         poll.
         """
-        fingerprint = _fingerprint(path)
+        fingerprint = dir_fingerprint(path)
         previous, since = state.seen.get(version, (None, time.monotonic()))
         if previous != fingerprint:
             since = time.monotonic()
@@ -246,7 +189,7 @@ class ModelRegistry:
                 return False
         elif previous != fingerprint:
             return False
-        missing = _missing_entries(path, self._reference_layout(state))
+        missing = missing_entries(path, self._reference_layout(state))
         if not missing:
             return True
         if time.monotonic() - since < INCOMPLETE_GRACE_S:
@@ -273,11 +216,11 @@ class ModelRegistry:
     @staticmethod
     def _known_bad(state: _ModelState, version: int, path: Path) -> bool:
         """Failed before with the same files: not retried until they change."""
-        return version in state.failed and state.failed[version] == _fingerprint(path)
+        return version in state.failed and state.failed[version] == dir_fingerprint(path)
 
     def _try_load(self, state: _ModelState, version: int, path: Path) -> None:
         name = state.config.name
-        fingerprint = _fingerprint(path)
+        fingerprint = dir_fingerprint(path)
         state.status[version] = VersionStatus(VersionState.LOADING)
         started = time.perf_counter()
         try:
@@ -374,7 +317,7 @@ class ModelRegistry:
             if label not in labels:
                 raise ServingStatusError(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    f"Unrecognized servable version label: {_clip(label)}. Known labels: "
+                    f"Unrecognized servable version label: {clip(label)}. Known labels: "
                     f"{sorted(labels)}",
                 )
             version = labels[label]
@@ -401,7 +344,7 @@ class ModelRegistry:
             if state is None:
                 raise ServingStatusError(
                     grpc.StatusCode.NOT_FOUND,
-                    f"Could not find any versions of model {_clip(name)}",
+                    f"Could not find any versions of model {clip(name)}",
                 )
             statuses = dict(state.status)
         if version is not None:
@@ -476,38 +419,12 @@ def _paths_differ(a: ModelConfig, b: ModelConfig) -> bool:
 
 def _spec_text(name: str, version: int | None, label: str | None) -> str:
     """How TF Serving prints a ServableRequest: Latest(m) / Specific(m, 3)."""
-    name = _clip(name)
+    name = clip(name)
     if version is not None:
         return f"Specific({name}, {version})"
     if label:
-        return f"Label({name}, {_clip(label)})"
+        return f"Label({name}, {clip(label)})"
     return f"Latest({name})"
-
-
-def _clip(text: str, limit: int = 128) -> str:
-    text = str(text)
-    return text if len(text) <= limit else f"{text[:limit]}...({len(text) - limit} more chars)"
-
-
-def load_error_code(error: Exception) -> grpc.StatusCode:
-    """The code TF Serving would report for a failed load.
-
-    TensorFlow's own error code when there is one, NOT_FOUND for a missing file, DATA_LOSS for
-    a file that does not parse.
-    """
-    from google.protobuf.message import DecodeError
-
-    if isinstance(error, ServingStatusError):
-        return error.code
-    code = getattr(error, "error_code", None)  # tf.errors.OpError
-    if isinstance(code, int):
-        return next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
-    if isinstance(error, FileNotFoundError) or (
-            isinstance(error, OSError) and "does not exist" in str(error)):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(error, DecodeError):
-        return grpc.StatusCode.DATA_LOSS
-    return grpc.StatusCode.UNKNOWN
 
 
 def _load_error_text(error: Exception, config: ModelConfig) -> str:
@@ -520,96 +437,6 @@ def _load_error_text(error: Exception, config: ModelConfig) -> str:
     base = Path(config.base_path)
     for path in sorted({str(base), str(base.resolve())}, key=len, reverse=True):
         text = text.replace(path, "<base_path>")
-    return re.sub(r"(?<![\w.<])/(?:[\w.+@-]+/)+[\w.+@-]*", "<path>", text)[:2000]
+    return scrub_paths(text)[:2000]
 
 
-def _meant_dir_hint(base: Path) -> str:
-    """`; did you mean <base>/<child>?` when a child dir of `base` holds version dirs."""
-    try:
-        children = [p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    except OSError:
-        return ""
-    for child in sorted(children):
-        if discover_versions(child):
-            versions = sorted(discover_versions(child))
-            return f"; did you mean {child}, which holds versions {versions}?"
-    return ""
-
-
-def discover_versions(base_path: Path) -> dict[int, Path]:
-    """Numeric child dirs of `base_path` (dot-prefixed staging dirs are not numeric)."""
-    try:
-        entries = list(os.scandir(base_path))
-    except OSError:
-        return {}  # logged once per change by the registry
-    versions = {}
-    for entry in entries:
-        if entry.name.isdigit() and entry.is_dir():
-            versions[int(entry.name)] = Path(entry.path)
-    return versions
-
-
-def aspired_versions(config: ModelConfig, available: list[int]) -> list[int]:
-    """Apply the version policy to the versions found on disk."""
-    if config.version_policy == "all":
-        return list(available)
-    if config.version_policy == "specific":
-        missing = [v for v in config.versions if v not in available]
-        if missing:
-            log.warning("model %s: specific versions %s are not on disk", config.name, missing)
-        return [v for v in available if v in config.versions]
-    return sorted(available)[-config.num_latest:]
-
-
-def _missing_entries(path: Path, reference: set[str]) -> list[str]:
-    """What a version dir lacks: entries of the reference layout, or announced shards."""
-    try:
-        names = {p.name for p in path.iterdir()}
-    except OSError:
-        return ["the dir itself"]
-    missing = sorted(reference - names)
-    shards = re.compile(r"variables\.data-(\d+)-of-(\d+)$")
-    try:
-        found = [shards.match(p.name) for p in (path / "variables").iterdir()]
-    except OSError:
-        return missing
-    announced = {int(m.group(2)) for m in found if m}
-    present = {int(m.group(1)) for m in found if m}
-    for total in announced:
-        missing += [f"variables/variables.data-{i:05d}-of-{total:05d}" for i in range(total)
-                    if i not in present]
-    if announced and not (path / "variables" / "variables.index").exists():
-        missing.append("variables/variables.index")
-    return missing
-
-
-def _fingerprint(path: Path) -> tuple:
-    """Names, sizes and mtimes of every file and dir under `path`.
-
-    It changes while the dir is being written or when it is rewritten.
-    """
-    items = []
-    for root, dirs, files in os.walk(path):
-        for name in dirs + files:
-            full = os.path.join(root, name)
-            try:
-                st = os.stat(full)
-            except OSError:
-                continue
-            items.append((os.path.relpath(full, path), st.st_size, st.st_mtime_ns))
-    return tuple(sorted(items))
-
-
-def read_warmup_records(path: Path) -> list[bytes]:
-    """Serialized PredictionLog records of `assets.extra/tf_serving_warmup_requests`, if any."""
-    import tensorflow as tf
-
-    warmup = path / WARMUP_FILE
-    if not warmup.is_file():
-        return []
-    records = []
-    for record in tf.data.TFRecordDataset(str(warmup)).take(MAX_WARMUP_RECORDS + 1):
-        records.append(record.numpy())
-    if len(records) > MAX_WARMUP_RECORDS:
-        raise ValueError(f"{warmup} holds more than {MAX_WARMUP_RECORDS} warm-up records")
-    return records

@@ -12,17 +12,15 @@ The behaviour follows TF Serving's `http_rest_api_handler.cc`, `http_rest_api_ut
 - every error is `{"error": "..."}` with TF Serving's HTTP code for the gRPC code.
 Each JSON request becomes the gRPC request proto and goes through `InferenceCore`, so REST and
 gRPC run the same validation and limits and give the same answers. HTTP itself is parsed by
-uvicorn (h11); the body is bounded by `--max-message-bytes` before it is parsed.
+uvicorn (h11); the body is bounded by `--max-message-bytes` before it is parsed. The JSON <-> proto
+conversions are in json_tensor.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
-import math
 import re
 import socket
 import threading
@@ -31,10 +29,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
-from tensorflow.core.example import example_pb2, feature_pb2
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -43,9 +38,11 @@ from tensorflow_serving.apis import (
 )
 
 from ampflow.errors import ServingError
-from ampflow.serving import tensors
-from ampflow.serving.model_registry import ServingStatusError
-from ampflow.serving.service import InferenceCore, Observer, _Handler
+from ampflow.serving import json_tensor, tensors
+from ampflow.serving.inference import InferenceCore, Observer
+from ampflow.serving.json_tensor import invalid as _invalid
+from ampflow.serving.model_format import DEFAULT_SIGNATURE
+from ampflow.serving.status import ServingStatusError, clip
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +63,7 @@ _PREDICT_PATH = re.compile(
 _STATUS_PATH = re.compile(
     r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(?:/(metadata))?",
     re.IGNORECASE)
-_INT_DTYPES = {types_pb2.DT_INT8, types_pb2.DT_UINT8, types_pb2.DT_INT16, types_pb2.DT_UINT16,
-               types_pb2.DT_INT32, types_pb2.DT_INT64, types_pb2.DT_UINT32, types_pb2.DT_UINT64}
-_FLOAT_DTYPES = {types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_HALF}
 REST_TIMEOUT_S = 30.0  # TF Serving's --rest_api_timeout_in_ms default
-
-
-def _invalid(message: str) -> ServingStatusError:
-    return ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 # ---- the request handler (plain Python: method, path, body -> status, JSON) ------------------
@@ -83,7 +73,6 @@ class RestHandler:
 
     def __init__(self, core: InferenceCore, observe: Observer | None = None) -> None:
         self.core = core
-        self._labels = _Handler(core, None)
         self.observe = observe
 
     def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, bytes]:
@@ -95,20 +84,20 @@ class RestHandler:
             version = str(request.model_spec.version.value) if request is not None and \
                 request.model_spec.HasField("version") else ""
         except ServingStatusError as e:
-            code, payload = e.code, {"error": tensors.clip(e.message, 1024)}
+            code, payload = e.code, {"error": clip(e.message, 1024)}
         except Exception as e:  # a server bug must not end the process: INTERNAL
-            log.exception("REST %s %s failed", method, tensors.clip(raw_path, 200))
+            log.exception("REST %s %s failed", method, clip(raw_path, 200))
             code = grpc.StatusCode.INTERNAL
             payload = {"error": f"internal error ({type(e).__name__}); see the server log"}
         if self.observe is not None and api:
-            model, version = self._labels.labels(request, version) if request is not None \
+            model, version = self.core.metric_labels(request, version) if request is not None \
                 else ("", "")
             self.observe(model, version, api, code, time.perf_counter() - started)
         return HTTP_STATUS.get(code, 500), _dumps(payload)
 
     def _dispatch(self, method: str, raw_path: str, body: bytes):
         path = raw_path.split("?", 1)[0]
-        malformed = _invalid(f"Malformed request: {method} {tensors.clip(path, 200)}")
+        malformed = _invalid(f"Malformed request: {method} {clip(path, 200)}")
         if method == "POST":
             match = _PREDICT_PATH.fullmatch(path)
             if not match:
@@ -137,30 +126,30 @@ class RestHandler:
     # ---- APIs -------------------------------------------------------------------------------
 
     def _predict(self, spec, body: bytes):
-        doc = _parse_object(body)
+        doc = json_tensor.parse_object(body)
         request = predict_pb2.PredictRequest()
         request.model_spec.CopyFrom(spec)
-        request.model_spec.signature_name = _signature_name(doc)
+        request.model_spec.signature_name = json_tensor.signature_name(doc)
         servable = self.core.resolve(request)
-        sig_name = request.model_spec.signature_name or "serving_default"
+        sig_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
         if sig_name not in servable.signature_defs or not servable.can_run(sig_name):
-            raise _invalid(f'Serving signature name: "{tensors.clip(sig_name)}" not found in '
+            raise _invalid(f'Serving signature name: "{clip(sig_name)}" not found in '
                            "signature def")
         infos = dict(servable.signature_defs[sig_name].inputs)
-        row_format = _fill_inputs(doc, infos, request)
+        row_format = json_tensor.fill_inputs(doc, infos, request)
         response = self.core.predict(request, REST_TIMEOUT_S, servable=servable)
         outputs = {k: tensors.to_ndarray(k, v) for k, v in response.outputs.items()}
-        payload = _row_json(outputs) if row_format else _columnar_json(outputs)
+        payload = (json_tensor.row_json if row_format else json_tensor.columnar_json)(outputs)
         return request, payload
 
     def _classify(self, spec, body: bytes):
-        doc = _parse_object(body)
+        doc = json_tensor.parse_object(body)
         request = classification_pb2.ClassificationRequest()
         request.model_spec.CopyFrom(spec)
-        request.model_spec.signature_name = _signature_name(doc)
-        _fill_examples(doc, request, self.core.limits.max_rows)
+        request.model_spec.signature_name = json_tensor.signature_name(doc)
+        json_tensor.fill_examples(doc, request, self.core.limits.max_rows)
         response = self.core.classify(request, REST_TIMEOUT_S)
-        results = [[[c.label, _float32(c.score)] for c in row.classes]
+        results = [[[c.label, json_tensor.float32_json(c.score)] for c in row.classes]
                    for row in response.result.classifications]
         return request, {"results": results}
 
@@ -190,7 +179,7 @@ def _model_spec(name: str, version: str | None, label: str | None):
     if version is not None:
         number = int(version)
         if number >= 2 ** 63:
-            raise _invalid(f"Failed to convert version: {tensors.clip(version)} to numeric.")
+            raise _invalid(f"Failed to convert version: {clip(version)} to numeric.")
         spec.version.value = number
     if label is not None:
         spec.version_label = urllib.parse.unquote(label)
@@ -199,262 +188,6 @@ def _model_spec(name: str, version: str | None, label: str | None):
 
 def _dumps(payload) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
-
-
-# ---- JSON -> request protos (util/json_tensor.cc) --------------------------------------------
-
-def _parse_object(body: bytes) -> dict:
-    if not body:
-        raise _invalid("JSON Parse error: The document is empty")
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError) as e:  # RecursionError: absurdly deep nesting
-        raise _invalid(f"JSON Parse error: {tensors.clip(e, 200)}") from None
-    if not isinstance(doc, dict):
-        raise _invalid(f"JSON Value: {_debug(doc)} Is not object")
-    return doc
-
-
-def _signature_name(doc: dict) -> str:
-    name = doc.get("signature_name", "")
-    if not isinstance(name, str):
-        raise _invalid(f"JSON Value: {_debug(doc)} not formatted correctly. 'signature_name' "
-                       "key must be a string value.")
-    return name
-
-
-def _debug(value) -> str:
-    """A JSON value for an error message: at most 256 characters, as TF Serving."""
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError, RecursionError):
-        text = repr(type(value))
-    return tensors.clip(text, 256)
-
-
-def _is_b64(value) -> bool:
-    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str)
-
-
-def _fill_inputs(doc: dict, infos: dict, request) -> bool:
-    """Fill request.inputs from `instances` (returns True: row format) or `inputs`."""
-    has_instances, has_inputs = "instances" in doc, "inputs" in doc
-    if has_instances and has_inputs:
-        raise _invalid(f"JSON Value: {_debug(doc)} Not formatted correctly expecting only one "
-                       "of 'inputs' or 'instances' keys to exist ")
-    if not infos:
-        raise _invalid("Failed to get input map for signature")
-    if has_instances:
-        instances = doc["instances"]
-        if not isinstance(instances, list):
-            raise _invalid(f"JSON Value: {_debug(doc)} Expecting 'instances' to be an "
-                           "list/array")
-        if not instances:
-            raise _invalid(f"JSON Value: {_debug(doc)} No values in 'instances' array")
-        objects = isinstance(instances[0], dict) and not _is_b64(instances[0])
-        if not objects:
-            if len(infos) > 1:
-                raise _invalid("instances is a plain list, but expecting list of objects as "
-                               "multiple input tensors required as per tensorinfo_map")
-            (name, info), = infos.items()
-            request.inputs[name].CopyFrom(_tensor(name, instances, info.dtype))
-            return True
-        for i, item in enumerate(instances):
-            if not isinstance(item, dict) or _is_b64(item):
-                raise _invalid(f"Expecting object but got list at item {i} of input list")
-            if set(item) != set(infos):
-                raise _invalid(f"Failed to process element: {i} of 'instances' list. JSON "
-                               f"object: {_debug(item)} keys must be equal to: "
-                               f"{','.join(sorted(infos))}")
-        for name, info in infos.items():
-            request.inputs[name].CopyFrom(
-                _tensor(name, [item[name] for item in instances], info.dtype))
-        return True
-    if has_inputs:
-        value = doc["inputs"]
-        if not isinstance(value, dict) or _is_b64(value):
-            if len(infos) > 1:
-                raise _invalid("inputs is a plain value/list, but expecting an object as "
-                               "multiple input tensors required as per tensorinfo_map")
-            (name, info), = infos.items()
-            request.inputs[name].CopyFrom(_tensor(name, value, info.dtype))
-            return False
-        for name, info in infos.items():
-            if name not in value:
-                raise _invalid(f"Missing named input: {tensors.clip(name)} in 'inputs' object.")
-            request.inputs[name].CopyFrom(_tensor(name, value[name], info.dtype))
-        return False
-    raise _invalid("Missing 'inputs' or 'instances' key")
-
-
-def _tensor(name: str, value, dtype: int) -> tensor_pb2.TensorProto:
-    """A dense JSON value (nested lists) as a TensorProto of the signature's dtype.
-
-    The shape comes from the first element at each level; every list must match it, and
-    every leaf must be of the dtype's JSON type (no silent bool->number or string->number).
-    """
-    dims, probe = [], value
-    while isinstance(probe, list):
-        dims.append(len(probe))
-        if not probe:
-            break
-        probe = probe[0]
-    leaves = [value]
-    for level, size in enumerate(dims):
-        flat = []
-        for item in leaves:
-            if not isinstance(item, list):
-                raise _invalid(f"JSON Value: {_debug(item)} found at incorrect level: "
-                               f"{level + 1} in the JSON DOM. Expected at level: {len(dims)}")
-            if len(item) != size:
-                raise _invalid(f"Encountered list at unexpected size: {len(item)} at level: "
-                               f"{level} expected size: {size}")
-            flat.extend(item)
-        leaves = flat
-    proto = tensor_pb2.TensorProto(dtype=dtype, tensor_shape=tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in dims]))
-    if dtype == types_pb2.DT_STRING:
-        proto.string_val.extend(_string_leaf(leaf) for leaf in leaves)
-        return proto
-    kinds = set(map(type, leaves))
-    if list in kinds:
-        raise _invalid(f"Encountered list at unexpected level: {len(dims)} expected < "
-                       f"{len(dims)} (tensor {tensors.clip(name)})")
-    expected = ({int, float} if dtype in _FLOAT_DTYPES else {int} if dtype in _INT_DTYPES
-                else {bool} if dtype == types_pb2.DT_BOOL else None)
-    if expected is None:
-        raise ServingStatusError(grpc.StatusCode.UNIMPLEMENTED,
-                                 f"Conversion of JSON to type {tensors.dtype_name(dtype)} of "
-                                 f"input {tensors.clip(name)} is not supported")
-    if not kinds <= expected:
-        bad = next(leaf for leaf in leaves if type(leaf) not in expected)
-        raise _invalid(f"JSON Value: {_debug(bad)} Type: {_json_type(bad)} is not of expected "
-                       f"type: {tensors.dtype_name(dtype)[3:].lower()}")
-    np_dtype = tensors._DTYPES[dtype][0]
-    try:
-        array = np.asarray(leaves, dtype=np_dtype) if leaves else np.zeros(0, np_dtype)
-    except OverflowError:
-        raise _invalid(f"a value of input {tensors.clip(name)} does not fit "
-                       f"{tensors.dtype_name(dtype)}") from None
-    proto.tensor_content = array.tobytes()
-    return proto
-
-
-def _string_leaf(leaf) -> bytes:
-    if isinstance(leaf, str):
-        return leaf.encode()
-    if _is_b64(leaf):
-        try:
-            return base64.b64decode(leaf["b64"], validate=True)
-        except (binascii.Error, ValueError):
-            raise _invalid("Unable to base64 decode") from None
-    if isinstance(leaf, dict):
-        raise _invalid(f"JSON Value: {_debug(leaf)} not formatted correctly for base64 data")
-    raise _invalid(f"JSON Value: {_debug(leaf)} Type: {_json_type(leaf)} is not of expected "
-                   "type: string")
-
-
-def _json_type(value) -> str:
-    return {bool: "True" if value else "False", int: "Number", float: "Number", str: "String",
-            list: "Array", dict: "Object", type(None): "Null"}.get(type(value), "Unknown")
-
-
-def _fill_examples(doc: dict, request, max_rows: int) -> None:
-    """`examples` (+ `context`) as tf.Examples, as FillClassifyRegressRequestFromJson."""
-    if "context" in doc:
-        _example(doc["context"], request.input.example_list_with_context.context)
-        target = request.input.example_list_with_context.examples
-    else:
-        target = request.input.example_list.examples
-    examples = doc.get("examples")
-    if examples is None:
-        raise _invalid(f"JSON Value: {_debug(doc)} When method is classify, key 'examples' is "
-                       "expected and was not found")
-    if not isinstance(examples, list):
-        raise _invalid(f"JSON Value: {_debug(doc)} Expecting 'examples' value to be an "
-                       "list/array")
-    if not examples:
-        raise _invalid(f"JSON Value: {_debug(doc)} 'examples' value is an empty array")
-    if max_rows and len(examples) > max_rows:  # checked again by the core; refuse before work
-        raise _invalid(f"Input has {len(examples)} examples; this server takes at most "
-                       f"{max_rows} per request (--max-request-batch-size)")
-    for item in examples:
-        _example(item, target.add())
-
-
-def _example(value, example: example_pb2.Example) -> None:
-    if not isinstance(value, dict):
-        raise _invalid(f"Example must be JSON object but got JSON {_json_type(value)}")
-    for name, content in value.items():
-        feature = feature_pb2.Feature()
-        for item in content if isinstance(content, list) else [content]:
-            _add_feature_value(name, item, feature)
-        example.features.feature[name].CopyFrom(feature)
-
-
-def _add_feature_value(name: str, value, feature: feature_pb2.Feature) -> None:
-    kind = feature.WhichOneof("kind")
-
-    def need(wanted: str) -> None:
-        if kind not in (None, wanted):
-            raise _invalid(f"Unexpected element type in feature: {tensors.clip(name)} "
-                           f"expecting type: {kind.split('_')[0]}")
-
-    if isinstance(value, bool):
-        need("int64_list")
-        feature.int64_list.value.append(int(value))
-    elif isinstance(value, int):
-        need("int64_list")
-        if not -2 ** 63 <= value < 2 ** 63:
-            raise _invalid(f"Feature: {tensors.clip(name)} has uint64_t element. Only int64_t "
-                           "is supported.")
-        feature.int64_list.value.append(value)
-    elif isinstance(value, float):
-        need("float_list")
-        feature.float_list.value.append(value)
-    elif isinstance(value, str) or _is_b64(value):
-        need("bytes_list")
-        feature.bytes_list.value.append(_string_leaf(value))
-    else:
-        raise _invalid(f"Feature: {tensors.clip(name)} has element with unexpected JSON type: "
-                       f"{_json_type(value)}")
-
-
-# ---- response tensors -> JSON ---------------------------------------------------------------
-
-def _float32(value: float) -> float:
-    """A float32 as the shortest decimal that reads back to it (TF Serving's WriteDecimal)."""
-    return float(np.float32(value).astype(str)) if math.isfinite(value) else value
-
-
-def _json_values(name: str, array: np.ndarray):
-    """Nested lists of JSON values: float32 shortest, bytes as text or `{"b64"}` (`_bytes`)."""
-    if array.dtype == np.object_:
-        as_b64 = name.endswith("_bytes")
-        flat = [({"b64": base64.b64encode(v).decode()} if as_b64 else
-                 v.decode("utf-8", "replace")) for v in array.ravel()]
-        return np.array(flat, dtype=object).reshape(array.shape).tolist() if array.ndim \
-            else flat[0]
-    if array.dtype == np.float32 or array.dtype == np.float16:
-        return array.astype(str).astype(np.float64).tolist()
-    return array.tolist()
-
-
-def _row_json(outputs: dict[str, np.ndarray]) -> dict:
-    batch = {a.shape[0] if a.ndim else None for a in outputs.values()}
-    if None in batch or len(batch) != 1:
-        raise _invalid(f"outputs have inconsistent or no batch sizes: "
-                       f"{ {k: list(v.shape) for k, v in outputs.items()} }")
-    values = {name: _json_values(name, array) for name, array in sorted(outputs.items())}
-    if len(values) == 1:
-        return {"predictions": next(iter(values.values()))}
-    rows = batch.pop()
-    return {"predictions": [{name: v[i] for name, v in values.items()} for i in range(rows)]}
-
-
-def _columnar_json(outputs: dict[str, np.ndarray]) -> dict:
-    values = {name: _json_values(name, array) for name, array in sorted(outputs.items())}
-    return {"outputs": next(iter(values.values())) if len(values) == 1 else values}
 
 
 # ---- the ASGI app and its uvicorn server -----------------------------------------------------

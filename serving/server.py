@@ -27,13 +27,8 @@ from ampflow.serving import model_registry
 from ampflow.serving.batching import Batcher
 from ampflow.serving.config import ServerConfig
 from ampflow.serving.grpc_guard import UndecodableRequestInterceptor
-from ampflow.serving.service import (
-    InferenceCore,
-    ModelServicer,
-    PredictionServicer,
-    ReloadPolicy,
-    RequestLimits,
-)
+from ampflow.serving.inference import InferenceCore, ReloadPolicy, RequestLimits
+from ampflow.serving.service import ModelServicer, PredictionServicer
 
 log = logging.getLogger(__name__)
 

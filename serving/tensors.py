@@ -14,10 +14,10 @@ import grpc
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
-from ampflow.serving.model_registry import ServingStatusError
+from ampflow.serving.status import ServingStatusError, clip
 
 # dtype enum -> (numpy dtype, typed repeated field)
-_DTYPES: dict[int, tuple[type, str]] = {
+DTYPES: dict[int, tuple[type, str]] = {
     types_pb2.DT_FLOAT: (np.float32, "float_val"),
     types_pb2.DT_DOUBLE: (np.float64, "double_val"),
     types_pb2.DT_INT32: (np.int32, "int_val"),
@@ -51,19 +51,13 @@ MAX_ELEMENTS = 2 ** 63 - 1  # TensorShape's limit on the element count
 OBJECT_ITEM_BYTES = 8  # one pointer per string element of an object array
 
 
-def clip(text: str, limit: int = 128) -> str:
-    """Client-sent text as echoed in an error message: at most `limit` characters."""
-    text = str(text)
-    return text if len(text) <= limit else f"{text[:limit]}...({len(text) - limit} more chars)"
-
-
 def declared_shape(name: str, proto: tensor_pb2.TensorProto) -> tuple[int, ...]:
     """The shape a request tensor declares, checked without allocating anything.
 
     Python integers do not overflow, so a shape whose element count exceeds int64 is
     INVALID_ARGUMENT (as TensorFlow's TensorShape says), never a wrapped-around count.
     """
-    if proto.dtype not in _DTYPES:
+    if proto.dtype not in DTYPES:
         raise _invalid(f"tensor parsing error: {clip(name)}: unsupported dtype "
                        f"{dtype_name(proto.dtype)}")
     if proto.tensor_shape.unknown_rank:
@@ -84,7 +78,7 @@ def declared_shape(name: str, proto: tensor_pb2.TensorProto) -> tuple[int, ...]:
 
 def decoded_bytes(proto: tensor_pb2.TensorProto, shape: tuple[int, ...]) -> int:
     """Bytes the decoded array of a (valid) declared shape takes."""
-    np_dtype = _DTYPES[proto.dtype][0]
+    np_dtype = DTYPES[proto.dtype][0]
     item = OBJECT_ITEM_BYTES if np_dtype is np.object_ else np.dtype(np_dtype).itemsize
     return math.prod(shape) * item
 
@@ -104,7 +98,7 @@ def to_ndarray(name: str, proto: tensor_pb2.TensorProto, max_bytes: int = 0) -> 
             f"tensor {clip(name)} of shape {clip(list(shape))} would decode to {size} bytes; "
             f"the limit is {max_bytes} bytes (--max-message-bytes)",
         )
-    np_dtype, field = _DTYPES[proto.dtype]
+    np_dtype, field = DTYPES[proto.dtype]
     count = math.prod(shape)
     if proto.tensor_content and proto.dtype != types_pb2.DT_STRING:
         return _from_content(name, proto.tensor_content, np.dtype(np_dtype), shape, count)

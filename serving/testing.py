@@ -4,14 +4,12 @@ The serving side is developed beside the exporter, so it needs its own model wit
 contract: `serving_default` (`images` float32 [-1,H,W,C] raw pixels 0..255 -> `probabilities`
 float32 [-1,K], `class_ids` int64 [-1]) and `classify` (`inputs` serialized tf.Example with
 float_list feature `image` -> `scores` float32 [-1,K], `classes` string [-1,K]), plus
-`assets/labels.txt` and `assets.extra/tf_serving_warmup_requests`.
-
-TF2's `tf.saved_model.save` writes every signature with method_name
-`tensorflow/serving/predict`; TF Serving's Classify API insists on
-`tensorflow/serving/classify`, so after saving we rewrite that one field of the `classify`
-SignatureDef in saved_model.pb (the graph and the functions are untouched).
+`assets/labels.txt` and `assets.extra/tf_serving_warmup_requests`. The rules of the format (the
+classify method name, the warm-up file) come from `ampflow.serving.model_format`, as the
+exporter's do.
 
 Run `python -m ampflow.serving.testing --base-path DIR` to write it for a real TF Serving.
+`raw_tensor_proto` builds the TensorProtos of hostile-input tests, unchecked, as a client could.
 """
 
 from __future__ import annotations
@@ -23,9 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from ampflow.files import staging_dir
-from ampflow.serving.client import image_example
+from ampflow.serving.model_format import (
+    CLASSIFY_METHOD,
+    CLASSIFY_SIGNATURE,
+    DEFAULT_SIGNATURE,
+    IMAGE_FEATURE,
+    set_method_name,
+    write_warmup_records,
+)
 
-CLASSIFY_METHOD = "tensorflow/serving/classify"
 DEFAULT_SHAPE = (8, 8, 1)
 DEFAULT_LABELS = tuple(f"digit_{i}" for i in range(10))
 
@@ -54,55 +58,40 @@ def _build_module(shape: tuple[int, int, int], labels: tuple[str, ...], seed: in
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, "inputs")])
         def classify(self, inputs):
             features = tf.io.parse_example(
-                inputs, {"image": tf.io.FixedLenFeature([n], tf.float32)})
-            scores = self.serve(tf.reshape(features["image"], [-1, h, w, c]))["probabilities"]
+                inputs, {IMAGE_FEATURE: tf.io.FixedLenFeature([n], tf.float32)})
+            scores = self.serve(tf.reshape(features[IMAGE_FEATURE], [-1, h, w, c]))[
+                "probabilities"]
             classes = tf.tile(self.labels[None, :], [tf.shape(scores)[0], 1])
             return {"scores": scores, "classes": classes}
 
     return TinyClassifier()
 
 
-def set_method_name(saved_model_dir: Path, signature: str, method_name: str) -> None:
-    """Rewrite one SignatureDef's method_name in saved_model.pb (see the module docstring)."""
-    from tensorflow.core.protobuf import saved_model_pb2
+def raw_tensor_proto(dims, dtype: int | None = None, **values):
+    """A TensorProto of declared shape `dims`, with each given field set as is (no checks).
 
-    pb = Path(saved_model_dir) / "saved_model.pb"
-    proto = saved_model_pb2.SavedModel.FromString(pb.read_bytes())
-    for meta_graph in proto.meta_graphs:
-        if signature in meta_graph.signature_def:
-            meta_graph.signature_def[signature].method_name = method_name
-    pb.write_bytes(proto.SerializeToString())
+    `values` names TensorProto fields: `tensor_content=bytes`, or a typed list such as
+    `float_val=[...]`; nothing makes them agree with the shape or the dtype, so a test can
+    send exactly the malformed tensor it means to (DT_FLOAT when `dtype` is None).
+    """
+    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+
+    shape = tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in dims])
+    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT if dtype is None else dtype,
+                                    tensor_shape=shape)
+    for field, items in values.items():
+        if field == "tensor_content":
+            tensor.tensor_content = items
+        else:
+            getattr(tensor, field).extend(items)
+    return tensor
 
 
 def sample_images(count: int, shape=DEFAULT_SHAPE, seed: int = 0) -> np.ndarray:
     """Deterministic float32 'raw pixel' images in 0..255."""
     rng = np.random.default_rng(seed)
     return rng.integers(0, 256, (count, *shape)).astype(np.float32)
-
-
-def _write_warmup(version_dir: Path, model_name: str, images: np.ndarray) -> None:
-    import tensorflow as tf
-    from tensorflow_serving.apis import (
-        classification_pb2,
-        predict_pb2,
-        prediction_log_pb2,
-    )
-
-    path = version_dir / "assets.extra" / "tf_serving_warmup_requests"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        predict = predict_pb2.PredictRequest()
-        predict.model_spec.name = model_name
-        predict.model_spec.signature_name = "serving_default"
-        predict.inputs["images"].CopyFrom(tf.make_tensor_proto(images))
-        writer.write(prediction_log_pb2.PredictionLog(
-            predict_log=prediction_log_pb2.PredictLog(request=predict)).SerializeToString())
-        classify = classification_pb2.ClassificationRequest()
-        classify.model_spec.name = model_name
-        classify.model_spec.signature_name = "classify"
-        classify.input.example_list.examples.append(image_example(images[0]))
-        writer.write(prediction_log_pb2.PredictionLog(
-            classify_log=prediction_log_pb2.ClassifyLog(request=classify)).SerializeToString())
 
 
 def write_model_version(base_path: str | os.PathLike, version: int, *, seed: int | None = None,
@@ -115,13 +104,13 @@ def write_model_version(base_path: str | os.PathLike, version: int, *, seed: int
     module = _build_module(tuple(shape), tuple(labels), version if seed is None else seed)
     with staging_dir(final, replaces="saved_model.pb") as tmp:
         tf.saved_model.save(module, str(tmp),
-                            signatures={"serving_default": module.serve,
-                                        "classify": module.classify})
-        set_method_name(tmp, "classify", CLASSIFY_METHOD)
+                            signatures={DEFAULT_SIGNATURE: module.serve,
+                                        CLASSIFY_SIGNATURE: module.classify})
+        set_method_name(tmp, CLASSIFY_SIGNATURE, CLASSIFY_METHOD)
         (tmp / "assets").mkdir(exist_ok=True)
         (tmp / "assets" / "labels.txt").write_text("\n".join(labels) + "\n")
         if warmup:
-            _write_warmup(tmp, model_name, sample_images(2, shape, seed=99))
+            write_warmup_records(tmp, model_name, sample_images(2, shape, seed=99), 2)
     return final
 
 

@@ -61,9 +61,9 @@ def latest_version_dir(base: Path) -> Path:
 
 def input_batch(version_dir: Path, rows: int) -> tuple[str, np.ndarray]:
     """The single input of serving_default, read from the signature (never hard-coded)."""
-    from ampflow.serving.model_registry import _read_signature_defs
+    from ampflow.serving.model_format import serving_signature_defs
 
-    sig = _read_signature_defs(version_dir)["serving_default"]
+    sig = serving_signature_defs(version_dir)["serving_default"]
     ((name, info),) = sig.inputs.items()
     dims = [d.size for d in info.tensor_shape.dim][1:]
     rng = np.random.default_rng(0)

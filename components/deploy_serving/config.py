@@ -14,11 +14,11 @@ from typing import Any
 
 from ampflow.components.deploy_serving import model_store
 from ampflow.errors import ConfigError
+from ampflow.serving.model_format import check_model_name
 
 TARGETS = ("local", "kubernetes")
 OVERLAYS = ("cpu", "gpu")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
@@ -137,11 +137,10 @@ class DeployConfig:
                 "model_store is required for target='kubernetes' (a dir on the PVC mounted here, "
                 "or gs://bucket/path). Received: model_store=None"
             )
-        if self.model_name is not None and not _MODEL_NAME.match(self.model_name):
-            raise ConfigError(
-                "model_name must be letters, digits, '_', '.', '-'. "
-                f"Received: model_name={self.model_name!r}"
-            )
+        if self.model_name is not None:
+            check_model_name(self.model_name)
+        else:  # the served name comes from the export layout, and must follow the same rule
+            check_model_name(self.resolved_model_name, "saved_model_dir's parent dir name")
         if self.version is not None and self.version <= 0:
             raise ConfigError(f"version must be > 0. Received: version={self.version}")
         if not _DNS_LABEL.match(self.namespace) or len(self.namespace) > 63:

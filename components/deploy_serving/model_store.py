@@ -18,10 +18,15 @@ from typing import Any
 
 from ampflow.errors import ConfigError, DeployError, ModelLoadError
 from ampflow.files import staging_dir, write_json_atomic
+from ampflow.serving.model_format import (
+    DEFAULT_SIGNATURE,
+    SAVED_MODEL_PB,
+    serving_signature_defs,
+)
 
 log = logging.getLogger(__name__)
 
-SIGNATURE = "serving_default"
+SIGNATURE = DEFAULT_SIGNATURE  # the signature the canary checks
 DEPLOY_RECORD = "ampflow_deploy.json"
 _URI_SCHEMES = ("gs://",)
 # Object stores neither side can read with this TensorFlow (checked on TF 2.21): TF moved S3 to
@@ -57,32 +62,23 @@ def refuse_unsupported_uri(path: str | None) -> None:
 
 def check_saved_model(path: Path) -> SignatureSpec:
     """Prove `path` is a loadable-looking SavedModel with a `serving_default` signature."""
-    pb = Path(path) / "saved_model.pb"
     if not Path(path).is_dir():
         raise ModelLoadError(
             "saved_model_dir must be an exported SavedModel version dir. "
             f"Received: {str(path)!r}, which does not exist"
         )
-    if not pb.is_file():
+    if not (Path(path) / SAVED_MODEL_PB).is_file():
         raise ModelLoadError(
-            f"saved_model_dir must contain saved_model.pb. Received: {str(path)!r} "
+            f"saved_model_dir must contain {SAVED_MODEL_PB}. Received: {str(path)!r} "
             f"holds {sorted(p.name for p in Path(path).iterdir())}"
         )
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    proto = saved_model_pb2.SavedModel()
-    try:
-        proto.ParseFromString(pb.read_bytes())
-    except Exception as e:  # protobuf raises DecodeError, an internal type
-        raise ModelLoadError(f"{pb} is not a SavedModel protobuf (corrupt?): {e}") from e
-    graphs = [mg for mg in proto.meta_graphs if "serve" in mg.meta_info_def.tags]
-    if not graphs or SIGNATURE not in graphs[0].signature_def:
-        found = sorted(graphs[0].signature_def) if graphs else []
+    signatures = serving_signature_defs(path)
+    if SIGNATURE not in signatures:
         raise ModelLoadError(
-            f"{pb} must have a 'serve' graph with signature {SIGNATURE!r}. "
-            f"Received signatures: {found}"
+            f"{Path(path) / SAVED_MODEL_PB} must have a 'serve' graph with signature "
+            f"{SIGNATURE!r}. Received signatures: {sorted(signatures)}"
         )
-    sig = graphs[0].signature_def[SIGNATURE]
+    sig = signatures[SIGNATURE]
     inputs = {
         name: (info.dtype, tuple(d.size for d in info.tensor_shape.dim))
         for name, info in sig.inputs.items()
@@ -145,7 +141,7 @@ def push_uri(src: Path, dest: str, record: dict[str, Any]) -> tuple[str, bool]:
     gfile = tf.io.gfile
     try:
         digest = dir_digest(src)
-        if gfile.exists(f"{dest}/saved_model.pb"):
+        if gfile.exists(f"{dest}/{SAVED_MODEL_PB}"):
             if _uri_record_digest(dest) == digest:
                 log.info("version already present with the same content: %s", dest)
                 return dest, True
@@ -155,7 +151,7 @@ def push_uri(src: Path, dest: str, record: dict[str, Any]) -> tuple[str, bool]:
                 f"Received: version {dest.rstrip('/').rsplit('/', 1)[-1]}"
             )
         files = sorted(p for p in Path(src).rglob("*") if p.is_file())
-        files.sort(key=lambda p: p.name == "saved_model.pb")  # stable: .pb goes last
+        files.sort(key=lambda p: p.name == SAVED_MODEL_PB)  # stable: .pb goes last
         for f in files:
             target = f"{dest}/{f.relative_to(src).as_posix()}"
             gfile.makedirs(target.rsplit("/", 1)[0])

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.export_savedmodel.signatures import CLASSIFY, SERVING_DEFAULT
-from ampflow.components.export_savedmodel.warmup import image_example
 from ampflow.errors import GateFailedError
+from ampflow.serving.model_format import CLASSIFY_SIGNATURE, DEFAULT_SIGNATURE, image_example
 
 _BATCH = 128
 
@@ -79,7 +78,7 @@ def check_export_parity(loaded, twin, trained, images: np.ndarray, labels: list[
 def _serve(loaded, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     import tensorflow as tf
 
-    fn = loaded.signatures[SERVING_DEFAULT]
+    fn = loaded.signatures[DEFAULT_SIGNATURE]
     outs = [fn(images=tf.constant(images[i:i + _BATCH])) for i in range(0, len(images), _BATCH)]
     return (np.concatenate([o["probabilities"].numpy() for o in outs]),
             np.concatenate([o["class_ids"].numpy() for o in outs]))
@@ -88,7 +87,7 @@ def _serve(loaded, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _classify(loaded, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     import tensorflow as tf
 
-    fn = loaded.signatures[CLASSIFY]
+    fn = loaded.signatures[CLASSIFY_SIGNATURE]
     serialized = np.array([image_example(image).SerializeToString() for image in images],
                           dtype=object)
     outs = [fn(inputs=tf.constant(serialized[i:i + _BATCH]))

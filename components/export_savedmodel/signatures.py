@@ -7,32 +7,29 @@ with float_list feature `image` (H*W*C raw pixels) → `scores` float32 [-1, K],
 [-1, K] (the label names, in class-id order).
 
 TF2's `tf.saved_model.save` writes every SignatureDef with method_name
-`tensorflow/serving/predict`, and TF Serving's Classify API rejects anything but
-`tensorflow/serving/classify`. So, after saving, we rewrite that one string field of the
-`classify` SignatureDef in saved_model.pb (graph and functions untouched) and recompute
-fingerprint.pb, whose checksum covers saved_model.pb. The step then reloads the result.
+`tensorflow/serving/predict`, so after saving, the `classify` SignatureDef's method name is
+rewritten (`ampflow.serving.model_format.set_method_name`, which also refreshes
+fingerprint.pb). The step then reloads the result.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from ampflow.errors import ExportError
+from ampflow.errors import ExportError, ModelLoadError
+from ampflow.serving import model_format
+from ampflow.serving.model_format import (
+    CLASSIFY_METHOD,
+    CLASSIFY_SIGNATURE,
+    DEFAULT_SIGNATURE,
+    IMAGE_FEATURE,
+    PREDICT_METHOD,
+)
 
-log = logging.getLogger(__name__)
-
-SERVING_DEFAULT = "serving_default"
-CLASSIFY = "classify"
-PREDICT_METHOD = "tensorflow/serving/predict"
-CLASSIFY_METHOD = "tensorflow/serving/classify"
-IMAGE_FEATURE = "image"
 LABELS_FILE = "labels.txt"
-SAVED_MODEL_PB = "saved_model.pb"
-FINGERPRINT_PB = "fingerprint.pb"
 _HALF_DTYPES = ("float16", "bfloat16")
 
 
@@ -41,13 +38,13 @@ def expected_signatures(input_shape: tuple[int, int, int], num_classes: int) -> 
     h, w, c = input_shape
     k = num_classes
     return {
-        SERVING_DEFAULT: {
+        DEFAULT_SIGNATURE: {
             "method_name": PREDICT_METHOD,
             "inputs": {"images": {"dtype": "float32", "shape": [-1, h, w, c]}},
             "outputs": {"probabilities": {"dtype": "float32", "shape": [-1, k]},
                         "class_ids": {"dtype": "int64", "shape": [-1]}},
         },
-        CLASSIFY: {
+        CLASSIFY_SIGNATURE: {
             "method_name": CLASSIFY_METHOD,
             "inputs": {"inputs": {"dtype": "string", "shape": [-1]}},
             "outputs": {"scores": {"dtype": "float32", "shape": [-1, k]},
@@ -67,49 +64,35 @@ def save_servable(model, input_shape: tuple[int, int, int], labels: list[str],
         labels_path.write_text("".join(f"{name}\n" for name in labels))
         module = _ServingModule(model, tuple(input_shape), list(labels), labels_path)
         signatures = {
-            SERVING_DEFAULT: module.serving_default.get_concrete_function(),
-            CLASSIFY: module.classify.get_concrete_function(),
+            DEFAULT_SIGNATURE: module.serving_default.get_concrete_function(),
+            CLASSIFY_SIGNATURE: module.classify.get_concrete_function(),
         }
         try:
             tf.saved_model.save(module, str(export_dir), signatures=signatures)
         except Exception as e:
             raise ExportError(f"tf.saved_model.save failed for {export_dir}: {e}") from e
-    set_method_name(export_dir, CLASSIFY, CLASSIFY_METHOD)
-
-
-def set_method_name(export_dir: str | os.PathLike, signature: str, method_name: str) -> None:
-    """Rewrite one SignatureDef's method_name in saved_model.pb; then refresh fingerprint.pb."""
-    export_dir = Path(export_dir)
-    saved_model = read_saved_model(export_dir)
-    for meta_graph in saved_model.meta_graphs:
-        if signature not in meta_graph.signature_def:
-            raise ExportError(f"signature {signature!r} missing from {export_dir}. Received: "
-                              f"{sorted(meta_graph.signature_def)}")
-        meta_graph.signature_def[signature].method_name = method_name
-    tmp = export_dir / f".{SAVED_MODEL_PB}.tmp"
-    tmp.write_bytes(saved_model.SerializeToString(deterministic=True))
-    os.replace(tmp, export_dir / SAVED_MODEL_PB)
-    _refresh_fingerprint(export_dir)
-
-
-def read_saved_model(export_dir: str | os.PathLike):
-    """Parse `<export_dir>/saved_model.pb` into a `SavedModel` proto."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    path = Path(export_dir) / SAVED_MODEL_PB
-    saved_model = saved_model_pb2.SavedModel()
     try:
-        saved_model.ParseFromString(path.read_bytes())
-    except Exception as e:
-        raise ExportError(f"{path} is not a readable SavedModel proto: {e}") from e
-    return saved_model
+        model_format.set_method_name(export_dir, CLASSIFY_SIGNATURE, CLASSIFY_METHOD)
+    except ModelLoadError as e:
+        raise ExportError(f"could not set the classify method name in {export_dir}: {e}") from e
+
+
+def _read_written(export_dir: str | os.PathLike):
+    """The `SavedModel` proto this step wrote; unreadable, it is an export failure."""
+    try:
+        return model_format.read_saved_model(export_dir)
+    except ModelLoadError as e:
+        raise ExportError(f"the written SavedModel does not read back: {e}") from e
 
 
 def describe_signatures(export_dir: str | os.PathLike) -> dict[str, Any]:
     """What `saved_model_cli show --all` prints, as a dict: method, input/output dtypes, shapes."""
     import tensorflow as tf
 
-    meta_graph = _serving_meta_graph(read_saved_model(export_dir), export_dir)
+    try:
+        meta_graph = model_format.serving_meta_graph(_read_written(export_dir), export_dir)
+    except ModelLoadError as e:
+        raise ExportError(str(e)) from e
 
     def tensors(infos) -> dict[str, Any]:
         return {name: {"dtype": tf.dtypes.as_dtype(info.dtype).name,
@@ -141,7 +124,7 @@ def half_precision_nodes(export_dir: str | os.PathLike) -> list[str]:
     leak into the served graph (TFLite and many CPU servers reject float16 Conv2D/MatMul).
     """
     found = []
-    for meta_graph in read_saved_model(export_dir).meta_graphs:
+    for meta_graph in _read_written(export_dir).meta_graphs:
         graph = meta_graph.graph_def
         found += [f"graph/{n.name} ({n.op})" for n in graph.node if _node_is_half(n)]
         for function in graph.library.function:
@@ -150,13 +133,6 @@ def half_precision_nodes(export_dir: str | os.PathLike) -> list[str]:
             args = list(function.signature.input_arg) + list(function.signature.output_arg)
             found += [f"{fname}/arg:{a.name}" for a in args if _dtype_is_half(a.type)]
     return found
-
-
-def _serving_meta_graph(saved_model, export_dir):
-    for meta_graph in saved_model.meta_graphs:
-        if "serve" in meta_graph.meta_info_def.tags:
-            return meta_graph
-    raise ExportError(f"{export_dir} has no MetaGraph tagged 'serve' (what TF Serving loads)")
 
 
 def _node_is_half(node) -> bool:
@@ -178,24 +154,6 @@ def _dtype_is_half(enum_value: int) -> bool:
         return tf.dtypes.as_dtype(enum_value).name in _HALF_DTYPES
     except TypeError:
         return False
-
-
-def _refresh_fingerprint(export_dir: Path) -> None:
-    """Recompute fingerprint.pb after editing saved_model.pb (its checksum would be stale)."""
-    path = export_dir / FINGERPRINT_PB
-    try:
-        from tensorflow.python.saved_model.pywrap_saved_model import (
-            fingerprinting as fingerprinting_pywrap,
-        )
-
-        serialized = fingerprinting_pywrap.CreateFingerprintDef(str(export_dir))
-    except Exception as e:  # a TF without the (private) API: no fingerprint beats a wrong one
-        log.warning("could not recompute %s (%s); removing it (it is optional)", path, e)
-        path.unlink(missing_ok=True)
-        return
-    tmp = export_dir / f".{FINGERPRINT_PB}.tmp"
-    tmp.write_bytes(serialized)
-    os.replace(tmp, path)
 
 
 def _module_class():

@@ -18,7 +18,6 @@ import dataclasses
 import datetime
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,20 +41,21 @@ from ampflow.components.export_savedmodel.versions import (
     next_version,
     staged_version_dir,
 )
-from ampflow.components.export_savedmodel.warmup import (
-    MAX_WARMUP_RECORDS,
-    WARMUP_FILE,
-    replay_warmup_records,
-    write_warmup_records,
-)
+from ampflow.components.export_savedmodel.warmup import replay_warmup_records
 from ampflow.errors import ConfigError, ExportError, ModelLoadError
 from ampflow.files import ensure_writable_dir, write_json_atomic
+from ampflow.serving.model_format import (
+    MAX_WARMUP_RECORDS,
+    WARMUP_FILE,
+    check_model_name,
+    is_model_name,
+    write_warmup_records,
+)
 
 log = logging.getLogger(__name__)
 
 EXPORT_METADATA_FILE = "ampflow_export.json"
 CONFIG_FILE = "config.json"
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
@@ -100,9 +100,8 @@ class ExportConfig:
             raise ConfigError(
                 "eval_dir must be given: the export is gated on the evaluate step's verdict. "
                 "Received: eval_dir=None, force=False (pass --force to export ungated)")
-        if self.model_name is not None and not _MODEL_NAME.match(self.model_name):
-            raise ConfigError("model_name must be letters, digits, '_', '.', '-' and not start "
-                              f"with '.' or '-'. Received: model_name={self.model_name!r}")
+        if self.model_name is not None:
+            check_model_name(self.model_name)
         if self.version is not None and self.version <= 0:
             raise ConfigError(f"version must be > 0. Received: version={self.version}")
         if not 0 <= self.num_warmup_records < MAX_WARMUP_RECORDS:
@@ -228,7 +227,7 @@ def _check_compatible(meta: dict[str, Any], info: dict[str, Any], config: Export
 
 def _default_model_name(meta: dict[str, Any]) -> str:
     name = str(meta.get("model_name") or "model")
-    return name if _MODEL_NAME.match(name) else "model"
+    return name if is_model_name(name) else "model"
 
 
 def _metadata(config: ExportConfig, meta, model_name, version, input_shape, labels, signatures,

@@ -165,7 +165,7 @@ def _serving_nodes(export_dir: Path) -> list:
     The SavedModel also holds the checkpoint save/restore functions (full of AssignVariableOp);
     those never run when serving, so they are not searched.
     """
-    from ampflow.components.export_savedmodel.signatures import read_saved_model
+    from ampflow.serving.model_format import read_saved_model
 
     meta_graph = read_saved_model(export_dir).meta_graphs[0]
     graph = meta_graph.graph_def

@@ -49,3 +49,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def predict_request(model: str, images, **spec):
+    """A PredictRequest of `images` (None: no input) for `model`; `spec` sets ModelSpec fields.
+
+    `version=3` sets the version, any other key (`version_label`, `signature_name`) the field
+    of that name.
+    """
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    for key, value in spec.items():
+        if key == "version":
+            request.model_spec.version.value = value
+        else:
+            setattr(request.model_spec, key, value)
+    if images is not None:
+        request.inputs["images"].CopyFrom(tf.make_tensor_proto(images))
+    return request

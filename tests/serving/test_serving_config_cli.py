@@ -20,7 +20,7 @@ from ampflow.serving.config import (
     parse_model_server_config,
     to_model_server_config_text,
 )
-from ampflow.serving.model_registry import ServingStatusError
+from ampflow.serving.status import ServingStatusError
 from ampflow.serving.testing import sample_images
 from ampflow.serving.tf_serving_binary import build_argv
 
@@ -59,7 +59,8 @@ def test_server_config_invalid_value_raises_keras_style_message(kwargs, message,
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"name": ""}, "model name must be a non-empty name"),
+    ({"name": ""}, "name must be letters, digits"),
+    ({"name": "a:b"}, r"REST API can address\)\. Received: name='a:b'"),
     ({"version_policy": "newest"}, "version_policy must be one of"),
     ({"version_policy": "specific"}, "needs at least one version"),
     ({"num_latest": 0}, "num_latest must be >= 1. Received: num_latest=0"),
@@ -181,19 +182,26 @@ def test_cli_serve_without_model_is_one_line_config_error(capsys):
                            "--model-config-file. Received: neither")
 
 
-@pytest.mark.serving
-@local_only
-def test_cli_predict_metadata_status_against_running_server(
-        model_store, tmp_path, start_server, capsys):
+@pytest.fixture
+def served_digit(model_store, tmp_path, start_server):
+    """A server with version 1 of the contract model, and one sample digit saved as a PNG."""
     from PIL import Image
 
     base = tmp_path / MODEL
     install_version(model_store, base, 1)
     server = start_server(base)
-    png, npy = tmp_path / "digit.png", tmp_path / "digit.npy"
-    image = sample_images(1, seed=9)[0]
-    Image.fromarray(image[..., 0].astype(np.uint8), mode="L").save(png)
-    np.save(npy, image)
+    png = tmp_path / "digit.png"
+    Image.fromarray(sample_images(1, seed=9)[0][..., 0].astype(np.uint8), mode="L").save(png)
+    return server, png
+
+
+@pytest.mark.serving
+@local_only
+def test_cli_predict_metadata_status_against_running_server(
+        served_digit, model_store, tmp_path, capsys):
+    server, png = served_digit
+    npy = tmp_path / "digit.npy"
+    np.save(npy, sample_images(1, seed=9)[0])
     labels = tmp_path / "labels.txt"
     labels.write_text((model_store / "1" / "assets" / "labels.txt").read_text())
     common = ["--port", str(server.port), "--model-name", MODEL]
@@ -299,14 +307,8 @@ def test_base_path_one_level_too_high_warns_with_the_meant_dir(
 @pytest.mark.serving
 @local_only
 def test_cli_predict_through_classify_signature_prints_top_k(
-        model_store, tmp_path, start_server, capsys):
-    from PIL import Image
-
-    base = tmp_path / MODEL
-    install_version(model_store, base, 1)
-    server = start_server(base)
-    png = tmp_path / "digit.png"
-    Image.fromarray(sample_images(1, seed=9)[0][..., 0].astype(np.uint8), mode="L").save(png)
+        served_digit, model_store, capsys):
+    server, png = served_digit
     common = ["--port", str(server.port), "--model-name", MODEL, "--top-k", "2"]
     assert serving_main(["predict", *common, "--signature", "classify", str(png)]) == 0
     out = capsys.readouterr().out

@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from serving_helpers import local_only
+from serving_helpers import local_only, predict_request
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import (
@@ -19,7 +19,8 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from ampflow.serving.client import RpcError, image_example
+from ampflow.serving.client import RpcError
+from ampflow.serving.model_format import image_example
 from ampflow.serving.testing import sample_images
 
 pytestmark = [pytest.mark.serving, pytest.mark.timeout(120)]
@@ -39,22 +40,9 @@ def client(conformance_target, client_for):
     return client_for(conformance_target.address)
 
 
-def _predict_request(model, images, **spec) -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model
-    for key, value in spec.items():
-        if key == "version":
-            request.model_spec.version.value = value
-        else:
-            setattr(request.model_spec, key, value)
-    if images is not None:
-        request.inputs["images"].CopyFrom(tf.make_tensor_proto(images))
-    return request
-
-
 def _assert_good_request_works(stub, target) -> None:
     """After any bad request the server must still answer a good one."""
-    response = stub.Predict(_predict_request(target.model, sample_images(1)), timeout=10)
+    response = stub.Predict(predict_request(target.model, sample_images(1)), timeout=10)
     assert response.outputs["probabilities"].tensor_shape.dim[0].size == 1
 
 
@@ -62,7 +50,7 @@ def _assert_good_request_works(stub, target) -> None:
 
 def test_predict_loopback_matches_in_process(conformance_target, reference, stub):
     images = sample_images(5, seed=3)
-    response = stub.Predict(_predict_request(conformance_target.model, images), timeout=10)
+    response = stub.Predict(predict_request(conformance_target.model, images), timeout=10)
     expected = reference.signatures["serving_default"](images=tf.constant(images))
     assert response.model_spec.version.value == 1
     assert response.model_spec.signature_name == "serving_default"
@@ -77,7 +65,7 @@ def test_predict_loopback_matches_in_process(conformance_target, reference, stub
 
 
 def test_predict_output_filter_returns_only_named_outputs(conformance_target, stub):
-    request = _predict_request(conformance_target.model, sample_images(2), version=1)
+    request = predict_request(conformance_target.model, sample_images(2), version=1)
     request.output_filter.append("class_ids")
     response = stub.Predict(request, timeout=10)
     assert list(response.outputs) == ["class_ids"]
@@ -128,36 +116,36 @@ def _bad_cases(model: str):
     good = sample_images(2)
     cases = {}
     cases["empty_request"] = (predict_pb2.PredictRequest(), "INVALID_ARGUMENT", "Missing ModelSpec")
-    cases["unknown_model"] = (_predict_request("no_such_model", good), "NOT_FOUND",
+    cases["unknown_model"] = (predict_request("no_such_model", good), "NOT_FOUND",
                               "Servable not found")
-    cases["unknown_version"] = (_predict_request(model, good, version=999), "NOT_FOUND",
+    cases["unknown_version"] = (predict_request(model, good, version=999), "NOT_FOUND",
                                 "Specific(")
-    cases["unknown_label"] = (_predict_request(model, good, version_label="nope"),
+    cases["unknown_label"] = (predict_request(model, good, version_label="nope"),
                               "INVALID_ARGUMENT", "Unrecognized servable version label")
-    cases["missing_input"] = (_predict_request(model, None), "INVALID_ARGUMENT",
+    cases["missing_input"] = (predict_request(model, None), "INVALID_ARGUMENT",
                               "Missing but required: {images}")
-    extra = _predict_request(model, good)
+    extra = predict_request(model, good)
     extra.inputs["extra"].CopyFrom(_tensor(good))
     cases["extra_input"] = (extra, "INVALID_ARGUMENT", "Sent extra: {extra}")
-    cases["wrong_dtype"] = (_predict_request(model, good.astype(np.int32)), "INVALID_ARGUMENT",
+    cases["wrong_dtype"] = (predict_request(model, good.astype(np.int32)), "INVALID_ARGUMENT",
                             "must be DT_FLOAT. Received: DT_INT32")
-    strings = _predict_request(model, None)
+    strings = predict_request(model, None)
     strings.inputs["images"].CopyFrom(_tensor(np.array([b"x", b"y"])))
     cases["string_dtype"] = (strings, "INVALID_ARGUMENT", "Received: DT_STRING")
-    cases["rank_without_batch"] = (_predict_request(model, good[0]), "INVALID_ARGUMENT",
+    cases["rank_without_batch"] = (predict_request(model, good[0]), "INVALID_ARGUMENT",
                                    "must have shape [-1, 8, 8, 1]")
-    cases["rank_extra_dim"] = (_predict_request(model, good[None]), "INVALID_ARGUMENT",
+    cases["rank_extra_dim"] = (predict_request(model, good[None]), "INVALID_ARGUMENT",
                                "Received: shape [1, 2, 8, 8, 1]")
-    cases["wrong_inner_dims"] = (_predict_request(model, np.zeros((2, 4, 4, 1), np.float32)),
+    cases["wrong_inner_dims"] = (predict_request(model, np.zeros((2, 4, 4, 1), np.float32)),
                                  "INVALID_ARGUMENT", "Received: shape [2, 4, 4, 1]")
-    short = _predict_request(model, good)
+    short = predict_request(model, good)
     short.inputs["images"].tensor_shape.dim[0].size = 3
     cases["shape_disagrees_with_data"] = (short, "INVALID_ARGUMENT", "tensor parsing error")
-    filtered = _predict_request(model, good)
+    filtered = predict_request(model, good)
     filtered.output_filter.append("logits")
     cases["unknown_output_filter"] = (filtered, "INVALID_ARGUMENT",
                                       "output tensor alias not found in signature: logits")
-    cases["unknown_signature"] = (_predict_request(model, good, signature_name="nope"),
+    cases["unknown_signature"] = (predict_request(model, good, signature_name="nope"),
                                   "FAILED_PRECONDITION", 'signature key "nope" not found')
     return cases
 
@@ -177,7 +165,7 @@ def test_predict_bad_request_gets_tf_serving_code_and_server_survives(
 @local_only
 def test_predict_batch_zero_is_invalid_argument(conformance_target, stub):
     # ampflow's own rule (real TF Serving runs an empty batch); hence local only.
-    request = _predict_request(conformance_target.model, np.zeros((0, 8, 8, 1), np.float32))
+    request = predict_request(conformance_target.model, np.zeros((0, 8, 8, 1), np.float32))
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(request, timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -190,7 +178,7 @@ def test_predict_oversized_message_is_resource_exhausted(conformance_target, stu
     if limit is None:
         pytest.skip("set AMPFLOW_SERVING_MAX_MESSAGE_BYTES to the target's configured limit")
     rows = limit // (8 * 8 * 4) + 16
-    request = _predict_request(conformance_target.model, np.ones((rows, 8, 8, 1), np.float32))
+    request = predict_request(conformance_target.model, np.ones((rows, 8, 8, 1), np.float32))
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(request, timeout=20)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -220,7 +208,7 @@ def test_predict_non_finite_inputs_answered_like_in_process(conformance_target, 
     images = sample_images(3, seed=6)
     images[0, 0, 0, 0] = np.nan
     images[1, 0, 0, 0], images[1, 1, 1, 0] = np.inf, -np.inf
-    response = stub.Predict(_predict_request(conformance_target.model, images), timeout=10)
+    response = stub.Predict(predict_request(conformance_target.model, images), timeout=10)
     expected = reference.signatures["serving_default"](images=tf.constant(images))
     probabilities = tf.make_ndarray(response.outputs["probabilities"])
     np.testing.assert_allclose(probabilities, expected["probabilities"].numpy(), rtol=1e-6)

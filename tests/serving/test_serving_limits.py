@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from serving_helpers import MODEL, install_version, local_only
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_status_pb2,
@@ -19,9 +19,9 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from ampflow.serving.client import image_example
 from ampflow.serving.config import ModelConfig, ServerConfig
-from ampflow.serving.testing import sample_images
+from ampflow.serving.model_format import image_example
+from ampflow.serving.testing import raw_tensor_proto, sample_images
 
 pytestmark = [pytest.mark.serving, local_only, pytest.mark.timeout(120)]
 
@@ -59,24 +59,13 @@ def stub(channel):
     return prediction_service_pb2_grpc.PredictionServiceStub(channel)
 
 
-def _shape(*dims) -> tensor_shape_pb2.TensorShapeProto:
-    return tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in dims])
-
-
 def _request(dims, dtype=types_pb2.DT_FLOAT, signature="serving_default", key="images",
              **values) -> predict_pb2.PredictRequest:
     request = predict_pb2.PredictRequest()
     request.model_spec.name = MODEL
     request.model_spec.version.value = 1
     request.model_spec.signature_name = signature
-    tensor = tensor_pb2.TensorProto(dtype=dtype, tensor_shape=_shape(*dims))
-    for field, items in values.items():
-        if field == "tensor_content":
-            tensor.tensor_content = items
-        else:
-            getattr(tensor, field).extend(items)
-    request.inputs[key].CopyFrom(tensor)
+    request.inputs[key].CopyFrom(raw_tensor_proto(dims, dtype, **values))
     return request
 
 
@@ -120,16 +109,14 @@ def test_declared_bytes_over_the_limit_with_short_value_list_is_resource_exhaust
 
 def test_decoded_size_over_limit_is_resource_exhausted_before_decoding():
     from ampflow.serving import tensors
-    from ampflow.serving.model_registry import ServingStatusError
+    from ampflow.serving.status import ServingStatusError
 
-    proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_shape=_shape(600, 1000))
-    proto.float_val.append(1.0)
+    proto = raw_tensor_proto((600, 1000), float_val=[1.0])
     with pytest.raises(ServingStatusError) as info:
         tensors.to_ndarray("x", proto, max_bytes=LIMIT)
     assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "2400000 bytes" in info.value.message and f"{LIMIT}" in info.value.message
-    strings = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, tensor_shape=_shape(10 ** 7))
-    strings.string_val.append(b"x")
+    strings = raw_tensor_proto((10 ** 7,), types_pb2.DT_STRING, string_val=[b"x"])
     with pytest.raises(ServingStatusError) as info:
         tensors.to_ndarray("s", strings, max_bytes=LIMIT)
     assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -137,13 +124,12 @@ def test_decoded_size_over_limit_is_resource_exhausted_before_decoding():
 
 def test_overflowing_dimensions_are_invalid_argument_not_internal():
     from ampflow.serving import tensors
-    from ampflow.serving.model_registry import ServingStatusError
+    from ampflow.serving.status import ServingStatusError
 
     # (2**62 + 1) * 4 wraps to 4 in int64 arithmetic: the old code filled 4 values, then
     # failed to reshape them (INTERNAL with a traceback).
     for dims in ((2 ** 62 + 1, 4), (2 ** 62, 2 ** 62, 8), (2 ** 61, 64), (-1, 3)):
-        proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_shape=_shape(*dims))
-        proto.float_val.append(1.0)
+        proto = raw_tensor_proto(dims, float_val=[1.0])
         with pytest.raises(ServingStatusError) as info:
             tensors.to_ndarray("x", proto, max_bytes=LIMIT)
         assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT, dims

@@ -15,18 +15,24 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import json_format
-from serving_helpers import EXTERNAL_TARGET, MODEL, free_port, install_version, local_only
+from serving_helpers import (
+    EXTERNAL_TARGET,
+    MODEL,
+    free_port,
+    install_version,
+    local_only,
+    predict_request,
+)
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
     model_service_pb2_grpc,
-    predict_pb2,
     prediction_service_pb2_grpc,
 )
 
-from ampflow.serving.client import image_example
 from ampflow.serving.config import ModelConfig, ServerConfig
+from ampflow.serving.model_format import image_example
 from ampflow.serving.rest import HTTP_STATUS
 from ampflow.serving.testing import sample_images
 
@@ -77,15 +83,7 @@ def rest(target, method: str, path: str, payload=None, raw: bytes | None = None)
 
 
 def _grpc_predict(stub, images, **spec) -> dict[str, np.ndarray]:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = MODEL
-    for key, value in spec.items():
-        if key == "version":
-            request.model_spec.version.value = value
-        else:
-            setattr(request.model_spec, key, value)
-    request.inputs["images"].CopyFrom(tf.make_tensor_proto(images))
-    response = stub.Predict(request, timeout=10)
+    response = stub.Predict(predict_request(MODEL, images, **spec), timeout=10)
     return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
 
 

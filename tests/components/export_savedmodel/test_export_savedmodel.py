@@ -101,7 +101,7 @@ def test_run_export_mixed_float16_graph_has_no_half_tensors(mixed_export, traine
 def test_run_export_predictions_match_keras(mixed_export, trained_model, prepared_digits):
     import tensorflow as tf
 
-    from ampflow.components.export_savedmodel.warmup import image_example
+    from ampflow.serving.model_format import image_example
 
     trained, twin, meta = _keras_models(trained_model("mixed_float16"))
     images, labels = _test_images(prepared_digits)
@@ -133,7 +133,7 @@ def test_run_export_labels_asset_lists_class_names(mixed_export, trained_model):
 def test_run_export_warmup_records_hold_real_test_images(mixed_export, prepared_digits):
     import tensorflow as tf
 
-    from ampflow.components.export_savedmodel.warmup import read_warmup_records
+    from ampflow.serving.model_format import read_warmup_records
 
     path = mixed_export.version_dir / "assets.extra" / "tf_serving_warmup_requests"
     assert path.is_file()

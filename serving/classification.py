@@ -1,0 +1,94 @@
+"""TF Serving's Classify API: tf.Examples in, (label, score) rows out.
+
+As TF Serving's classifier: the signature must have method `tensorflow/serving/classify`, one
+DT_STRING input and a `classes` or `scores` output; a request's context is merged into each
+example, with the cost of that merge checked before it is made.
+"""
+
+from __future__ import annotations
+
+import grpc
+from tensorflow.core.framework import types_pb2
+
+from ampflow.serving.model_format import CLASSIFY_METHOD
+from ampflow.serving.status import ServingStatusError
+
+
+def classify_input_key(sig, sig_name: str) -> str:
+    """The one input of a classify signature; TF Serving's codes when it is not one."""
+    if sig.method_name != CLASSIFY_METHOD:
+        raise ServingStatusError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Expected classification signature method_name to be {CLASSIFY_METHOD}. "
+            f"Was: {sig.method_name} (signature {sig_name!r})",
+        )
+    if len(sig.inputs) != 1 or next(iter(sig.inputs.values())).dtype != types_pb2.DT_STRING:
+        raise ServingStatusError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"Classification signature {sig_name!r} must have exactly one DT_STRING input. "
+            f"Received: {sorted(sig.inputs)}",
+        )
+    if not ({"classes", "scores"} & set(sig.outputs)):
+        raise ServingStatusError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"Classification signature {sig_name!r} must output 'classes' or 'scores'. "
+            f"Received: {sorted(sig.outputs)}",
+        )
+    return next(iter(sig.inputs))
+
+
+def serialized_examples(input_proto, max_rows: int, max_bytes: int) -> list[bytes]:
+    """tf.Examples of a request Input, with any context merged into each (as TF Serving).
+
+    The count is capped like a batch, and the merged size is computed before merging: a big
+    context copied into every example must not multiply the request's memory.
+    """
+    kind = input_proto.WhichOneof("kind")
+    if kind == "example_list":
+        examples, context = input_proto.example_list.examples, None
+    elif kind == "example_list_with_context":
+        examples = input_proto.example_list_with_context.examples
+        context = input_proto.example_list_with_context.context
+    else:
+        examples, context = [], None
+    if not examples:
+        raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, "Input is empty.")
+    if max_rows and len(examples) > max_rows:
+        raise ServingStatusError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Input has {len(examples)} examples; this server takes at most {max_rows} "
+            "per request (--max-request-batch-size)",
+        )
+    context_bytes = context.ByteSize() if context is not None else 0
+    merged = sum(e.ByteSize() for e in examples) + context_bytes * len(examples)
+    if max_bytes and merged > max_bytes:
+        raise ServingStatusError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"merging the context ({context_bytes} bytes) into each of {len(examples)} examples "
+            f"makes {merged} bytes; the limit is {max_bytes} bytes (--max-message-bytes)",
+        )
+    if context is None:
+        return [e.SerializeToString() for e in examples]
+    serialized = []
+    for example in examples:
+        combined = type(context)()
+        combined.CopyFrom(context)
+        combined.MergeFrom(example)
+        serialized.append(combined.SerializeToString())
+    return serialized
+
+
+def fill_classifications(result, outputs: dict, n: int) -> None:
+    """Per example, one (label, score) pair per class column of the signature's outputs."""
+    classes = outputs.get("classes")
+    scores = outputs.get("scores")
+    for i in range(n):
+        row = result.classifications.add()
+        width = (scores if scores is not None else classes).shape[1]
+        for j in range(width):
+            klass = row.classes.add()
+            if classes is not None:
+                label = classes[i][j]
+                klass.label = label.decode() if isinstance(label, bytes) else str(label)
+            if scores is not None:
+                klass.score = float(scores[i][j])

@@ -1,0 +1,230 @@
+"""What a served model is: TF Serving's rules, in one place for whoever writes or reads one.
+
+The export step writes a model version, the deploy step checks and copies it, the server and
+the client read it; they all follow these rules, so the rules live here and nowhere else:
+- the model name (`check_model_name`): what TF Serving can serve under both of its APIs;
+- the SignatureDef method names TF Serving's Predict and Classify APIs insist on, and
+  `set_method_name`, which rewrites one in `saved_model.pb` (TF2 writes every signature as
+  Predict) and refreshes `fingerprint.pb`, whose checksum covers `saved_model.pb`;
+- the warm-up file TF Serving replays before a version serves (`write_warmup_records`,
+  `read_warmup_records`);
+- the classify signature's input of docs/ARTIFACTS.md: a tf.Example whose float_list feature
+  `image` holds the raw pixels (`image_example`).
+
+Nothing here imports TensorFlow at module level: the CLI and config validation use it too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ampflow.errors import ConfigError, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+# ---- the model name -----------------------------------------------------------------------
+# TF Serving's gRPC API takes any non-empty name, but its REST API finds the name in the
+# request path with `/v1/models/([^/:]+)` on the path as sent, never percent-decoded
+# (http_rest_api_util.cc, net_http's evhttp_request.cc). So a name that needs
+# percent-encoding (a space, '+', '%', non-ASCII), or holds '/' or ':', can be configured but
+# never reached over REST. What every HTTP client sends unchanged are RFC 3986's unreserved
+# characters; of those we keep letters, digits, '_', '.' and '-' ('~' at the start of a path
+# is a home directory to a shell), and refuse a leading '.' or '-': the name is also a
+# directory (`<export_base>/<name>/`, `<model_store>/<name>/`), and servers skip hidden
+# (staging) dirs, while `-x` reads as a flag on a command line.
+MODEL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+MODEL_NAME_RULE = "letters, digits, '_', '.', '-', not starting with '.' or '-'"
+
+
+def is_model_name(name: object) -> bool:
+    """Whether `name` is a model name TF Serving can serve over gRPC and REST alike."""
+    return isinstance(name, str) and MODEL_NAME_PATTERN.fullmatch(name) is not None
+
+
+def check_model_name(name: object, what: str = "model_name") -> str:
+    """`name` itself if it is a valid model name (see `is_model_name`); else ConfigError."""
+    if not is_model_name(name):
+        raise ConfigError(f"{what} must be {MODEL_NAME_RULE} (a name TF Serving's REST API "
+                          f"can address). Received: {what}={name!r}")
+    return name
+
+
+# ---- signatures ---------------------------------------------------------------------------
+
+DEFAULT_SIGNATURE = "serving_default"  # the key TF Serving uses when a request names none
+CLASSIFY_SIGNATURE = "classify"  # docs/ARTIFACTS.md's classify signature
+PREDICT_METHOD = "tensorflow/serving/predict"
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+IMAGE_FEATURE = "image"  # the float_list feature the classify signature parses
+SAVED_MODEL_PB = "saved_model.pb"
+FINGERPRINT_PB = "fingerprint.pb"
+SERVE_TAG = "serve"  # the MetaGraph TF Serving loads
+
+
+def read_saved_model(version_dir: str | os.PathLike):
+    """Parse `<version_dir>/saved_model.pb` into a `SavedModel` proto (ModelLoadError if not).
+
+    The error is chained to the cause (FileNotFoundError, protobuf's DecodeError), which the
+    server turns into TF Serving's status code.
+    """
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = Path(version_dir) / SAVED_MODEL_PB
+    saved_model = saved_model_pb2.SavedModel()
+    try:
+        saved_model.ParseFromString(path.read_bytes())
+    except OSError as e:
+        raise ModelLoadError(f"{path} cannot be read: {e.strerror}") from e
+    except Exception as e:  # protobuf raises DecodeError, an internal type
+        raise ModelLoadError(f"{path} is not a SavedModel protobuf (corrupt?): {e}") from e
+    return saved_model
+
+
+def serving_meta_graph(saved_model, where: str | os.PathLike):
+    """The MetaGraph tagged `serve` of a `SavedModel` proto (what TF Serving loads)."""
+    for meta_graph in saved_model.meta_graphs:
+        if SERVE_TAG in meta_graph.meta_info_def.tags:
+            return meta_graph
+    raise ModelLoadError(f"{where} must have a '{SERVE_TAG}' graph (what TF Serving loads). "
+                         "Received: no MetaGraph tagged 'serve'")
+
+
+def serving_signature_defs(version_dir: str | os.PathLike) -> dict:
+    """Signature name → SignatureDef proto of the `serve` graph, read from saved_model.pb."""
+    saved_model = read_saved_model(version_dir)
+    return dict(serving_meta_graph(saved_model, Path(version_dir) / SAVED_MODEL_PB)
+                .signature_def)
+
+
+def set_method_name(version_dir: str | os.PathLike, signature: str, method_name: str) -> None:
+    """Rewrite one SignatureDef's method_name in saved_model.pb, then refresh fingerprint.pb.
+
+    TF2's `tf.saved_model.save` writes every SignatureDef with `tensorflow/serving/predict`,
+    and TF Serving's Classify API refuses anything but `tensorflow/serving/classify`. Only that
+    one string field changes (graph and functions untouched); both files are replaced with a
+    rename, so a reader sees the old file or the new one, never half of one.
+    """
+    version_dir = Path(version_dir)
+    saved_model = read_saved_model(version_dir)
+    for meta_graph in saved_model.meta_graphs:
+        if signature not in meta_graph.signature_def:
+            raise ModelLoadError(f"signature {signature!r} must be in {version_dir}. Received: "
+                                 f"{sorted(meta_graph.signature_def)}")
+        meta_graph.signature_def[signature].method_name = method_name
+    _replace(version_dir / SAVED_MODEL_PB, saved_model.SerializeToString(deterministic=True))
+    _refresh_fingerprint(version_dir)
+
+
+def _refresh_fingerprint(version_dir: Path) -> None:
+    """Recompute fingerprint.pb after editing saved_model.pb (its checksum would be stale)."""
+    path = version_dir / FINGERPRINT_PB
+    try:
+        from tensorflow.python.saved_model.pywrap_saved_model import (
+            fingerprinting as fingerprinting_pywrap,
+        )
+
+        serialized = fingerprinting_pywrap.CreateFingerprintDef(str(version_dir))
+    except Exception as e:  # a TF without the (private) API: no fingerprint beats a wrong one
+        log.warning("could not recompute %s (%s); removing it (it is optional)", path, e)
+        path.unlink(missing_ok=True)
+        return
+    _replace(path, serialized)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def image_example(image: np.ndarray, feature: str = IMAGE_FEATURE):
+    """A tf.Example with one float_list feature: what the contract's classify signature parses."""
+    import tensorflow as tf
+
+    values = np.asarray(image, dtype=np.float32).ravel().tolist()
+    return tf.train.Example(features=tf.train.Features(feature={
+        feature: tf.train.Feature(float_list=tf.train.FloatList(value=values))}))
+
+
+# ---- warm-up ------------------------------------------------------------------------------
+
+WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
+MAX_WARMUP_RECORDS = 1000  # TF Serving's limit
+
+
+def read_warmup_records(version_dir: str | os.PathLike) -> list:
+    """The `PredictionLog` protos of a version's warm-up file ([] if it has none).
+
+    At most MAX_WARMUP_RECORDS are read (one more is looked for, to refuse a longer file as
+    TF Serving does: ModelLoadError). A record that does not parse raises protobuf's
+    DecodeError, a damaged file TensorFlow's DataLossError: a version with either must not
+    serve.
+    """
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = Path(version_dir) / WARMUP_FILE
+    if not path.is_file():
+        return []
+    records = [record.numpy() for record in
+               tf.data.TFRecordDataset(str(path)).take(MAX_WARMUP_RECORDS + 1)]
+    if len(records) > MAX_WARMUP_RECORDS:
+        raise ModelLoadError(f"{path} must hold at most {MAX_WARMUP_RECORDS} warm-up records "
+                             f"(TF Serving's limit). Received: more")
+    return [prediction_log_pb2.PredictionLog.FromString(record) for record in records]
+
+
+def write_warmup_records(version_dir: str | os.PathLike, model_name: str, images: np.ndarray,
+                         num_predict: int) -> int:
+    """Write `num_predict` Predict requests (one image each, cycling) and one Classify request.
+
+    The requests use docs/ARTIFACTS.md's two signatures: `serving_default` on `images` and
+    `classify` on an `image_example`. Returns the number of records written; with
+    `num_predict == 0` no file is written.
+    """
+    import tensorflow as tf
+
+    if not 0 <= num_predict < MAX_WARMUP_RECORDS:
+        raise ConfigError(f"num_predict must be in [0, {MAX_WARMUP_RECORDS - 1}] (one more "
+                          f"record is the Classify request). Received: num_predict={num_predict}")
+    if num_predict == 0:
+        return 0
+    if len(images) == 0:
+        raise ConfigError("warm-up records need at least one real image. Received: 0 images")
+    records = [_predict_log(model_name, images[i % len(images)][None])
+               for i in range(num_predict)]
+    records.append(_classify_log(model_name, images[:1]))
+    path = Path(version_dir) / WARMUP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in records:
+            writer.write(record.SerializeToString())
+    return len(records)
+
+
+def _predict_log(model_name: str, batch: np.ndarray):
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model_name
+    request.model_spec.signature_name = DEFAULT_SIGNATURE
+    request.inputs["images"].CopyFrom(tf.make_tensor_proto(batch.astype(np.float32)))
+    return prediction_log_pb2.PredictionLog(
+        predict_log=prediction_log_pb2.PredictLog(request=request))
+
+
+def _classify_log(model_name: str, batch: np.ndarray):
+    from tensorflow_serving.apis import classification_pb2, prediction_log_pb2
+
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name = model_name
+    request.model_spec.signature_name = CLASSIFY_SIGNATURE
+    request.input.example_list.examples.extend(image_example(image) for image in batch)
+    return prediction_log_pb2.PredictionLog(
+        classify_log=prediction_log_pb2.ClassifyLog(request=request))
