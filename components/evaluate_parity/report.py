@@ -16,6 +16,9 @@ import numpy as np
 PER_CLASS_PNG = "per_class_accuracy.png"
 LOGIT_DIFF_PNG = "logit_diff_histogram.png"
 LOSS_SCALE_PNG = "loss_scale_history.png"
+CONFUSION_PNG = "confusion_matrix.png"
+REFERENCE_SERIES = "fp32_twin"  # what the per-class differences are measured against
+_ANNOTATE_MAX_CLASSES = 30  # beyond this, cell counts and tick labels would be unreadable
 
 
 def _pyplot():
@@ -27,30 +30,60 @@ def _pyplot():
     return plt
 
 
+def per_class_figure(class_names: list[str], series: dict[str, np.ndarray]):
+    """Per-class accuracy from 0 to 1 (bars), and each model minus the float32 twin (points).
+
+    The accuracy axis starts at 0, so bar heights compare honestly; the differences, which a
+    0-to-1 axis cannot show, get a panel of their own with its own scale in points.
+    """
+    plt = _pyplot()
+    width_in = min(14.0, max(6.0, 0.25 * len(class_names) * len(series) + 2.0))
+    fig, (ax, diff_ax) = plt.subplots(2, 1, figsize=(width_in, 5.2), sharex=True,
+                                      height_ratios=(2.2, 1), layout="constrained")
+    width = 0.8 / max(1, len(series))
+    positions = np.arange(len(class_names))
+    colors = {}
+    for i, (label, values) in enumerate(series.items()):
+        bars = ax.bar(positions + i * width, np.nan_to_num(values, nan=0.0), width, label=label)
+        colors[label] = bars.patches[0].get_facecolor() if bars.patches else "tab:gray"
+    ax.set_ylim(0.0, 1.0)
+    ax.set_ylabel("top-1 accuracy (recall)")
+    ax.set_title("Per-class accuracy")
+    reference = series.get(REFERENCE_SERIES)
+    diffs = {label: 100.0 * (np.asarray(values, float) - np.asarray(reference, float))
+             for label, values in series.items()
+             if reference is not None and label != REFERENCE_SERIES}
+    for i, label in enumerate(series):
+        if label in diffs:  # below its own bar of the top panel
+            diff_ax.bar(positions + i * width, np.nan_to_num(diffs[label], nan=0.0), width,
+                        color=colors[label])
+    diff_ax.axhline(0.0, color="black", linewidth=0.8)
+    largest = max((float(np.nanmax(np.abs(d), initial=0.0)) for d in diffs.values()),
+                  default=0.0)
+    if diffs and largest == 0.0:
+        diff_ax.text(0.5, 0.75, "the same accuracy on every class", ha="center",
+                     transform=diff_ax.transAxes, fontsize="small")
+    limit = max(1.0, 1.2 * largest) if math.isfinite(largest) else 1.0
+    diff_ax.set_ylim(-limit, limit)
+    diff_ax.set_ylabel(f"minus {REFERENCE_SERIES}\n(points)")
+    diff_ax.set_xticks(positions + width * (len(series) - 1) / 2,
+                       _tick_labels(class_names), rotation=45)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside upper right", fontsize="small",
+               ncols=len(series))
+    return fig
+
+
 def plot_per_class_accuracy(
     path: Path, class_names: list[str], series: dict[str, np.ndarray]
 ) -> Path:
-    """Grouped bars of per-class accuracy, one bar per model (AMP, FP32 twin, baseline)."""
-    plt = _pyplot()
-    width_in = min(14.0, max(6.0, 0.25 * len(class_names) * len(series) + 2.0))
-    fig, ax = plt.subplots(figsize=(width_in, 3.6))
-    width = 0.8 / max(1, len(series))
-    positions = np.arange(len(class_names))
-    for i, (label, values) in enumerate(series.items()):
-        ax.bar(positions + i * width, np.nan_to_num(values, nan=0.0), width, label=label)
-    ax.set_xticks(positions + width * (len(series) - 1) / 2, class_names, rotation=45)
-    lowest = float(np.nanmin(np.concatenate(list(series.values())), initial=0.8))
-    ax.set_ylim(min(0.8, lowest) - 0.02, 1.0)
-    ax.set_ylabel("top-1 accuracy (recall)")
-    ax.set_title("Per-class accuracy")
-    ax.legend(loc="lower right", fontsize="small")
-    return _save(fig, path)
+    """Write `per_class_figure` as a PNG."""
+    return _save(per_class_figure(class_names, series), path)
 
 
 def plot_logit_diff_histogram(path: Path, abs_diff: np.ndarray, bound: float | None) -> Path:
     """Histogram of |logit(AMP) - logit(FP32 twin)| on a log x-axis (zeros shown at the floor)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    fig, ax = plt.subplots(figsize=(6.0, 3.6), layout="constrained")
     if abs_diff.size:
         floor = 1e-8
         values = np.maximum(abs_diff, floor)
@@ -59,7 +92,7 @@ def plot_logit_diff_histogram(path: Path, abs_diff: np.ndarray, bound: float | N
         ax.set_xscale("log")
         if bound is not None and math.isfinite(bound):
             ax.axvline(bound, color="tab:red", linestyle="--", label="gate bound (absolute)")
-            ax.legend(fontsize="small")
+            fig.legend(loc="outside upper right", fontsize="small")
     else:
         ax.text(0.5, 0.5, "no finite logit differences", ha="center", transform=ax.transAxes)
     ax.set_xlabel("|logit difference|")
@@ -68,10 +101,13 @@ def plot_logit_diff_histogram(path: Path, abs_diff: np.ndarray, bound: float | N
     return _save(fig, path)
 
 
-def plot_loss_scale_history(path: Path, history: list[dict[str, Any]], policy: str) -> Path:
-    """The dynamic loss scale and skipped steps over training, from loss_scale_history.json."""
+def loss_scale_figure(history: list[dict[str, Any]], policy: str):
+    """The dynamic loss scale (left axis) and cumulative skipped steps (right axis) over steps.
+
+    One legend for both lines, outside the plotting area, so it never covers either line.
+    """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    fig, ax = plt.subplots(figsize=(6.0, 3.8), layout="constrained")
     if history:
         steps = [h["step"] for h in history]
         ax.step(steps, [h["loss_scale"] for h in history], where="post", label="loss scale")
@@ -82,14 +118,68 @@ def plot_loss_scale_history(path: Path, history: list[dict[str, Any]], policy: s
         twin = ax.twinx()
         twin.plot(steps, skipped, color="tab:red", label="skipped steps (cumulative)")
         twin.set_ylabel("skipped steps")
-        ax.legend(loc="upper left", fontsize="small")
-        twin.legend(loc="lower right", fontsize="small")
+        twin.set_ylim(bottom=0)
+        handles, labels = ax.get_legend_handles_labels()
+        more_handles, more_labels = twin.get_legend_handles_labels()
+        fig.legend(handles + more_handles, labels + more_labels, loc="outside upper center",
+                   fontsize="small", ncols=2)
     else:
         ax.text(0.5, 0.5, f"no loss scaling under {policy}\n(only float16 needs it)",
                 ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
     ax.set_title("Loss-scale history (training)")
-    return _save(fig, path)
+    return fig
+
+
+def plot_loss_scale_history(path: Path, history: list[dict[str, Any]], policy: str) -> Path:
+    """Write `loss_scale_figure` (from loss_scale_history.json) as a PNG."""
+    return _save(loss_scale_figure(history, policy), path)
+
+
+def confusion_figure(class_names: list[str], matrix: np.ndarray, twin_matrix: np.ndarray):
+    """The AMP model's confusion matrix (rows: true class, columns: predicted), with counts.
+
+    Cells where the float32 twin's count differs are outlined: with perfect inference parity
+    there are none.
+    """
+    plt = _pyplot()
+    matrix, twin_matrix = np.asarray(matrix), np.asarray(twin_matrix)
+    n = len(class_names)
+    side = min(12.0, max(4.5, 0.45 * n + 2.0))
+    fig, ax = plt.subplots(figsize=(side + 1.0, side), layout="constrained")
+    image = ax.imshow(matrix, cmap="Blues", interpolation="nearest")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="examples")
+    if n <= _ANNOTATE_MAX_CLASSES:
+        threshold = matrix.max() / 2 if matrix.size else 0
+        for (row, col), count in np.ndenumerate(matrix):
+            if count:
+                ax.text(col, row, str(int(count)), ha="center", va="center", fontsize="small",
+                        color="white" if count > threshold else "black")
+        ax.set_xticks(range(n), class_names, rotation=45)
+        ax.set_yticks(range(n), class_names)
+    differ = np.argwhere(matrix != twin_matrix)
+    for row, col in differ:
+        ax.add_patch(_pyplot().Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False,
+                                         edgecolor="tab:red", linewidth=2))
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title(f"Confusion matrix (AMP model)\n{len(differ)} cells differ from the float32 "
+                 "twin (outlined)")
+    return fig
+
+
+def plot_confusion_matrix(path: Path, class_names: list[str], matrix: np.ndarray,
+                          twin_matrix: np.ndarray) -> Path:
+    """Write `confusion_figure` as a PNG."""
+    return _save(confusion_figure(class_names, matrix, twin_matrix), path)
+
+
+def _tick_labels(names: list[str]) -> list[str]:
+    """Class names as tick labels; too many to read: every k-th only."""
+    if len(names) <= _ANNOTATE_MAX_CLASSES:
+        return names
+    step = math.ceil(len(names) / _ANNOTATE_MAX_CLASSES)
+    return [name if i % step == 0 else "" for i, name in enumerate(names)]
 
 
 def render_markdown(metrics: dict[str, Any], verdict: dict[str, Any]) -> str:
@@ -123,6 +213,7 @@ def render_markdown(metrics: dict[str, Any], verdict: dict[str, Any]) -> str:
         lines += _training_section(metrics, ctx)
     lines += _per_class_table(metrics["per_class_accuracy"])
     lines += ["", "## Plots", "", f"![per-class accuracy]({PER_CLASS_PNG})", "",
+              f"![confusion matrix]({CONFUSION_PNG})", "",
               f"![logit differences]({LOGIT_DIFF_PNG})", "",
               f"![loss-scale history]({LOSS_SCALE_PNG})", ""]
     return "\n".join(lines)
@@ -185,7 +276,6 @@ def _cell(value: Any) -> str:
 
 
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     import matplotlib.pyplot as plt
 

@@ -7,127 +7,29 @@ trained under float32 on the same data and seed is scored too; a paired test on 
 per-image correctness says whether AMP training lost accuracy, and the AMP training speedup is
 measured from both runs (training.py). The pipeline runs both by default.
 
-The gate's defaults, and why:
-- `max_accuracy_drop=0.5` points (twin minus AMP). Same weights: a prediction flips only for an
-  example whose top-2 logits are closer than the rounding error. On the 359 digits test images
-  one flip is 0.28 points, so the default allows one net flip; on ImageNet-size test sets
-  published AMP results match float32 well within 0.5 points.
-- `min_agreement=0.99`: at most 1 % of examples may change class. Measured 100 % for
-  mixed_float16 and mixed_bfloat16 on the digits test split (99.86 % for bfloat16 on the train
-  split, two flips out of 1,438).
-- `max_relative_logit_diff` = auto: 20 units of roundoff of the compute dtype (float16 2**-11,
-  bfloat16 2**-8), relative to the largest |logit|: 9.8e-3 for float16, 7.8e-2 for bfloat16.
-  bfloat16 keeps ~3 significant digits against float16's ~3.3, so one absolute bound would be
-  either too loose for float16 or too tight for bfloat16; a relative bound also holds whatever
-  the logit scale. Measured: 3.8e-4 (float16) and 3.8e-3 (bfloat16), about one unit each.
-- `amp_nonfinite_logits <= 0`: an inf/NaN logit is a float16 overflow, never rounding noise.
-  Overflows inside the network are often turned into finite but wrong logits by later layers
-  (measured: see tests/components/evaluate_parity/conftest.py); the twin comparison catches
-  those.
-- with a baseline: the one-sided exact McNemar test must not find AMP training worse at
-  `baseline_alpha=0.01`, and the drop must not exceed `max_baseline_accuracy_drop=3`
-  points (BASELINE_MAX_DROP_POINTS has the measurements that chose both; training.py explains
-  the statistics).
-- `min_training_speedup` is off by default: the speedup depends on the hardware (none on a CPU
-  without bfloat16 units, DESIGN.md), so gating on it is a per-deployment choice.
+The config and its defaults (and why they are what they are) are in config.py; what is
+written, in outputs.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ampflow.components.evaluate_parity import training
+from ampflow.components.evaluate_parity import outputs, training
+from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.components.evaluate_parity.gate import Check, Verdict, default_relative_logit_bound
 from ampflow.components.evaluate_parity.parity import LogitParity, ModelScores, logit_parity
-from ampflow.components.evaluate_parity.verdict import (
-    HASH_KEY,
-    VERDICT_FILE,
-    model_sha256,
-)
+from ampflow.components.evaluate_parity.verdict import HASH_KEY, model_sha256
 from ampflow.errors import ConfigError, GateFailedError
-from ampflow.files import read_json, staging_dir, write_json_atomic
 
 log = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.json"
-CONFUSION_MATRIX_FILE = "confusion_matrix.json"
-REPORT_FILE = "report.md"
-CONFIG_FILE = "config.json"
-LOSS_SCALE_HISTORY_FILE = "loss_scale_history.json"
-# Training-parity defaults, from measurements on the digits test split (359 images, small_cnn,
-# 8 epochs, seeds 1-5, this CPU). AMP-trained minus float32-trained accuracy with the same seed
-# ranged from -2.23 to +1.67 points (mixed_float16) and -1.39 to +0.56 (mixed_bfloat16); the
-# smallest one-sided McNemar p was 0.048 (-2.23 points: 5 vs 13 images). Two mixed_float16 runs
-# with different seeds differ by up to 3.06 points (p = 0.013); float32 runs by at most 0.84.
-# One run against one run carries that training noise, which the paired test (it sees only the
-# test set's noise) does not: so the level is 0.01 and the cap 3 points, which none of the ten
-# measured sound pairs fails, while damaged AMP training (a stalled or collapsed run) loses far
-# more (tests/components/evaluate_parity). On a large test set the paired test dominates: at
-# 10,000 images, 300 of them discordant, it flags a one-sided loss of 0.4 points.
-BASELINE_MAX_DROP_POINTS = 3.0
-BASELINE_ALPHA = 0.01
-
-
-@dataclass(frozen=True)
-class EvaluateConfig:
-    """What the parity evaluation reads and the gate's thresholds; written as config.json."""
-
-    model_dir: Path = field(metadata={"help": "A trained model dir (from train)."})
-    data_dir: Path = field(metadata={"help": "The prepared dataset dir the model was trained on."})
-    output_dir: Path = field(metadata={"help": "Directory that receives metrics, verdict, report."})
-    baseline_model_dir: Path | None = field(default=None, metadata={
-        "help": "Optional float32-trained model dir (same data and seed) for training parity."})
-    split: str = field(default="test", metadata={"help": "Dataset split to evaluate on."})
-    batch_size: int = field(default=256, metadata={"help": "Examples per inference batch."})
-    limit: int | None = field(default=None, metadata={
-        "help": "Evaluate only the first N examples of the split (smoke runs)."})
-    max_accuracy_drop: float = field(default=0.5, metadata={
-        "help": "Max accuracy drop of the AMP model vs its float32 twin, in percentage points."})
-    min_agreement: float = field(default=0.99, metadata={
-        "help": "Min fraction of examples where AMP and float32 twin predict the same class."})
-    max_relative_logit_diff: float | None = field(default=None, metadata={
-        "help": "Max |logit diff| / max |logit|; unset = auto: 20 units of roundoff of the "
-                "compute dtype (9.8e-3 for float16, 7.8e-2 for bfloat16)."})
-    max_baseline_accuracy_drop: float = field(default=BASELINE_MAX_DROP_POINTS, metadata={
-        "help": "With a baseline: max accuracy drop of the AMP-trained model vs the "
-                "float32-trained baseline, in points (whatever the paired test says)."})
-    baseline_alpha: float = field(default=BASELINE_ALPHA, metadata={
-        "help": "With a baseline: significance level of the one-sided paired (McNemar) test "
-                "that fails the gate when AMP training is significantly less accurate."})
-    min_training_speedup: float | None = field(default=None, metadata={
-        "help": "With a baseline: min training throughput ratio AMP/float32; unset = not "
-                "gated (the speedup is hardware-dependent)."})
-    fail_on_gate: bool = field(default=True, metadata={
-        "help": "Raise (exit non-zero) when the gate fails; the outputs are written either way."})
-
-    def __post_init__(self) -> None:
-        if self.batch_size is None or self.batch_size <= 0:
-            raise ConfigError(f"batch_size must be > 0. Received: batch_size={self.batch_size}")
-        if self.limit is not None and self.limit <= 0:
-            raise ConfigError(f"limit must be > 0. Received: limit={self.limit}")
-        if not self.split:
-            raise ConfigError(f"split must be a non-empty name. Received: split={self.split!r}")
-        _require_in_range("min_agreement", self.min_agreement, 0.0, 1.0)
-        _require_in_range("max_accuracy_drop", self.max_accuracy_drop, 0.0, 100.0)
-        _require_in_range("max_baseline_accuracy_drop", self.max_baseline_accuracy_drop,
-                          0.0, 100.0)
-        if self.baseline_alpha is None or not 0.0 < self.baseline_alpha < 1.0:
-            raise ConfigError("baseline_alpha must be in (0, 1). Received: "
-                              f"baseline_alpha={self.baseline_alpha}")
-        if self.max_relative_logit_diff is not None and not self.max_relative_logit_diff >= 0:
-            raise ConfigError("max_relative_logit_diff must be >= 0. Received: "
-                              f"max_relative_logit_diff={self.max_relative_logit_diff}")
-        if self.min_training_speedup is not None and not self.min_training_speedup > 0:
-            raise ConfigError("min_training_speedup must be > 0. Received: "
-                              f"min_training_speedup={self.min_training_speedup}")
 
 
 @dataclass(frozen=True)
@@ -167,8 +69,8 @@ def run_evaluate(config: EvaluateConfig) -> EvaluateResult:
     scores = _score_all(config, model, metadata, baseline, images, labels)
     policy = _policy(metadata, model)
     metrics, verdict_obj, parity = _measure(config, metadata, policy, baseline, info, scores)
-    verdict = _verdict_payload(config, verdict_obj, policy, model_hashes)
-    _write_outputs(config, metrics, verdict, info, scores, parity)
+    verdict = outputs.verdict_payload(config, verdict_obj, policy, model_hashes)
+    outputs.write_outputs(config, metrics, verdict, _class_names(info), scores, parity)
     log.info("%s", verdict_obj.message())
     if not verdict_obj.passed and config.fail_on_gate:
         raise GateFailedError(f"{verdict_obj.message()} (outputs in {config.output_dir})")
@@ -187,11 +89,6 @@ def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 # --- inputs ---------------------------------------------------------------------------------
-
-def _require_in_range(name: str, value: float, low: float, high: float) -> None:
-    if value is None or not low <= value <= high:
-        raise ConfigError(f"{name} must be in [{low:g}, {high:g}]. Received: {name}={value}")
-
 
 def _require_same_dataset(what: str, metadata: dict[str, Any], info: dict[str, Any]) -> None:
     """The model must take this dataset's images and predict its classes."""
@@ -352,72 +249,3 @@ def _context(config, metadata, baseline, policy, compute_dtype, bound) -> dict[s
     return ctx
 
 
-# --- writing --------------------------------------------------------------------------------
-
-def _verdict_payload(config, verdict: Verdict, policy: str,
-                     model_hashes: dict[str, str]) -> dict[str, Any]:
-    return {
-        "passed": verdict.passed,
-        "failed_checks": [check.as_dict() for check in verdict.failed],
-        "checks": [check.as_dict() for check in verdict.checks],
-        "message": verdict.message(),
-        "model_dir": os.fspath(config.model_dir),
-        "policy": policy,
-        "metrics_file": METRICS_FILE,
-        **model_hashes,
-    }
-
-
-def _write_outputs(config, metrics, verdict, info, scores, parity: LogitParity) -> None:
-    """Write every file into a staging dir, then rename it to output_dir in one step."""
-    from ampflow.components.evaluate_parity import report
-
-    names = _class_names(info)
-    with staging_dir(config.output_dir, replaces="verdict.json") as tmp:
-        write_json_atomic(tmp / METRICS_FILE, _json_safe(metrics))
-        write_json_atomic(tmp / CONFUSION_MATRIX_FILE, {
-            "categories": names,
-            "matrix": scores["amp"].confusion_matrix(len(names)).tolist(),
-            "fp32_twin_matrix": scores["fp32_twin"].confusion_matrix(len(names)).tolist(),
-            "rows": "true class", "columns": "predicted class",
-        })
-        series = {key: np.array([np.nan if v is None else v for v in per.values()])
-                  for key, per in metrics["per_class_accuracy"].items()}
-        report.plot_per_class_accuracy(tmp / report.PER_CLASS_PNG, names, series)
-        scale = float(np.max(np.abs(scores["fp32_twin"].logits), initial=0.0))
-        report.plot_logit_diff_histogram(tmp / report.LOGIT_DIFF_PNG, parity.abs_diff,
-                                         metrics["context"]["relative_logit_bound"] * scale)
-        report.plot_loss_scale_history(tmp / report.LOSS_SCALE_PNG,
-                                       _loss_scale_history(config.model_dir),
-                                       metrics["context"]["policy"])
-        (tmp / REPORT_FILE).write_text(report.render_markdown(metrics, verdict))
-        write_json_atomic(tmp / CONFIG_FILE, _config_dict(config))
-        write_json_atomic(tmp / VERDICT_FILE, verdict)
-
-
-def _loss_scale_history(model_dir: Path) -> list[dict[str, Any]]:
-    path = Path(model_dir) / LOSS_SCALE_HISTORY_FILE
-    if not path.is_file():
-        return []
-    try:
-        history = read_json(path)
-    except ValueError:
-        log.warning("%s is corrupt; the loss-scale plot will be empty", path)
-        return []
-    return history if isinstance(history, list) else []
-
-
-def _config_dict(config: EvaluateConfig) -> dict[str, Any]:
-    return {k: os.fspath(v) if isinstance(v, Path) else v
-            for k, v in dataclasses.asdict(config).items()}
-
-
-def _json_safe(value: Any) -> Any:
-    """Non-finite floats become null: strict JSON readers (KFP among them) reject NaN/inf."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value

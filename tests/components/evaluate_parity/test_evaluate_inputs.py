@@ -32,7 +32,7 @@ def test_run_evaluate_corrupt_model_file_raises_model_load_error(
     model_dir.mkdir()
     shutil.copy(trained_model("mixed_float16") / "metadata.json", model_dir)
     (model_dir / "model.keras").write_bytes(b"PK\x03\x04 truncated zip, not a model")
-    with pytest.raises(ModelLoadError, match=r"model.keras could not be loaded \(corrupt\?\)"):
+    with pytest.raises(ModelLoadError, match=r"model\.keras .*corrupt"):
         run_evaluate(EvaluateConfig(model_dir=model_dir, data_dir=prepared_digits,
                                     output_dir=tmp_path / "eval"))
     assert not (tmp_path / "eval").exists()

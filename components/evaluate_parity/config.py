@@ -1,0 +1,109 @@
+"""The evaluate step's config: what it reads and the gate's thresholds, with their defaults.
+
+The gate's defaults, and why:
+- `max_accuracy_drop=0.5` points (twin minus AMP). Same weights: a prediction flips only for an
+  example whose top-2 logits are closer than the rounding error. On the 359 digits test images
+  one flip is 0.28 points, so the default allows one net flip; on ImageNet-size test sets
+  published AMP results match float32 well within 0.5 points.
+- `min_agreement=0.99`: at most 1 % of examples may change class. Measured 100 % for
+  mixed_float16 and mixed_bfloat16 on the digits test split (99.86 % for bfloat16 on the train
+  split, two flips out of 1,438).
+- `max_relative_logit_diff` = auto: 20 units of roundoff of the compute dtype (float16 2**-11,
+  bfloat16 2**-8), relative to the largest |logit|: 9.8e-3 for float16, 7.8e-2 for bfloat16.
+  bfloat16 keeps ~3 significant digits against float16's ~3.3, so one absolute bound would be
+  either too loose for float16 or too tight for bfloat16; a relative bound also holds whatever
+  the logit scale. Measured: 3.8e-4 (float16) and 3.8e-3 (bfloat16), about one unit each.
+- `amp_nonfinite_logits <= 0`: an inf/NaN logit is a float16 overflow, never rounding noise.
+  Overflows inside the network are often turned into finite but wrong logits by later layers
+  (measured: see tests/components/evaluate_parity/conftest.py); the twin comparison catches
+  those.
+- with a baseline: the one-sided exact McNemar test must not find AMP training worse at
+  `baseline_alpha=0.01`, and the drop must not exceed `max_baseline_accuracy_drop=3`
+  points (BASELINE_MAX_DROP_POINTS has the measurements that chose both; training.py explains
+  the statistics).
+- `min_training_speedup` is off by default: the speedup depends on the hardware (none on a CPU
+  without bfloat16 units: docs/DESIGN.md, "Measured facts"), so gating on it is a
+  per-deployment choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ampflow.errors import ConfigError
+
+MAX_ACCURACY_DROP_POINTS = 0.5
+MIN_AGREEMENT = 0.99
+
+# Training-parity defaults, from measurements on the digits test split (359 images, small_cnn,
+# 8 epochs, seeds 1-5, this CPU). AMP-trained minus float32-trained accuracy with the same seed
+# ranged from -2.23 to +1.67 points (mixed_float16) and -1.39 to +0.56 (mixed_bfloat16); the
+# smallest one-sided McNemar p was 0.048 (-2.23 points: 5 vs 13 images). Two mixed_float16 runs
+# with different seeds differ by up to 3.06 points (p = 0.013); float32 runs by at most 0.84.
+# One run against one run carries that training noise, which the paired test (it sees only the
+# test set's noise) does not: so the level is 0.01 and the cap 3 points, which none of the ten
+# measured sound pairs fails, while damaged AMP training (a stalled or collapsed run) loses far
+# more (tests/components/evaluate_parity). On a large test set the paired test dominates: at
+# 10,000 images, 300 of them discordant, it flags a one-sided loss of 0.4 points.
+BASELINE_MAX_DROP_POINTS = 3.0
+BASELINE_ALPHA = 0.01
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """What the parity evaluation reads and the gate's thresholds; written as config.json."""
+
+    model_dir: Path = field(metadata={"help": "A trained model dir (from train)."})
+    data_dir: Path = field(metadata={"help": "The prepared dataset dir the model was trained on."})
+    output_dir: Path = field(metadata={"help": "Directory that receives metrics, verdict, report."})
+    baseline_model_dir: Path | None = field(default=None, metadata={
+        "help": "Optional float32-trained model dir (same data and seed) for training parity."})
+    split: str = field(default="test", metadata={"help": "Dataset split to evaluate on."})
+    batch_size: int = field(default=256, metadata={"help": "Examples per inference batch."})
+    limit: int | None = field(default=None, metadata={
+        "help": "Evaluate only the first N examples of the split (smoke runs)."})
+    max_accuracy_drop: float = field(default=MAX_ACCURACY_DROP_POINTS, metadata={
+        "help": "Max accuracy drop of the AMP model vs its float32 twin, in percentage points."})
+    min_agreement: float = field(default=MIN_AGREEMENT, metadata={
+        "help": "Min fraction of examples where AMP and float32 twin predict the same class."})
+    max_relative_logit_diff: float | None = field(default=None, metadata={
+        "help": "Max |logit diff| / max |logit|; unset = auto: 20 units of roundoff of the "
+                "compute dtype (9.8e-3 for float16, 7.8e-2 for bfloat16)."})
+    max_baseline_accuracy_drop: float = field(default=BASELINE_MAX_DROP_POINTS, metadata={
+        "help": "With a baseline: max accuracy drop of the AMP-trained model vs the "
+                "float32-trained baseline, in points (whatever the paired test says)."})
+    baseline_alpha: float = field(default=BASELINE_ALPHA, metadata={
+        "help": "With a baseline: significance level of the one-sided paired (McNemar) test "
+                "that fails the gate when AMP training is significantly less accurate."})
+    min_training_speedup: float | None = field(default=None, metadata={
+        "help": "With a baseline: min training throughput ratio AMP/float32; unset = not "
+                "gated (the speedup is hardware-dependent)."})
+    fail_on_gate: bool = field(default=True, metadata={
+        "help": "Raise (exit non-zero) when the gate fails; the outputs are written either way."})
+
+    def __post_init__(self) -> None:
+        if self.batch_size is None or self.batch_size <= 0:
+            raise ConfigError(f"batch_size must be > 0. Received: batch_size={self.batch_size}")
+        if self.limit is not None and self.limit <= 0:
+            raise ConfigError(f"limit must be > 0. Received: limit={self.limit}")
+        if not self.split:
+            raise ConfigError(f"split must be a non-empty name. Received: split={self.split!r}")
+        _require_in_range("min_agreement", self.min_agreement, 0.0, 1.0)
+        _require_in_range("max_accuracy_drop", self.max_accuracy_drop, 0.0, 100.0)
+        _require_in_range("max_baseline_accuracy_drop", self.max_baseline_accuracy_drop,
+                          0.0, 100.0)
+        if self.baseline_alpha is None or not 0.0 < self.baseline_alpha < 1.0:
+            raise ConfigError("baseline_alpha must be in (0, 1). Received: "
+                              f"baseline_alpha={self.baseline_alpha}")
+        if self.max_relative_logit_diff is not None and not self.max_relative_logit_diff >= 0:
+            raise ConfigError("max_relative_logit_diff must be >= 0. Received: "
+                              f"max_relative_logit_diff={self.max_relative_logit_diff}")
+        if self.min_training_speedup is not None and not self.min_training_speedup > 0:
+            raise ConfigError("min_training_speedup must be > 0. Received: "
+                              f"min_training_speedup={self.min_training_speedup}")
+
+
+def _require_in_range(name: str, value: float, low: float, high: float) -> None:
+    if value is None or not low <= value <= high:
+        raise ConfigError(f"{name} must be in [{low:g}, {high:g}]. Received: {name}={value}")
