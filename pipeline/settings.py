@@ -1,9 +1,10 @@
 """The one place that names the container image every pipeline step runs in.
 
 Components are KFP *lightweight* Python components whose `base_image` is our image and whose
-body imports the installed `ampflow` package (`install_kfp_package=False`): DESIGN.md records
-that this is the form both `kfp.local.SubprocessRunner` and a real KFP cluster run, whereas a
-Containerized Python Component (`target_image=`) is refused by the local runner.
+body imports the installed `ampflow` package (`install_kfp_package=False`): docs/DESIGN.md
+("Pipeline") records that this is the form both `kfp.local.SubprocessRunner` and a real KFP
+cluster run, whereas a Containerized Python Component (`target_image=`) is refused by the
+local runner.
 """
 
 from __future__ import annotations

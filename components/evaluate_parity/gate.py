@@ -1,8 +1,8 @@
 """The parity gate: named checks of a measured value against a threshold, and the verdict.
 
-A gate is an artifact, not a side effect (STYLE.md): every check keeps its measured value, its
-threshold and its operator, so the verdict file says why it passed or failed, and the export
-step can refuse a model by reading it.
+A gate is an artifact, not a side effect (docs/DESIGN.md, "Architecture"): every check keeps its
+measured value, its threshold and its operator, so the verdict file says why it passed or
+failed, and the export step can refuse a model by reading it.
 """
 
 from __future__ import annotations

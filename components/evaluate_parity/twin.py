@@ -4,7 +4,8 @@ The twin is the same architecture rebuilt under the `float32` policy with the tr
 copied in. Variables are float32 under every Keras mixed policy, so the copy is exact: any
 difference between the two models comes from the half-precision compute alone. That makes the
 twin both the reference of the parity gate and what export/TFLite convert (a graph with float16
-Conv2D/MatMul does not convert to TFLite builtins, see DESIGN.md).
+Conv2D/MatMul does not convert to TFLite builtins: docs/DESIGN.md, "Export, TFLite,
+serving").
 """
 
 from __future__ import annotations
