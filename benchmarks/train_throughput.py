@@ -513,15 +513,6 @@ def _print_row(row: dict) -> None:
               f"(epochs: {epochs})  {row['peak_rss_mib']:7.0f} MiB", flush=True)
 
 
-def _print_row(row: dict) -> None:
-    if "error" in row:
-        print(f"{row['policy']:>15} xla={row['xla']!s:<5}  {row['error']}", flush=True)
-    else:
-        epochs = ", ".join(f"{x:.1f}" for x in row["epoch_images_per_sec"])
-        print(f"{row['policy']:>15} xla={row['xla']!s:<5}  {row['images_per_sec']:8.1f} img/s "
-              f"(epochs: {epochs})  {row['peak_rss_mib']:7.0f} MiB", flush=True)
-
-
 def _pct(value) -> str:
     return f"{value:.0%}" if value else "–"
 
