@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ampflow.errors import ConfigError
+from ampflow.errors import AmpflowError, ConfigError
 
 
 def ensure_writable_dir(path: str | os.PathLike, what: str = "output_dir") -> Path:
@@ -53,6 +53,22 @@ def read_json(path: str | os.PathLike) -> Any:
     """Read a JSON file written by `write_json_atomic`."""
     with open(path) as f:
         return json.load(f)
+
+
+def read_artifact_json(directory: str | os.PathLike, name: str, *, artifact: str, hint: str,
+                       error: type[AmpflowError]) -> Any:
+    """The JSON file `name` of a step's output dir, or one clear `error`.
+
+    Missing: "<dir> is not <artifact>: expected <name> in it (<hint>)." (the usual cause is a
+    wrong dir or a step that has not run); present but not JSON: "<path> is corrupt".
+    """
+    path = Path(directory) / name
+    if not path.is_file():
+        raise error(f"{directory} is not {artifact}: expected {name} in it ({hint}).")
+    try:
+        return read_json(path)
+    except ValueError as e:
+        raise error(f"{path} is corrupt: {e}") from e
 
 
 @contextlib.contextmanager

@@ -51,3 +51,20 @@ def test_write_json_atomic_is_readable_by_other_users(tmp_path):
     path = write_json_atomic(tmp_path / "m.json", {"a": 1})
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
     assert path.read_text().strip() == '{\n  "a": 1\n}'
+
+
+def test_read_artifact_json_names_the_missing_file_and_the_step_to_run(tmp_path):
+    from ampflow.errors import DatasetError
+    from ampflow.files import read_artifact_json
+
+    kwargs = {"artifact": "a prepared dataset", "hint": "run `ampflow prepare-data` first",
+              "error": DatasetError}
+    with pytest.raises(DatasetError, match=r"is not a prepared dataset: expected info.json in "
+                                           r"it \(run `ampflow prepare-data` first\)\.$"):
+        read_artifact_json(tmp_path, "info.json", **kwargs)
+    (tmp_path / "info.json").write_text('{"name": ')
+    with pytest.raises(DatasetError, match=r"info.json is corrupt") as info:
+        read_artifact_json(tmp_path, "info.json", **kwargs)
+    assert isinstance(info.value.__cause__, ValueError)
+    (tmp_path / "info.json").write_text('{"name": "digits"}')
+    assert read_artifact_json(tmp_path, "info.json", **kwargs) == {"name": "digits"}

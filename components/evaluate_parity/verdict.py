@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ampflow.errors import GateFailedError, ModelLoadError
-from ampflow.files import read_json
+from ampflow.files import read_artifact_json
 
 VERDICT_FILE = "verdict.json"
 HASH_KEY = "model_sha256"
@@ -41,15 +41,8 @@ def load_verdict(eval_dir: str | os.PathLike) -> dict[str, Any]:
     The gate task and the export step read it to stop a model whose parity gate failed.
     """
     path = Path(eval_dir) / VERDICT_FILE
-    if not path.is_file():
-        raise ModelLoadError(
-            f"{eval_dir} is not an evaluation output: expected {VERDICT_FILE} in it "
-            "(run `ampflow evaluate` first)."
-        )
-    try:
-        verdict = read_json(path)
-    except ValueError as e:
-        raise ModelLoadError(f"{path} is corrupt: {e}") from e
+    verdict = read_artifact_json(eval_dir, VERDICT_FILE, artifact="an evaluation output",
+                                 hint="run `ampflow evaluate` first", error=ModelLoadError)
     if (not isinstance(verdict, dict) or not isinstance(verdict.get("passed"), bool)
             or not isinstance(verdict.get("failed_checks"), list)):
         raise ModelLoadError(
