@@ -9,13 +9,21 @@ classify method name, the warm-up file) come from `ampflow.serving.model_format`
 exporter's do.
 
 Run `python -m ampflow.serving.testing --base-path DIR` to write it for a real TF Serving.
-`raw_tensor_proto` builds the TensorProtos of hostile-input tests, unchecked, as a client could.
+`raw_tensor_proto` builds the TensorProtos of hostile-input tests, unchecked, as a client could;
+`serve_in_subprocess` runs `ampflow serve` as a child process on a free loopback port, as TF
+Serving's own tests run the real server.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +120,39 @@ def write_model_version(base_path: str | os.PathLike, version: int, *, seed: int
         if warmup:
             write_warmup_records(tmp, model_name, sample_images(2, shape, seed=99), 2)
     return final
+
+
+@contextlib.contextmanager
+def serve_in_subprocess(model_name: str, base_path: str | os.PathLike, log_path: Path,
+                        *flags: str, stop_timeout_s: float = 15.0
+                        ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`ampflow serve --server local` of `base_path` in a child process; yields (address, process).
+
+    The port is a free one on 127.0.0.1; stdout and stderr go to `log_path`. On exit the
+    server gets SIGTERM (its graceful drain), then SIGKILL after `stop_timeout_s`; if it ended
+    any other way, the end of its log is printed (pytest shows it with the failure).
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "ampflow.cli", "serve", "--server", "local",
+            "--model-name", model_name, "--model-base-path", str(base_path),
+            "--host", "127.0.0.1", "--port", str(port), *flags]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    try:
+        yield f"127.0.0.1:{port}", proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        if proc.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
+            print(Path(log_path).read_text()[-3000:])
 
 
 def main(argv: list[str] | None = None) -> int:

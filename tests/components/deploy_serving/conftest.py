@@ -8,11 +8,7 @@ version has other weights, so a test can tell from a prediction which version an
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +16,7 @@ import pytest
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
 from ampflow.components.export_savedmodel.canary_examples import write_canary_examples
+from ampflow.serving.testing import serve_in_subprocess
 
 MODEL_NAME = "digits"
 
@@ -91,48 +88,11 @@ def no_kube_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
-
-
 @pytest.fixture
 def served_store(tmp_path, export_base):
     """A model store holding digits/1 and an `ampflow serve` process polling it every 0.5 s."""
     store = tmp_path / "store"
     run_deploy(DeployConfig(saved_model_dir=export_base / MODEL_NAME / "1", model_store=str(store)))
-    port = free_port()
-    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed in the finalizer
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ampflow.cli",
-            "serve",
-            "--server",
-            "local",
-            "--model-name",
-            MODEL_NAME,
-            "--model-base-path",
-            str(store / MODEL_NAME),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--file-system-poll-wait-seconds",
-            "0.5",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
-    try:
-        yield store, f"127.0.0.1:{port}", proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        log.close()
-        if proc.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
-            print((tmp_path / "server.log").read_text()[-3000:])
+    with serve_in_subprocess(MODEL_NAME, store / MODEL_NAME, tmp_path / "server.log",
+                             "--file-system-poll-wait-seconds", "0.5") as (address, proc):
+        yield store, address, proc

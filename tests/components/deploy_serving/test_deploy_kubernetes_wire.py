@@ -9,12 +9,7 @@ every check asks it for the exact version and compares the answers with the reco
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,6 +18,7 @@ from fake_apiserver import FakeApiServer
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
 from ampflow.errors import DeployError
+from ampflow.serving.testing import serve_in_subprocess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.serving, pytest.mark.timeout(300)]
 
@@ -38,26 +34,10 @@ def server(tmp_path_factory):
     """(model store, gRPC address): `ampflow serve` polling the store, serving every version."""
     store = tmp_path_factory.mktemp("k8s-store")
     (store / MODEL_NAME).mkdir()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log_path = store.parent / "k8s-server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ampflow.cli", "serve", "--server", "local",
-             "--model-name", MODEL_NAME, "--model-base-path", str(store / MODEL_NAME),
-             "--host", "127.0.0.1", "--port", str(port), "--version-policy", "all",
-             "--file-system-poll-wait-seconds", "0.5"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    try:
-        yield store, f"127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    with serve_in_subprocess(MODEL_NAME, store / MODEL_NAME, store.parent / "k8s-server.log",
+                             "--version-policy", "all",
+                             "--file-system-poll-wait-seconds", "0.5") as (address, _proc):
+        yield store, address
 
 
 def _deploy(api: FakeApiServer, tmp_path, store, address, saved_model_dir, **kwargs):
