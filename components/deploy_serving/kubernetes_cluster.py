@@ -58,40 +58,41 @@ class Cluster:
         """The ConfigMap as a dict, or None if it does not exist."""
         from kubernetes import client
 
-        try:
-            found = client.CoreV1Api(self.api_client).read_namespaced_config_map(
-                name, self.namespace, _request_timeout=_API_DEADLINE_S)
-        except client.ApiException as e:
-            if e.status == 404:
-                return None
-            raise _api_error(f"reading ConfigMap {self.namespace}/{name}", e) from e
+        found = self._read("ConfigMap", name, client.CoreV1Api(self.api_client)
+                           .read_namespaced_config_map)
+        if found is None:
+            return None
         return {"metadata": {"name": found.metadata.name}, "data": found.data or {}}
 
     def deployment_annotations(self, name: str) -> dict[str, str] | None:
         """The live Deployment's annotations ({} if none); None if it does not exist."""
         from kubernetes import client
 
-        try:
-            deployment = client.AppsV1Api(self.api_client).read_namespaced_deployment(
-                name, self.namespace, _request_timeout=_API_DEADLINE_S)
-        except client.ApiException as e:
-            if e.status == 404:
-                return None
-            raise _api_error(f"reading Deployment {self.namespace}/{name}", e) from e
-        return dict(deployment.metadata.annotations or {})
+        deployment = self._read("Deployment", name, client.AppsV1Api(self.api_client)
+                                .read_namespaced_deployment)
+        return None if deployment is None else dict(deployment.metadata.annotations or {})
 
     def ready_replicas(self, name: str) -> int:
         """Ready replicas of Deployment `name` (0 if it does not exist)."""
         from kubernetes import client
 
+        found = self._read("Deployment", name, client.AppsV1Api(self.api_client)
+                           .read_namespaced_deployment_status)
+        return 0 if found is None else int(found.status.ready_replicas or 0)
+
+    def _read(self, kind: str, name: str, read):
+        """`read(name, namespace)` (a kubernetes client call); None when the object is absent.
+
+        Any other API failure is a DeployError naming the object.
+        """
+        from kubernetes import client
+
         try:
-            status = client.AppsV1Api(self.api_client).read_namespaced_deployment_status(
-                name, self.namespace, _request_timeout=_API_DEADLINE_S).status
+            return read(name, self.namespace, _request_timeout=_API_DEADLINE_S)
         except client.ApiException as e:
             if e.status == 404:
-                return 0
-            raise _api_error(f"reading Deployment {self.namespace}/{name}", e) from e
-        return int(status.ready_replicas or 0)
+                return None
+            raise _api_error(f"reading {kind} {self.namespace}/{name}", e) from e
 
     def rollout_status(self, name: str) -> None:
         """`kubectl rollout status` of Deployment `name`; DeployError with the pods' reasons."""
