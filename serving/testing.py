@@ -10,20 +10,22 @@ exporter's do.
 
 Run `python -m ampflow.serving.testing --base-path DIR` to write it for a real TF Serving.
 `raw_tensor_proto` builds the TensorProtos of hostile-input tests, unchecked, as a client could;
-`serve_in_subprocess` runs `ampflow serve` as a child process on a free loopback port, as TF
-Serving's own tests run the real server.
+`ServeProcess` runs `ampflow serve` as a child process on a free loopback port, as TF Serving's
+own tests run the real server.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
+import re
+import shutil
 import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +77,24 @@ def _build_module(shape: tuple[int, int, int], labels: tuple[str, ...], seed: in
     return TinyClassifier()
 
 
+def install_version(store: str | os.PathLike, base: str | os.PathLike, version: int,
+                    source: int | None = None, edit=None) -> Path:
+    """Copy `<store>/<source or version>` to `<base>/<version>` as a server must see it: whole.
+
+    The copy goes into a hidden dir beside the versions, `edit(tmp_dir)` may change it (a test
+    that needs a damaged version), and one rename puts it in place.
+    """
+    base = Path(base)
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".{version}.incomplete-"))
+    shutil.copytree(Path(store) / str(source or version), tmp, dirs_exist_ok=True)
+    if edit is not None:
+        edit(tmp)
+    final = base / str(version)
+    os.replace(tmp, final)
+    return final
+
+
 def raw_tensor_proto(dims, dtype: int | None = None, **values):
     """A TensorProto of declared shape `dims`, with each given field set as is (no checks).
 
@@ -122,37 +142,81 @@ def write_model_version(base_path: str | os.PathLike, version: int, *, seed: int
     return final
 
 
-@contextlib.contextmanager
-def serve_in_subprocess(model_name: str, base_path: str | os.PathLike, log_path: Path,
-                        *flags: str, stop_timeout_s: float = 15.0
-                        ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`ampflow serve --server local` of `base_path` in a child process; yields (address, process).
+class ServeProcess:
+    """`ampflow serve --server local` in a child process, as TF Serving's tests run their server.
 
-    The port is a free one on 127.0.0.1; stdout and stderr go to `log_path`. On exit the
-    server gets SIGTERM (its graceful drain), then SIGKILL after `stop_timeout_s`; if it ended
-    any other way, the end of its log is printed (pytest shows it with the failure).
+    The server picks a free port (`--port 0`); `address` is what it prints once it listens.
+    Its log (stderr) goes to `log_path`; its resident memory is its own (`rss_mb`). `stop`
+    (or leaving the `with` block) sends SIGTERM, the server's graceful drain, then SIGKILL
+    after `stop_timeout_s`; a server that ended any other way gets its log's end printed
+    (pytest shows it with the failure).
     """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "ampflow.cli", "serve", "--server", "local",
-            "--model-name", model_name, "--model-base-path", str(base_path),
-            "--host", "127.0.0.1", "--port", str(port), *flags]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    try:
-        yield f"127.0.0.1:{port}", proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+
+    def __init__(self, model_name: str, base_path: str | os.PathLike, log_path: str | os.PathLike,
+                 *flags: str, start_timeout_s: float = 180.0,
+                 stop_timeout_s: float = 15.0) -> None:
+        self.log_path = Path(log_path)
+        self.stop_timeout_s = stop_timeout_s
+        argv = [sys.executable, "-m", "ampflow.cli", "serve", "--server", "local",
+                "--model-name", model_name, "--model-base-path", str(base_path),
+                "--host", "127.0.0.1", "--port", "0", *flags]
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True,
+                                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        self.address = self._wait_for_address(start_timeout_s)
+
+    def _wait_for_address(self, timeout_s: float) -> str:
+        found: list[str] = []
+
+        def read_stdout() -> None:  # keeps reading, so the pipe never fills
+            for line in self.proc.stdout:
+                match = re.match(r"ampflow serve: listening on (\S+:\d+)", line)
+                if match and not found:
+                    found.append(match.group(1))
+
+        threading.Thread(target=read_stdout, daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while not found and self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not found:
+            self.stop()
+            raise RuntimeError(f"ampflow serve did not start within {timeout_s:g}s; "
+                               f"see {self.log_path}")
+        return found[0]
+
+    @property
+    def rss_mb(self) -> float:
+        """The server's resident memory, from /proc (NaN where there is none)."""
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return float("nan")
+
+    def alive(self) -> bool:
+        """Whether the server process is still running."""
+        return self.proc.poll() is None
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after `stop_timeout_s`; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout=stop_timeout_s)
+                self.proc.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        if proc.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
-            print(Path(log_path).read_text()[-3000:])
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self.proc.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
+            print(self.log_path.read_text()[-3000:])
+        return self.proc.returncode
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import socket
-import tempfile
 from pathlib import Path
 
 import pytest
+
+from ampflow.serving.testing import install_version  # noqa: F401 - the tests import it from here
 
 MODEL = os.environ.get("AMPFLOW_SERVING_MODEL", "ampflow")
 EXTERNAL_TARGET = os.environ.get("AMPFLOW_SERVING_TARGET")
@@ -30,16 +30,6 @@ class Target:
     base_path: Path
     local: bool
     max_message_bytes: int | None
-
-
-def install_version(store: Path, base: Path, version: int, source: int | None = None) -> Path:
-    """Copy a stored version into `base/<version>` atomically (copy beside it, then rename)."""
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=base, prefix=f".{version}.incomplete-"))
-    shutil.copytree(store / str(source or version), tmp, dirs_exist_ok=True)
-    final = base / str(version)
-    os.replace(tmp, final)
-    return final
 
 
 def free_port() -> int:

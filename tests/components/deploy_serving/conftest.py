@@ -16,7 +16,7 @@ import pytest
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
 from ampflow.components.export_savedmodel.canary_examples import write_canary_examples
-from ampflow.serving.testing import serve_in_subprocess
+from ampflow.serving.testing import ServeProcess
 
 MODEL_NAME = "digits"
 
@@ -93,6 +93,6 @@ def served_store(tmp_path, export_base):
     """A model store holding digits/1 and an `ampflow serve` process polling it every 0.5 s."""
     store = tmp_path / "store"
     run_deploy(DeployConfig(saved_model_dir=export_base / MODEL_NAME / "1", model_store=str(store)))
-    with serve_in_subprocess(MODEL_NAME, store / MODEL_NAME, tmp_path / "server.log",
-                             "--file-system-poll-wait-seconds", "0.5") as (address, proc):
-        yield store, address, proc
+    with ServeProcess(MODEL_NAME, store / MODEL_NAME, tmp_path / "server.log",
+                      "--file-system-poll-wait-seconds", "0.5") as server:
+        yield store, server.address, server.proc

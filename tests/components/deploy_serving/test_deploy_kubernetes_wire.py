@@ -18,7 +18,7 @@ from fake_apiserver import FakeApiServer
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
 from ampflow.errors import DeployError
-from ampflow.serving.testing import serve_in_subprocess
+from ampflow.serving.testing import ServeProcess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.serving, pytest.mark.timeout(300)]
 
@@ -34,10 +34,10 @@ def server(tmp_path_factory):
     """(model store, gRPC address): `ampflow serve` polling the store, serving every version."""
     store = tmp_path_factory.mktemp("k8s-store")
     (store / MODEL_NAME).mkdir()
-    with serve_in_subprocess(MODEL_NAME, store / MODEL_NAME, store.parent / "k8s-server.log",
-                             "--version-policy", "all",
-                             "--file-system-poll-wait-seconds", "0.5") as (address, _proc):
-        yield store, address
+    with ServeProcess(MODEL_NAME, store / MODEL_NAME, store.parent / "k8s-server.log",
+                      "--version-policy", "all",
+                      "--file-system-poll-wait-seconds", "0.5") as served:
+        yield store, served.address
 
 
 def _deploy(api: FakeApiServer, tmp_path, store, address, saved_model_dir, **kwargs):
