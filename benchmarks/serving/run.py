@@ -17,9 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -93,30 +90,16 @@ def bench_in_process(version_dir: Path, name: str, batch: np.ndarray, args) -> d
     return summarize(latencies, time.perf_counter() - started)
 
 
-def start_server(base: Path, args, batched: bool) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "ampflow.serving.cli", "--log-level", "WARNING", "serve",
-           "--model-base-path", str(base), "--model-name", args.model_name, "--port", "0",
-           "--server", "local", "--grace-s", "2"]
+def start_server(base: Path, args, batched: bool, log_dir: Path):
+    """`ampflow serve` of `base` in its own process (ampflow.serving.testing.ServeProcess)."""
+    from ampflow.serving.testing import ServeProcess
+
+    flags = ["--grace-s", "2"]
     if batched:
-        cmd += ["--max-batch-size", str(args.max_batch_size),
-                "--batch-timeout-ms", str(args.batch_timeout_ms)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    found: list[str] = []
-
-    def reader():
-        for line in proc.stdout:
-            match = re.search(r"^ampflow serve: listening on (\S+:\d+)", line)
-            if match and not found:
-                found.append(match.group(1))
-
-    threading.Thread(target=reader, daemon=True).start()
-    deadline = time.monotonic() + 120
-    while not found and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    if not found:
-        proc.kill()
-        raise SystemExit("server did not start within 120 s")
-    return proc, found[0]
+        flags += ["--max-batch-size", str(args.max_batch_size),
+                  "--batch-timeout-ms", str(args.batch_timeout_ms)]
+    return ServeProcess(args.model_name, base, log_dir / f"server-batched-{batched}.log", *flags,
+                        start_timeout_s=120, stop_timeout_s=30)
 
 
 def bench_grpc(address: str, name: str, batch: np.ndarray, concurrency: int, args) -> dict:
@@ -193,17 +176,14 @@ def main(argv=None) -> int:
                          f"Python {platform.python_version()}",
               "in_process": bench_in_process(version_dir, name, batch, args), "grpc": []}
     print("in-process", report["in_process"], flush=True)
-    for mode in ("unbatched", "batched"):
-        proc, address = start_server(base, args, batched=mode == "batched")
-        try:
-            for concurrency in args.concurrency:
-                row = {"mode": mode, "concurrency": concurrency,
-                       **bench_grpc(address, name, batch, concurrency, args)}
-                report["grpc"].append(row)
-                print(row, flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with tempfile.TemporaryDirectory(prefix="ampflow-bench-logs-") as logs:
+        for mode in ("unbatched", "batched"):
+            with start_server(base, args, mode == "batched", Path(logs)) as server:
+                for concurrency in args.concurrency:
+                    row = {"mode": mode, "concurrency": concurrency,
+                           **bench_grpc(server.address, name, batch, concurrency, args)}
+                    report["grpc"].append(row)
+                    print(row, flush=True)
     first = next(r for r in report["grpc"] if r["mode"] == "unbatched")
     report["server_overhead_ms"] = first["p50_ms"] - report["in_process"]["p50_ms"]
     out = Path(args.out)
