@@ -21,15 +21,11 @@ from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from ampflow.serving import tensors
 from ampflow.serving.status import ServingStatusError, clip
+from ampflow.serving.status import invalid_argument as invalid
 
 _INT_DTYPES = {types_pb2.DT_INT8, types_pb2.DT_UINT8, types_pb2.DT_INT16, types_pb2.DT_UINT16,
                types_pb2.DT_INT32, types_pb2.DT_INT64, types_pb2.DT_UINT32, types_pb2.DT_UINT64}
 _FLOAT_DTYPES = {types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_HALF}
-
-
-def invalid(message: str) -> ServingStatusError:
-    """An INVALID_ARGUMENT error (what most malformed requests are)."""
-    return ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 # ---- JSON -> request protos ------------------------------------------------------------------

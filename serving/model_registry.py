@@ -30,6 +30,7 @@ from ampflow.serving.status import (
     VersionStatus,
     clip,
     load_error_code,
+    not_found,
     scrub_paths,
 )
 from ampflow.serving.version_source import (
@@ -306,8 +307,7 @@ class ModelRegistry:
         with self._lock:
             state = self._models.get(name)
             if state is None:
-                raise ServingStatusError(
-                    grpc.StatusCode.NOT_FOUND,
+                raise not_found(
                     f"Servable not found for request: {_spec_text(name, version, label)}. "
                     f"Known models: {sorted(self._models)[:20]}",
                 )
@@ -323,15 +323,13 @@ class ModelRegistry:
             version = labels[label]
         if version is not None:
             if version not in served:
-                raise ServingStatusError(
-                    grpc.StatusCode.NOT_FOUND,
+                raise not_found(
                     f"Servable not found for request: {_spec_text(name, version, label)}. "
                     f"Available versions: {sorted(served)}",
                 )
             return served[version]
         if not served:
-            raise ServingStatusError(
-                grpc.StatusCode.NOT_FOUND,
+            raise not_found(
                 f"Servable not found for request: {_spec_text(name, None, None)}. Model {name} "
                 "is configured but no version of it is loaded (see GetModelStatus)",
             )
@@ -342,23 +340,17 @@ class ModelRegistry:
         with self._lock:
             state = self._models.get(name)
             if state is None:
-                raise ServingStatusError(
-                    grpc.StatusCode.NOT_FOUND,
-                    f"Could not find any versions of model {clip(name)}",
-                )
+                raise not_found(f"Could not find any versions of model {clip(name)}")
             statuses = dict(state.status)
         if version is not None:
             if version not in statuses:
-                raise ServingStatusError(
-                    grpc.StatusCode.NOT_FOUND,
+                raise not_found(
                     f"Could not find version {version} of model {name}. Known versions: "
                     f"{sorted(statuses, reverse=True)}",
                 )
             return [(version, statuses[version])]
         if not statuses:
-            raise ServingStatusError(
-                grpc.StatusCode.NOT_FOUND, f"Could not find any versions of model {name}"
-            )
+            raise not_found(f"Could not find any versions of model {name}")
         return sorted(statuses.items(), reverse=True)
 
     # ---- reconfiguration --------------------------------------------------------------------

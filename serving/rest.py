@@ -40,9 +40,9 @@ from tensorflow_serving.apis import (
 from ampflow.errors import ServingError
 from ampflow.serving import json_tensor, tensors
 from ampflow.serving.inference import InferenceCore, Observer
-from ampflow.serving.json_tensor import invalid as _invalid
 from ampflow.serving.model_format import DEFAULT_SIGNATURE
 from ampflow.serving.status import ServingStatusError, clip
+from ampflow.serving.status import invalid_argument as _invalid
 
 log = logging.getLogger(__name__)
 

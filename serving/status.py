@@ -1,6 +1,7 @@
 """TF Serving's status vocabulary, and what a client may see of an error.
 
-- `ServingStatusError`: a request-level failure with the gRPC code TF Serving gives it;
+- `ServingStatusError`: a request-level failure with the gRPC code TF Serving gives it
+  (`invalid_argument`, `not_found`: the common two);
 - `VersionState` / `VersionStatus`: what GetModelStatus reports for a version;
 - `load_error_code`: the code TF Serving reports for a version that failed to load;
 - `clip` and `scrub_paths`: client-sent text is echoed at a bounded length, and no server
@@ -23,6 +24,16 @@ class ServingStatusError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def invalid_argument(message: str) -> ServingStatusError:
+    """INVALID_ARGUMENT: what TF Serving answers to most malformed requests."""
+    return ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def not_found(message: str) -> ServingStatusError:
+    """NOT_FOUND: an unknown model or version."""
+    return ServingStatusError(grpc.StatusCode.NOT_FOUND, message)
 
 
 class VersionState(enum.IntEnum):

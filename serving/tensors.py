@@ -15,6 +15,7 @@ import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
 from ampflow.serving.status import ServingStatusError, clip
+from ampflow.serving.status import invalid_argument as _invalid
 
 # dtype enum -> (numpy dtype, typed repeated field)
 DTYPES: dict[int, tuple[type, str]] = {
@@ -40,10 +41,6 @@ def dtype_name(dtype: int) -> str:
         return types_pb2.DataType.Name(dtype)
     except ValueError:
         return f"DataType({dtype})"
-
-
-def _invalid(message: str) -> ServingStatusError:
-    return ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 MAX_RANK = 254  # TensorShape::MaxDimensions() in TensorFlow
