@@ -60,7 +60,8 @@ def test_evaluate_component_logs_kfp_metrics_and_confusion_matrix(tmp_path, prep
     assert len(matrix["rows"]) == 10 and len(matrix["annotationSpecs"]) == 10
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("#")
-    assert report.count("](data:image/png;base64,") == 3  # self-contained for the KFP UI
+    # self-contained for the KFP UI: per-class accuracy, confusion matrix, logit diffs, loss scale
+    assert report.count("](data:image/png;base64,") == 4
     assert outputs["verdict"].metadata["passed"] is True
     from ampflow.components.evaluate_parity.component import parity_gate
 
