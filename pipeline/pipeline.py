@@ -43,6 +43,8 @@ class PipelineOptions:
     model_store_pvc: str | None = "tf-serving-models"
     model_store_mount: str = "/models"
     with_float32_baseline: bool = False
+    # > 1: the train task runs a TFJob of this many workers (the local runner: local processes)
+    train_workers: int = 1
     cache_data: bool = True
     default_resources: Resources = field(default_factory=Resources)
     train_resources: Resources = field(
@@ -55,6 +57,8 @@ class PipelineOptions:
         if self.accelerator_count < 1:
             raise ConfigError("accelerator_count must be >= 1. "
                               f"Received: accelerator_count={self.accelerator_count}")
+        if self.train_workers < 1:
+            raise ConfigError(f"train_workers must be >= 1. Received: {self.train_workers}")
         if self.train_retries < 0:
             raise ConfigError(f"train_retries must be >= 0. Received: {self.train_retries}")
 
@@ -69,6 +73,10 @@ def build_pipeline(options: PipelineOptions | None = None):
     from ampflow.components.export_savedmodel.component import export_savedmodel
     from ampflow.components.prepare_data.component import prepare_data
     from ampflow.components.train.component import train
+    from ampflow.components.train.distributed_task import (
+        configure_train_workers_task,
+        train_workers_arguments,
+    )
 
     options = options or PipelineOptions()
     ops = {f.__name__: as_component(f, options.image) for f in (
@@ -100,8 +108,12 @@ def build_pipeline(options: PipelineOptions | None = None):
         train_args = dict(data=data.outputs["data"], model_name=model_name, epochs=epochs,
                           batch_size=batch_size, learning_rate=learning_rate,
                           jit_compile=jit_compile, seed=seed)
-        trained = ops["train"](precision=precision, **train_args)
-        _train_task(trained, options)
+        trained = ops["train"](precision=precision, **train_args,
+                               **train_workers_arguments(options))
+        if options.train_workers > 1:
+            configure_train_workers_task(trained, options)
+        else:
+            _train_task(trained, options)
 
         baseline_args = {}
         if options.with_float32_baseline:
