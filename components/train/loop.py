@@ -273,7 +273,8 @@ class TrainLoop:
         for batch in dataset:
             totals += self._eval_step(batch).numpy()
         loss_sum, correct, count = totals
-        return {"loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1)}
+        return {"loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1),
+                "examples": count}
 
     # ---- checkpoints ----------------------------------------------------------------------
 

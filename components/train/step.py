@@ -19,7 +19,7 @@ from typing import Any
 
 from ampflow.components.train.cluster import STRATEGIES
 from ampflow.components.train.precision import POLICIES, HardwareInfo, PrecisionSetup
-from ampflow.errors import ConfigError, ModelLoadError, TrainingDivergedError
+from ampflow.errors import AmpflowError, ConfigError, ModelLoadError, TrainingDivergedError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -204,8 +204,33 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
         else:
             setup = configure_precision(config.precision, config.jit_compile, hardware)
         return _train(config, info, setup, runtime, output_dir, autotune_report)
+    except Exception as e:
+        if runtime.num_workers > 1 and _is_peer_loss(e):
+            raise PeerLostError(
+                f"lost contact with another worker ({type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0][:160]}); exiting with code "
+                f"{PeerLostError.exit_code} so that the job restarts every worker, which "
+                "resume from the checkpoint dir") from e
+        raise
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
+
+
+class PeerLostError(AmpflowError):
+    """A worker of a multi-worker run died or became unreachable; restart them all."""
+
+    # TFJob's ExitCode restart policy retries exit codes >= 128 (training-operator
+    # pkg/util/train.IsRetryableExitCode); 1-127 (a bad flag, a diverged run) fail the job.
+    exit_code = 138
+
+
+def _is_peer_loss(error: BaseException) -> bool:
+    """Whether `error` is TF telling that a collective's peer is gone (not a bug of ours)."""
+    import tensorflow as tf
+
+    peer_errors = (tf.errors.UnavailableError, tf.errors.AbortedError,
+                   tf.errors.CancelledError, tf.errors.DeadlineExceededError)
+    return isinstance(error, peer_errors) or "Collective ops is aborted" in str(error)
 
 
 def make_runtime(config: TrainConfig):
