@@ -47,6 +47,8 @@ from ampflow.errors import ConfigError
 log = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "ckpt"
+# The batch-end log entry holding [loss, loss scale, iterations] (telemetry.py reads it).
+TELEMETRY_KEY = "loss_scale_telemetry"
 
 
 @dataclass
@@ -223,7 +225,13 @@ class TrainLoop:
         per_replica = self.strategy.run(self._replica_fn, args=(images, labels))
         stats = self.strategy.reduce("SUM", per_replica, axis=None)
         self._sums.assign_add(tf.concat([tf.cast(stats, tf.float64), [1.0]], 0))
-        return stats[0]  # this step's global mean loss (read only when telemetry records)
+        # [loss, loss scale, optimizer iterations] in one tensor: telemetry reads it (one host
+        # transfer) only on the steps it records; nothing here waits for the device.
+        if not self.config.loss_scaling:
+            return tf.cast(stats[:1], tf.float64)
+        return tf.stack([tf.cast(stats[0], tf.float64),
+                         tf.cast(self.optimizer.dynamic_scale, tf.float64),
+                         tf.cast(self.optimizer.iterations, tf.float64)])
 
     def _distributed_eval_step(self, batch):
         images, labels = batch
@@ -351,13 +359,20 @@ class TrainLoop:
         callback_list.on_epoch_begin(epoch)
         first = step - epoch * cfg.steps_per_epoch
         sums = None
+        # Batch hooks are called directly, not through CallbackList, which converts every
+        # batch log to a Python float (keras/src/callbacks/callback_list.py, pythonify_logs):
+        # a host sync per step. The packed telemetry goes only to who reads it, when it does.
+        callbacks = callback_list.callbacks
         for batch in range(first, cfg.steps_per_epoch):
-            callback_list.on_train_batch_begin(batch)
-            loss = self._train_step(iterator)
+            for callback in callbacks:
+                callback.on_train_batch_begin(batch)
+            packed = self._train_step(iterator)
             step += 1
             if batch + 1 == cfg.steps_per_epoch:
                 sums = self._sums.numpy()  # the epoch's one host sync, before its clock stops
-            callback_list.on_train_batch_end(batch, {"loss": loss})
+            for callback in callbacks:
+                callback.on_train_batch_end(batch, {TELEMETRY_KEY: packed} if getattr(
+                    callback, "reads_step_telemetry", False) else None)
             every = cfg.checkpoint_every_n_steps
             if every and step % every == 0 and batch + 1 < cfg.steps_per_epoch:
                 self._save(manager, step)
