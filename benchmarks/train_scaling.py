@@ -15,8 +15,9 @@ timed epochs' training steps, validation excluded), and it is GLOBAL (all worker
 2. The loop vs `fit` (one process, all cores): today's `run_train` (the custom step) beside the
    `model.fit` path it replaced, rebuilt here with the same model, optimizer, input pipeline
    and callbacks (BackupAndRestore, loss-scale telemetry, epoch log, TensorBoard).
-3. Telemetry (mixed_float16, where the loss scale exists): recorded every step vs every 1000
-   steps (only the per-epoch guard check reads the device).
+3. Telemetry (mixed_float16, where the loss scale exists): recorded every step vs never (only
+   the per-epoch guard reads the device), in one process with the two settings alternating epoch
+   by epoch, so that the machine's drift hits both alike; the paired median is reported.
 
     python benchmarks/train_scaling.py --out benchmarks/results            # small_cnn
     python benchmarks/train_scaling.py --model resnet50 --image-size 32 --steps 10
@@ -43,6 +44,9 @@ def main() -> int:
     if args.fit_worker:
         print(json.dumps(_fit_path(args)))
         return 0
+    if args.telemetry_worker:
+        print(json.dumps(_telemetry_epochs(args)))
+        return 0
     data_dir = _prepare(args)
     configs = _configs(args)
     runs: dict[str, list[dict]] = {}
@@ -54,13 +58,14 @@ def main() -> int:
                   + (f"{row['images_per_sec']:8.1f} img/s" if "images_per_sec" in row
                      else row["error"]), flush=True)
     rows = {name: _merge(name, configs[name], r) for name, r in runs.items()}
+    telemetry = _telemetry_cost(args, data_dir)
     report = {
         "model": args.model, "image_size": args.image_size, "per_replica_batch": args.batch_size,
         "steps_per_epoch": args.steps, "timed_epochs": args.epochs, "repeats": args.repeats,
         "warmup": "epoch 1 (tracing/compilation)", "cpus": os.cpu_count(),
         "note": ("2-core machine shared with other jobs; scaling = two single-core workers "
                  "over loopback; ratios measured side by side, interleaved"),
-        "rows": list(rows.values()), "ratios": _ratios(rows),
+        "rows": list(rows.values()), "ratios": _ratios(rows), "telemetry": telemetry,
     }
     _write(report, Path(args.out))
     return 0
@@ -79,11 +84,14 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="1 timed epoch of 5 steps, 1 sweep")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--telemetry-epochs", type=int, default=16,
+                   help="epochs of the telemetry on/off measurement (alternating)")
     p.add_argument("--fit-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--telemetry-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--output-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.smoke:
-        args.epochs, args.steps, args.repeats = 1, 5, 1
+        args.epochs, args.steps, args.repeats, args.telemetry_epochs = 1, 5, 1, 4
     return args
 
 
@@ -108,10 +116,6 @@ def _configs(args) -> dict[str, dict]:
                                       "group": "loop_vs_fit"},
         "keras fit path, 1 process": {"loop": "fit", "policy": p, "workers": 1,
                                       "group": "loop_vs_fit"},
-        "fp16 telemetry every step": {"loop": "run_train", "policy": "mixed_float16",
-                                      "workers": 1, "telemetry": 1, "group": "telemetry"},
-        "fp16 telemetry every 1000": {"loop": "run_train", "policy": "mixed_float16",
-                                      "workers": 1, "telemetry": 1000, "group": "telemetry"},
     }
 
 
@@ -190,10 +194,79 @@ def _ratios(rows: dict[str, dict]) -> dict:
     loop, fit = ips("run_train loop, 1 process"), ips("keras fit path, 1 process")
     if loop and fit:
         out["loop_vs_fit"] = loop / fit
-    every, rare = ips("fp16 telemetry every step"), ips("fp16 telemetry every 1000")
-    if every and rare:
-        out["telemetry_every_step_cost"] = 1 - every / rare
     return out
+
+
+def _telemetry_cost(args, data_dir: str) -> dict:
+    """Telemetry every step vs never (only the per-epoch guard), alternating in one process.
+
+    Epoch by epoch in ONE process: machine-load drift hits both sides alike, unlike separate
+    processes.
+    """
+    cmd = [sys.executable, __file__, "--telemetry-worker", "--data-dir", data_dir,
+           "--model", args.model, "--batch-size", str(args.batch_size),
+           "--telemetry-epochs", str(args.telemetry_epochs)] \
+        + (["--steps", str(args.steps)] if args.steps else []) \
+        + (["--image-size", str(args.image_size)] if args.image_size else [])
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout:.0f} s"}
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    on, off = result["every_step"], result["never"]
+    result["cost"] = 1 - statistics.median(on) / statistics.median(off)
+    # paired: each "every step" epoch against the "never" epoch right after it
+    result["paired_costs"] = [1 - a / b for a, b in zip(on, off, strict=False)]
+    result["paired_median_cost"] = statistics.median(result["paired_costs"])
+    print(f"telemetry every step vs never: {result['paired_median_cost']:+.1%} (paired median)",
+          flush=True)
+    return result
+
+
+def _telemetry_epochs(args) -> dict:
+    """mixed_float16 run_train pieces; odd epochs record every step, even epochs never."""
+    import keras
+
+    from ampflow.components.prepare_data import load_dataset_info
+    from ampflow.components.train.loop import LoopConfig, TrainLoop, distribute_datasets
+    from ampflow.components.train.precision import configure_precision
+    from ampflow.components.train.step import (
+        TrainConfig,
+        build_compiled_model,
+        make_runtime,
+        training_data,
+    )
+    from ampflow.components.train.telemetry import EpochLog, GuardLimits, LossScaleTelemetry
+
+    out = Path(tempfile.mkdtemp())
+    epochs = 1 + 2 * args.telemetry_epochs  # epoch 1: warm-up
+    config = TrainConfig(data_dir=Path(args.data_dir), output_dir=out, model=args.model,
+                         image_size=args.image_size, precision="mixed_float16",
+                         batch_size=args.batch_size, epochs=epochs,
+                         steps_per_epoch=args.steps, seed=1)
+    runtime = make_runtime(config)
+    info = load_dataset_info(config.data_dir)
+    setup = configure_precision(config.precision, None)
+    keras.utils.set_random_seed(config.seed)
+    train_ds, _, steps = training_data(config, info, config.batch_size)
+    model = build_compiled_model(config, info, setup, runtime, config.learning_rate)
+    loop = TrainLoop(runtime, model, LoopConfig(
+        epochs=epochs, steps_per_epoch=steps, global_batch_size=config.batch_size,
+        jit_compile=setup.jit_compile, loss_scaling=True, state_dir=str(out)))
+    telemetry = LossScaleTelemetry(GuardLimits(warmup_steps=10**9), every_n=1)
+
+    class Toggle(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            telemetry.every_n = 1 if epoch % 2 else 10**9
+
+    epoch_log = EpochLog(out / "epochs.jsonl", config.batch_size)
+    train, _ = distribute_datasets(runtime, train_ds, None)
+    loop.fit(train, None, [Toggle(), telemetry, epoch_log])
+    ips = [e["examples_per_sec"] for e in epoch_log._entries[1:]]
+    return {"every_step": ips[0::2], "never": ips[1::2], "steps_per_epoch": steps,
+            "records": len(telemetry.history), "xla": setup.jit_compile}
 
 
 def _fit_path(args) -> dict:
@@ -273,9 +346,19 @@ def _write(report: dict, out: Path) -> None:
     if "loop_vs_fit" in ratios:
         lines.append(f"- run_train's loop vs the Keras fit path, one process: "
                      f"{ratios['loop_vs_fit']:.2f}×.")
-    if "telemetry_every_step_cost" in ratios:
-        lines.append(f"- Loss-scale telemetry every step vs every 1000 steps: "
-                     f"{ratios['telemetry_every_step_cost']:+.1%} of the throughput.")
+    tel = report.get("telemetry") or {}
+    if "paired_median_cost" in tel:
+        costs = tel["paired_costs"]
+        lines.append(
+            f"- Loss-scale telemetry (mixed_float16, XLA {'on' if tel['xla'] else 'off'}, one "
+            f"process, epochs alternating) recorded every step vs never: "
+            f"{tel['paired_median_cost']:+.1%} of the throughput (paired median over "
+            f"{len(costs)} epoch pairs of {tel['steps_per_epoch']} steps; range "
+            f"{min(costs):+.1%} to {max(costs):+.1%}; every step: "
+            f"{statistics.median(tel['every_step']):.0f} img/s, never: "
+            f"{statistics.median(tel['never']):.0f} img/s).")
+    elif "error" in tel:
+        lines.append(f"- Telemetry measurement failed: {tel['error']}")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

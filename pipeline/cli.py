@@ -27,13 +27,16 @@ def _register_compile(subparsers) -> None:
     p.add_argument("--accelerator-type", default="nvidia.com/gpu", help="GPU resource name.")
     p.add_argument("--with-float32-baseline", action=argparse.BooleanOptionalAction,
                    default=False, help="Add the float32 baseline training branch.")
+    p.add_argument("--train-workers", type=int, default=1,
+                   help="> 1: the train task runs a TFJob with this many workers.")
 
     def run(args) -> int:
         from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
 
         options = PipelineOptions(image=args.image, gpu=args.gpu,
                                   accelerator_type=args.accelerator_type,
-                                  with_float32_baseline=args.with_float32_baseline)
+                                  with_float32_baseline=args.with_float32_baseline,
+                                  train_workers=args.train_workers)
         path = compile_pipeline(args.output, options)
         print_summary("ampflow compile: done", {"pipeline": path, "image": args.image,
                                                  "gpu": args.gpu})
