@@ -27,7 +27,13 @@ Distribution details that the code below handles, each measured on TF 2.21 / Ker
 - Checkpoints are TF's own (`tf.train.Checkpoint` + `CheckpointManager`): the chief writes to
   the durable dir, the other workers to a private temp dir (TF's multi-worker rule: every worker
   saves, only the chief's copy is kept), and every worker restores from the chief's dir.
-  Keras's BackupAndRestore has no multi-worker logic (every worker would write the same files).
+  Keras 3's BackupAndRestore has no multi-worker logic (every worker would write the same
+  files). tf.distribute's PreemptionCheckpointHandler works with this step (measured: SIGTERM
+  to one of 2 workers, both saved at an agreed step, exited 42, and resumed there), but its
+  step counter is restored only from its own saves and it cannot share a directory with
+  periodic saves without its private attributes; a SIGKILL gives no notice anyway. So the loop
+  saves periodically (each epoch, `checkpoint_every_n_steps`) and a killed or evicted worker
+  resumes from the last save.
 """
 
 from __future__ import annotations

@@ -421,3 +421,33 @@ def test_worker_killed_with_sigkill_stops_the_job_and_a_restart_resumes(prepared
     assert [e["epoch"] for e in meta["epochs"]] == list(range(1, 11))
     assert meta["distribution"]["weights_identical_on_all_workers"] is True
     assert not (checkpoints / "backup").exists()
+
+
+@pytest.mark.slow
+def test_survivor_of_a_killed_peer_exits_with_the_retryable_code(prepared_digits, tmp_path):
+    """Started by hand (as in a TFJob, no launcher to stop it): when worker 1 is SIGKILLed,
+    worker 0 fails within seconds with exit 138, which TFJob's ExitCode policy restarts."""
+    checkpoints = tmp_path / "durable"
+    procs = _start_by_hand(_train_args(prepared_digits, tmp_path / "out", "--precision",
+                                       "float32", "--batch-size", "16", "--epochs", "40",
+                                       "--checkpoint-dir", str(checkpoints)))
+    try:
+        deadline = time.monotonic() + WORKER_TIMEOUT_S
+        log = checkpoints / "epochs.jsonl"
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            if log.exists() and len(log.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.1)
+        procs[1].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        output = procs[0].communicate(timeout=120)[0]
+        noticed_after = time.monotonic() - killed_at
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert procs[0].returncode == 138, output[-3000:]
+    assert noticed_after < 60
+    assert "ampflow train: error: lost contact with another worker" in output
+    assert (checkpoints / "backup").is_dir()  # what the restarted job resumes from
