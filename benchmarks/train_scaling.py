@@ -58,6 +58,7 @@ def main() -> int:
                   + (f"{row['images_per_sec']:8.1f} img/s" if "images_per_sec" in row
                      else row["error"]), flush=True)
     rows = {name: _merge(name, configs[name], r) for name, r in runs.items()}
+    paired = _paired_ratios(runs)
     telemetry = _telemetry_cost(args, data_dir)
     report = {
         "model": args.model, "image_size": args.image_size, "per_replica_batch": args.batch_size,
@@ -65,7 +66,8 @@ def main() -> int:
         "warmup": "epoch 1 (tracing/compilation)", "cpus": os.cpu_count(),
         "note": ("2-core machine shared with other jobs; scaling = two single-core workers "
                  "over loopback; ratios measured side by side, interleaved"),
-        "rows": list(rows.values()), "ratios": _ratios(rows), "telemetry": telemetry,
+        "rows": list(rows.values()), "ratios": _ratios(rows), "per_sweep": paired,
+        "telemetry": telemetry,
     }
     _write(report, Path(args.out))
     return 0
@@ -194,6 +196,18 @@ def _ratios(rows: dict[str, dict]) -> dict:
     loop, fit = ips("run_train loop, 1 process"), ips("keras fit path, 1 process")
     if loop and fit:
         out["loop_vs_fit"] = loop / fit
+    return out
+
+
+def _paired_ratios(runs: dict[str, list[dict]]) -> dict[str, list[float]]:
+    """The same ratios within each sweep (configurations run back to back): less drift."""
+    pairs = {"speedup_2_workers": ("2 workers, 1 core each", "1 worker, 1 core"),
+             "loop_vs_fit": ("run_train loop, 1 process", "keras fit path, 1 process")}
+    out: dict[str, list[float]] = {}
+    for key, (a, b) in pairs.items():
+        for x, y in zip(runs.get(a, []), runs.get(b, []), strict=False):
+            if "images_per_sec" in x and "images_per_sec" in y:
+                out.setdefault(key, []).append(x["images_per_sec"] / y["images_per_sec"])
     return out
 
 
@@ -340,12 +354,19 @@ def _write(report: dict, out: Path) -> None:
                      f"{r['images_per_sec']:.1f} | {lo:.1f}–{hi:.1f} |")
     ratios = report["ratios"]
     lines.append("")
+    sweeps = report.get("per_sweep", {})
+
+    def spread(key):
+        values = sweeps.get(key) or []
+        return (f" (per sweep: {', '.join(f'{v:.2f}' for v in values)})" if values else "")
+
     if "speedup_2_workers" in ratios:
         lines.append(f"- 2 workers vs 1 (one core each): {ratios['speedup_2_workers']:.2f}×, "
-                     f"scaling efficiency {ratios['scaling_efficiency']:.0%}.")
+                     f"scaling efficiency {ratios['scaling_efficiency']:.0%}"
+                     f"{spread('speedup_2_workers')}.")
     if "loop_vs_fit" in ratios:
         lines.append(f"- run_train's loop vs the Keras fit path, one process: "
-                     f"{ratios['loop_vs_fit']:.2f}×.")
+                     f"{ratios['loop_vs_fit']:.2f}×{spread('loop_vs_fit')}.")
     tel = report.get("telemetry") or {}
     if "paired_median_cost" in tel:
         costs = tel["paired_costs"]

@@ -92,6 +92,7 @@ def build_pipeline(options: PipelineOptions | None = None):
         precision: str = "auto",
         jit_compile: str = "auto",
         seed: int = 42,
+        autotune: bool = False,
         max_accuracy_drop: float = 0.5,
         min_agreement: float = 0.99,
         max_relative_logit_diff: float = -1.0,
@@ -108,7 +109,7 @@ def build_pipeline(options: PipelineOptions | None = None):
         train_args = dict(data=data.outputs["data"], model_name=model_name, epochs=epochs,
                           batch_size=batch_size, learning_rate=learning_rate,
                           jit_compile=jit_compile, seed=seed)
-        trained = ops["train"](precision=precision, **train_args,
+        trained = ops["train"](precision=precision, autotune=autotune, **train_args,
                                **train_workers_arguments(options))
         if options.train_workers > 1:
             configure_train_workers_task(trained, options)

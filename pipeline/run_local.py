@@ -38,6 +38,8 @@ class LocalRunConfig:
     jit_compile: str = field(default="auto", metadata={"choices": ("auto", "true", "false"),
                                                        "help": "XLA for the train step."})
     seed: int = field(default=42, metadata={"help": "Seed."})
+    autotune: bool = field(default=False, metadata={
+        "help": "Time each (policy, XLA) candidate before training and use the fastest."})
     max_accuracy_drop: float = field(default=0.5, metadata={
         "help": "Parity gate: max accuracy drop of the AMP model vs its float32 twin (points)."})
     min_agreement: float = field(default=0.99, metadata={

@@ -267,3 +267,16 @@ def test_local_pipeline_run_with_train_workers_trains_on_local_workers(tmp_path)
     assert meta["distribution"]["strategy"] == "multi_worker"
     assert meta["distribution"]["num_workers"] == 2
     assert (result.serving_base / "1").is_dir()
+
+
+def test_pipeline_autotune_parameter_reaches_the_train_task_not_the_float32_baseline(tmp_path):
+    from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
+
+    path = compile_pipeline(tmp_path / "p.yaml", PipelineOptions(with_float32_baseline=True))
+    spec = next(yaml.safe_load_all(open(path)))
+    assert spec["root"]["inputDefinitions"]["parameters"]["autotune"]["defaultValue"] is False
+    tasks = spec["root"]["dag"]["tasks"]
+    assert tasks["train"]["inputs"]["parameters"]["autotune"] == {
+        "componentInputParameter": "autotune"}
+    baseline = next(t for name, t in tasks.items() if name != "train" and name.startswith("train"))
+    assert "autotune" not in baseline["inputs"]["parameters"]
