@@ -48,7 +48,8 @@ def main() -> int:
         print(json.dumps(_telemetry_epochs(args)))
         return 0
     data_dir = _prepare(args)
-    configs = _configs(args)
+    groups = set(args.groups.split(","))
+    configs = {k: v for k, v in _configs(args).items() if v["group"] in groups}
     runs: dict[str, list[dict]] = {}
     for repeat in range(args.repeats):
         for name, spec in configs.items():
@@ -59,7 +60,7 @@ def main() -> int:
                      else row["error"]), flush=True)
     rows = {name: _merge(name, configs[name], r) for name, r in runs.items()}
     paired = _paired_ratios(runs)
-    telemetry = _telemetry_cost(args, data_dir)
+    telemetry = _telemetry_cost(args, data_dir) if "telemetry" in groups else {}
     report = {
         "model": args.model, "image_size": args.image_size, "per_replica_batch": args.batch_size,
         "steps_per_epoch": args.steps, "timed_epochs": args.epochs, "repeats": args.repeats,
@@ -86,6 +87,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="1 timed epoch of 5 steps, 1 sweep")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--groups", default="scaling,loop_vs_fit,telemetry",
+                   help="which measurements (comma-separated)")
     p.add_argument("--telemetry-epochs", type=int, default=16,
                    help="epochs of the telemetry on/off measurement (alternating)")
     p.add_argument("--fit-worker", action="store_true", help=argparse.SUPPRESS)
@@ -186,7 +189,7 @@ def _merge(name: str, spec: dict, runs: list[dict]) -> dict:
 
 def _ratios(rows: dict[str, dict]) -> dict:
     def ips(name):
-        return rows[name].get("images_per_sec")
+        return rows.get(name, {}).get("images_per_sec")
 
     out = {}
     one, two = ips("1 worker, 1 core"), ips("2 workers, 1 core each")
@@ -334,7 +337,8 @@ def _fit_path(args) -> dict:
 
 def _write(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"train_scaling_{report['model']}"
+    stem = f"train_scaling_{report['model']}" + (
+        f"_{report['image_size']}" if report["image_size"] else "")
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
     size = f" at {report['image_size']}²" if report["image_size"] else ""
     lines = [f"# Training loop throughput: {report['model']}{size}, batch "

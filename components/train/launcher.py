@@ -146,17 +146,16 @@ def run_workers(argv: list[str], configs: list[dict], cpus_per_worker: int | Non
 
 def _start(argv, tf_config: dict, index: int, cpus_per_worker: int | None) -> subprocess.Popen:
     env = {**os.environ, TF_CONFIG: json.dumps(tf_config), "PYTHONUNBUFFERED": "1"}
-    preexec = None
     if cpus_per_worker:
-        cores = _cores(index, cpus_per_worker)
         env.update(TF_NUM_INTRAOP_THREADS=str(cpus_per_worker), TF_NUM_INTEROP_THREADS="1",
                    OMP_NUM_THREADS=str(cpus_per_worker))
-
-        def preexec():
-            os.sched_setaffinity(0, cores)
-
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1, preexec_fn=preexec)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    if cpus_per_worker:
+        # Set from here, not in a preexec_fn (unsafe with the log threads running): the child
+        # is still importing Python, and the threads TF starts later inherit the mask.
+        os.sched_setaffinity(proc.pid, _cores(index, cpus_per_worker))
+    return proc
 
 
 def _cores(index: int, per_worker: int) -> set[int]:
