@@ -17,7 +17,8 @@ timed epochs' training steps, validation excluded), and it is GLOBAL (all worker
    and callbacks (BackupAndRestore, loss-scale telemetry, epoch log, TensorBoard).
 3. Telemetry (mixed_float16, where the loss scale exists): recorded every step vs never (only
    the per-epoch guard reads the device), in one process with the two settings alternating epoch
-   by epoch, so that the machine's drift hits both alike; the paired median is reported.
+   by epoch, so that the machine's drift hits both alike; the paired median is reported, and the
+   host cost of one recorded step timed alone (the part that does not drown in the noise).
 
     python benchmarks/train_scaling.py --out benchmarks/results            # small_cnn
     python benchmarks/train_scaling.py --model resnet50 --image-size 32 --steps 10
@@ -282,8 +283,27 @@ def _telemetry_epochs(args) -> dict:
     train, _ = distribute_datasets(runtime, train_ds, None)
     loop.fit(train, None, [Toggle(), telemetry, epoch_log])
     ips = [e["examples_per_sec"] for e in epoch_log._entries[1:]]
+    # The host-side cost of one recorded step, timed alone (not buried in the epoch noise).
+    import time as clock
+
+    from ampflow.components.train.loop import TELEMETRY_KEY
+
+    iterator = iter(train)
+    packed = loop._train_step(iterator)
+    began = clock.perf_counter()
+    for _ in range(50):
+        packed = loop._train_step(iterator)
+    loop._sums.numpy()
+    step_s = (clock.perf_counter() - began) / 50
+    telemetry.every_n = 1
+    began = clock.perf_counter()
+    for batch in range(2000):
+        telemetry.on_train_batch_end(batch, {TELEMETRY_KEY: packed})
+    record_s = (clock.perf_counter() - began) / 2000
     return {"every_step": ips[0::2], "never": ips[1::2], "steps_per_epoch": steps,
-            "records": len(telemetry.history), "xla": setup.jit_compile}
+            "records": len(telemetry.history), "xla": setup.jit_compile,
+            "step_ms": 1000 * step_s, "record_us": 1e6 * record_s,
+            "record_fraction_of_step": record_s / step_s}
 
 
 def _fit_path(args) -> dict:
@@ -381,7 +401,9 @@ def _write(report: dict, out: Path) -> None:
             f"{len(costs)} epoch pairs of {tel['steps_per_epoch']} steps; range "
             f"{min(costs):+.1%} to {max(costs):+.1%}; every step: "
             f"{statistics.median(tel['every_step']):.0f} img/s, never: "
-            f"{statistics.median(tel['never']):.0f} img/s).")
+            f"{statistics.median(tel['never']):.0f} img/s). Timed alone, one recorded step "
+            f"costs the host {tel['record_us']:.0f} µs = {tel['record_fraction_of_step']:.2%} "
+            f"of a {tel['step_ms']:.1f} ms step.")
     elif "error" in tel:
         lines.append(f"- Telemetry measurement failed: {tel['error']}")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
