@@ -39,6 +39,8 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+ALL_GROUPS = ("scaling", "loop_vs_fit", "telemetry")
+
 
 def main() -> int:
     args = _parse()
@@ -50,6 +52,9 @@ def main() -> int:
         return 0
     data_dir = _prepare(args)
     groups = set(args.groups.split(","))
+    unknown = groups - set(ALL_GROUPS)
+    if unknown:
+        raise SystemExit(f"--groups must be among {ALL_GROUPS}. Received: {sorted(unknown)}")
     configs = {k: v for k, v in _configs(args).items() if v["group"] in groups}
     runs: dict[str, list[dict]] = {}
     for repeat in range(args.repeats):
@@ -68,6 +73,7 @@ def main() -> int:
         "warmup": "epoch 1 (tracing/compilation)", "cpus": os.cpu_count(),
         "note": ("2-core machine shared with other jobs; scaling = two single-core workers "
                  "over loopback; ratios measured side by side, interleaved"),
+        "groups": [g for g in ALL_GROUPS if g in groups],
         "rows": list(rows.values()), "ratios": _ratios(rows), "per_sweep": paired,
         "telemetry": telemetry,
     }
@@ -358,7 +364,8 @@ def _fit_path(args) -> dict:
 def _write(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"train_scaling_{report['model']}" + (
-        f"_{report['image_size']}" if report["image_size"] else "")
+        f"_{report['image_size']}" if report["image_size"] else "") + (
+        "" if report["groups"] == list(ALL_GROUPS) else "_" + "_".join(report["groups"]))
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
     size = f" at {report['image_size']}²" if report["image_size"] else ""
     lines = [f"# Training loop throughput: {report['model']}{size}, batch "

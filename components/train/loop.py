@@ -259,7 +259,10 @@ class TrainLoop:
 
         def replica():
             context = tf.distribute.get_replica_context()
-            return context.all_reduce("MEAN", [tf.convert_to_tensor(v) for v in self._synced_state])
+            # tf.identity: a plain read has no device under MultiWorkerMirroredStrategy and its
+            # all-reduce fails ("destinations can not be empty", measured); a copy has one.
+            return context.all_reduce(
+                "MEAN", [tf.identity(_tf_variable(v)) for v in self._synced_state])
 
         means = self.strategy.run(replica)
         for variable, mean in zip(self._synced_state, means, strict=True):

@@ -451,3 +451,19 @@ def test_survivor_of_a_killed_peer_exits_with_the_retryable_code(prepared_digits
     assert noticed_after < 60
     assert "ampflow train: error: lost contact with another worker" in output
     assert (checkpoints / "backup").is_dir()  # what the restarted job resumes from
+
+
+@pytest.mark.slow
+def test_batch_norm_statistics_are_averaged_across_workers(prepared_digits, tmp_path):
+    """Each worker updates BatchNormalization's moving statistics from its own shard; they are
+    averaged before evaluation, checkpoints and the save, so both workers end identical (the
+    weights hash covers the moving statistics too)."""
+    out = tmp_path / "out"
+    procs = _start_by_hand(_train_args(prepared_digits, out, "--model", "test_batch_norm_cnn",
+                                       "--precision", "float32", "--batch-size", "16",
+                                       "--epochs", "2", "--steps-per-epoch", "5"))
+    outputs = _finish(procs)
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    meta = json.loads((out / "metadata.json").read_text())
+    assert _sha(outputs[0]) == _sha(outputs[1]) == meta["weights_sha256"]
+    assert meta["distribution"]["weights_identical_on_all_workers"] is True

@@ -39,6 +39,21 @@ def _inf_gradient_on_replica_1(input_shape, num_classes, image_size):
     return keras.Model(inputs, float32_head(x, num_classes))
 
 
+def _batch_norm_cnn(input_shape, num_classes, image_size):
+    """Small, with the fused BatchNormalization whose moving statistics each replica updates."""
+    import keras
+
+    from ampflow.components.train.layers import FusedBatchNormalization
+    from ampflow.components.train.models import float32_head
+
+    inputs = keras.Input(shape=input_shape, name="images")
+    x = keras.layers.Rescaling(1 / 255)(inputs)
+    x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(x)
+    x = keras.layers.ReLU()(FusedBatchNormalization()(x))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, float32_head(x, num_classes))
+
+
 def main() -> int:
     devices = int(os.environ.get("AMPFLOW_TEST_LOGICAL_CPUS", "0"))
     if devices:
@@ -51,6 +66,7 @@ def main() -> int:
     from ampflow.components.train.models import register_model
 
     register_model("test_inf_gradient_on_replica_1", _inf_gradient_on_replica_1)
+    register_model("test_batch_norm_cnn", _batch_norm_cnn)
     return ampflow_main(sys.argv[1:])
 
 
