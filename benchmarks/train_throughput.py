@@ -1,7 +1,7 @@
 r"""Training throughput of one model under float32, mixed_bfloat16 and mixed_float16, ± XLA.
 
-Every configuration runs `run_train` itself (the `fit` loop, input pipeline and callbacks that
-users get: BackupAndRestore, loss-scale telemetry, epoch log, TensorBoard) in its own subprocess
+Every configuration runs `run_train` itself (the training loop, input pipeline and callbacks that
+users get: TF checkpoints, loss-scale telemetry, epoch log, TensorBoard) in its own subprocess
 (so peak RSS is that configuration's own), on the same data (the offline digits, resized inside
 the model) with the same seed, side by side in one run; `--repeats` interleaves the whole sweep
 again to show the noise. Epoch 1 (tracing) is warm-up. Printed and written (JSON + Markdown):
@@ -76,7 +76,7 @@ def main() -> int:
               "dataset": args.dataset, "steps_per_epoch": args.steps, "timed_epochs": args.epochs,
               "warmup": "epoch 1 (tracing/compilation)", "repeats": args.repeats,
               "optimizer": args.optimizer, "threads": _threads(args),
-              "loop": "run_train (keras fit + callbacks)",
+              "loop": "run_train (custom strategy.run loop + callbacks)",
               "flops_counting": "2 per multiply-add of Conv2D/DepthwiseConv2D/Dense: forward + "
                                 "weight gradient + input gradient (not for the first layer)",
               "peak_gflops": peaks, "peak_gflops_after": peaks_after,

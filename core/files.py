@@ -17,6 +17,16 @@ from typing import Any
 from ampflow.errors import AmpflowError, ConfigError
 
 
+def k8s_manifests_dir() -> Path:
+    """$AMPFLOW_K8S_DIR (set in the image), else the repo's k8s/ (an editable install).
+
+    Both the deploy step (TF Serving) and the train step (TFJob template) read manifests there.
+    """
+    if os.environ.get("AMPFLOW_K8S_DIR"):
+        return Path(os.environ["AMPFLOW_K8S_DIR"])
+    return Path(__file__).resolve().parents[1] / "k8s"
+
+
 def ensure_writable_dir(path: str | os.PathLike, what: str = "output_dir") -> Path:
     """Create `path` if needed and prove it is writable, before any compute starts."""
     path = Path(path)

@@ -38,6 +38,9 @@ def _register_compile(subparsers) -> None:
                    choices=("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"),
                    help="Access mode of the workspace PVC (default: the KFP server's); "
                    "ReadWriteMany lets the two train tasks run on different nodes at once.")
+    p.add_argument("--train-workers", type=int, default=1,
+                   help="> 1: the AMP train task runs a TFJob with this many workers "
+                   "(checkpoints on the training claim, not the workspace).")
 
     def run(args) -> int:
         from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
@@ -48,11 +51,13 @@ def _register_compile(subparsers) -> None:
                                   checkpoints=args.checkpoints,
                                   workspace_size=args.workspace_size,
                                   workspace_storage_class=args.workspace_storage_class,
-                                  workspace_access_mode=args.workspace_access_mode)
+                                  workspace_access_mode=args.workspace_access_mode,
+                                  train_workers=args.train_workers)
         path = compile_pipeline(args.output, options)
         print_summary("ampflow compile: done", {
             "pipeline": path, "image": args.image, "gpu": args.gpu,
-            "float32_baseline": args.with_float32_baseline, "checkpoints": args.checkpoints})
+            "float32_baseline": args.with_float32_baseline, "checkpoints": args.checkpoints,
+            "train_workers": args.train_workers})
         return 0
 
     p.set_defaults(func=run)

@@ -74,6 +74,9 @@ class PipelineOptions:
     # two train tasks mount it at once: ReadWriteMany lets them run on different nodes.
     workspace_storage_class: str | None = None
     workspace_access_mode: str | None = None
+    # > 1: the AMP train task runs a TFJob of this many workers (the local runner: local
+    # processes); the float32 baseline stays one process.
+    train_workers: int = 1
     cache_data: bool = True
     default_resources: Resources = field(default_factory=Resources)
     train_resources: Resources = field(
@@ -88,6 +91,8 @@ class PipelineOptions:
         if self.accelerator_count < 1:
             raise ConfigError("accelerator_count must be >= 1. "
                               f"Received: accelerator_count={self.accelerator_count}")
+        if self.train_workers < 1:
+            raise ConfigError(f"train_workers must be >= 1. Received: {self.train_workers}")
         if self.train_retries < 0:
             raise ConfigError(f"train_retries must be >= 0. Received: {self.train_retries}")
         if self.checkpoints not in CHECKPOINT_STORES:
@@ -138,6 +143,10 @@ def build_pipeline(options: PipelineOptions | None = None):
     from ampflow.components.export_savedmodel.component import export_savedmodel
     from ampflow.components.prepare_data.component import prepare_data
     from ampflow.components.train.component import train
+    from ampflow.components.train.distributed_task import (
+        configure_train_workers_task,
+        train_workers_arguments,
+    )
 
     options = options or PipelineOptions()
     ops = {f.__name__: as_component(f, options.image) for f in (
@@ -155,6 +164,7 @@ def build_pipeline(options: PipelineOptions | None = None):
         precision: str = "auto",
         jit_compile: str = "auto",
         seed: int = 42,
+        autotune: bool = False,
         max_accuracy_drop: float = 0.5,
         min_agreement: float = 0.99,
         max_relative_logit_diff: float = -1.0,
@@ -173,11 +183,18 @@ def build_pipeline(options: PipelineOptions | None = None):
         train_args = dict(data=data.outputs["data"], model_name=model_name, epochs=epochs,
                           batch_size=batch_size, learning_rate=learning_rate,
                           jit_compile=jit_compile, seed=seed)
-        trained = ops["train"](precision=precision,
-                               checkpoint_dir=options.checkpoint_dir(AMP_CHECKPOINTS),
-                               **train_args)
+        # A TFJob's workers do not mount the run's workspace: with train_workers > 1 the
+        # checkpoints live on the training claim (kubeflow_job.py), so none is passed here.
+        amp_checkpoints = "" if options.train_workers > 1 else options.checkpoint_dir(
+            AMP_CHECKPOINTS)
+        trained = ops["train"](precision=precision, autotune=autotune,
+                               checkpoint_dir=amp_checkpoints, **train_args,
+                               **train_workers_arguments(options))
         trained.set_display_name("train-amp")
-        _train_task(trained, options)
+        if options.train_workers > 1:
+            configure_train_workers_task(trained, options)
+        else:
+            _train_task(trained, options)
 
         baseline_args = {}
         if options.with_float32_baseline:

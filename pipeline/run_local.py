@@ -39,6 +39,8 @@ class LocalRunConfig:
     jit_compile: str = field(default="auto", metadata={"choices": ("auto", "true", "false"),
                                                        "help": "XLA for the train step."})
     seed: int = field(default=42, metadata={"help": "Seed."})
+    autotune: bool = field(default=False, metadata={
+        "help": "Time each (policy, XLA) candidate before training and use the fastest."})
     max_accuracy_drop: float = field(default=0.5, metadata={
         "help": "Parity gate: max accuracy drop of the AMP model vs its float32 twin (points)."})
     min_agreement: float = field(default=0.99, metadata={
@@ -54,6 +56,9 @@ class LocalRunConfig:
     tflite_variants: str = field(default="float32,float16,dynamic_range,full_int8", metadata={
         "help": "Comma-separated TFLite variants to convert and check."})
     serving_model_name: str = field(default="ampflow", metadata={"help": "Served model name."})
+    train_workers: int = field(default=1, metadata={
+        "help": "Train on this many local worker processes (MultiWorkerMirroredStrategy over "
+                "loopback, the TF_CONFIG contract of a TFJob)."})
     with_float32_baseline: bool = field(default=True, metadata={
         "help": "Also train a float32 baseline (in parallel on a cluster): the gate then "
                 "compares AMP-trained with float32-trained accuracy, and the report shows the "
@@ -87,7 +92,7 @@ class LocalRunConfig:
 
     def arguments(self) -> dict[str, Any]:
         """The pipeline parameters of this run."""
-        skip = {"workdir", "with_float32_baseline"}
+        skip = {"workdir", "with_float32_baseline", "train_workers"}
         names = {f.name for f in fields(LocalRunConfig)} - skip  # not a subclass's extras
         args = {k: v for k, v in asdict(self).items() if k in names}
         args.update(serving_target="local", serving_model_store=str(self.model_store.resolve()))
@@ -114,7 +119,7 @@ def run_local(config: LocalRunConfig) -> LocalRunResult:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root),
                raise_on_error=True, workspace_root=str(config.workspace))
     options = PipelineOptions(gpu=False, with_float32_baseline=config.with_float32_baseline,
-                              model_store_pvc=None)
+                              model_store_pvc=None, train_workers=config.train_workers)
     pipeline = build_pipeline(options)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:

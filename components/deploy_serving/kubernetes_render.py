@@ -28,6 +28,7 @@ import yaml
 from ampflow.components.deploy_serving import model_store
 from ampflow.components.deploy_serving.config import DeployConfig
 from ampflow.errors import ConfigError, DeployError
+from ampflow.files import k8s_manifests_dir
 
 BASE_NAME = "tf-serving"
 VERSION_ANNOTATION = "ampflow.dev/model-version"
@@ -38,13 +39,6 @@ RECORD_SUFFIX = "-release"
 RECORD_KEY = "release.yaml"
 SERVER_VOLUME_BASE = "/models"  # where the Deployment mounts the model PVC
 _KUSTOMIZE_TIMEOUT_S = 60
-
-
-def default_manifests_dir() -> Path:
-    """$AMPFLOW_K8S_DIR (set in the image), else the repo's k8s/ (an editable install)."""
-    if os.environ.get("AMPFLOW_K8S_DIR"):
-        return Path(os.environ["AMPFLOW_K8S_DIR"])
-    return Path(__file__).resolve().parents[2] / "k8s"
 
 
 def kubectl_path() -> str:
@@ -60,7 +54,7 @@ def kubectl_path() -> str:
 
 def render(config: DeployConfig, model_name: str, version: int) -> list[dict[str, Any]]:
     """`kubectl kustomize` the overlay with namespace, prefix, image and the pinned version."""
-    manifests = Path(config.manifests_dir or default_manifests_dir())
+    manifests = Path(config.manifests_dir or k8s_manifests_dir())
     overlay = manifests / "overlays" / config.overlay
     if not (overlay / "kustomization.yaml").is_file():
         raise ConfigError(

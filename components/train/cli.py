@@ -7,6 +7,11 @@ from ampflow.cliutil import add_step_command
 
 def _summary(result) -> dict:
     meta = result.metadata
+    dist = meta.get("distribution") or {}
+    if dist.get("is_chief") is False:
+        return {"role": f"{dist['task']['type']} {dist['task']['index']} of "
+                        f"{dist['num_workers']}: trained; the chief publishes the model",
+                "weights_sha256": meta.get("weights_sha256")}
     final = meta["final_metrics"]
     return {
         "model": meta["model_name"],
@@ -16,6 +21,9 @@ def _summary(result) -> dict:
         "throughput_img_s": meta["throughput_examples_per_sec"],
         "loss_scale": meta["loss_scale"].get("final", "n/a (no loss scaling)"),
         "skipped_steps": meta["loss_scale"].get("skipped_steps", 0),
+        "strategy": f"{dist.get('strategy')} ({dist.get('num_workers')} worker(s), "
+                    f"{dist.get('num_replicas')} replica(s), global batch "
+                    f"{dist.get('global_batch_size')})",
         "model_dir": str(result.output_dir),
     }
 

@@ -15,26 +15,44 @@ def train(
     learning_rate: float = 3e-3,
     seed: int = 42,
     checkpoint_dir: str = "",
+    autotune: bool = False,
+    workers: int = 1,
+    scale_learning_rate: bool = False,
+    tfjob_settings: str = "",
+    run_key: str = "",
 ):
     """Train with mixed precision; publish the model and its training metrics.
 
     `jit_compile` is "auto", "true" or "false" (KFP has no optional booleans).
     `checkpoint_dir` is durable storage for the resumable checkpoint (empty: inside the output
     artifact, which a retried pod does not get back).
+    `workers` > 1 trains on that many workers: inside a cluster, as a TFJob described by
+    `tfjob_settings` (set at compile time; `run_key` names the job so a retry finds it);
+    elsewhere (the local runner) as local processes with TF_CONFIG.
     """
+    import os
+
     from ampflow.components.train import TrainConfig, run_train
     from ampflow.errors import ConfigError
 
     jit = {"auto": None, "true": True, "false": False}.get(jit_compile.lower(), "bad")
     if jit == "bad":
         raise ConfigError(f"jit_compile must be auto, true or false. Received: {jit_compile!r}")
-    result = run_train(TrainConfig(
+    config = TrainConfig(
         data_dir=data.path, output_dir=model.path, model=model_name, precision=precision,
         jit_compile=jit, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-        seed=seed, checkpoint_dir=checkpoint_dir or None))
+        seed=seed, checkpoint_dir=checkpoint_dir or None, autotune=autotune, workers=workers,
+        scale_learning_rate=scale_learning_rate)
+    if workers > 1 and tfjob_settings and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        from ampflow.components.train.kubeflow_job import TFJobSettings, run_training_job
+
+        result = run_training_job(config, TFJobSettings.from_json(tfjob_settings), run_key)
+    else:
+        result = run_train(config)
     meta = result.metadata
     model.metadata.update({"framework": "keras", "policy": meta["precision"]["policy"],
-                           "xla": meta["xla"]["effective"], "model_name": meta["model_name"]})
+                           "xla": meta["xla"]["effective"], "model_name": meta["model_name"],
+                           "workers": meta.get("distribution", {}).get("num_workers", 1)})
     final = meta["final_metrics"]
     for key in ("accuracy", "val_accuracy", "loss", "val_loss"):
         if key in final:

@@ -13,14 +13,13 @@ import logging
 import os
 import platform
 import shutil
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ampflow.components.train.cluster import STRATEGIES
 from ampflow.components.train.precision import POLICIES, HardwareInfo, PrecisionSetup
-from ampflow.errors import ConfigError, ModelLoadError, TrainingDivergedError
+from ampflow.errors import AmpflowError, ConfigError, ModelLoadError, TrainingDivergedError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -61,7 +60,8 @@ class TrainConfig:
                 "(measured slower there)."})
     epochs: int = field(default=8, metadata={"help": "Epochs to train (a resumed run finishes "
                                                      "the same total)."})
-    batch_size: int = field(default=32, metadata={"help": "Examples per step."})
+    batch_size: int = field(default=32, metadata={
+        "help": "Examples per step per replica; the global batch is this × the replicas."})
     learning_rate: float = field(default=3e-3, metadata={"help": "Optimizer learning rate."})
     optimizer: str = field(default="adam", metadata={"choices": ("adam", "sgd"),
                                                      "help": "Optimizer."})
@@ -79,11 +79,43 @@ class TrainConfig:
     checkpoint_dir: str | None = field(default=None, metadata={
         "help": "Durable dir for the run's resumable state (checkpoint and epoch log): a PVC "
                 "path or gs://... that outlives the pod, so a restarted or retried run with "
-                "the same dir resumes (default: the output dir)."})
+                "the same dir resumes (default: the output dir). With several workers it must "
+                "be storage that every worker reads (ReadWriteMany PVC, gs://)."})
+    checkpoint_every_n_steps: int | None = field(default=None, metadata={
+        "help": "Also checkpoint every N steps within an epoch (default: at each epoch's end)."})
+    strategy: str = field(default="auto", metadata={
+        "choices": STRATEGIES,
+        "help": "tf.distribute strategy; auto = multi_worker when TF_CONFIG names several tasks, "
+                "mirrored with several local GPUs, else default (one device)."})
+    workers: int = field(default=1, metadata={
+        "help": "Start this many local worker processes on loopback with TF_CONFIG (the "
+                "contract a TFJob uses); 1 = this process only."})
+    launcher_port: int | None = field(default=None, metadata={
+        "help": "With --workers: first loopback port of the local cluster (default: free ports "
+                "chosen by the OS)."})
+    cpus_per_worker: int | None = field(default=None, metadata={
+        "help": "With --workers: pin each worker to this many CPU cores and TF threads "
+                "(default: no pinning)."})
+    scale_learning_rate: bool = field(default=False, metadata={
+        "help": "Multiply the learning rate by the number of replicas (linear scaling rule for "
+                "the larger global batch)."})
+    autotune: bool = field(default=False, metadata={
+        "help": "Before training, time each (policy, XLA) candidate the hardware supports on the "
+                "real model, batch and input pipeline, and train with the fastest; overrides "
+                "--precision/--jit-compile (the rule-based auto stays the default)."})
+    autotune_budget_s: float = field(default=600.0, metadata={
+        "help": "Time budget of --autotune; candidates not started within it are skipped."})
+    autotune_policies: str | None = field(default=None, metadata={
+        "help": "Comma-separated policies --autotune measures (default: those the hardware "
+                "computes natively; float32 always)."})
+    autotune_steps: int = field(default=20, metadata={
+        "help": "Timed steps per --autotune candidate (after 3 warm-up steps, compile excluded)."})
 
     def __post_init__(self) -> None:
         positive = {"epochs": self.epochs, "batch_size": self.batch_size,
-                    "telemetry_every_n_steps": self.telemetry_every_n_steps}
+                    "telemetry_every_n_steps": self.telemetry_every_n_steps,
+                    "workers": self.workers, "autotune_steps": self.autotune_steps,
+                    "autotune_budget_s": self.autotune_budget_s}
         for name, value in positive.items():
             if value is None or value <= 0:
                 raise ConfigError(f"{name} must be > 0. Received: {name}={value}")
@@ -110,6 +142,16 @@ class TrainConfig:
         if not 0 <= self.max_skipped_fraction <= 1:
             raise ConfigError("max_skipped_fraction must be in [0, 1]. Received: "
                               f"max_skipped_fraction={self.max_skipped_fraction}")
+        for name in ("checkpoint_every_n_steps", "cpus_per_worker"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be > 0. Received: {name}={value}")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(
+                f"strategy must be one of {STRATEGIES}. Received: strategy={self.strategy!r}")
+        if self.launcher_port is not None and not 0 < self.launcher_port < 65536:
+            raise ConfigError("launcher_port must be in [1, 65535]. "
+                              f"Received: launcher_port={self.launcher_port}")
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
 
@@ -128,23 +170,97 @@ class TrainResult:
 
 
 def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> TrainResult:
-    """Train `config.model` on the prepared data; publish the model only if training is healthy."""
+    """Train `config.model` on the prepared data; publish the model only if training is healthy.
+
+    With `workers > 1` (and no TF_CONFIG) this only starts the local workers
+    (components/train/launcher.py) and returns the chief's result. Under a multi-worker
+    TF_CONFIG every worker trains, and only the chief writes into `output_dir`.
+    """
     import keras
 
     from ampflow.components.prepare_data import load_dataset_info
     from ampflow.components.train.precision import configure_precision
 
     info = load_dataset_info(config.data_dir)  # a bad data_dir fails before any compute
-    if info["splits"]["train"] < config.batch_size:
-        raise ConfigError(f"batch_size must be <= the training split size "
-                          f"({info['splits']['train']}). Received: batch_size={config.batch_size}")
-    output_dir = ensure_writable_dir(config.output_dir, "output_dir")
+    if config.workers > 1:
+        return _run_local_workers(config)
+    runtime = make_runtime(config)  # first TF call: MultiWorkerMirroredStrategy requires it
+    global_batch = config.batch_size * runtime.num_replicas
+    if info["splits"]["train"] < global_batch:
+        raise ConfigError(
+            f"batch_size must be <= the training split size ({info['splits']['train']}) divided "
+            f"by the replicas ({runtime.num_replicas}). Received: batch_size={config.batch_size}")
+    output_dir = (ensure_writable_dir(config.output_dir, "output_dir") if runtime.is_chief
+                  else Path(config.output_dir))  # the other workers write nowhere shared
     previous_policy = keras.mixed_precision.global_policy().name
     try:
-        setup = configure_precision(config.precision, config.jit_compile, hardware)
-        return _train(config, info, setup, output_dir)
+        autotune_report = None
+        if config.autotune:
+            from ampflow.components.train.autotune import autotune
+
+            setup, autotune_report = autotune(config, info, runtime, hardware)
+        else:
+            setup = configure_precision(config.precision, config.jit_compile, hardware)
+        return _train(config, info, setup, runtime, output_dir, autotune_report)
+    except Exception as e:
+        if runtime.num_workers > 1 and _is_peer_loss(e):
+            raise PeerLostError(
+                f"lost contact with another worker ({type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0][:160]}); exiting with code "
+                f"{PeerLostError.exit_code} so that the job restarts every worker, which "
+                "resume from the checkpoint dir") from e
+        raise
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def _run_local_workers(config: TrainConfig) -> TrainResult:
+    """`config.workers` local processes (launcher.py); what their chief published."""
+    from ampflow.components.train.launcher import WorkerFailedError, launch_local_workers
+
+    output_dir = launch_local_workers(config)
+    metadata_path = output_dir / METADATA_FILE
+    if not metadata_path.is_file():
+        raise WorkerFailedError(f"every worker exited cleanly but the chief published nothing in "
+                                f"{output_dir}")
+    return TrainResult(output_dir=output_dir, metadata=read_json(metadata_path))
+
+
+class PeerLostError(AmpflowError):
+    """A worker of a multi-worker run died or became unreachable; restart them all."""
+
+    # TFJob's ExitCode restart policy retries exit codes >= 128 (training-operator
+    # pkg/util/train.IsRetryableExitCode); 1-127 (a bad flag, a diverged run) fail the job.
+    exit_code = 138
+
+
+def _is_peer_loss(error: BaseException) -> bool:
+    """Whether `error` is TF telling that a collective's peer is gone (not a bug of ours)."""
+    import tensorflow as tf
+
+    peer_errors = (tf.errors.UnavailableError, tf.errors.AbortedError,
+                   tf.errors.CancelledError, tf.errors.DeadlineExceededError)
+    return isinstance(error, peer_errors) or "Collective ops is aborted" in str(error)
+
+
+def make_runtime(config: TrainConfig):
+    """Pick and create the tf.distribute strategy from `config.strategy` and TF_CONFIG."""
+    from ampflow.components.train.cluster import choose_strategy, make_strategy, read_tf_config
+    from ampflow.components.train.loop import Runtime
+
+    cluster = read_tf_config()
+    local_gpus = 0
+    if cluster is None or cluster.num_workers == 1:
+        import tensorflow as tf
+
+        local_gpus = len(tf.config.list_physical_devices("GPU"))
+    name, reason = choose_strategy(config.strategy, cluster, local_gpus)
+    if name != "multi_worker":
+        cluster = None
+    runtime = Runtime(make_strategy(name, cluster), name, reason, cluster)
+    log.info("strategy %s (%s): %d replica(s) in sync over %d worker(s)", name, reason,
+             runtime.num_replicas, runtime.num_workers)
+    return runtime
 
 
 def load_trained_model(model_dir: str | os.PathLike):
@@ -195,79 +311,103 @@ def _check_keras_archive(model_path: Path) -> None:
                              "CRC check. Re-run the step that produced it.")
 
 
-def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, output_dir: Path):
+def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, output_dir: Path,
+           autotune_report: dict | None):
     import keras
+    import tensorflow as tf
 
-    from ampflow.components.prepare_data import load_split, make_input_pipeline
-    from ampflow.components.train.models import build_model
+    from ampflow.components.train.build import build_compiled_model, training_data
+    from ampflow.components.train.loop import LoopConfig, TrainLoop, backup_dir
     from ampflow.components.train.telemetry import (
         EpochLog,
         GuardLimits,
         LossScaleTelemetry,
         read_epoch_log,
-        write_json_lines,
     )
 
-    keras.utils.set_random_seed(config.seed)
-    train_ds = make_input_pipeline(load_split(config.data_dir, "train"),
-                                   batch_size=config.batch_size, training=True, seed=config.seed)
-    test_ds = make_input_pipeline(load_split(config.data_dir, "test"),
-                                  batch_size=config.batch_size, training=False)
-    steps = info["splits"]["train"] // config.batch_size
-    if config.steps_per_epoch:
-        steps = min(steps, config.steps_per_epoch)
-        train_ds = train_ds.repeat()
+    keras.utils.set_random_seed(config.seed)  # the same on every worker
+    global_batch = config.batch_size * runtime.num_replicas
+    learning_rate = config.learning_rate * (runtime.num_replicas if config.scale_learning_rate
+                                            else 1)
+    train_ds, test_ds, steps = training_data(config, info, global_batch)
+    model = build_compiled_model(config, info, setup, runtime, learning_rate)
 
-    model = build_model(config.model, tuple(info["image_shape"]), info["num_classes"],
-                        image_size=config.image_size)
-    model.compile(optimizer=_optimizer(config, setup), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"], jit_compile=setup.jit_compile)
-
-    state_dir = config.checkpoint_dir or str(output_dir)
-    _makedirs(state_dir)
-    backup_dir = _join(state_dir, BACKUP_DIR)
-    resumed = _exists(backup_dir)
-    telemetry = LossScaleTelemetry(
-        GuardLimits(config.loss_scale_floor, config.max_skipped_fraction,
-                    config.guard_warmup_steps),
-        every_n=config.telemetry_every_n_steps, tensorboard_dir=output_dir / "tensorboard")
+    state_dir = config.checkpoint_dir or str(config.output_dir)
+    chief = runtime.is_chief
+    if chief:
+        _makedirs(state_dir)
+    resumed = tf.train.latest_checkpoint(backup_dir(state_dir)) is not None
+    loop = TrainLoop(runtime, model, LoopConfig(
+        epochs=config.epochs, steps_per_epoch=steps, global_batch_size=global_batch,
+        jit_compile=setup.jit_compile, loss_scaling=setup.loss_scaling, state_dir=state_dir,
+        checkpoint_every_n_steps=config.checkpoint_every_n_steps))
+    limits = GuardLimits(config.loss_scale_floor, config.max_skipped_fraction,
+                         config.guard_warmup_steps)
+    # Every worker runs the guard on the same agreed numbers, so all stop at the same step;
+    # only the chief writes telemetry, the epoch log and TensorBoard.
+    telemetry = LossScaleTelemetry(limits, every_n=config.telemetry_every_n_steps,
+                                   tensorboard_dir=output_dir / "tensorboard" if chief else None)
+    callbacks: list = [telemetry]
     epoch_log_path = _join(state_dir, EPOCH_LOG_FILE)
-    epoch_log = EpochLog(epoch_log_path, config.batch_size, fresh=not resumed)
-    callbacks = [
-        keras.callbacks.BackupAndRestore(backup_dir, save_freq="epoch",
-                                         double_checkpoint=True, delete_checkpoint=True),
-        telemetry,
-        epoch_log,
-        keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), update_freq="epoch",
-                                    profile_batch=0, write_graph=False),
-    ]
+    epoch_log = None
+    if chief:
+        epoch_log = EpochLog(epoch_log_path, global_batch, fresh=not resumed)
+        callbacks += [epoch_log, keras.callbacks.TensorBoard(
+            str(output_dir / "tensorboard"), update_freq="epoch", profile_batch=0,
+            write_graph=False)]
     if resumed:
-        log.info("found a checkpoint in %s: resuming", backup_dir)
-    start = time.perf_counter()
+        log.info("found a checkpoint in %s: resuming", backup_dir(state_dir))
+    train_dist, test_dist = _distribute(runtime, train_ds, test_ds)
     try:
-        model.fit(train_ds, validation_data=test_ds, epochs=config.epochs,
-                  steps_per_epoch=steps, callbacks=callbacks,
-                  verbose=1 if sys.stdout.isatty() else 2)
+        result = loop.fit(train_dist, test_dist, callbacks)
     except TrainingDivergedError:
-        telemetry.save(output_dir / HISTORY_FILE)
-        log.error("training stopped by the loss-scale guard; checkpoint kept in %s, no model "
-                  "published", backup_dir)
+        if chief:
+            telemetry.save(output_dir / HISTORY_FILE)
+            log.error("training stopped by the loss-scale guard; checkpoint kept in %s, no "
+                      "model published", backup_dir(state_dir))
         raise
-    train_seconds = time.perf_counter() - start
+    resumed_at = (result.resumed_at_step // steps + 1) if result.resumed_at_step else None
+    epochs = read_epoch_log(epoch_log_path) if chief else []
+    metadata = _metadata(config, info, setup, epochs, telemetry.summary(), result.train_seconds,
+                         resumed_at, steps)
+    metadata["distribution"] = {
+        **runtime.describe(), "per_replica_batch_size": config.batch_size,
+        "global_batch_size": global_batch, "learning_rate": learning_rate,
+        "learning_rate_scaled": config.scale_learning_rate}
+    metadata["xla"]["scope"] = loop.describe_jit_scope()
+    digest, identical = loop.weights_fingerprint()
+    metadata["weights_sha256"] = digest
+    metadata["distribution"]["weights_identical_on_all_workers"] = identical
+    metadata["checkpoint"] = {
+        "dir": backup_dir(state_dir), "mechanism": "tf.train.Checkpoint + CheckpointManager",
+        "every_n_steps": config.checkpoint_every_n_steps or steps,
+        "resumed_at_step": result.resumed_at_step}
+    if autotune_report is not None:
+        metadata["autotune"] = autotune_report
+    if chief:
+        _publish(model, telemetry, epochs, metadata, output_dir, config.checkpoint_dir)
+        tf.io.gfile.rmtree(backup_dir(state_dir))  # after publishing: a crash in between resumes
+    return TrainResult(output_dir=output_dir, metadata=metadata)
 
-    epochs = read_epoch_log(epoch_log_path)
-    if config.checkpoint_dir:  # keep the epoch log with the model it describes
+
+def _distribute(runtime, train_ds, test_ds):
+    from ampflow.components.train.loop import distribute_datasets
+
+    return distribute_datasets(runtime, train_ds, test_ds)
+
+
+def _publish(model, telemetry, epochs, metadata, output_dir: Path, checkpoint_dir) -> None:
+    """Write the model's files; metadata.json last, since its presence publishes the model."""
+    from ampflow.components.train.telemetry import write_json_lines
+
+    if checkpoint_dir:  # keep the epoch log with the model it describes
         write_json_lines(output_dir / EPOCH_LOG_FILE, epochs)
     telemetry.save(output_dir / HISTORY_FILE)
     if (output_dir / METADATA_FILE).exists():  # unpublish the old model only now, when the
         log.warning("replacing the model published in %s", output_dir)  # new one is ready
         (output_dir / METADATA_FILE).unlink()
     _save_model(model, output_dir)
-    resumed_at = (epoch_log.first_epoch or 0) + 1 if resumed else None
-    metadata = _metadata(config, info, setup, epochs, telemetry.summary(), train_seconds,
-                         resumed_at, steps)
-    write_json_atomic(output_dir / METADATA_FILE, metadata)  # last: publishes the model
-    return TrainResult(output_dir=output_dir, metadata=metadata)
+    write_json_atomic(output_dir / METADATA_FILE, metadata)
 
 
 def _join(directory: str, name: str) -> str:
@@ -290,18 +430,6 @@ def _exists(path: str) -> bool:
     import tensorflow as tf
 
     return tf.io.gfile.exists(path)
-
-
-def _optimizer(config: TrainConfig, setup: PrecisionSetup):
-    import keras
-
-    if config.optimizer == "adam":
-        inner = keras.optimizers.Adam(config.learning_rate)
-    else:
-        inner = keras.optimizers.SGD(config.learning_rate, momentum=0.9)
-    if setup.loss_scaling:
-        return keras.optimizers.LossScaleOptimizer(inner)  # dynamic: starts at 2**15
-    return inner
 
 
 def _save_model(model, output_dir: Path) -> None:

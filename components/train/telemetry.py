@@ -18,6 +18,8 @@ import keras
 
 from ampflow.errors import TrainingDivergedError
 
+TELEMETRY_KEY = "loss_scale_telemetry"  # components/train/loop.py puts the packed values there
+
 LIKELY_CAUSES = (
     "likely causes: an output layer computing in float16 (keep logits/softmax float32), "
     "a learning rate too high, or an op that is unsafe in float16 (exp/log/large reductions "
@@ -36,7 +38,15 @@ class GuardLimits:
 
 
 class LossScaleTelemetry(keras.callbacks.Callback):
-    """Record the loss scale and skipped steps every `every_n` steps; enforce `GuardLimits`."""
+    """Record the loss scale and skipped steps every `every_n` steps; enforce `GuardLimits`.
+
+    The guard looks on the recorded steps and at each epoch's end. Under a distribution
+    strategy the scale, the optimizer's iterations and the step loss are the same on every
+    worker (components/train/loop.py makes the replicas agree), so every worker's guard stops
+    at the same step; only the chief is given a `tensorboard_dir`.
+    """
+
+    reads_step_telemetry = True  # the custom loop hands it [loss, scale, iterations] per step
 
     def __init__(self, limits: GuardLimits, every_n: int = 1, tensorboard_dir: Path | None = None):
         super().__init__()
@@ -58,20 +68,45 @@ class LossScaleTelemetry(keras.callbacks.Callback):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        logs = logs or {}
+        # Only the steps that record read anything: reading the loss or the scale from the
+        # device forces a host sync, which would stall the step pipeline every step.
         step = self._epoch * int(self.params.get("steps") or 0) + batch + 1
-        loss = logs.get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            raise TrainingDivergedError(
-                f"the training loss became non-finite ({float(loss)}) at step {step}; "
-                + LIKELY_CAUSES
-            )
+        if step % self.every_n:
+            return
+        logs = logs or {}
+        packed = logs.get(TELEMETRY_KEY)  # the custom loop: one transfer for all three values
+        if packed is None:  # Keras fit's logs: read the optimizer
+            return self._observe(step, logs.get("loss"), record=True)
+        values = keras.ops.convert_to_numpy(packed).tolist()
+        if len(values) == 3:  # [loss, scale, iterations]
+            return self._judge(step, values[0], values[1], step - int(values[2]), record=True)
+        return self._judge(step, values[0], None, None, record=True)
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Once per epoch the guard looks whatever every_n is, so a large N delays it at most
+        # one epoch; the epoch's mean loss is non-finite if any step's was.
+        step = (epoch + 1) * int(self.params.get("steps") or 0)
+        if step and step % self.every_n:
+            self._observe(step, (logs or {}).get("loss"), record=False)
+
+    def _observe(self, step: int, loss, record: bool) -> None:
+        """Read the scale and iterations from the optimizer (one host sync each), then judge."""
+        loss = None if loss is None else float(loss)
         optimizer = self.model.optimizer
         if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            return
+            return self._judge(step, loss, None, None, record)
         scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
         skipped = step - int(keras.ops.convert_to_numpy(optimizer.iterations))
-        if step % self.every_n == 0 or scale < self.limits.floor:
+        self._judge(step, loss, scale, skipped, record)
+
+    def _judge(self, step: int, loss: float | None, scale: float | None, skipped: int | None,
+               record: bool) -> None:
+        if loss is not None and not math.isfinite(loss):
+            raise TrainingDivergedError(
+                f"the training loss became non-finite ({loss}) at step {step}; " + LIKELY_CAUSES)
+        if scale is None:  # no loss scaling: nothing else to watch
+            return
+        if record or scale < self.limits.floor:
             self._record(step, scale, skipped, loss)
         self._check(step, scale, skipped)
 
@@ -159,6 +194,7 @@ class EpochLog(keras.callbacks.Callback):
         self._entries = [] if fresh else read_epoch_log(self.path)
         self._start = 0.0
         self._last_batch_end: float | None = None
+        self._batches = 0
         self.first_epoch: int | None = None  # > 0 when BackupAndRestore resumed the run
         if fresh:
             write_json_lines(self.path, [])  # a fresh run starts a fresh log
@@ -168,15 +204,17 @@ class EpochLog(keras.callbacks.Callback):
             self.first_epoch = epoch
         self._start = time.perf_counter()
         self._last_batch_end = None
+        self._batches = 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._last_batch_end = time.perf_counter()
+        self._batches += 1
 
     def on_epoch_end(self, epoch, logs=None):
         end = time.perf_counter()
         seconds = end - self._start
         train_seconds = (self._last_batch_end or end) - self._start
-        steps = int(self.params.get("steps") or 0)
+        steps = self._batches  # a resumed epoch runs fewer than params["steps"]
         entry = {"epoch": epoch + 1, "seconds": seconds, "train_seconds": train_seconds,
                  "steps": steps,
                  "examples_per_sec": (steps * self.batch_size / train_seconds

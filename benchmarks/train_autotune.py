@@ -1,0 +1,88 @@
+r"""`ampflow train --autotune` on a real model: every candidate's img/s, the choice and why.
+
+Runs `run_train` itself with `autotune=True` (the candidates are timed on the real model, batch
+and input pipeline, compilation excluded, side by side in one process), then one training step,
+and writes the candidates table from `metadata.json` (JSON + Markdown under
+benchmarks/results/). `--policies` measures policies the hardware does not compute natively too
+(e.g. bfloat16 on a CPU without AVX512_BF16), to show what the rule would have cost.
+
+    python benchmarks/train_autotune.py --model resnet50 --image-size 96 --out benchmarks/results
+    python benchmarks/train_autotune.py --model small_cnn --steps 5        # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--image-size", type=int, default=96)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=20, help="timed steps per candidate")
+    p.add_argument("--budget", type=float, default=1200.0, help="seconds")
+    p.add_argument("--policies", default=None, help="comma-separated; default: native ones")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args()
+
+    from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
+    from ampflow.components.train import TrainConfig, run_train
+
+    data_dir = args.data_dir or str(run_prepare_data(PrepareDataConfig(
+        output_dir=Path(tempfile.gettempdir()) / "ampflow-bench-digits")).output_dir)
+    with tempfile.TemporaryDirectory() as out:
+        meta = run_train(TrainConfig(
+            data_dir=Path(data_dir), output_dir=Path(out), model=args.model,
+            image_size=args.image_size if args.model != "small_cnn" else None,
+            batch_size=args.batch_size, epochs=1, steps_per_epoch=1, autotune=True,
+            autotune_steps=args.steps, autotune_budget_s=args.budget,
+            autotune_policies=args.policies)).metadata
+    report = {"model": args.model, "image_size": args.image_size, "batch_size": args.batch_size,
+              **meta["autotune"], "chosen_policy": meta["precision"]["policy"],
+              "chosen_xla": meta["xla"]["effective"], "cpus": os.cpu_count()}
+    _write(report, Path(args.out))
+    return 0
+
+
+def _write(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"train_autotune_{report['model']}"
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    size = f" at {report['image_size']}²" if report["model"] != "small_cnn" else ""
+    lines = [f"# --autotune: {report['model']}{size}, batch {report['batch_size']}, "
+             f"{report['hardware']}, {report['cpus']} CPUs", "",
+             f"{report['warmup_steps']} warm-up + {report['timed_steps']} timed steps per "
+             f"candidate, one process, budget {report['budget_s']:g} s (spent "
+             f"{report['elapsed_s']:.0f} s).", "",
+             "| policy | XLA | status | img/s | × float32 | step ms | note |",
+             "|---|---|---|---:|---:|---:|---|"]
+    for r in report["candidates"]:
+        chosen = " **chosen**" if (r["policy"], r["xla"]) == (report["choice"]["policy"],
+                                                              report["choice"]["xla"]) else ""
+        if r["status"] == "measured":
+            ratio = f"{r['ratio_vs_float32']:.2f}" if r.get("ratio_vs_float32") else "–"
+            lines.append(f"| {r['policy']} | {'on' if r['xla'] else 'off'} | measured{chosen} | "
+                         f"{r['images_per_sec']:.1f} | {ratio} | {r['step_ms']:.0f} | |")
+        else:
+            lines.append(f"| {r['policy']} | {'on' if r['xla'] else 'off'} | {r['status']} | | "
+                         f"| | {r.get('reason', '')} |")
+    rule = report["rule_choice"]
+    lines += ["", f"Choice: **{report['choice']['policy']}, XLA "
+                  f"{'on' if report['choice']['xla'] else 'off'}** — {report['reason']}. "
+                  f"The rule-based `auto` picks {rule['policy']}, XLA "
+                  f"{'on' if rule['xla'] else 'off'} here."]
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The pipeline side of `train_workers`: the train task's arguments and settings when > 1.
+
+pipeline/pipeline.py calls these two functions and nothing else, so that what a multi-worker
+train task needs (its TFJob's settings, a stable job key, the training claim, no GPU on the
+launching pod) lives beside the training code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TRAINING_CLAIM = "ampflow-training"  # k8s/training/common/pvc.yaml
+TRAINING_MOUNT = "/mnt/ampflow"
+
+
+def train_workers_arguments(options) -> dict[str, Any]:
+    """Extra arguments of the train task for `options.train_workers` (none for 1)."""
+    if options.train_workers <= 1:
+        return {}
+    from kfp import dsl
+
+    from ampflow.components.train.kubeflow_job import TFJobSettings
+
+    resources = options.train_resources
+    settings = TFJobSettings(
+        image=options.image, workers=options.train_workers, claim=TRAINING_CLAIM,
+        mount=TRAINING_MOUNT, gpu=options.gpu, accelerator_type=options.accelerator_type,
+        accelerator_count=options.accelerator_count, node_selector=options.gpu_node_selector,
+        toleration_key=options.gpu_toleration_key, cpu_request=resources.cpu_request,
+        memory_request=resources.memory_request, cpu_limit=resources.cpu_limit,
+        memory_limit=resources.memory_limit)
+    return {"workers": options.train_workers, "tfjob_settings": settings.to_json(),
+            "run_key": f"{dsl.PIPELINE_JOB_ID_PLACEHOLDER}/{dsl.PIPELINE_TASK_NAME_PLACEHOLDER}"}
+
+
+def configure_train_workers_task(task, options) -> None:
+    """The launching task: small, retried, with the training claim (the TFJob has the GPUs).
+
+    On the local runner (no Kubernetes) the same task starts local worker processes instead;
+    kfp.local ignores the Kubernetes settings (the claim), as it does for the other tasks.
+    """
+    from kfp import kubernetes
+
+    resources = options.default_resources
+    task.set_cpu_request(resources.cpu_request).set_cpu_limit(resources.cpu_limit)
+    task.set_memory_request(resources.memory_request).set_memory_limit(resources.memory_limit)
+    task.set_retry(num_retries=options.train_retries, backoff_duration="30s", backoff_factor=2.0)
+    kubernetes.mount_pvc(task, pvc_name=TRAINING_CLAIM, mount_path=TRAINING_MOUNT)

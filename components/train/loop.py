@@ -1,0 +1,486 @@
+"""The one training loop, for every tf.distribute strategy (default, mirrored, multi-worker).
+
+Why not Keras `fit`: under MultiWorkerMirroredStrategy it fails for every policy
+(keras-team/keras#20585), and under MirroredStrategy mixed_float16 + XLA fails (keras#21366).
+A custom step works under all of them (DESIGN.md, "Distribution"), so it is the only loop: a
+single-process run is the same code under the default strategy, where `strategy.run` is a plain
+call. What `fit` gave is kept: Keras callbacks (loss-scale telemetry, epoch log, TensorBoard)
+are driven through `keras.callbacks.CallbackList`, and the model is compiled so model.keras
+carries its optimizer.
+
+Per step, nothing is read back to the host: the step's global loss, correct count and example
+count are summed on the device and read once per epoch; telemetry reads the loss scale only on
+the steps it records (issue 13, item 3).
+
+Distribution details that the code below handles, each measured on TF 2.21 / Keras 3.15:
+- Gradients are all-reduced by Keras's optimizer (`_all_reduce_sum_gradients`), but
+  `LossScaleOptimizer` decides "finite or skip" on each worker's *local* gradients before that.
+  Two workers can then disagree: one skips, the other enters the all-reduce and waits forever.
+  So the replicas agree first (one scalar all-reduce), and a non-finite verdict anywhere makes
+  every replica skip, as a single process with the whole batch would.
+- XLA cannot compile the collectives (UnimplementedError under MultiWorkerMirroredStrategy), so
+  with more than one replica only the forward and backward pass are XLA-compiled; the all-reduce
+  and the optimizer update run outside. One replica compiles the whole step, as `fit` does.
+- Keras 3 keeps BatchNormalization's moving statistics in plain mirrored variables that each
+  replica updates from its own shard; they are averaged across replicas before every
+  evaluation, checkpoint and save, so every worker holds the same model.
+- Checkpoints are TF's own (`tf.train.Checkpoint` + `CheckpointManager`): the chief writes to
+  the durable dir, the other workers to a private temp dir (TF's multi-worker rule: every worker
+  saves, only the chief's copy is kept), and every worker restores from the chief's dir.
+  Keras 3's BackupAndRestore has no multi-worker logic (every worker would write the same
+  files). tf.distribute's PreemptionCheckpointHandler works with this step (measured: SIGTERM
+  to one of 2 workers, both saved at an agreed step, exited 42, and resumed there), but its
+  step counter is restored only from its own saves and it cannot share a directory with
+  periodic saves without its private attributes; a SIGKILL gives no notice anyway. So the loop
+  saves periodically (each epoch, `checkpoint_every_n_steps`) and a killed or evicted worker
+  resumes from the last save.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ampflow.components.train.cluster import ClusterSpec
+from ampflow.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_PREFIX = "ckpt"
+# The batch-end log entry holding [loss, loss scale, iterations] (telemetry.py reads it).
+TELEMETRY_KEY = "loss_scale_telemetry"
+
+
+@dataclass
+class Runtime:
+    """The strategy a run uses and this process's place in it."""
+
+    strategy: Any
+    name: str
+    reason: str
+    cluster: ClusterSpec | None = None
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas in sync across every worker (one per GPU, or one per CPU process)."""
+        return int(self.strategy.num_replicas_in_sync)
+
+    @property
+    def num_workers(self) -> int:
+        """Processes in the run."""
+        return self.cluster.num_workers if self.cluster else 1
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process publishes the model and writes logs."""
+        return self.cluster is None or self.cluster.is_chief
+
+    @property
+    def worker_id(self) -> int:
+        """0 for the chief (and for a single process)."""
+        return self.cluster.worker_id if self.cluster else 0
+
+    def agree(self, value: float) -> float:
+        """The mean of `value` over the workers: the same number on every worker.
+
+        Decisions that change what a worker runs next (stop, skip a candidate) must be taken on
+        agreed numbers, or one worker waits in a collective that the others never join.
+        """
+        if self.num_workers == 1:
+            return float(value)
+        import tensorflow as tf
+
+        per_replica = self.strategy.run(lambda: tf.constant(float(value), tf.float64))
+        total = self.strategy.reduce("SUM", per_replica, axis=None)
+        return float(total) / self.num_replicas
+
+    def describe(self) -> dict[str, Any]:
+        """The `distribution` block of the metadata."""
+        return {
+            "strategy": self.name,
+            "reason": self.reason,
+            "num_workers": self.num_workers,
+            "num_replicas": self.num_replicas,
+            "is_chief": self.is_chief,
+            "task": ({"type": self.cluster.task_type, "index": self.cluster.task_index}
+                     if self.cluster else None),
+            "cluster": (list(self.cluster.chief + self.cluster.workers) if self.cluster
+                        else None),
+        }
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What the loop needs beyond the model: sizes, XLA, loss scaling, checkpointing."""
+
+    epochs: int
+    steps_per_epoch: int
+    global_batch_size: int
+    jit_compile: bool
+    loss_scaling: bool
+    state_dir: str  # durable: holds backup/ (the checkpoints)
+    checkpoint_every_n_steps: int | None = None  # None: at the end of each epoch
+    max_checkpoints: int = 2
+
+
+@dataclass
+class LoopResult:
+    """What `TrainLoop.fit` reports."""
+
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    resumed_at_step: int | None = None
+    train_seconds: float = 0.0
+
+
+class TrainLoop:
+    """Build the step functions for `model` under `runtime`; `fit` runs epochs with callbacks."""
+
+    def __init__(self, runtime: Runtime, model, config: LoopConfig):
+        import tensorflow as tf
+
+        self.runtime = runtime
+        self.strategy = runtime.strategy
+        self.model = model
+        self.optimizer = model.optimizer
+        self.config = config
+        with self.strategy.scope():
+            self.optimizer.build(model.trainable_variables)
+            self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        # Per-epoch sums of (global loss per step, correct, examples, steps), on the device.
+        self._sums = tf.Variable(tf.zeros(4, tf.float64), trainable=False, name="epoch_sums")
+        self._synced_state = [v for v in model.non_trainable_variables
+                              if v.dtype in ("float32", "float16", "bfloat16", "float64")]
+        self.jit_scope = self._jit_scope()
+        self._train_step = tf.function(self._distributed_train_step)
+        self._eval_step = tf.function(self._distributed_eval_step)
+        self._sync_step = tf.function(self._distributed_sync)
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def _jit_scope(self) -> str | None:
+        if not self.config.jit_compile:
+            return None
+        return "step" if self.runtime.num_replicas == 1 else "forward_backward"
+
+    def describe_jit_scope(self) -> str | None:
+        """Where XLA applies, for the metadata."""
+        return {
+            None: None,
+            "step": "the whole train step (forward, backward and optimizer update)",
+            "forward_backward": (
+                "forward and backward pass per replica; the all-reduce and the optimizer update "
+                "run outside XLA (collectives cannot be XLA-compiled: UnimplementedError "
+                "under MultiWorkerMirroredStrategy, measured)"),
+        }[self.jit_scope]
+
+    def _forward_backward(self, images, labels):
+        """Loss, stats and (scaled) gradients of one replica's share of the global batch."""
+        import keras
+        import tensorflow as tf
+
+        model, optimizer = self.model, self.optimizer
+        with tf.GradientTape() as tape:
+            probabilities = model(images, training=True)
+            per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+            loss = tf.nn.compute_average_loss(
+                per_example, global_batch_size=self.config.global_batch_size)
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            scaled = optimizer.scale_loss(loss) if self.config.loss_scaling else loss
+        grads = tape.gradient(scaled, model.trainable_variables)
+        return _stats(loss, probabilities, labels), grads
+
+    def _apply(self, grads) -> None:
+        if self.config.loss_scaling and self.runtime.num_replicas > 1:
+            grads = _agree_on_finite(self.optimizer, grads)
+        self.optimizer.apply(grads, self.model.trainable_variables)
+
+    def _replica_step(self, images, labels):
+        stats, grads = self._forward_backward(images, labels)
+        self._apply(grads)
+        return stats
+
+    def _build_replica_fn(self) -> Callable:
+        import tensorflow as tf
+
+        if self.jit_scope == "step":
+            return tf.function(self._replica_step, jit_compile=True)
+        if self.jit_scope == "forward_backward":
+            compiled = tf.function(self._forward_backward, jit_compile=True)
+
+            def replica(images, labels):
+                stats, grads = compiled(images, labels)
+                self._apply(grads)
+                return stats
+
+            return replica
+        return self._replica_step
+
+    def _distributed_train_step(self, iterator):
+        import tensorflow as tf
+
+        if not hasattr(self, "_replica_fn"):
+            self._replica_fn = self._build_replica_fn()
+        images, labels = next(iterator)
+        per_replica = self.strategy.run(self._replica_fn, args=(images, labels))
+        stats = self.strategy.reduce("SUM", per_replica, axis=None)
+        self._sums.assign_add(tf.concat([tf.cast(stats, tf.float64), [1.0]], 0))
+        # [loss, loss scale, optimizer iterations] in one tensor: telemetry reads it (one host
+        # transfer) only on the steps it records; nothing here waits for the device.
+        if not self.config.loss_scaling:
+            return tf.cast(stats[:1], tf.float64)
+        return tf.stack([tf.cast(stats[0], tf.float64),
+                         tf.cast(self.optimizer.dynamic_scale, tf.float64),
+                         tf.cast(self.optimizer.iterations, tf.float64)])
+
+    def _distributed_eval_step(self, batch):
+        images, labels = batch
+
+        def replica(images, labels):
+            import keras
+            import tensorflow as tf
+
+            probabilities = self.model(images, training=False)
+            loss_sum = tf.reduce_sum(
+                keras.losses.sparse_categorical_crossentropy(labels, probabilities))
+            return _stats(loss_sum, probabilities, labels)
+
+        per_replica = self.strategy.run(replica, args=(images, labels))
+        return self.strategy.reduce("SUM", per_replica, axis=None)
+
+    def _distributed_sync(self):
+        import tensorflow as tf
+
+        def replica():
+            context = tf.distribute.get_replica_context()
+            # tf.identity: a plain read has no device under MultiWorkerMirroredStrategy and its
+            # all-reduce fails ("destinations can not be empty", measured); a copy has one.
+            return context.all_reduce(
+                "MEAN", [tf.identity(_tf_variable(v)) for v in self._synced_state])
+
+        means = self.strategy.run(replica)
+        for variable, mean in zip(self._synced_state, means, strict=True):
+            self.strategy.extended.update(
+                _tf_variable(variable), lambda v, m: v.assign(m), args=(mean,), group=False)
+
+    def sync_replica_state(self) -> None:
+        """Average BatchNormalization's moving statistics (and any float state) over replicas."""
+        if self.runtime.num_replicas > 1 and self._synced_state:
+            self._sync_step()
+
+    def run_steps(self, iterator, count: int) -> None:
+        """Run `count` train steps and wait for them (autotune's timing unit)."""
+        for _ in range(count):
+            self._train_step(iterator)
+        self._sums.numpy()
+
+    # ---- evaluation -----------------------------------------------------------------------
+
+    def evaluate(self, dataset) -> dict[str, float]:
+        """Global loss and accuracy over a (distributed) dataset."""
+        import numpy as np
+
+        totals = np.zeros(3)
+        for batch in dataset:
+            totals += self._eval_step(batch).numpy()
+        loss_sum, correct, count = totals
+        return {"loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1),
+                "examples": count}
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def _checkpointing(self):
+        import tensorflow as tf
+
+        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                         step=self._step_var)
+        backup = backup_dir(self.config.state_dir)
+        if self.runtime.is_chief:
+            write_dir, self._private_dir = backup, None
+        else:  # TF's rule: every worker saves, only the chief's copy is kept
+            self._private_dir = tempfile.mkdtemp(prefix=f"ampflow-worker{self.runtime.worker_id}-")
+            write_dir = self._private_dir
+        manager = tf.train.CheckpointManager(checkpoint, write_dir,
+                                             max_to_keep=self.config.max_checkpoints,
+                                             checkpoint_name=CHECKPOINT_PREFIX)
+        return checkpoint, manager, backup
+
+    def _restore(self, checkpoint, backup: str) -> int:
+        """Restore the chief's latest checkpoint on every worker; the agreed step to resume at."""
+        import tensorflow as tf
+
+        latest = tf.train.latest_checkpoint(backup)
+        if latest:
+            checkpoint.restore(latest).assert_existing_objects_matched()
+            log.info("restored %s (step %d)", latest, int(self._step_var.numpy()))
+        step = int(self._step_var.numpy())
+        total = self.runtime.agree(step) * self.runtime.num_workers
+        squares = self.runtime.agree(step * step) * self.runtime.num_workers
+        if not math.isclose(self.runtime.num_workers * squares, total * total):
+            raise ConfigError(
+                f"the workers restored different steps (this one: {step}, from "
+                f"{latest or 'no checkpoint'} in {backup}): the checkpoint dir must be storage "
+                "that every worker reads (a ReadWriteMany PVC, gs://, s3://)")
+        return step
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    def fit(self, train_dataset, eval_dataset, callbacks: list) -> LoopResult:
+        """Train `epochs` × `steps_per_epoch` steps from the last checkpoint; evaluate per epoch."""
+        import keras
+
+        cfg = self.config
+        checkpoint, manager, backup = self._checkpointing()
+        start = self._restore(checkpoint, backup)
+        result = LoopResult(resumed_at_step=start or None)
+        total_steps = cfg.epochs * cfg.steps_per_epoch
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, model=self.model, epochs=cfg.epochs, steps=cfg.steps_per_epoch, verbose=0)
+        iterator = iter(train_dataset)
+        step = start
+        began = time.perf_counter()
+        callback_list.on_train_begin()
+        try:
+            for epoch in range(start // cfg.steps_per_epoch, cfg.epochs):
+                step = self._run_epoch(epoch, step, iterator, eval_dataset, callback_list, manager)
+                result.epochs.append(epoch)
+            callback_list.on_train_end()
+        except BaseException:
+            self._cleanup_private_dir()
+            raise
+        result.train_seconds = time.perf_counter() - began
+        if step != total_steps:  # a programming error, not a user one
+            raise RuntimeError(f"trained {step} steps, planned {total_steps}")
+        self._cleanup_private_dir()
+        return result
+
+    def _run_epoch(self, epoch, step, iterator, eval_dataset, callback_list, manager) -> int:
+        import tensorflow as tf
+
+        cfg = self.config
+        self._sums.assign(tf.zeros(4, tf.float64))
+        callback_list.on_epoch_begin(epoch)
+        first = step - epoch * cfg.steps_per_epoch
+        sums = None
+        # Batch hooks are called directly, not through CallbackList, which converts every
+        # batch log to a Python float (keras/src/callbacks/callback_list.py, pythonify_logs):
+        # a host sync per step. The packed telemetry goes only to who reads it, when it does.
+        callbacks = callback_list.callbacks
+        for batch in range(first, cfg.steps_per_epoch):
+            for callback in callbacks:
+                callback.on_train_batch_begin(batch)
+            packed = self._train_step(iterator)
+            step += 1
+            if batch + 1 == cfg.steps_per_epoch:
+                sums = self._sums.numpy()  # the epoch's one host sync, before its clock stops
+            for callback in callbacks:
+                callback.on_train_batch_end(batch, {TELEMETRY_KEY: packed} if getattr(
+                    callback, "reads_step_telemetry", False) else None)
+            every = cfg.checkpoint_every_n_steps
+            if every and step % every == 0 and batch + 1 < cfg.steps_per_epoch:
+                self._save(manager, step)
+        loss_total, correct, count, steps = sums if sums is not None else self._sums.numpy()
+        logs = {"loss": loss_total / max(steps, 1), "accuracy": correct / max(count, 1)}
+        self.sync_replica_state()
+        if eval_dataset is not None:
+            logs.update({f"val_{k}": v for k, v in self.evaluate(eval_dataset).items()})
+        self._save(manager, step)
+        callback_list.on_epoch_end(epoch, logs)
+        if self.runtime.is_chief:
+            log.info("epoch %d/%d: %s", epoch + 1, cfg.epochs,
+                     " ".join(f"{k} {v:.4f}" for k, v in logs.items()))
+        return step
+
+    def weights_fingerprint(self) -> tuple[str, bool]:
+        """(sha256 of every model weight, whether every worker holds the same weights).
+
+        Every worker computes it after training; a mismatch would mean the replicas drifted
+        apart (the bug class this loop guards against), so it is checked, not assumed.
+        """
+        import hashlib
+
+        digest = hashlib.sha256()
+        for weight in self.model.get_weights():
+            digest.update(weight.tobytes())
+        hexdigest = digest.hexdigest()
+        own = float(int(hexdigest[:12], 16))  # 48 bits: exact in float64
+        identical = self.runtime.agree(own) == own
+        if not identical:
+            log.error("worker %d ended with weights %s, unlike the others", self.runtime.worker_id,
+                      hexdigest[:16])
+        log.info("final weights sha256 %s (worker %d; same on every worker: %s)", hexdigest,
+                 self.runtime.worker_id, identical)
+        return hexdigest, identical
+
+    def _save(self, manager, step: int) -> None:
+        self.sync_replica_state()
+        self._step_var.assign(step)
+        manager.save(checkpoint_number=step)
+
+    def _cleanup_private_dir(self) -> None:
+        if getattr(self, "_private_dir", None):
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+
+
+def backup_dir(state_dir: str) -> str:
+    """Where the resumable checkpoints live under the durable state dir."""
+    return state_dir.rstrip("/") + "/backup"
+
+
+def distribute_datasets(runtime: Runtime, train_ds, eval_ds):
+    """Distribute the datasets: sharded by DATA, each global batch split into replica shares.
+
+    DATA, not FILE: a small TFDS split may be one file. Worker i gets share i of every global
+    batch, so N workers see the same global batches, in the same order, as one process with the
+    whole batch.
+    """
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    train = runtime.strategy.experimental_distribute_dataset(train_ds.with_options(options))
+    evaluation = (runtime.strategy.experimental_distribute_dataset(eval_ds.with_options(options))
+                  if eval_ds is not None else None)
+    return train, evaluation
+
+
+def _stats(loss_sum, probabilities, labels):
+    """[loss, correct, count] of one replica's batch, summed later across replicas."""
+    import tensorflow as tf
+
+    labels = tf.cast(tf.reshape(labels, [-1]), tf.int64)
+    predicted = tf.argmax(probabilities, axis=-1, output_type=tf.int64)
+    correct = tf.reduce_sum(tf.cast(tf.equal(predicted, labels), tf.float32))
+    count = tf.cast(tf.size(labels), tf.float32)
+    return tf.stack([tf.cast(loss_sum, tf.float32), correct, count])
+
+
+def _agree_on_finite(optimizer, grads):
+    """Make LossScaleOptimizer's skip decision the same on every replica.
+
+    Keras checks the *local* gradients for inf/NaN before its all-reduce; a non-finite gradient
+    on one replica only would make that replica skip while the others wait in the all-reduce.
+    One scalar all-reduce finds out whether any replica saw one; if so, every replica gets a NaN
+    in its first gradient, so every replica's own check says "skip", as one process would.
+    """
+    import tensorflow as tf
+
+    local_bad = 1.0 - tf.cast(optimizer.check_finite(grads), tf.float32)
+    any_bad = tf.distribute.get_replica_context().all_reduce("SUM", local_bad) > 0
+    first = next(i for i, g in enumerate(grads) if g is not None)
+    poison = tf.where(any_bad, tf.constant(float("nan"), grads[first].dtype),
+                      tf.zeros([], grads[first].dtype))
+    grads = list(grads)
+    grads[first] = grads[first] + poison
+    return grads
+
+
+def _tf_variable(variable):
+    """The tf.Variable behind a Keras variable (distributed or not)."""
+    return getattr(variable, "value", variable)

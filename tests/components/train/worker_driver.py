@@ -1,0 +1,74 @@
+"""`python worker_driver.py <ampflow args>`: the ampflow CLI plus test-only models and devices.
+
+Worker processes of the distributed tests run this instead of `python -m ampflow.cli`, so that
+they know the test models below. AMPFLOW_TEST_LOGICAL_CPUS=N splits the CPU into N logical
+devices first (MirroredStrategy then has N replicas in one process).
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _inf_gradient_on_replica_1(input_shape, num_classes, image_size):
+    """Every step, replica 1's gradients (only) are infinite: the replicas must agree to skip."""
+    import keras
+    import tensorflow as tf
+
+    from ampflow.components.train.models import float32_head
+
+    class InfGradientOnReplica1(keras.layers.Layer):
+        def call(self, x):
+            context = tf.distribute.get_replica_context()  # None while building in a scope
+            replica = context.replica_id_in_sync_group if context is not None else 0
+
+            @tf.custom_gradient
+            def identity(t):
+                def grad(dy):
+                    factor = tf.where(tf.equal(replica, 1), float("inf"), 1.0)
+                    return dy * tf.cast(factor, dy.dtype)
+
+                return tf.identity(t), grad
+
+            return identity(x)
+
+    inputs = keras.Input(shape=input_shape, name="images")
+    x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
+    x = InfGradientOnReplica1()(keras.layers.Dense(16, activation="relu")(x))
+    return keras.Model(inputs, float32_head(x, num_classes))
+
+
+def _batch_norm_cnn(input_shape, num_classes, image_size):
+    """Small, with the fused BatchNormalization whose moving statistics each replica updates."""
+    import keras
+
+    from ampflow.components.train.layers import FusedBatchNormalization
+    from ampflow.components.train.models import float32_head
+
+    inputs = keras.Input(shape=input_shape, name="images")
+    x = keras.layers.Rescaling(1 / 255)(inputs)
+    x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(x)
+    x = keras.layers.ReLU()(FusedBatchNormalization()(x))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, float32_head(x, num_classes))
+
+
+def main() -> int:
+    devices = int(os.environ.get("AMPFLOW_TEST_LOGICAL_CPUS", "0"))
+    if devices:
+        import tensorflow as tf
+
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
+    from ampflow.cli import main as ampflow_main
+    from ampflow.components.train.models import register_model
+
+    register_model("test_inf_gradient_on_replica_1", _inf_gradient_on_replica_1)
+    register_model("test_batch_norm_cnn", _batch_norm_cnn)
+    return ampflow_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
