@@ -18,6 +18,19 @@ from typing import Any
 _AUTO = "auto"
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`ArgumentDefaultsHelpFormatter` that shows each flag's default once, and only if it says
+    something: a help text that already names its default ("(default: the model's own)")
+    keeps its own words, and a None default is left out rather than printed as "None".
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_text = action.help or ""
+        if "(default" in help_text or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_config_arguments(
     parser: argparse.ArgumentParser, config_cls: type, *, exclude: tuple[str, ...] = ()
 ) -> None:
@@ -74,7 +87,7 @@ def add_step_command(
         name,
         help=help,
         description=description or help,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_config_arguments(parser, config_cls)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ampflow.cliutil import add_config_arguments, config_from_args, print_summary
+from ampflow.cliutil import HelpFormatter, add_config_arguments, config_from_args, print_summary
 
 
 def register(subparsers) -> None:
@@ -19,7 +19,7 @@ def _register_compile(subparsers) -> None:
     from ampflow.pipeline.settings import DEFAULT_IMAGE
 
     p = subparsers.add_parser("compile", help="Compile the pipeline to KFP IR YAML.",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=HelpFormatter)
     p.add_argument("--output", default="ampflow_pipeline.yaml", help="IR YAML path to write.")
     p.add_argument("--image", default=DEFAULT_IMAGE, help="Image every step runs in.")
     p.add_argument("--gpu", action=argparse.BooleanOptionalAction, default=True,
@@ -67,7 +67,7 @@ def _register_submit(subparsers) -> None:
     from ampflow.pipeline.submit import SubmitConfig
 
     p = subparsers.add_parser("submit", help="Compile and submit the pipeline to a KFP endpoint.",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=HelpFormatter)
     add_config_arguments(p, SubmitConfig)
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="A pipeline parameter (repeatable), e.g. --param epochs=20.")
@@ -87,7 +87,7 @@ def _register_run_local(subparsers) -> None:
     from ampflow.pipeline.run_local import LocalRunConfig
 
     p = subparsers.add_parser("run-local", help="Run the whole pipeline with the kfp local runner.",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=HelpFormatter)
     add_config_arguments(p, LocalRunConfig)
 
     def run(args) -> int:
@@ -105,7 +105,7 @@ def _register_demo(subparsers) -> None:
     from ampflow.pipeline.demo import DemoConfig
 
     p = subparsers.add_parser(
-        "demo", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "demo", formatter_class=HelpFormatter,
         help="The whole mission locally: pipeline, then serve and query over gRPC.")
     add_config_arguments(p, DemoConfig)
 

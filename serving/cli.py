@@ -11,11 +11,12 @@ import json
 import logging
 from pathlib import Path
 
+from ampflow.cliutil import HelpFormatter
 from ampflow.errors import ConfigError, ServingError
 
 log = logging.getLogger(__name__)
 
-_FMT = argparse.ArgumentDefaultsHelpFormatter
+_FMT = HelpFormatter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

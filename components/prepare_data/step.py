@@ -1,7 +1,8 @@
 """prepare-data: any TFDS catalog dataset, or the offline default, into a data_dir.
 
 Output (see docs/ARTIFACTS.md): `<output_dir>/tfds/` (a TFDS data_dir, unless an existing one
-is given) and `<output_dir>/dataset_info.json`, written last so a reader never sees a dataset
+is given), `<output_dir>/config.json` (the resolved config) and `<output_dir>/dataset_info.json`,
+written last so a reader never sees a dataset
 whose metadata is missing.
 """
 
@@ -12,55 +13,22 @@ import difflib
 import logging
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ampflow.components.prepare_data import offline_digits, offline_mnist
+from ampflow.components.prepare_data.config import OFFLINE_DATASETS, PrepareDataConfig
 from ampflow.errors import ConfigError, DatasetError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-OFFLINE_DEFAULT = offline_digits.NAME
-# Datasets whose data ships inside an installed package: prepared with no network.
-OFFLINE_DATASETS = (offline_digits.NAME, offline_mnist.NAME)
 DATASET_INFO_FILE = "dataset_info.json"
+CONFIG_FILE = "config.json"
 # Where a catalog dataset's files come from; probed once so an offline machine fails fast.
 _DOWNLOAD_PROBE = ("storage.googleapis.com", 443)
-
-
-@dataclass(frozen=True)
-class PrepareDataConfig:
-    """What to prepare and where."""
-
-    output_dir: Path = field(metadata={"help": "Directory that receives dataset_info.json "
-                                               "(and the TFDS data_dir unless --tfds-data-dir)."})
-    dataset: str = field(default=OFFLINE_DEFAULT, metadata={
-        "help": "TFDS catalog name (mnist, cifar10, fashion_mnist, ...), optionally name:version; "
-                f"{' and '.join(OFFLINE_DATASETS)} (28x28 MNIST, 5,000 images) ship with "
-                "installed packages and need no network."})
-    tfds_data_dir: Path | None = field(default=None, metadata={
-        "help": "An existing TFDS data_dir to read/prepare into (default: <output-dir>/tfds). "
-                "Point it at a pre-prepared dir to run offline."})
-    train_split: str = field(default="train", metadata={"help": "TFDS split spec for training."})
-    test_split: str = field(default="test", metadata={"help": "TFDS split spec for evaluation."})
-    image_key: str = field(default="image", metadata={"help": "Feature holding the image."})
-    label_key: str = field(default="label", metadata={"help": "Feature holding the class id."})
-
-    def __post_init__(self) -> None:
-        if not self.dataset or not self.dataset.strip():
-            raise ConfigError(f"dataset must be a TFDS name. Received: dataset={self.dataset!r}")
-        for name in ("train_split", "test_split", "image_key", "label_key"):
-            if not getattr(self, name):
-                raise ConfigError(f"{name} must be non-empty. Received: {name}=''")
-
-    @property
-    def resolved_tfds_data_dir(self) -> Path:
-        """The TFDS data_dir actually used."""
-        return Path(self.tfds_data_dir) if self.tfds_data_dir else Path(self.output_dir) / "tfds"
 
 
 @dataclass(frozen=True)
@@ -91,7 +59,8 @@ def run_prepare_data(config: PrepareDataConfig) -> PreparedData:
     else:
         log.info("%s already prepared in %s; reusing it", builder.info.full_name, data_dir)
     info = _describe(builder, config, data_dir)
-    write_json_atomic(output_dir / DATASET_INFO_FILE, info)
+    write_json_atomic(output_dir / CONFIG_FILE, info["config"])
+    write_json_atomic(output_dir / DATASET_INFO_FILE, info)  # last: it marks the dir complete
     log.info("dataset ready: %s %s", info["name"], info["splits"])
     return PreparedData(output_dir=output_dir, info=info)
 
@@ -112,6 +81,11 @@ def load_dataset_info(prepared_dir: str | os.PathLike) -> dict[str, Any]:
 
 def _builder(name: str, data_dir: Path):
     import tensorflow_datasets as tfds
+
+    from ampflow.components.prepare_data import (  # noqa: F401  (registers their builders)
+        offline_digits,
+        offline_mnist,
+    )
 
     base_name = name.split(":")[0].split("/")[0]
     known = set(tfds.list_builders(with_community_datasets=False))

@@ -1,11 +1,24 @@
-"""Step 2: mixed-precision training with XLA, loss-scale telemetry and resumable checkpoints."""
+"""Step 2: mixed-precision training with XLA, loss-scale telemetry and resumable checkpoints.
 
-import ampflow.components.train.layers  # noqa: F401  (registers FusedBatchNormalization for loading)
-from ampflow.components.train.step import (
-    TrainConfig,
-    TrainResult,
-    load_trained_model,
-    run_train,
-)
+The names below are imported on first use (PEP 562), not with the package, so that building
+the CLI parser (which reads `TrainConfig`) imports no TensorFlow or Keras. `load_trained_model`
+registers the custom layers (`layers.py`) itself before it loads a model.
+"""
 
-__all__ = ["TrainConfig", "TrainResult", "load_trained_model", "run_train"]
+import importlib
+
+_EXPORTS = {
+    "TrainConfig": "step",
+    "TrainResult": "step",
+    "load_trained_model": "step",
+    "run_train": "step",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Import the submodule that defines `name` when it is first asked for."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -2,9 +2,11 @@
 
 `auto` follows DESIGN.md: an NVIDIA GPU of compute capability ≥ 7.0 (Tensor Cores) gets
 `mixed_float16` with dynamic loss scaling; a TPU, or a CPU with AVX512_BF16/AMX, gets
-`mixed_bfloat16`; anything else stays `float32`. XLA (`jit_compile`) is on by default on GPU/TPU
-and off on a CPU, where DESIGN.md measured it halving `fit` throughput; Keras's own
-`jit_compile="auto"` makes the same call silently, so we always log the *effective* setting.
+`mixed_bfloat16`; anything else stays `float32`. XLA (`jit_compile`) is on by default on GPU/TPU;
+on a CPU it is off for float32/mixed_bfloat16, where DESIGN.md measured it halving `fit`
+throughput, and on for mixed_float16, whose float16 kernels without XLA are far slower
+(`choose_jit`). Keras's own `jit_compile="auto"` decides silently, so we always log the
+*effective* setting.
 The hardware is an injectable value so that every branch is testable on any machine.
 """
 

@@ -1,9 +1,10 @@
 """train: mixed-precision (AMP) training with XLA, loss-scale telemetry and resumable checkpoints.
 
 Writes into `output_dir` (docs/ARTIFACTS.md): `model.keras`, `loss_scale_history.json`,
-`tensorboard/` and, LAST, `metadata.json`, whose presence marks the model as published. The
-`backup/` dir (Keras BackupAndRestore, double checkpoint) lets a killed run resume; it is kept
-when the loss-scale guard stops a run and removed by Keras after a successful one.
+`tensorboard/`, `config.json` (the resolved config) and, LAST, `metadata.json`, whose presence
+marks the model as published. The `backup/` dir (Keras BackupAndRestore, double checkpoint)
+lets a killed run resume; it is kept when the loss-scale guard stops a run and removed by Keras
+after a successful one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 log = logging.getLogger(__name__)
 
 METADATA_FILE = "metadata.json"
+CONFIG_FILE = "config.json"
 MODEL_FILE = "model.keras"
 HISTORY_FILE = "loss_scale_history.json"
 EPOCH_LOG_FILE = "epochs.jsonl"
@@ -56,8 +58,9 @@ class TrainConfig:
         "help": "Dtype policy; auto picks mixed_float16 on NVIDIA GPUs with compute capability "
                 ">= 7.0, mixed_bfloat16 on TPUs and CPUs with AVX512_BF16/AMX, else float32."})
     jit_compile: bool | None = field(default=None, metadata={
-        "help": "XLA-compile the train step; auto = on with a GPU/TPU, off on a CPU "
-                "(measured slower there)."})
+        "help": "XLA-compile the train step; auto = on with a GPU/TPU; on a CPU on for "
+                "mixed_float16 (float16 kernels without XLA are far slower there) and off for "
+                "float32/mixed_bfloat16 (measured slower)."})
     epochs: int = field(default=8, metadata={"help": "Epochs to train (a resumed run finishes "
                                                      "the same total)."})
     batch_size: int = field(default=32, metadata={
@@ -267,6 +270,8 @@ def load_trained_model(model_dir: str | os.PathLike):
     """Load a published model dir → `(keras.Model, metadata)`; ModelLoadError if incomplete."""
     import keras
 
+    import ampflow.components.train.layers  # noqa: F401  (registers FusedBatchNormalization)
+
     model_dir = Path(model_dir)
     metadata_path, model_path = model_dir / METADATA_FILE, model_dir / MODEL_FILE
     if not metadata_path.is_file() or not model_path.is_file():
@@ -407,6 +412,7 @@ def _publish(model, telemetry, epochs, metadata, output_dir: Path, checkpoint_di
         log.warning("replacing the model published in %s", output_dir)  # new one is ready
         (output_dir / METADATA_FILE).unlink()
     _save_model(model, output_dir)
+    write_json_atomic(output_dir / CONFIG_FILE, metadata["config"])
     write_json_atomic(output_dir / METADATA_FILE, metadata)
 
 
