@@ -19,16 +19,21 @@ _AUTO = "auto"
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """`ArgumentDefaultsHelpFormatter` that shows each flag's default once, and only if it says
-    something: a help text that already names its default ("(default: the model's own)")
-    keeps its own words, and a None default is left out rather than printed as "None".
+    """Show each flag's default once, and only where it says something.
+
+    A help text that already names its default ("(default: the model's own)") keeps its own
+    words, and a None or empty default is left out rather than printed as "None" or "[]".
     """
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         help_text = action.help or ""
-        if "(default" in help_text or action.default is None:
+        if "(default" in help_text or action.default in (None, [], ()):
             return action.help
         return super()._get_help_string(action)
+
+
+class HelpFormatterKeepingEpilog(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`HelpFormatter` that prints the description and epilog as written (a table stays one)."""
 
 
 def add_config_arguments(

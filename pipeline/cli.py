@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from ampflow.cliutil import HelpFormatter, add_config_arguments, config_from_args, print_summary
+from ampflow.cliutil import (
+    HelpFormatter,
+    HelpFormatterKeepingEpilog,
+    add_config_arguments,
+    config_from_args,
+    print_summary,
+)
 
 
 def register(subparsers) -> None:
@@ -64,18 +70,24 @@ def _register_compile(subparsers) -> None:
 
 
 def _register_submit(subparsers) -> None:
+    from ampflow.pipeline.parameters import describe_parameters
     from ampflow.pipeline.submit import SubmitConfig
 
     p = subparsers.add_parser("submit", help="Compile and submit the pipeline to a KFP endpoint.",
-                              formatter_class=HelpFormatter)
+                              description="Compile and submit the pipeline to a KFP endpoint.",
+                              formatter_class=HelpFormatterKeepingEpilog,
+                              epilog=describe_parameters())
     add_config_arguments(p, SubmitConfig)
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="A pipeline parameter (repeatable), e.g. --param epochs=20.")
+                   help="A pipeline parameter (repeatable, listed below), e.g. --param "
+                   "epochs=20; an unknown name or a value of the wrong type is refused before "
+                   "anything is compiled or sent.")
 
     def run(args) -> int:
+        from ampflow.pipeline.parameters import parse_param
         from ampflow.pipeline.submit import submit
 
-        arguments = dict(_parse_param(p) for p in args.param)
+        arguments = dict(parse_param(text) for text in args.param)
         result = submit(config_from_args(SubmitConfig, args), arguments)
         print_summary("ampflow submit: done", {"run_id": result.run_id, "url": result.url})
         return 0
@@ -117,16 +129,3 @@ def _register_demo(subparsers) -> None:
 
     p.set_defaults(func=run)
 
-
-def _parse_param(text: str) -> tuple[str, object]:
-    from ampflow.errors import ConfigError
-
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise ConfigError(f"--param must be NAME=VALUE. Received: {text!r}")
-    for cast in (int, float):
-        try:
-            return name, cast(value)
-        except ValueError:
-            pass
-    return name, value

@@ -157,7 +157,7 @@ def build_pipeline(options: PipelineOptions | None = None):
                   pipeline_config=options.pipeline_config())
     def ampflow_pipeline(
         dataset: str = "ampflow_digits",
-        model_name: str = "small_cnn",
+        model: str = "small_cnn",
         epochs: int = 8,
         batch_size: int = 32,
         learning_rate: float = 3e-3,
@@ -171,7 +171,7 @@ def build_pipeline(options: PipelineOptions | None = None):
         max_baseline_accuracy_drop: float = 3.0,
         baseline_alpha: float = 0.01,
         tflite_variants: str = "float32,float16,dynamic_range,full_int8",
-        serving_model_name: str = "ampflow",
+        model_name: str = "ampflow",
         serving_target: str = "none",
         serving_model_store: str = "/models",
         serving_address: str = "",
@@ -180,7 +180,7 @@ def build_pipeline(options: PipelineOptions | None = None):
         data.set_caching_options(options.cache_data)
         _resources(data, options.default_resources)
 
-        train_args = dict(data=data.outputs["data"], model_name=model_name, epochs=epochs,
+        train_args = dict(data=data.outputs["data"], architecture=model, epochs=epochs,
                           batch_size=batch_size, learning_rate=learning_rate,
                           jit_compile=jit_compile, seed=seed)
         # A TFJob's workers do not mount the run's workspace: with train_workers > 1 the
@@ -218,7 +218,7 @@ def build_pipeline(options: PipelineOptions | None = None):
 
         exported = ops["export_savedmodel"](
             model=trained.outputs["model"], verdict=parity.outputs["verdict"],
-            data=data.outputs["data"], serving_model_name=serving_model_name).after(gate)
+            data=data.outputs["data"], model_name=model_name).after(gate)
         _resources(exported, options.default_resources)
 
         converted = ops["convert_tflite"](

@@ -17,7 +17,9 @@ from typing import Any
 
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.files import ensure_writable_dir
+from ampflow.pipeline.parameters import check_model_names
 from ampflow.pipeline.pipeline import PIPELINE_NAME, PipelineOptions, build_pipeline
+from ampflow.serving.model_format import DEFAULT_MODEL_NAME
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,8 @@ class LocalRunConfig:
 
     workdir: Path = field(metadata={"help": "Holds pipeline_root/ and serving/ of the run."})
     dataset: str = field(default="ampflow_digits", metadata={"help": "TFDS dataset name."})
-    model_name: str = field(default="small_cnn", metadata={"help": "Model to train."})
+    model: str = field(default="small_cnn", metadata={
+        "help": "Architecture to train (as train --model): small_cnn, resnet50 or mobilenet_v2."})
     epochs: int = field(default=8, metadata={"help": "Training epochs."})
     batch_size: int = field(default=32, metadata={"help": "Training batch size."})
     learning_rate: float = field(default=3e-3, metadata={"help": "Learning rate."})
@@ -55,7 +58,8 @@ class LocalRunConfig:
                 "AMP-trained vs float32-trained correctness."})
     tflite_variants: str = field(default="float32,float16,dynamic_range,full_int8", metadata={
         "help": "Comma-separated TFLite variants to convert and check."})
-    serving_model_name: str = field(default="ampflow", metadata={"help": "Served model name."})
+    model_name: str = field(default=DEFAULT_MODEL_NAME, metadata={
+        "help": "Served model name (as export/serve/predict --model-name)."})
     train_workers: int = field(default=1, metadata={
         "help": "Train on this many local worker processes (MultiWorkerMirroredStrategy over "
                 "loopback, the TF_CONFIG contract of a TFJob)."})
@@ -69,6 +73,7 @@ class LocalRunConfig:
             raise ConfigError(f"epochs must be > 0. Received: epochs={self.epochs}")
         if self.batch_size <= 0:
             raise ConfigError(f"batch_size must be > 0. Received: batch_size={self.batch_size}")
+        check_model_names(self.model, self.model_name)
 
     @property
     def pipeline_root(self) -> Path:
@@ -86,9 +91,14 @@ class LocalRunConfig:
         return Path(self.workdir) / "serving"
 
     @property
+    def serving_model_name(self) -> str:
+        """The served model name (`model_name`; the name demo.py reads)."""
+        return self.model_name
+
+    @property
     def serving_base(self) -> Path:
         """The TF Serving model base path of the served model (`<store>/<model_name>`)."""
-        return self.model_store / self.serving_model_name
+        return self.model_store / self.model_name
 
     def arguments(self) -> dict[str, Any]:
         """The pipeline parameters of this run."""

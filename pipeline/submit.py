@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ampflow.errors import ConfigError, PipelineError
-from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
+from ampflow.pipeline.parameters import check_arguments
 from ampflow.pipeline.settings import DEFAULT_IMAGE
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,10 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
     The token comes from $KFP_TOKEN if set; otherwise kfp.Client uses in-cluster service-account
     credentials or the local kubeconfig, as it does by default.
     """
+    check_arguments(arguments or {})  # a misspelt --param fails here, before anything is sent
     import kfp
+
+    from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
 
     options = PipelineOptions(image=config.image, gpu=config.gpu,
                               with_float32_baseline=config.with_float32_baseline,
@@ -71,7 +74,6 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
                               workspace_access_mode=config.workspace_access_mode)
     with tempfile.TemporaryDirectory() as tmp:
         package = compile_pipeline(Path(tmp) / "ampflow.yaml", options)
-        _check_arguments(package, arguments or {})
         _probe(config)
         try:
             client = kfp.Client(host=config.host, namespace=config.namespace or "kubeflow",
@@ -84,19 +86,6 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
                                 f"{_first_line(e)}") from e
     url = f"{config.host.rstrip('/')}/#/runs/details/{run.run_id}"
     return SubmitResult(run_id=run.run_id, url=url)
-
-
-def _check_arguments(package: str, arguments: dict) -> None:
-    """A misspelt --param fails here, before anything is sent, naming the real parameters."""
-    import yaml
-
-    with open(package) as f:
-        spec = next(yaml.safe_load_all(f))
-    known = set(spec["root"]["inputDefinitions"]["parameters"])
-    unknown = sorted(set(arguments) - known)
-    if unknown:
-        raise ConfigError(f"--param names must be pipeline parameters {sorted(known)}. "
-                          f"Received: {unknown}")
 
 
 def _probe(config: SubmitConfig) -> None:

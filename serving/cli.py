@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ampflow.cliutil import HelpFormatter
 from ampflow.errors import ConfigError, ServingError
+from ampflow.serving.model_format import DEFAULT_MODEL_NAME
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-name", default="ampflow", help="model name (single-model mode)")
+    p.add_argument("--model-name", default=DEFAULT_MODEL_NAME,
+                   help="served model name (single-model mode; as export --model-name)")
     p.add_argument("--model-base-path", default=None,
                    help="dir holding <version>/ SavedModel dirs (single-model mode)")
     p.add_argument("--model-config-file", default=None,
@@ -181,7 +183,8 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
                    help="server port (default: 8500 for grpc, 8501 for rest)")
     p.add_argument("--protocol", default="grpc", choices=["grpc", "rest"],
                    help="TF Serving's gRPC API or its REST API")
-    p.add_argument("--model-name", default="ampflow", help="model name")
+    p.add_argument("--model-name", default=DEFAULT_MODEL_NAME,
+                   help="served model name (as export/serve --model-name)")
     p.add_argument("--version", type=int, default=None, help="model version (default: latest)")
     p.add_argument("--timeout-s", type=float, default=10.0, help="deadline of each call")
     p.add_argument("--retries", type=int, default=3, help="retries on UNAVAILABLE")

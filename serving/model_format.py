@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 # (staging) dirs, while `-x` reads as a flag on a command line.
 MODEL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 MODEL_NAME_RULE = "letters, digits, '_', '.', '-', not starting with '.' or '-'"
+# The served model name (TF Serving's --model_name) every command and the pipeline default to:
+# export writes <export_base>/ampflow/<version>/, serve/predict/deploy and k8s/ serve "ampflow".
+DEFAULT_MODEL_NAME = "ampflow"
 
 
 def is_model_name(name: object) -> bool:

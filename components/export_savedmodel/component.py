@@ -8,10 +8,10 @@ def export_savedmodel(
     verdict: Input[Artifact],
     data: Input[Dataset],
     saved_model: Output[Model],
-    serving_model_name: str = "ampflow",
+    model_name: str = "ampflow",
     force: bool = False,
 ):
-    """Export the float32 twin as `<saved_model>/<serving_model_name>/<version>/` (a `Model`).
+    """Export the float32 twin as `<saved_model>/<model_name>/<version>/` (a `Model`).
 
     The artifact's metadata says what a model registry needs: framework, format, name,
     version, signatures, the precision it was trained in, and the sha256 of the trained model
@@ -21,7 +21,7 @@ def export_savedmodel(
 
     result = run_export(ExportConfig(
         model_dir=model.path, data_dir=data.path, export_base=saved_model.path,
-        eval_dir=verdict.path, model_name=serving_model_name, force=force))
+        eval_dir=verdict.path, model_name=model_name, force=force))
     meta = result.metadata
     saved_model.metadata.update({
         "framework": "tensorflow",

@@ -45,10 +45,10 @@ from ampflow.components.export_savedmodel.warmup import replay_warmup_records
 from ampflow.errors import ConfigError, ExportError, ModelLoadError
 from ampflow.files import ensure_writable_dir, write_json_atomic
 from ampflow.serving.model_format import (
+    DEFAULT_MODEL_NAME,
     MAX_WARMUP_RECORDS,
     WARMUP_FILE,
     check_model_name,
-    is_model_name,
     write_warmup_records,
 )
 
@@ -70,8 +70,10 @@ class ExportConfig:
     eval_dir: Path | None = field(default=None, metadata={
         "help": "The evaluate step's output dir (its verdict.json gates the export). Required "
                 "unless --force."})
-    model_name: str | None = field(default=None, metadata={
-        "help": "Served model name (default: the trained model's name from its metadata)."})
+    model_name: str = field(default=DEFAULT_MODEL_NAME, metadata={
+        "help": "Served model name (TF Serving's --model_name): the version lands in "
+                "<export_base>/<model_name>/<version>/. The architecture is recorded in "
+                "ampflow_export.json, not in this name."})
     version: int | None = field(default=None, metadata={
         "help": "Version number to write (default: the next free one; an existing version is "
                 "never replaced)."})
@@ -100,8 +102,7 @@ class ExportConfig:
             raise ConfigError(
                 "eval_dir must be given: the export is gated on the evaluate step's verdict. "
                 "Received: eval_dir=None, force=False (pass --force to export ungated)")
-        if self.model_name is not None:
-            check_model_name(self.model_name)
+        check_model_name(self.model_name)
         if self.version is not None and self.version <= 0:
             raise ConfigError(f"version must be > 0. Received: version={self.version}")
         if not 0 <= self.num_warmup_records < MAX_WARMUP_RECORDS:
@@ -149,7 +150,7 @@ def run_export(config: ExportConfig) -> ExportResult:
     gate = check_model(gate, config.model_dir, config.force)
     info = load_dataset_info(config.data_dir)
     input_shape, labels = _check_compatible(meta, info, config)
-    model_name = config.model_name or _default_model_name(meta)
+    model_name = config.model_name
     model_base = ensure_writable_dir(Path(config.export_base) / model_name, "export_base")
     version = config.version or next_version(model_base)
 
@@ -223,11 +224,6 @@ def _check_compatible(meta: dict[str, Any], info: dict[str, Any], config: Export
         raise ExportError(f"the model has {meta['num_classes']} classes but {len(labels)} "
                           f"class names in {config.model_dir}")
     return input_shape, labels
-
-
-def _default_model_name(meta: dict[str, Any]) -> str:
-    name = str(meta.get("model_name") or "model")
-    return name if is_model_name(name) else "model"
 
 
 def _metadata(config: ExportConfig, meta, model_name, version, input_shape, labels, signatures,

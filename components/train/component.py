@@ -7,7 +7,7 @@ def train(
     data: Input[Dataset],
     model: Output[Model],
     metrics: Output[Metrics],
-    model_name: str = "small_cnn",
+    architecture: str = "small_cnn",
     precision: str = "auto",
     jit_compile: str = "auto",
     epochs: int = 8,
@@ -39,7 +39,7 @@ def train(
     if jit == "bad":
         raise ConfigError(f"jit_compile must be auto, true or false. Received: {jit_compile!r}")
     config = TrainConfig(
-        data_dir=data.path, output_dir=model.path, model=model_name, precision=precision,
+        data_dir=data.path, output_dir=model.path, model=architecture, precision=precision,
         jit_compile=jit, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
         seed=seed, checkpoint_dir=checkpoint_dir or None, autotune=autotune, workers=workers,
         scale_learning_rate=scale_learning_rate)
@@ -51,7 +51,7 @@ def train(
         result = run_train(config)
     meta = result.metadata
     model.metadata.update({"framework": "keras", "policy": meta["precision"]["policy"],
-                           "xla": meta["xla"]["effective"], "model_name": meta["model_name"],
+                           "xla": meta["xla"]["effective"], "architecture": meta["model_name"],
                            "workers": meta.get("distribution", {}).get("num_workers", 1)})
     final = meta["final_metrics"]
     for key in ("accuracy", "val_accuracy", "loss", "val_loss"):

@@ -101,7 +101,7 @@ def test_export_and_convert_components_publish_typed_model_metadata(tmp_path, pr
     saved_model = _artifact(dsl.Model, tmp_path / "saved_model")
     export_savedmodel(model=_artifact(dsl.Model, model_dir), verdict=outputs["verdict"],
                       data=_artifact(dsl.Dataset, prepared_digits), saved_model=saved_model,
-                      serving_model_name="digits")
+                      model_name="digits")
     meta = saved_model.metadata
     assert (meta["framework"], meta["format"], meta["model_name"], meta["version"]) == (
         "tensorflow", "saved_model", "digits", 1)

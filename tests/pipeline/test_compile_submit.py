@@ -273,3 +273,37 @@ def test_submit_misspelt_param_is_refused_before_anything_is_sent():
 def test_submit_config_rejects_a_host_that_is_not_a_url():
     with pytest.raises(ConfigError, match="host must be an http"):
         SubmitConfig(host="localhost:8080")
+
+
+def test_compiled_parameters_are_the_documented_table(default_ir):
+    # `submit --help` and the --param checks read PIPELINE_PARAMETERS without compiling: the
+    # compiled pipeline must take exactly those names, types and defaults.
+    from ampflow.pipeline.parameters import PIPELINE_PARAMETERS
+
+    kfp_types = {str: "STRING", int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE", bool: "BOOLEAN"}
+    compiled = default_ir[0]["root"]["inputDefinitions"]["parameters"]
+    assert set(compiled) == set(PIPELINE_PARAMETERS)
+    for name, (kind, default, _help) in PIPELINE_PARAMETERS.items():
+        assert compiled[name]["parameterType"] == kfp_types[kind], name
+        assert compiled[name].get("defaultValue", "") == default, name
+
+
+def test_compiled_architecture_and_served_name_reach_train_and_export(default_ir):
+    tasks = default_ir[0]["root"]["dag"]["tasks"]
+    channel = {"componentInputParameter": "model"}
+    assert tasks["train"]["inputs"]["parameters"]["architecture"] == channel
+    assert tasks["train-2"]["inputs"]["parameters"]["architecture"] == channel
+    assert tasks["export-savedmodel"]["inputs"]["parameters"]["model_name"] == {
+        "componentInputParameter": "model_name"}
+
+
+def test_local_run_config_refuses_an_architecture_as_the_served_name(tmp_path):
+    from ampflow.pipeline.run_local import LocalRunConfig
+
+    with pytest.raises(ConfigError, match=r"model_name is the served model name.*"
+                                          r"did you mean model='resnet50'"):
+        LocalRunConfig(workdir=tmp_path, model_name="resnet50")
+    with pytest.raises(ConfigError, match=r"model must be one of"):
+        LocalRunConfig(workdir=tmp_path, model="ampflow")
+    config = LocalRunConfig(workdir=tmp_path, model="resnet50", model_name="resnet50")
+    assert config.arguments()["model"] == config.arguments()["model_name"] == "resnet50"

@@ -24,7 +24,7 @@ def test_run_local_produces_every_artifact_and_the_served_model_answers(tmp_path
     from ampflow.serving.config import ModelConfig, ServerConfig
     from ampflow.serving.server import start_local_server
 
-    config = LocalRunConfig(workdir=tmp_path, epochs=3, serving_model_name="digits",
+    config = LocalRunConfig(workdir=tmp_path, epochs=3, model_name="digits",
                             **OPEN_TRAINING_GATE)
     result = run_local(config)
 

@@ -154,7 +154,8 @@ def test_run_export_warmup_records_hold_real_test_images(mixed_export, prepared_
 def test_run_export_metadata_records_source_and_parity(mixed_export, trained_model):
     meta = json.loads((mixed_export.version_dir / "ampflow_export.json").read_text())
     assert meta == mixed_export.metadata | {"created_at": meta["created_at"]}
-    assert meta["version"] == 1 and meta["model_name"] == "small_cnn"
+    assert meta["version"] == 1 and meta["model_name"] == "ampflow"  # the one served-name default
+    assert meta["source"]["architecture"] == "small_cnn"
     assert meta["source"]["trained_policy"] == "mixed_float16"
     assert meta["source"]["exported_policy"] == "float32"
     assert meta["source"]["model_dir"] == str(Path(trained_model("mixed_float16")).resolve())

@@ -29,6 +29,18 @@ def test_offline_default_prepares_documented_shapes_splits_and_classes(prepared_
     assert images.max() == 255 and images.min() == 0  # rescaled from sklearn's 0..16
 
 
+def test_offline_dataset_says_nothing_is_downloaded_and_writes_its_config(tmp_path, capsys):
+    # TFDS prints "Downloading and preparing dataset Unknown size" for any builder; for the
+    # offline ones nothing is downloaded, so our one line replaces that banner.
+    result = run_prepare_data(PrepareDataConfig(output_dir=tmp_path))
+    out = capsys.readouterr().out
+    assert "Downloading" not in out and "downloaded" not in out
+    assert "Preparing dataset ampflow_digits/1.0.0 from the scikit-learn wheel (nothing to " \
+           "download)" in out
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config == result.info["config"] and config["dataset"] == OFFLINE_DEFAULT
+
+
 def test_offline_default_splits_are_disjoint_and_stratified(prepared_digits):
     train_x, train_y = load_arrays(prepared_digits, "train")
     test_x, test_y = load_arrays(prepared_digits, "test")

@@ -125,7 +125,11 @@ def test_applications_use_only_fused_batch_norm_and_share_weights_with_float32_t
     _close(twin.predict(x, verbose=0), mixed.predict(x, verbose=0), 0.05)
 
 
-def test_fresh_process_that_imports_only_the_train_package_loads_the_model(tmp_path):
+def test_fresh_process_loads_the_model_with_the_train_loader_or_the_layers_module(tmp_path):
+    # The train package no longer imports Keras when it is imported (the CLI's --help reads
+    # its config), so the layer registers where Keras says: when its module is imported, which
+    # `load_trained_model` (the documented loader) does itself.
+    import json
     import subprocess
     import sys
 
@@ -133,11 +137,18 @@ def test_fresh_process_that_imports_only_the_train_package_loads_the_model(tmp_p
 
     inputs = keras.Input(SHAPE[1:])
     keras.Model(inputs, FusedBatchNormalization()(inputs)).save(tmp_path / "model.keras")
-    code = ("import keras, ampflow.components.train; "
-            f"keras.saving.load_model({str(tmp_path / 'model.keras')!r}, compile=False)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    (tmp_path / "metadata.json").write_text(json.dumps(
+        {"model_name": "x", "input_shape": list(SHAPE[1:]), "num_classes": 3,
+         "precision": {"policy": "float32"}}))
+    for code in (
+        f"from ampflow.components.train import load_trained_model; "
+        f"load_trained_model({str(tmp_path)!r})",
+        f"import keras, ampflow.components.train.layers; "
+        f"keras.saving.load_model({str(tmp_path / 'model.keras')!r}, compile=False)",
+    ):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, (code, result.stderr[-2000:])
 
 
 @pytest.mark.parametrize("attribute", ["renorm", "synchronized"])

@@ -35,6 +35,8 @@ def test_train_mixed_float16_on_cpu_has_loss_scaling_and_float32_output(trained_
     assert meta["throughput_examples_per_sec"] > 0
     assert (model_dir / "tensorboard").is_dir()
     assert not (model_dir / "backup").exists()  # removed after a successful run
+    # the resolved config next to the model, as every step writes it (README)
+    assert json.loads((model_dir / "config.json").read_text()) == meta["config"]
     recompiled = keras.saving.load_model(model_dir / "model.keras")
     assert isinstance(recompiled.optimizer, keras.optimizers.LossScaleOptimizer)
 

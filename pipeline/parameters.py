@@ -1,0 +1,102 @@
+"""The run-time parameters of the compiled pipeline: names, types, defaults, and their checks.
+
+They are the pipeline's public interface (`ampflow submit --param NAME=VALUE`, the KFP UI's run
+form, `run-local`'s flags). Listed here, without importing kfp, so that `submit --help` can name
+them and a misspelt or mistyped `--param` is refused before anything is compiled or sent;
+`build_pipeline`'s signature must match this table (tests/pipeline compare the compiled IR).
+
+Names: `model` is the architecture (as `train --model`), `model_name` the served model name
+(as TF Serving's `--model_name` and `export/serve/predict/deploy --model-name`).
+"""
+
+from __future__ import annotations
+
+from ampflow.errors import ConfigError
+from ampflow.serving.model_format import DEFAULT_MODEL_NAME, check_model_name
+
+# name -> (type, default, help). Order: the order of `ampflow_pipeline`'s signature.
+PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
+    "dataset": (str, "ampflow_digits", "TFDS dataset name (or an offline one)"),
+    "model": (str, "small_cnn", "architecture: small_cnn, resnet50 or mobilenet_v2"),
+    "epochs": (int, 8, "training epochs"),
+    "batch_size": (int, 32, "training batch size per replica"),
+    "learning_rate": (float, 3e-3, "learning rate"),
+    "precision": (str, "auto", "auto, float32, mixed_float16 or mixed_bfloat16"),
+    "jit_compile": (str, "auto", "XLA for the train step: auto, true or false"),
+    "seed": (int, 42, "seed"),
+    "autotune": (bool, False, "time each (policy, XLA) candidate and train with the fastest"),
+    "max_accuracy_drop": (float, 0.5, "gate: max AMP-vs-twin accuracy drop (points)"),
+    "min_agreement": (float, 0.99, "gate: min argmax agreement with the float32 twin"),
+    "max_relative_logit_diff": (float, -1.0, "gate: max relative logit diff (< 0: per dtype)"),
+    "max_baseline_accuracy_drop": (float, 3.0, "gate: max drop vs float32-trained (points)"),
+    "baseline_alpha": (float, 0.01, "gate: significance of the McNemar test"),
+    "tflite_variants": (str, "float32,float16,dynamic_range,full_int8", "TFLite variants"),
+    "model_name": (str, DEFAULT_MODEL_NAME, "served model name (TF Serving's --model_name)"),
+    "serving_target": (str, "none", "none, local or kubernetes"),
+    "serving_model_store": (str, "/models", "model store the deploy step writes into"),
+    "serving_address": (str, "", "host:port of the server the deploy step checks"),
+}
+
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def describe_parameters() -> str:
+    """A table of the parameters (name, type, default, meaning), for `submit --help`."""
+    width = max(map(len, PIPELINE_PARAMETERS))
+    lines = ["pipeline parameters (--param NAME=VALUE), with their type and default:"]
+    lines += [f"  {name.ljust(width)}  {text} ({kind.__name__}, {default!r})"
+              for name, (kind, default, text) in PIPELINE_PARAMETERS.items()]
+    return "\n".join(lines)
+
+
+def parse_param(text: str) -> tuple[str, object]:
+    """`NAME=VALUE` -> `(name, value)` cast to the parameter's type; ConfigError if unknown."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise ConfigError(f"--param must be NAME=VALUE. Received: {text!r}")
+    if name not in PIPELINE_PARAMETERS:
+        raise _unknown([name])
+    kind = PIPELINE_PARAMETERS[name][0]
+    try:
+        if kind is bool:
+            if raw.lower() not in _TRUE + _FALSE:
+                raise ValueError(raw)
+            return name, raw.lower() in _TRUE
+        return name, kind(raw)
+    except ValueError as e:
+        raise ConfigError(f"--param {name} must be of type {kind.__name__}. Received: {raw!r}"
+                          ) from e
+
+
+def check_arguments(arguments: dict[str, object]) -> None:
+    """Refuse unknown names and a served name that is an architecture's (the old meaning)."""
+    unknown = sorted(set(arguments) - set(PIPELINE_PARAMETERS))
+    if unknown:
+        raise _unknown(unknown)
+    model = arguments.get("model", PIPELINE_PARAMETERS["model"][1])
+    model_name = arguments.get("model_name", PIPELINE_PARAMETERS["model_name"][1])
+    check_model_names(str(model), str(model_name))
+
+
+def check_model_names(model: str, model_name: str) -> None:
+    """`model` must be an architecture; `model_name` a served name, not another architecture.
+
+    Before the names were made one per meaning, `model_name` was the architecture here; a
+    served name equal to a different architecture is that old usage, and training the default
+    architecture silently under that name would hide it.
+    """
+    from ampflow.components.train.models import model_names
+
+    if model not in model_names():
+        raise ConfigError(f"model must be one of {model_names()}. Received: model={model!r}")
+    check_model_name(model_name, "model_name")
+    if model_name in model_names() and model_name != model:
+        raise ConfigError(
+            f"model_name is the served model name (TF Serving's --model_name); the architecture "
+            f"is `model`. Received: model_name={model_name!r}, model={model!r} (did you mean "
+            f"model={model_name!r}?)")
+
+
+def _unknown(names: list[str]) -> ConfigError:
+    return ConfigError(f"--param names must be pipeline parameters {list(PIPELINE_PARAMETERS)}. "
+                       f"Received: {names}")

@@ -1,0 +1,147 @@
+"""The `ampflow` command line as a new user meets it: `--help` of every command.
+
+The parsers are built in this process, in a clean import state: every `ampflow` module and
+every heavy framework is taken out of `sys.modules` for the build (and put back after), and an
+import hook refuses TensorFlow, Keras, TFDS and kfp. So `--help` staying fast is checked by
+what it imports (the honest, machine-independent part), not by a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import re
+import sys
+
+import pytest
+
+HEAVY = ("tensorflow", "keras", "tensorflow_datasets", "kfp", "tf_keras", "sklearn",
+         "matplotlib", "tensorflow_serving", "grpc", "kubernetes")
+
+
+class _RefuseHeavyImports(importlib.abc.MetaPathFinder):
+    """Records and refuses any import of a heavy framework."""
+
+    def __init__(self) -> None:
+        self.refused: list[str] = []
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: D102
+        if fullname.split(".")[0] in HEAVY:
+            self.refused.append(fullname)
+            raise ImportError(f"test_cli: {fullname} imported while building the CLI parser")
+        return None
+
+
+def _is_isolated(name: str) -> bool:
+    return name.split(".")[0] in ("ampflow", *HEAVY)
+
+
+@pytest.fixture(scope="module")
+def cli():
+    """`(parser, {command: subparser}, refused imports)`, built with no heavy module loaded."""
+    saved = dict(sys.modules)
+    guard = _RefuseHeavyImports()
+    for name in [n for n in sys.modules if _is_isolated(n)]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, guard)
+    try:
+        from ampflow.cli import build_parser
+
+        parser = build_parser()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands = dict(sub.choices)
+        help_texts = {"": parser.format_help()}
+        help_texts.update({name: p.format_help() for name, p in commands.items()})
+        loaded = sorted(n for n in sys.modules if n.split(".")[0] in HEAVY)
+    finally:
+        sys.meta_path.remove(guard)
+        for name in [n for n in sys.modules if _is_isolated(n)]:
+            del sys.modules[name]  # the fresh copies; other new modules (numpy) stay loaded
+        sys.modules.update(saved)
+    return {"parser": parser, "commands": commands, "help": help_texts,
+            "refused": guard.refused, "loaded": loaded}
+
+
+def test_help_of_every_command_imports_no_heavy_framework(cli):
+    # `ampflow --help` took 9-25 s when building the parser imported TensorFlow.
+    assert cli["refused"] == [] and cli["loaded"] == []
+    assert set(cli["commands"]) >= {"prepare-data", "train", "evaluate", "export", "convert",
+                                    "serve", "predict", "deploy", "compile", "submit",
+                                    "run-local", "demo"}
+
+
+def _option_blocks(help_text: str) -> list[str]:
+    """Each option's entry (its line and the wrapped lines under it), joined into one line."""
+    options = help_text.split("\noptions:\n", 1)[-1].split("\n\n", 1)[0]
+    blocks = re.split(r"\n(?=  -)", options)
+    return [" ".join(block.split()) for block in blocks]
+
+
+def test_no_flag_shows_its_default_twice(cli):
+    doubled = [f"{command}: {block}" for command, text in cli["help"].items()
+               for block in _option_blocks(text) if block.count("(default") > 1]
+    assert doubled == []
+    blocks = [b for text in cli["help"].values() for b in _option_blocks(text)]
+    assert not [b for b in blocks if "(default: None)" in b or "(default: [])" in b]
+
+
+def test_train_help_states_the_xla_rule_that_training_applies(cli):
+    from ampflow.components.train.precision import HardwareInfo, choose_jit
+
+    text = next(b for b in _option_blocks(cli["help"]["train"]) if b.startswith("--jit-compile"))
+    on, off = re.search(r"on a CPU on for ([\w/]+) .* off for ([\w/]+)", text).groups()
+    for policy in ("float32", "mixed_float16", "mixed_bfloat16"):
+        jit, _reason = choose_jit(None, HardwareInfo(), policy)  # a CPU-only machine
+        assert policy in (on if jit else off).split("/"), (policy, jit, text)
+
+
+def test_one_served_model_name_default_across_every_command(cli):
+    from ampflow.components.export_savedmodel.step import ExportConfig
+    from ampflow.pipeline.parameters import PIPELINE_PARAMETERS
+    from ampflow.serving.model_format import DEFAULT_MODEL_NAME
+
+    commands = cli["commands"]
+    for name in ("export", "serve", "predict", "model-metadata", "model-status", "run-local",
+                 "demo"):
+        defaults = {a.dest: a.default for a in commands[name]._actions}
+        assert defaults["model_name"] == DEFAULT_MODEL_NAME == "ampflow", name
+    assert PIPELINE_PARAMETERS["model_name"][1] == DEFAULT_MODEL_NAME
+    assert [f.default for f in ExportConfig.__dataclass_fields__.values()
+            if f.name == "model_name"] == [DEFAULT_MODEL_NAME]
+    # `--model` is the architecture wherever a command trains
+    for name in ("train", "run-local", "demo"):
+        defaults = {a.dest: a.default for a in commands[name]._actions}
+        assert defaults["model"] == "small_cnn", name
+
+
+def test_submit_help_lists_every_pipeline_parameter(cli):
+    from ampflow.pipeline.parameters import PIPELINE_PARAMETERS
+
+    listed = cli["help"]["submit"].split("pipeline parameters (--param NAME=VALUE)", 1)[1]
+    names = re.findall(r"^  (\w+) ", listed, flags=re.MULTILINE)
+    assert names == list(PIPELINE_PARAMETERS)
+
+
+@pytest.mark.parametrize("param, message", [
+    ("nmae=x", r"--param names must be pipeline parameters \[.*'model_name'.*\]. "
+               r"Received: \['nmae'\]"),
+    ("epochs=many", r"--param epochs must be of type int. Received: 'many'"),
+    ("autotune=maybe", r"--param autotune must be of type bool"),
+    ("model_name=resnet50", r"model_name is the served model name .*did you mean "
+                            r"model='resnet50'"),
+    ("model_name=../x", r"model_name must be letters"),
+])
+def test_submit_bad_param_is_refused_before_any_endpoint_is_contacted(param, message, capsys,
+                                                                      monkeypatch):
+    import socket
+
+    from ampflow.cli import main
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"submit contacted {args} before checking --param")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    code = main(["submit", "--host", "http://127.0.0.1:9", "--param", param])
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(message, err), err
+    assert "Traceback" not in err
