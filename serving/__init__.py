@@ -18,3 +18,18 @@
 - `cli`: `ampflow serve | predict | model-metadata | model-status`.
 - `testing`: a tiny real SavedModel that follows docs/ARTIFACTS.md.
 """
+
+import importlib
+
+# The Python clients, importable as `from ampflow.serving import PredictionClient` (README),
+# loaded on first use so that importing `ampflow.serving` (the CLI does) pulls in no gRPC/TF.
+_EXPORTS = {"PredictionClient": "client", "RestClient": "rest_client"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Import the submodule that defines `name` when it is first asked for."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -188,6 +188,9 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", type=int, default=None, help="model version (default: latest)")
     p.add_argument("--timeout-s", type=float, default=10.0, help="deadline of each call")
     p.add_argument("--retries", type=int, default=3, help="retries on UNAVAILABLE")
+    p.add_argument("--wait-s", type=float, default=0.0,
+                   help="first wait up to this long for a version of the model to be AVAILABLE "
+                        "(a server that is still starting); 0 = do not wait")
     p.add_argument("--tls-ca", default=None, help="CA (PEM) to verify the server; enables TLS")
     p.add_argument("--tls-cert", default=None, help="client certificate (PEM) for mutual TLS")
     p.add_argument("--tls-key", default=None, help="client private key (PEM)")
@@ -203,6 +206,8 @@ def _client(args: argparse.Namespace):
         args.port = 8501 if args.protocol == "rest" else 8500
     if not 1 <= args.port <= 65535:
         raise ConfigError(f"port must be in 1..65535. Received: port={args.port}")
+    if not args.wait_s >= 0:
+        raise ConfigError(f"wait_s must be >= 0. Received: wait_s={args.wait_s}")
     if args.protocol == "rest":
         return RestClient(f"{args.host}:{args.port}", timeout_s=args.timeout_s,
                           tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
@@ -220,6 +225,7 @@ def _predict(args: argparse.Namespace) -> int:
         raise ConfigError(f"top_k must be >= 1. Received: top_k={args.top_k}")
     labels = _read_labels(args.labels)
     with _client(args) as client:
+        _wait_until_available(client, args)
         signature = client.signature(args.model_name, args.version, args.signature)
         if signature.method_name == CLASSIFY_METHOD:
             return _classify(client, args)
@@ -263,6 +269,27 @@ def _classify(client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _wait_until_available(client, args: argparse.Namespace) -> None:
+    """With --wait-s: poll the model's status (either API) until a version is AVAILABLE."""
+    import time
+
+    deadline = time.monotonic() + args.wait_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        try:
+            states = client.status(args.model_name, args.version)
+        except ServingError as e:  # not listening yet, or the model not loaded yet
+            last = str(e).splitlines()[0]
+        else:
+            if any(row["state"] == "AVAILABLE" for row in states):
+                return
+            last = ", ".join(f"version {row['version']}: {row['state']}" for row in states)
+        time.sleep(0.2)
+    if args.wait_s > 0:
+        raise ServingError(f"model {args.model_name!r} at {args.host}:{args.port} was not "
+                           f"AVAILABLE within --wait-s {args.wait_s:g}. Last: {last}")
+
+
 def _image_shape(client, args: argparse.Namespace) -> tuple[int, ...] | None:
     """The image shape a classify signature expects (it only says "serialized Examples").
 
@@ -299,6 +326,7 @@ def _metadata(args: argparse.Namespace) -> int:
     from google.protobuf import json_format
 
     with _client(args) as client:
+        _wait_until_available(client, args)
         sigs = client.metadata(args.model_name, args.version)
     print(json.dumps({name: json_format.MessageToDict(sig) for name, sig in sigs.items()},
                      indent=2, sort_keys=True))
@@ -307,6 +335,7 @@ def _metadata(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     with _client(args) as client:
+        _wait_until_available(client, args)
         rows = client.status(args.model_name, args.version)
     for row in rows:
         error = f"  {row['error_message']}" if row["error_message"] else ""

@@ -145,3 +145,12 @@ def test_submit_bad_param_is_refused_before_any_endpoint_is_contacted(param, mes
     err = capsys.readouterr().err
     assert code == 2 and re.search(message, err), err
     assert "Traceback" not in err
+
+
+def test_documented_python_clients_import_from_ampflow_serving():
+    # README: `from ampflow.serving import PredictionClient` (it failed: not exported).
+    from ampflow.serving import PredictionClient, RestClient
+    from ampflow.serving.client import PredictionClient as Grpc
+    from ampflow.serving.rest_client import RestClient as Rest
+
+    assert (PredictionClient, RestClient) == (Grpc, Rest)
