@@ -2,7 +2,7 @@
 
 Why not Keras `fit`: under MultiWorkerMirroredStrategy it fails for every policy
 (keras-team/keras#20585), and under MirroredStrategy mixed_float16 + XLA fails (keras#21366).
-A custom step works under all of them (DESIGN.md, "Distribution"), so it is the only loop: a
+A custom step works under all of them (docs/DESIGN.md, "Training loop and distribution"), so it is the only loop: a
 single-process run is the same code under the default strategy, where `strategy.run` is a plain
 call. What `fit` gave is kept: Keras callbacks (loss-scale telemetry, epoch log, TensorBoard)
 are driven through `keras.callbacks.CallbackList`, and the model is compiled so model.keras
