@@ -1,9 +1,9 @@
 """All precision and XLA set-up in one small function (as TF Model Garden's performance.py).
 
-`auto` follows docs/DESIGN.md ("Precision policy"): an NVIDIA GPU of compute capability ≥ 7.0 (Tensor Cores) gets
-`mixed_float16` with dynamic loss scaling; a TPU, or a CPU with AVX512_BF16/AMX, gets
-`mixed_bfloat16`; anything else stays `float32`. XLA (`jit_compile`) is on by default on GPU/TPU;
-on a CPU it is off for float32 and mixed_bfloat16 (measured slower there) and on for
+`auto` follows docs/DESIGN.md ("Precision policy"): an NVIDIA GPU of compute capability ≥ 7.0
+(Tensor Cores) gets `mixed_float16` with dynamic loss scaling; a TPU, or a CPU with AVX512_BF16/AMX,
+gets `mixed_bfloat16`; anything else stays `float32`. XLA (`jit_compile`) is on by default on
+GPU/TPU; on a CPU it is off for float32 and mixed_bfloat16 (measured slower there) and on for
 mixed_float16 (TF's float16 CPU kernels without XLA are far slower still). Keras's own
 `jit_compile="auto"` decides silently, so we always log the *effective* setting and why.
 The hardware is an injectable value so that every branch is testable on any machine.
