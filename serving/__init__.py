@@ -20,12 +20,17 @@
 """
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports them
+    from ampflow.serving.client import PredictionClient
+    from ampflow.serving.rest_client import RestClient
 
 # The Python clients, importable as `from ampflow.serving import PredictionClient` (README),
 # loaded on first use so that importing `ampflow.serving` (the CLI does) pulls in no gRPC/TF.
 _EXPORTS = {"PredictionClient": "client", "RestClient": "rest_client"}
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["PredictionClient", "RestClient"]
 
 
 def __getattr__(name: str):

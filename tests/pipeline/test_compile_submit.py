@@ -298,12 +298,14 @@ def test_compiled_architecture_and_served_name_reach_train_and_export(default_ir
 
 
 def test_local_run_config_refuses_an_architecture_as_the_served_name(tmp_path):
-    from ampflow.pipeline.run_local import LocalRunConfig
+    from ampflow.components.train.models import model_names
+    from ampflow.pipeline.demo import DemoConfig as LocalRunConfig  # run-local's, + demo's own
 
+    other = next(name for name in model_names() if name != "small_cnn")  # not built here
     with pytest.raises(ConfigError, match=r"model_name is the served model name.*"
-                                          r"did you mean model='resnet50'"):
-        LocalRunConfig(workdir=tmp_path, model_name="resnet50")
+                                          rf"did you mean model='{other}'"):
+        LocalRunConfig(workdir=tmp_path, model_name=other)
     with pytest.raises(ConfigError, match=r"model must be one of"):
         LocalRunConfig(workdir=tmp_path, model="ampflow")
-    config = LocalRunConfig(workdir=tmp_path, model="resnet50", model_name="resnet50")
-    assert config.arguments()["model"] == config.arguments()["model_name"] == "resnet50"
+    config = LocalRunConfig(workdir=tmp_path, model=other, model_name=other)
+    assert config.arguments()["model"] == config.arguments()["model_name"] == other
