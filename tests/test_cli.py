@@ -175,3 +175,18 @@ def test_lazy_package_exports_list_what_they_import():
         for name, module in package._EXPORTS.items():
             defined_in = importlib.import_module(f"{package.__name__}.{module}")
             assert getattr(package, name) is getattr(defined_in, name)
+
+
+def test_client_wait_s_gives_up_with_the_last_status_when_nothing_serves(capsys):
+    import socket
+
+    from ampflow.cli import main
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = main(["model-status", "--port", str(port), "--wait-s", "1", "--retries", "0",
+                 "--timeout-s", "0.5"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert f"model 'ampflow' at 127.0.0.1:{port} was not AVAILABLE within --wait-s 1" in err

@@ -299,7 +299,8 @@ def test_compiled_architecture_and_served_name_reach_train_and_export(default_ir
 
 def test_local_run_config_refuses_an_architecture_as_the_served_name(tmp_path):
     from ampflow.components.train.models import model_names
-    from ampflow.pipeline.demo import DemoConfig as LocalRunConfig  # run-local's, + demo's own
+    from ampflow.pipeline.demo import DemoConfig as LocalRunConfig
+    from ampflow.pipeline.parameters import check_arguments  # run-local's, + demo's own
 
     other = next(name for name in model_names() if name != "small_cnn")  # not built here
     with pytest.raises(ConfigError, match=r"model_name is the served model name.*"
@@ -309,3 +310,4 @@ def test_local_run_config_refuses_an_architecture_as_the_served_name(tmp_path):
         LocalRunConfig(workdir=tmp_path, model="ampflow")
     config = LocalRunConfig(workdir=tmp_path, model=other, model_name=other)
     assert config.arguments()["model"] == config.arguments()["model_name"] == other
+    check_arguments(config.arguments())  # run-local passes exactly the pipeline's parameters
