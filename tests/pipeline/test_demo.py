@@ -66,6 +66,7 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
 
     # the table printed is the table saved; results.json holds the same rows, unformatted
     from ampflow.pipeline.report import results_table
+    from ampflow.pipeline.task_logs import plain
 
     saved = json.loads((tmp_path / "results.json").read_text())
     table = (tmp_path / "results.txt").read_text()
@@ -76,7 +77,7 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     assert saved["logs"]["train"] == str(logs / "train.log")
 
     # the second run checks versioning only: without the baseline branch it trains once
-    second = _demo(tmp_path, "--no-with-float32-baseline", "--verbose")
+    second = plain(_demo(tmp_path, "--no-with-float32-baseline", "--verbose"))
     again = json.loads((tmp_path / "results.json").read_text())
     assert again["serving"]["version"] == 2  # each run is a new served version
     assert again["serving"]["served_accuracy"] > 0.5

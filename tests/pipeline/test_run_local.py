@@ -9,6 +9,7 @@ import pytest
 
 from ampflow.errors import PipelineError
 from ampflow.pipeline.run_local import LocalRunConfig, run_local
+from ampflow.pipeline.task_logs import plain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TASKS = {"prepare-data", "train", "train-2", "evaluate-parity", "parity-gate",
@@ -31,7 +32,7 @@ def test_run_local_produces_every_artifact_and_the_served_model_answers(tmp_path
 
     assert TASKS <= set(result.artifacts)
     # verbose: every line streamed as the local runner prints it, and each task's in its log
-    out = capsys.readouterr().out
+    out = plain(capsys.readouterr().out)  # without the runner's terminal colours
     assert "Executing task 'train-2'" in out and "[KFP Executor" in out
     assert set(result.logs) == TASKS
     for task, log in result.logs.items():
