@@ -64,7 +64,7 @@ def run_demo(config: DemoConfig, *, verbose: bool = False) -> dict:
         served = _query(f"127.0.0.1:{port}", config, result)
     rows = results(result, served)
     print(f"\n{results_table(rows)}\n")
-    text = save_results(config.workdir, result, rows, {**result.logs, "serve": log_path})
+    text = save_results(config.workdir, result, rows, {**result.logs, "serve": log_path}, served)
     print(f"Saved as {text} and {text.with_suffix('.json')}.\n"
           f"Full logs, one per step: {config.log_dir}/<step>.log "
           f"({', '.join(p.stem for p in [*result.logs.values(), log_path])}).\n"

@@ -107,10 +107,12 @@ def results_table(rows: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def save_results(workdir: Path, result, rows: dict[str, Any], logs: dict[str, Path]) -> Path:
+def save_results(workdir: Path, result, rows: dict[str, Any], logs: dict[str, Path],
+                 served: dict[str, Any] | None = None) -> Path:
     """Write results.json (raw values) and results.txt (the table as printed) into `workdir`.
 
     The numbers of the latest run can so be read again; returns the text file's path.
+    `served`: the demo's serving numbers, unformatted (results.json's "serving").
     """
     workdir = Path(workdir)
     text = workdir / RESULTS_TEXT
@@ -119,6 +121,7 @@ def save_results(workdir: Path, result, rows: dict[str, Any], logs: dict[str, Pa
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "run_dir": str(result.run_dir),
         "results": rows,
+        "serving": served or {},
         "logs": {task: str(path) for task, path in logs.items()},
     }, indent=2, default=str, ensure_ascii=False) + "\n")
     return text

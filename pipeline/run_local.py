@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -141,6 +142,7 @@ def run_local(config: LocalRunConfig, *, verbose: bool = False,
     ensure_writable_dir(config.workdir, "workdir")
     root = ensure_writable_dir(config.pipeline_root, "pipeline_root")
     config.model_store.mkdir(parents=True, exist_ok=True)
+    _forget_latest_run(config)
     before = set(root.iterdir())
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root),
                raise_on_error=True, workspace_root=str(config.workspace))
@@ -166,6 +168,15 @@ def run_local(config: LocalRunConfig, *, verbose: bool = False,
     return LocalRunResult(run_dir=run_dir, artifacts=_artifacts(run_dir),
                           serving_base=config.serving_base,
                           logs={t: router.log_path(t) for t in progress.tasks})
+
+
+def _forget_latest_run(config: LocalRunConfig) -> None:
+    """Remove the logs and results of the workdir's previous run: they describe the latest."""
+    from ampflow.pipeline.report import RESULTS_JSON, RESULTS_TEXT
+
+    for old in [*config.log_dir.glob("*.log"), Path(config.workdir) / RESULTS_JSON,
+                Path(config.workdir) / RESULTS_TEXT]:
+        old.unlink(missing_ok=True)
 
 
 class _Progress:
@@ -200,8 +211,6 @@ class _Progress:
 
 def _failed_task(message: str) -> str | None:
     """The innermost failed task named in the local runner's error, if any."""
-    import re
-
     match = re.search(r"Inner task failed: '([^']+)'", message) or re.search(
         r"Task '([^']+)' finished with status", message)
     return match.group(1) if match else None
