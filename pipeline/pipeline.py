@@ -205,9 +205,10 @@ def build_pipeline(options: PipelineOptions | None = None):
 
         baseline_args = {}
         if options.with_float32_baseline:
+            # one process at the AMP task's global batch: the two differ only in precision
             baseline = ops["train"](precision="float32",
                                     checkpoint_dir=options.checkpoint_dir(FLOAT32_CHECKPOINTS),
-                                    **train_args)
+                                    batch_size_multiplier=options.train_workers, **train_args)
             baseline.set_display_name("train-float32")
             _train_task(baseline, options)
             baseline_args["baseline_model"] = baseline.outputs["model"]

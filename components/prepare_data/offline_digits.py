@@ -1,7 +1,7 @@
 """The offline default dataset: scikit-learn's 8×8 handwritten digits as a TFDS builder.
 
-The brief requires a default that runs with no network, and DESIGN.md records that nothing can
-be downloaded at run time here. scikit-learn ships the UCI optical digits (1,797 real 8×8
+A default must run with no network (docs/DESIGN.md, "Data"): machines without internet fail
+any download at run time. scikit-learn ships the UCI optical digits (1,797 real 8×8
 images, 10 classes) inside its wheel, so wrapping them as a versioned TFDS
 `GeneratorBasedBuilder` keeps the default on the same tensorflow-datasets code path as any
 catalog dataset (`tfds.builder(name, data_dir=...)`, splits, `ClassLabel` names).

@@ -54,7 +54,7 @@ def native_support(hardware: HardwareInfo) -> dict[str, str | None]:
         support["mixed_float16"] = (
             "no native float16 math (needs an NVIDIA GPU of compute capability >= 7.0 or a CPU "
             "with AVX512_FP16/AMX-FP16): it runs at float32 speed at best, and ~80x slower "
-            "without XLA on a CPU (DESIGN.md)")
+            "without XLA on a CPU (docs/DESIGN.md, \"Precision policy\")")
     return support
 
 

@@ -20,6 +20,7 @@ def train(
     scale_learning_rate: bool = False,
     tfjob_settings: str = "",
     run_key: str = "",
+    batch_size_multiplier: int = 1,
 ):
     """Train with mixed precision; publish the model and its training metrics.
 
@@ -29,6 +30,9 @@ def train(
     `workers` > 1 trains on that many workers: inside a cluster, as a TFJob described by
     `tfjob_settings` (set at compile time; `run_key` names the job so a retry finds it);
     elsewhere (the local runner) as local processes with TF_CONFIG.
+    `batch_size_multiplier` trains one process at that many times `batch_size`: the float32
+    baseline of an N-worker AMP task gets N, so both see the same global batch and steps and
+    differ only in precision.
     """
     import os
 
@@ -40,7 +44,8 @@ def train(
         raise ConfigError(f"jit_compile must be auto, true or false. Received: {jit_compile!r}")
     config = TrainConfig(
         data_dir=data.path, output_dir=model.path, model=model_name, precision=precision,
-        jit_compile=jit, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+        jit_compile=jit, epochs=epochs, batch_size=batch_size * batch_size_multiplier,
+        learning_rate=learning_rate,
         seed=seed, checkpoint_dir=checkpoint_dir or None, autotune=autotune, workers=workers,
         scale_learning_rate=scale_learning_rate)
     if workers > 1 and tfjob_settings and os.environ.get("KUBERNETES_SERVICE_HOST"):

@@ -1,12 +1,12 @@
 """The one training loop, for every tf.distribute strategy (default, mirrored, multi-worker).
 
-Why not Keras `fit`: under MultiWorkerMirroredStrategy it fails for every policy
-(keras-team/keras#20585), and under MirroredStrategy mixed_float16 + XLA fails (keras#21366).
-A custom step works under all of them (DESIGN.md, "Distribution"), so it is the only loop: a
-single-process run is the same code under the default strategy, where `strategy.run` is a plain
-call. What `fit` gave is kept: Keras callbacks (loss-scale telemetry, epoch log, TensorBoard)
-are driven through `keras.callbacks.CallbackList`, and the model is compiled so model.keras
-carries its optimizer.
+Why not Keras `fit`: under MultiWorkerMirroredStrategy it fails for every policy (keras-
+team/keras#20585), and under MirroredStrategy mixed_float16 + XLA fails (keras#21366). A custom step
+works under all of them (docs/DESIGN.md, "Training loop and distribution"), so it is the only loop:
+a single-process run is the same code under the default strategy, where `strategy.run` is a plain
+call. What `fit` gave is kept: Keras callbacks (loss-scale telemetry, epoch log, TensorBoard) are
+driven through `keras.callbacks.CallbackList`, and the model is compiled so model.keras carries its
+optimizer.
 
 Per step, nothing is read back to the host: the step's global loss, correct count and example
 count are summed on the device and read once per epoch; telemetry reads the loss scale only on

@@ -1,10 +1,11 @@
 """All precision and XLA set-up in one small function (as TF Model Garden's performance.py).
 
-`auto` follows DESIGN.md: an NVIDIA GPU of compute capability ≥ 7.0 (Tensor Cores) gets
-`mixed_float16` with dynamic loss scaling; a TPU, or a CPU with AVX512_BF16/AMX, gets
-`mixed_bfloat16`; anything else stays `float32`. XLA (`jit_compile`) is on by default on GPU/TPU
-and off on a CPU, where DESIGN.md measured it halving `fit` throughput; Keras's own
-`jit_compile="auto"` makes the same call silently, so we always log the *effective* setting.
+`auto` follows docs/DESIGN.md ("Precision policy"): an NVIDIA GPU of compute capability ≥ 7.0
+(Tensor Cores) gets `mixed_float16` with dynamic loss scaling; a TPU, or a CPU with AVX512_BF16/AMX,
+gets `mixed_bfloat16`; anything else stays `float32`. XLA (`jit_compile`) is on by default on
+GPU/TPU; on a CPU it is off for float32 and mixed_bfloat16 (measured slower there) and on for
+mixed_float16 (TF's float16 CPU kernels without XLA are far slower still). Keras's own
+`jit_compile="auto"` decides silently, so we always log the *effective* setting and why.
 The hardware is an injectable value so that every branch is testable on any machine.
 """
 
@@ -127,8 +128,8 @@ def choose_jit(
             "a CPU (benchmarks/results/train_throughput_small_cnn.md: 2.4 vs 187 img/s)"
         )
     return False, (
-        "CPU only: XLA measured slower than plain TF for Keras fit on this CPU "
-        "(see benchmarks/train_throughput); pass --jit-compile to force it"
+        "CPU only: XLA measured slower than plain TF on a CPU for float32 and bfloat16 "
+        "(benchmarks/results/train_throughput_small_cnn.md); pass --jit-compile to force it"
     )
 
 

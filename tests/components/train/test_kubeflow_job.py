@@ -260,11 +260,16 @@ def test_pipeline_train_workers_below_one_is_rejected():
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_local_pipeline_run_with_train_workers_trains_on_local_workers(tmp_path):
-    """With the kfp local runner, train_workers > 1 runs the local multi-worker launcher."""
+    """With the kfp local runner, train_workers > 1 runs the local multi-worker launcher.
+
+    (No float32 baseline: one epoch is too short for the training-parity gate's verdict to be
+    about anything but noise; the baseline's wiring is checked at compile time below.)
+    """
     from ampflow.pipeline.run_local import LocalRunConfig, run_local
 
     result = run_local(LocalRunConfig(workdir=tmp_path, epochs=1, precision="float32",
-                                      train_workers=2, tflite_variants="float32"))
+                                      train_workers=2, tflite_variants="float32",
+                                      with_float32_baseline=False))
     meta = json.loads((result.artifacts["train"]["model"] / "metadata.json").read_text())
     assert meta["distribution"]["strategy"] == "multi_worker"
     assert meta["distribution"]["num_workers"] == 2
@@ -282,3 +287,18 @@ def test_pipeline_autotune_parameter_reaches_the_train_task_not_the_float32_base
         "componentInputParameter": "autotune"}
     baseline = next(t for name, t in tasks.items() if name != "train" and name.startswith("train"))
     assert "autotune" not in baseline["inputs"]["parameters"]
+
+
+def test_float32_baseline_of_a_multi_worker_task_trains_at_the_same_global_batch(tmp_path):
+    """N workers train at N x batch_size; the one-process baseline must too, or the training
+    parity gate compares two batch sizes (and half the steps) instead of two precisions."""
+    from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
+
+    for workers in (1, 3):
+        path = compile_pipeline(tmp_path / f"p{workers}.yaml",
+                                PipelineOptions(with_float32_baseline=True, train_workers=workers))
+        tasks = next(yaml.safe_load_all(open(path)))["root"]["dag"]["tasks"]
+        baseline = next(t for name, t in tasks.items()
+                        if name != "train" and name.startswith("train"))
+        multiplier = baseline["inputs"]["parameters"]["batch_size_multiplier"]
+        assert multiplier["runtimeValue"]["constant"] == workers
