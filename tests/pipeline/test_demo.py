@@ -76,8 +76,11 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     assert "parity.amp_vs_float32_trained" in table and "parity.amp_training_speedup" in table
     assert saved["logs"]["train"] == str(logs / "train.log")
 
-    # the second run checks versioning only: without the baseline branch it trains once
-    second = plain(_demo(tmp_path, "--no-with-float32-baseline", "--verbose"))
+    # the second run checks versioning, --verbose and train_workers: without the baseline
+    # branch it trains once, on two local worker processes (MultiWorkerMirroredStrategy over
+    # loopback with the TF_CONFIG a TFJob sets), started by the train task itself
+    second = plain(_demo(tmp_path, "--no-with-float32-baseline", "--verbose",
+                         "--train-workers", "2"))
     again = json.loads((tmp_path / "results.json").read_text())
     assert again["serving"]["version"] == 2  # each run is a new served version
     assert again["serving"]["served_accuracy"] > 0.5
@@ -87,3 +90,8 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     assert "KFP Executor" in second and "Executing task 'train'" in second
     assert "failed call to cuInit" in second
     assert not (logs / "train-2.log").exists()  # the logs are the latest run's
+    trained = max((tmp_path / "pipeline_root").glob("*/train/model/metadata.json"),
+                  key=lambda p: p.stat().st_mtime)
+    distribution = json.loads(trained.read_text())["distribution"]
+    assert (distribution["strategy"], distribution["num_workers"]) == ("multi_worker", 2)
+    assert "started worker 1 of 2" in second
