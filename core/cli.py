@@ -16,6 +16,7 @@ import sys
 from ampflow import __version__
 from ampflow.errors import AmpflowError
 from ampflow.requirements import check_installed_versions
+from ampflow.tf_startup import filter_stderr_for_life
 
 # (command modules in pipeline order). Modules are imported lazily so `--help` stays fast.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -47,8 +48,18 @@ def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.Argumen
 
 
 def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODULES) -> int:
-    """Entry point of the `ampflow` console script (or of a subset of its `modules`)."""
+    """Entry point of the `ampflow` console script (or of a subset of its `modules`).
+
+    Without `argv` (the console script, `python -m ampflow.cli`) the process is the command's:
+    its stderr then goes through `ampflow.tf_startup`'s filter unless `--verbose` or
+    `--log-level DEBUG` asks for everything. With `argv` (tests, a caller's own process) the
+    process's file descriptors are left alone.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if argv is None:  # the process's own command line: this process is ours to set up
+        argv = sys.argv[1:]
+        if not _shows_everything(argv):
+            filter_stderr_for_life()  # TensorFlow's C++ lines a CPU-only machine reads as errors
     parser = build_parser(modules)
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -68,6 +79,16 @@ def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODUL
     except KeyboardInterrupt:
         print(f"ampflow {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _shows_everything(argv: list[str]) -> bool:
+    """`--verbose` or `--log-level DEBUG`: TensorFlow's C++ lines are shown unfiltered.
+
+    Read from argv before parsing, since building the parser may import TensorFlow.
+    """
+    debug = any(a == "--log-level=DEBUG" or (a == "--log-level" and b == "DEBUG")
+                for a, b in zip(argv, [*argv[1:], ""], strict=True))
+    return "--verbose" in argv or debug
 
 
 if __name__ == "__main__":

@@ -101,13 +101,18 @@ def _register_run_local(subparsers) -> None:
     p = subparsers.add_parser("run-local", help="Run the whole pipeline with the kfp local runner.",
                               formatter_class=HelpFormatter)
     add_config_arguments(p, LocalRunConfig)
+    _add_verbose(p)
 
     def run(args) -> int:
-        from ampflow.pipeline.report import summarize_run
+        from ampflow.pipeline.report import results, save_results, summarize_run
         from ampflow.pipeline.run_local import run_local
 
-        result = run_local(config_from_args(LocalRunConfig, args))
+        config = config_from_args(LocalRunConfig, args)
+        result = run_local(config, verbose=args.verbose)
         print(summarize_run(result))
+        text = save_results(config.workdir, result, results(result), result.logs)
+        print(f"\nSaved as {text} and {text.with_suffix('.json')}; full logs, one per step: "
+              f"{config.log_dir}/<step>.log")
         return 0
 
     p.set_defaults(func=run)
@@ -120,12 +125,20 @@ def _register_demo(subparsers) -> None:
         "demo", formatter_class=HelpFormatter,
         help="The whole mission locally: pipeline, then serve and query over gRPC.")
     add_config_arguments(p, DemoConfig)
+    _add_verbose(p)
 
     def run(args) -> int:
         from ampflow.pipeline.demo import run_demo
 
-        run_demo(config_from_args(DemoConfig, args))
+        run_demo(config_from_args(DemoConfig, args), verbose=args.verbose)
         return 0
 
     p.set_defaults(func=run)
+
+
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="Stream every step's full output (the local runner's executor "
+                             "logs, TensorFlow's start-up lines) as well as writing it to "
+                             "<workdir>/logs/<step>.log.")
 

@@ -7,7 +7,10 @@
 2. Serve that base path with `ampflow serve` (a separate process speaking TF Serving's gRPC API;
    the real `tensorflow_model_server` is used instead when it is on PATH).
 3. Query it over gRPC with the tensorflow-serving-api client, print predictions and a results
-   table, and stop the server it started.
+   table (saved as `<workdir>/results.txt` and `results.json`), and stop the server it started.
+
+It prints one line as each step starts and one as it ends (time and headline number); each
+step's full output is in `<workdir>/logs/<step>.log` (`--verbose` streams it as well).
 """
 
 from __future__ import annotations
@@ -37,24 +40,35 @@ class DemoConfig(LocalRunConfig):
     """A local run plus how to serve and query it."""
 
     workdir: Path = field(default=Path("runs/demo"), metadata={
-        "help": "Holds the run's pipeline_root/, serving/ and the server log."})
+        "help": "Holds the run's pipeline_root/, serving/, logs/ (one per step, the server's "
+                "too) and results.txt/.json."})
     port: int = field(default=0, metadata={"help": "gRPC port for the server (0: a free one)."})
     num_queries: int = field(default=8, metadata={"help": "Test images to show predictions for."})
 
 
-def run_demo(config: DemoConfig) -> dict:
-    """Run, serve, query; return the numbers printed in the results table."""
-    from ampflow.pipeline.report import results_table, summarize_run
+def run_demo(config: DemoConfig, *, verbose: bool = False) -> dict:
+    """Run, serve, query; print and save the results table; return the serving numbers.
+
+    Prints one line per step as it starts and ends; every step's full output is in
+    `<workdir>/logs/<step>.log` (`verbose`: streamed as well).
+    """
+    from ampflow.pipeline.report import results, results_table, save_results
     from ampflow.pipeline.run_local import run_local
 
     _say_policy(config.precision)
-    result = run_local(config)
-    print(summarize_run(result))
+    result = run_local(config, verbose=verbose)
     port = config.port or _free_port()
-    log_path = Path(config.workdir) / "server.log"
-    with _server(config.serving_model_name, result.serving_base, port, log_path):
+    log_path = config.log_dir / "serve.log"
+    with _server(config.serving_model_name, result.serving_base, port, log_path), \
+            _library_info_hidden(unless=verbose):
         served = _query(f"127.0.0.1:{port}", config, result)
-    print(results_table(result, served))
+    rows = results(result, served)
+    print(f"\n{results_table(rows)}\n")
+    text = save_results(config.workdir, result, rows, {**result.logs, "serve": log_path}, served)
+    print(f"Saved as {text} and {text.with_suffix('.json')}.\n"
+          f"Full logs, one per step: {config.log_dir}/<step>.log "
+          f"({', '.join(p.stem for p in [*result.logs.values(), log_path])}).\n"
+          f"Artifacts: {result.run_dir}/<step>/<output>; served from {result.serving_base}.")
     return served
 
 
@@ -63,22 +77,26 @@ def _say_policy(requested: str) -> None:
 
     auto, reason = choose_policy("auto", detect_hardware())
     if requested != auto:
-        print(f"\nampflow demo: training under {requested}"
+        print(f"ampflow demo: training under {requested}"
               + (" so that dynamic loss scaling and its telemetry run even here"
                  if requested == "mixed_float16" else "")
-              + f"; --precision auto would pick {auto} on this machine: {reason}.\n")
+              + f"; --precision auto would pick {auto} on this machine: {reason}.")
 
 
 @contextlib.contextmanager
 def _server(model_name: str, base: Path, port: int, log_path: Path) -> Iterator[None]:
-    """Start `ampflow serve` as its own process; SIGTERM it (drain, exit 0) on the way out."""
+    """Start `ampflow serve` as its own process; SIGTERM it (drain, exit 0) on the way out.
+
+    Not `serving.testing.ServeProcess`: that one always runs `--server local` on a free port,
+    while the demo serves with the real `tensorflow_model_server` when it is on PATH.
+    """
     cmd = [sys.executable, "-m", "ampflow.cli", "serve", "--model-name", model_name,
            "--model-base-path", str(base), "--port", str(port)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
-        print(f"ampflow demo: serving {base} on 127.0.0.1:{port} (pid {proc.pid}, "
-              f"log {log_path})")
+        _step("serve", f"started: `ampflow serve` on 127.0.0.1:{port} (pid {proc.pid})")
         try:
             yield
         finally:
@@ -88,7 +106,7 @@ def _server(model_name: str, base: Path, port: int, log_path: Path) -> Iterator[
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            print(f"ampflow demo: server stopped (exit code {proc.returncode})")
+            _step("serve", f"stopped (exit code {proc.returncode})")
 
 
 def _query(address: str, config: DemoConfig, result) -> dict:
@@ -97,14 +115,17 @@ def _query(address: str, config: DemoConfig, result) -> dict:
 
     data_dir = result.artifacts["prepare-data"]["data"]
     images, labels = load_arrays(data_dir, "test")
+    started = time.monotonic()
     with PredictionClient(address, timeout_s=10.0) as client:
         try:
             version = client.wait_until_available(config.serving_model_name, timeout=120)
         except ServingError as e:
-            raise ServingError(f"{e}; see the server log in {config.workdir}/server.log") from e
+            raise ServingError(f"{e}; see the server log in {config.log_dir}/serve.log") from e
         sig = client.metadata(config.serving_model_name)["serving_default"]
-        print(f"ampflow demo: version {version} AVAILABLE; serving_default inputs "
-              f"{sorted(sig.inputs)} → outputs {sorted(sig.outputs)}")
+        _step("serve", f"done in {time.monotonic() - started:5.1f} s  version {version} "
+                       f"AVAILABLE: serving_default {', '.join(sorted(sig.inputs))} → "
+                       f"{', '.join(sorted(sig.outputs))}")
+        started = time.monotonic()
         latencies = []
         shown = images[: config.num_queries].astype("float32")
         for image in shown:
@@ -112,16 +133,35 @@ def _query(address: str, config: DemoConfig, result) -> dict:
             client.predict(config.serving_model_name, image[np.newaxis])
             latencies.append(1000 * (time.perf_counter() - start))
         batch = client.predict(config.serving_model_name, images.astype("float32")).outputs
-    probabilities = batch["probabilities"]
-    predicted = probabilities.argmax(axis=1)
-    print("\nampflow demo: gRPC Predict on test images (label → predicted, probability)")
-    for i in range(len(shown)):
-        print(f"  image {i}: {labels[i]} → {predicted[i]}  ({probabilities[i].max():.3f})"
-              f"{'' if labels[i] == predicted[i] else '   ✗'}")
-    return {"version": version, "address": address,
-            "served_accuracy": float(np.mean(predicted == labels)),
-            "served_examples": int(len(labels)),
-            "grpc_p50_ms": float(np.median(latencies))}
+    predicted = batch["probabilities"].argmax(axis=1)
+    pairs = " ".join(f"{labels[i]}→{predicted[i]}" for i in range(len(shown)))
+    right = int(np.sum(predicted[: len(shown)] == labels[: len(shown)]))
+    served = {"version": version, "address": address,
+              "served_accuracy": float(np.mean(predicted == labels)),
+              "served_examples": int(len(labels)),
+              "grpc_p50_ms": float(np.median(latencies))}
+    _step("gRPC Predict", f"done in {time.monotonic() - started:5.1f} s  label→predicted "
+                          f"{pairs} ({right} of {len(shown)} right); all "
+                          f"{len(labels)} test images: accuracy {served['served_accuracy']:.4f}")
+    return served
+
+
+@contextlib.contextmanager
+def _library_info_hidden(*, unless: bool) -> Iterator[None]:
+    """TFDS's info lines (through absl) stay out of the progress lines, unless `unless`."""
+    absl = logging.getLogger("absl")
+    saved = absl.level
+    if not unless:
+        absl.setLevel(max(saved, logging.WARNING))
+    try:
+        yield
+    finally:
+        absl.setLevel(saved)
+
+
+def _step(name: str, text: str) -> None:
+    """A progress line in the same columns as the pipeline's steps."""
+    print(f"  {name:<18} {text}", flush=True)
 
 
 def _free_port() -> int:

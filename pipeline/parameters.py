@@ -12,6 +12,7 @@ Names: `model` is the architecture (as `train --model`), `model_name` the served
 from __future__ import annotations
 
 from ampflow.errors import ConfigError
+from ampflow.pipeline.pipeline import AUTO_RELATIVE_LOGIT_DIFF, GATE_DEFAULTS
 from ampflow.serving.model_format import DEFAULT_MODEL_NAME, check_model_name
 
 # name -> (type, default, help). Order: the order of `ampflow_pipeline`'s signature.
@@ -25,11 +26,16 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
     "jit_compile": (str, "auto", "XLA for the train step: auto, true or false"),
     "seed": (int, 42, "seed"),
     "autotune": (bool, False, "time each (policy, XLA) candidate and train with the fastest"),
-    "max_accuracy_drop": (float, 0.5, "gate: max AMP-vs-twin accuracy drop (points)"),
-    "min_agreement": (float, 0.99, "gate: min argmax agreement with the float32 twin"),
-    "max_relative_logit_diff": (float, -1.0, "gate: max relative logit diff (< 0: per dtype)"),
-    "max_baseline_accuracy_drop": (float, 3.0, "gate: max drop vs float32-trained (points)"),
-    "baseline_alpha": (float, 0.01, "gate: significance of the McNemar test"),
+    "max_accuracy_drop": (float, GATE_DEFAULTS["max_accuracy_drop"],
+                          "gate: max AMP-vs-twin accuracy drop (points)"),
+    "min_agreement": (float, GATE_DEFAULTS["min_agreement"],
+                      "gate: min argmax agreement with the float32 twin"),
+    "max_relative_logit_diff": (float, AUTO_RELATIVE_LOGIT_DIFF,
+                                "gate: max relative logit diff (< 0: per dtype)"),
+    "max_baseline_accuracy_drop": (float, GATE_DEFAULTS["max_baseline_accuracy_drop"],
+                                   "gate: max drop vs float32-trained (points)"),
+    "baseline_alpha": (float, GATE_DEFAULTS["baseline_alpha"],
+                       "gate: significance of the McNemar test"),
     "tflite_variants": (str, "float32,float16,dynamic_range,full_int8", "TFLite variants"),
     "model_name": (str, DEFAULT_MODEL_NAME, "served model name (TF Serving's --model_name)"),
     "serving_target": (str, "none", "none, local or kubernetes"),

@@ -25,6 +25,7 @@ How it behaves on a KFP backend, and why it is wired this way:
 
 from dataclasses import dataclass, field
 
+from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.errors import ConfigError
 from ampflow.pipeline.settings import DEFAULT_IMAGE, as_component
 
@@ -34,6 +35,12 @@ ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod")
 # Where each train task keeps its resumable state on the run's workspace (one dir per task).
 AMP_CHECKPOINTS = "checkpoints/train-amp"
 FLOAT32_CHECKPOINTS = "checkpoints/train-float32"
+# The parity gate's thresholds as pipeline parameters: the evaluate step's own defaults
+# (EvaluateConfig, where their reasons are written). A parameter is a float, so the auto bound
+# of the relative logit check (None there) is any value < 0 here.
+AUTO_RELATIVE_LOGIT_DIFF = -1.0
+GATE_DEFAULTS = {name: EvaluateConfig.__dataclass_fields__[name].default for name in (
+    "max_accuracy_drop", "min_agreement", "max_baseline_accuracy_drop", "baseline_alpha")}
 
 
 @dataclass(frozen=True)
@@ -165,11 +172,11 @@ def build_pipeline(options: PipelineOptions | None = None):
         jit_compile: str = "auto",
         seed: int = 42,
         autotune: bool = False,
-        max_accuracy_drop: float = 0.5,
-        min_agreement: float = 0.99,
-        max_relative_logit_diff: float = -1.0,
-        max_baseline_accuracy_drop: float = 3.0,
-        baseline_alpha: float = 0.01,
+        max_accuracy_drop: float = GATE_DEFAULTS["max_accuracy_drop"],
+        min_agreement: float = GATE_DEFAULTS["min_agreement"],
+        max_relative_logit_diff: float = AUTO_RELATIVE_LOGIT_DIFF,
+        max_baseline_accuracy_drop: float = GATE_DEFAULTS["max_baseline_accuracy_drop"],
+        baseline_alpha: float = GATE_DEFAULTS["baseline_alpha"],
         tflite_variants: str = "float32,float16,dynamic_range,full_int8",
         model_name: str = "ampflow",
         serving_target: str = "none",

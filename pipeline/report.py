@@ -1,10 +1,18 @@
-"""What `ampflow run-local` and `ampflow demo` print: where each artifact is, and the numbers."""
+"""What `ampflow run-local` and `ampflow demo` print and save: headlines, numbers, where things are.
+
+Each step's headline number as it ends, the closing results table (also saved in the workdir
+as results.txt and results.json), and the failed gate checks when the gate stops a run.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
+
+RESULTS_JSON = "results.json"
+RESULTS_TEXT = "results.txt"
 
 
 def summarize_run(result) -> str:
@@ -80,18 +88,137 @@ def training_parity(metrics: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def results_table(result, served: dict[str, Any]) -> str:
-    """The demo's closing table: one row per stage with its headline number."""
-    metrics = key_metrics(result)
-    rows = [(k, _fmt(v)) for k, v in metrics.items()]
-    rows += [("serving.version", served["version"]),
-             ("serving.grpc_accuracy", f"{served['served_accuracy']:.4f} on "
-                                       f"{served['served_examples']} test images"),
-             ("serving.grpc_p50_ms (1 image)", f"{served['grpc_p50_ms']:.2f}")]
-    width = max(len(k) for k, _ in rows)
-    lines = ["", "Results", "-" * (width + 40)]
-    lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
+def results(result, served: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The rows of the closing table, unformatted: the run's key metrics, then serving's."""
+    rows = key_metrics(result)
+    if served:
+        rows.update({"serving.version": served["version"],
+                     "serving.grpc_accuracy": f"{served['served_accuracy']:.4f} on "
+                                              f"{served['served_examples']} test images",
+                     "serving.grpc_p50_ms (1 image)": f"{served['grpc_p50_ms']:.2f}"})
+    return rows
+
+
+def results_table(rows: dict[str, Any]) -> str:
+    """The closing table as printed (and saved as results.txt): one row per headline number."""
+    width = max(len(k) for k in rows)
+    lines = ["Results", "-" * (width + 40)]
+    lines += [f"{k.ljust(width)}  {_fmt(v)}" for k, v in rows.items()]
     return "\n".join(lines)
+
+
+def save_results(workdir: Path, result, rows: dict[str, Any], logs: dict[str, Path],
+                 served: dict[str, Any] | None = None) -> Path:
+    """Write results.json (raw values) and results.txt (the table as printed) into `workdir`.
+
+    The numbers of the latest run can so be read again; returns the text file's path.
+    `served`: the demo's serving numbers, unformatted (results.json's "serving").
+    """
+    workdir = Path(workdir)
+    text = workdir / RESULTS_TEXT
+    text.write_text(results_table(rows) + "\n")
+    (workdir / RESULTS_JSON).write_text(json.dumps({
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "run_dir": str(result.run_dir),
+        "results": rows,
+        "serving": served or {},
+        "logs": {task: str(path) for task, path in logs.items()},
+    }, indent=2, default=str, ensure_ascii=False) + "\n")
+    return text
+
+
+def step_headline(task: str, task_dir: Path) -> str:
+    """The number a user looks at first for one finished task of the pipeline."""
+    for prefix, headline in _HEADLINES.items():
+        if task.startswith(prefix):
+            try:
+                return headline(Path(task_dir))
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                return ""
+    return ""
+
+
+def _data_headline(task_dir: Path) -> str:
+    info = _json(task_dir / "data", "dataset_info.json") or {}
+    splits = ", ".join(f"{n} {name}" for name, n in info.get("splits", {}).items())
+    return f"{info['name']}: {splits} images" if info else ""
+
+
+def _train_headline(task_dir: Path) -> str:
+    meta = _json(task_dir / "model", "metadata.json")
+    if not meta:
+        return ""
+    text = (f"{meta['precision']['policy']}, XLA {'on' if meta['xla']['effective'] else 'off'}: "
+            f"val_accuracy {meta['final_metrics']['val_accuracy']:.4f}, "
+            f"{meta['throughput_examples_per_sec']:.0f} img/s")
+    scale = meta.get("loss_scale", {})
+    if scale.get("enabled"):
+        text += (f", loss scale {scale['final']:g} ({scale['skipped_steps']} of "
+                 f"{scale['steps']} steps skipped)")
+    return text
+
+
+def _evaluate_headline(task_dir: Path) -> str:
+    metrics = _json(task_dir / "verdict", "metrics.json")
+    verdict = _json(task_dir / "verdict", "verdict.json")
+    if not metrics or not verdict:
+        return ""
+    checks = verdict["checks"]
+    text = (f"gate {'PASS' if verdict['passed'] else 'FAIL'} "
+            f"({sum(c['passed'] for c in checks)} of {len(checks)} checks): "
+            f"agreement {metrics['argmax_agreement']:.4f}, "
+            f"accuracy drop {metrics['accuracy_drop_points']:.2f} points vs the float32 twin")
+    if metrics.get("baseline_accuracy_delta_points") is not None:
+        text += f", {metrics['baseline_accuracy_delta_points']:+.2f} vs float32-trained"
+    return text
+
+
+def _gate_headline(task_dir: Path) -> str:
+    return "passed: export may go on"
+
+
+def _export_headline(task_dir: Path) -> str:
+    saved = task_dir / "saved_model"
+    versions = sorted(str(p.relative_to(saved)) for p in saved.glob("*/*") if p.is_dir())
+    return f"SavedModel version {', '.join(versions)}" if versions else ""
+
+
+def _convert_headline(task_dir: Path) -> str:
+    report = _json(task_dir / "tflite", "report.json")
+    if not report:
+        return ""
+    variants = report["variants"]
+    passed = sum(bool(v["passed"]) for v in variants.values())
+    sizes = ", ".join(f"{name} {v['size_bytes'] / 1024:.0f} KiB" for name, v in variants.items())
+    return f"{passed} of {len(variants)} variants checked and passed: {sizes}"
+
+
+def _deploy_headline(task_dir: Path) -> str:
+    endpoint = _json(task_dir / "endpoint")
+    if not endpoint:
+        return ""
+    return f"{endpoint['target']}: version {endpoint['version']} → {endpoint['model_path']}"
+
+
+_HEADLINES = {"prepare-data": _data_headline, "train": _train_headline,
+              "evaluate-parity": _evaluate_headline, "parity-gate": _gate_headline,
+              "export-savedmodel": _export_headline, "convert-tflite": _convert_headline,
+              "deploy-serving": _deploy_headline}
+
+
+def gate_failure(evaluate_dir: Path) -> list[str]:
+    """The failed checks of an evaluate task's verdict, as `name: measured X vs threshold op Y`.
+
+    [] when the gate passed or the verdict cannot be read.
+    """
+    from ampflow.components.evaluate_parity.verdict import explain_check, load_verdict
+    from ampflow.errors import ModelLoadError
+
+    try:
+        verdict = load_verdict(Path(evaluate_dir) / "verdict")
+    except (ModelLoadError, OSError):
+        return []
+    return [] if verdict["passed"] else [explain_check(c) for c in verdict["failed_checks"]]
 
 
 def _json(path, name: str | None = None) -> dict | None:

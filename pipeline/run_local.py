@@ -11,17 +11,30 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.files import ensure_writable_dir
 from ampflow.pipeline.parameters import check_model_names
-from ampflow.pipeline.pipeline import PIPELINE_NAME, PipelineOptions, build_pipeline
+from ampflow.pipeline.pipeline import (
+    AUTO_RELATIVE_LOGIT_DIFF,
+    GATE_DEFAULTS,
+    PIPELINE_NAME,
+    PipelineOptions,
+    build_pipeline,
+)
+from ampflow.pipeline.task_logs import TaskLogRouter, plain, routed_output
 from ampflow.serving.model_format import DEFAULT_MODEL_NAME
 
 log = logging.getLogger(__name__)
+# How much of a failed task's log the error repeats (the whole log is in <workdir>/logs/).
+LOG_TAIL_LINES = 15
 
 
 @dataclass(frozen=True)
@@ -44,16 +57,17 @@ class LocalRunConfig:
     seed: int = field(default=42, metadata={"help": "Seed."})
     autotune: bool = field(default=False, metadata={
         "help": "Time each (policy, XLA) candidate before training and use the fastest."})
-    max_accuracy_drop: float = field(default=0.5, metadata={
+    max_accuracy_drop: float = field(default=GATE_DEFAULTS["max_accuracy_drop"], metadata={
         "help": "Parity gate: max accuracy drop of the AMP model vs its float32 twin (points)."})
-    min_agreement: float = field(default=0.99, metadata={
+    min_agreement: float = field(default=GATE_DEFAULTS["min_agreement"], metadata={
         "help": "Parity gate: min argmax agreement of the AMP model and its float32 twin."})
-    max_relative_logit_diff: float = field(default=-1.0, metadata={
+    max_relative_logit_diff: float = field(default=AUTO_RELATIVE_LOGIT_DIFF, metadata={
         "help": "Parity gate: max |logit diff| / max |logit|; < 0 means the per-dtype default."})
-    max_baseline_accuracy_drop: float = field(default=3.0, metadata={
+    max_baseline_accuracy_drop: float = field(
+        default=GATE_DEFAULTS["max_baseline_accuracy_drop"], metadata={
         "help": "Parity gate: max accuracy drop of the AMP-trained model vs the float32-trained "
                 "baseline (points)."})
-    baseline_alpha: float = field(default=0.01, metadata={
+    baseline_alpha: float = field(default=GATE_DEFAULTS["baseline_alpha"], metadata={
         "help": "Parity gate: significance level of the one-sided paired (McNemar) test of "
                 "AMP-trained vs float32-trained correctness."})
     tflite_variants: str = field(default="float32,float16,dynamic_range,full_int8", metadata={
@@ -79,6 +93,11 @@ class LocalRunConfig:
     def pipeline_root(self) -> Path:
         """Where the local runner writes every task's artifacts."""
         return Path(self.workdir) / "pipeline_root"
+
+    @property
+    def log_dir(self) -> Path:
+        """One log file per task of the latest run (`<task>.log`), and the runner's own."""
+        return Path(self.workdir) / "logs"
 
     @property
     def workspace(self) -> Path:
@@ -116,15 +135,24 @@ class LocalRunResult:
     run_dir: Path
     artifacts: dict[str, dict[str, Path]]
     serving_base: Path
+    logs: dict[str, Path] = field(default_factory=dict)  # task → its log file
 
 
-def run_local(config: LocalRunConfig) -> LocalRunResult:
-    """Run the pipeline with `kfp.local.SubprocessRunner`; PipelineError names a failed task."""
+def run_local(config: LocalRunConfig, *, verbose: bool = False,
+              console: TextIO | None = None) -> LocalRunResult:
+    """Run the pipeline with `kfp.local.SubprocessRunner`; PipelineError names a failed task.
+
+    Each task's output goes to `<workdir>/logs/<task>.log` and `console` (default: stdout) gets
+    one line as each task starts and one as it ends, with its time and headline number;
+    `verbose` also streams every line of the run to `console`, as the local runner prints it.
+    """
     from kfp import local
 
+    console = console or sys.stdout
     ensure_writable_dir(config.workdir, "workdir")
     root = ensure_writable_dir(config.pipeline_root, "pipeline_root")
     config.model_store.mkdir(parents=True, exist_ok=True)
+    _forget_latest_run(config)
     before = set(root.iterdir())
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root),
                raise_on_error=True, workspace_root=str(config.workspace))
@@ -132,34 +160,101 @@ def run_local(config: LocalRunConfig) -> LocalRunResult:
                               model_store_pvc=None, train_workers=config.train_workers)
     pipeline = build_pipeline(options)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    progress = _Progress(console, lambda: _new_run_dir(root, before))
+    router = TaskLogRouter(config.log_dir, on_start=progress.started, on_end=progress.ended,
+                           echo=console if verbose else None)
+    print(f"ampflow: running pipeline '{PIPELINE_NAME}' with the kfp local runner; each "
+          f"step's full log goes to {config.log_dir}/<step>.log", file=console, flush=True)
     try:
-        pipeline(**config.arguments())
+        with routed_output(router):
+            pipeline(**config.arguments())
     except RuntimeError as e:
-        reason = _gate_reason(root, before)
-        raise PipelineError(f"the local pipeline run failed: {_plain(e)}{reason}. Each task's "
-                            f"log is above; artifacts so far are under {root}") from e
+        task = router.running or _failed_task(plain(str(e)))
+        if router.running:
+            progress.ended(router.running, False)
+        raise PipelineError(_failure_message(config, root, before, task, router,
+                                             show_log_tail=not verbose)) from e
     run_dir = _new_run_dir(root, before)
     return LocalRunResult(run_dir=run_dir, artifacts=_artifacts(run_dir),
-                          serving_base=config.serving_base)
+                          serving_base=config.serving_base,
+                          logs={t: router.log_path(t) for t in progress.tasks})
 
 
-def _plain(error: Exception) -> str:
-    """The local runner's message without its terminal colour codes."""
-    import re
+def _forget_latest_run(config: LocalRunConfig) -> None:
+    """Remove the logs and results of the workdir's previous run: they describe the latest."""
+    from ampflow.pipeline.report import RESULTS_JSON, RESULTS_TEXT
 
-    return re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    for old in [*config.log_dir.glob("*.log"), Path(config.workdir) / RESULTS_JSON,
+                Path(config.workdir) / RESULTS_TEXT]:
+        old.unlink(missing_ok=True)
 
 
-def _gate_reason(root: Path, before: set[Path]) -> str:
-    """'; the FP32-parity gate failed: <checks>' when that is why the run stopped, else ''."""
-    from ampflow.components.evaluate_parity import load_verdict
-    from ampflow.errors import ModelLoadError
+class _Progress:
+    """Prints one line as a task starts and one as it ends (time, headline number)."""
 
+    def __init__(self, console: TextIO, run_dir: Callable[[], Path]) -> None:
+        self._console, self._run_dir = console, run_dir
+        self._started: dict[str, float] = {}
+        self.tasks: list[str] = []
+
+    def started(self, task: str) -> None:
+        self._started[task] = time.monotonic()
+        self.tasks.append(task)
+        self._say(f"  {task:<18} started")
+
+    def ended(self, task: str, succeeded: bool) -> None:
+        from ampflow.pipeline.report import step_headline
+
+        elapsed = time.monotonic() - self._started.get(task, time.monotonic())
+        if not succeeded:
+            self._say(f"  {task:<18} FAILED after {elapsed:.1f} s")
+            return
+        try:
+            headline = step_headline(task, self._run_dir() / task)
+        except PipelineError:
+            headline = ""
+        self._say(f"  {task:<18} done in {elapsed:5.1f} s  {headline}".rstrip())
+
+    def _say(self, line: str) -> None:
+        print(line, file=self._console, flush=True)
+
+
+def _failed_task(message: str) -> str | None:
+    """The innermost failed task named in the local runner's error, if any."""
+    match = re.search(r"Inner task failed: '([^']+)'", message) or re.search(
+        r"Task '([^']+)' finished with status", message)
+    return match.group(1) if match else None
+
+
+def _failure_message(config: LocalRunConfig, root: Path, before: set[Path], task: str | None,
+                     router: TaskLogRouter, *, show_log_tail: bool) -> str:
+    """Which task stopped the run and why, then where the logs, report and artifacts are.
+
+    Why: the failed gate checks from the evaluate task's verdict, else the end of the log.
+    """
+    from ampflow.pipeline.report import gate_failure
+
+    lines = [f"the local pipeline run stopped at task '{task or '?'}'."]
     try:
-        verdict = load_verdict(_new_run_dir(root, before) / "evaluate-parity" / "verdict")
-    except (PipelineError, ModelLoadError, OSError):
-        return ""
-    return "" if verdict["passed"] else f"; {verdict['message']}"
+        run_dir: Path | None = _new_run_dir(root, before)
+    except PipelineError:
+        run_dir = None
+    failed_checks = gate_failure(run_dir / "evaluate-parity") if run_dir else []
+    if failed_checks:
+        lines.append(f"The FP32-parity gate failed {len(failed_checks)} check(s), so nothing "
+                     "was exported:")
+        lines += [f"  - {check}" for check in failed_checks]
+        lines.append(f"evaluate report: {run_dir / 'evaluate-parity' / 'report'}")
+        lines.append(f"evaluate log:    {router.log_path('evaluate-parity')}")
+    elif task:
+        log = router.log_path(task)
+        if show_log_tail and log.is_file():
+            tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            lines.append(f"The last {len(tail)} lines of its log:")
+            lines += [f"  | {line}" for line in tail]
+        lines.append(f"its log: {log}")
+    lines.append(f"all logs: {config.log_dir}; artifacts so far: {run_dir or root}")
+    return "\n".join(lines)
 
 
 def _new_run_dir(root: Path, before: set[Path]) -> Path:

@@ -62,7 +62,7 @@ def require_passed(eval_dir: str | os.PathLike) -> dict[str, Any]:
     verdict = load_verdict(eval_dir)
     if verdict["passed"]:
         return verdict
-    lines = [_explain(check) for check in verdict["failed_checks"]]
+    lines = [explain_check(check) for check in verdict["failed_checks"]]
     raise GateFailedError(
         f"the FP32-parity gate failed {len(lines)} check(s), so the run stops before export: "
         + "; ".join(lines)
@@ -86,7 +86,7 @@ def require_same_model(verdict: dict[str, Any], model_dir: str | os.PathLike) ->
     return actual
 
 
-def _explain(check: Any) -> str:
+def explain_check(check: Any) -> str:
     """`name: measured X vs threshold op Y`, as the evaluate step printed it."""
     from ampflow.components.evaluate_parity.gate import Check
 

@@ -1,32 +1,97 @@
-"""`ampflow demo` end to end: pipeline, a separate `ampflow serve` process, gRPC, cleanup."""
+"""`ampflow demo` end to end, as a user runs it: pipeline, `ampflow serve`, gRPC, cleanup.
 
-import dataclasses
+The command runs in a child process, so the test sees exactly what a terminal shows (stdout
+and stderr, TensorFlow's C++ lines included) and what the demo leaves in its workdir.
+"""
+
+import json
+import re
+import subprocess
+import sys
 
 import pytest
 
-from ampflow.pipeline.demo import DemoConfig, run_demo
-
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.serving]
+TASKS = ("prepare-data", "train", "train-2", "evaluate-parity", "parity-gate",
+         "export-savedmodel", "convert-tflite", "deploy-serving")
+# TensorFlow's start-up lines that a CPU-only machine prints and a newcomer reads as failures
+NOISE = re.compile(r"cuInit|cudart|cuda drivers|oneDNN|absl::InitializeLog|cpu_feature_guard")
+MAX_LINES = 80
 
 
-def test_demo_twice_in_one_workdir_serves_the_newest_version_and_stops_its_server(
-        tmp_path, capsys):
+def _demo(workdir, *flags):
     # 2 epochs check the flow; AMP-vs-float32 accuracy still moves by points there, so the
     # training-parity thresholds are opened (their statistics: test_training_parity.py)
-    config = DemoConfig(workdir=tmp_path, epochs=2, tflite_variants="float32", num_queries=2,
-                        max_baseline_accuracy_drop=100.0, baseline_alpha=1e-300)
-    first = run_demo(config)
-    # the second run checks versioning only: without the baseline branch it trains once
-    second = run_demo(dataclasses.replace(config, with_float32_baseline=False))
+    cmd = [sys.executable, "-m", "ampflow.cli", "demo", "--workdir", str(workdir), "--epochs",
+           "2", "--tflite-variants", "float32", "--num-queries", "2",
+           "--max-baseline-accuracy-drop", "100", "--baseline-alpha", "1e-300", *flags]
+    run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:]
+    return run.stdout
 
-    assert first["version"] == 1 and second["version"] == 2  # each run is a new served version
-    assert second["served_accuracy"] > 0.5 and second["served_examples"] == 359
+
+def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_new_version(
+        tmp_path):
+    first = _demo(tmp_path)
+    lines = first.splitlines()
+    assert len(lines) < MAX_LINES, first
+    assert not [line for line in lines if NOISE.search(line)], first
+    assert "KFP Executor" not in first and "Executing task" not in first  # those are in logs/
+    assert "--precision auto would pick" in first
+    for task in TASKS:  # a start line, then an end line with its time and headline
+        start = lines.index(f"  {task:<18} started")
+        end = next(i for i, x in enumerate(lines) if re.match(rf"  {task} +done in +\d", x))
+        assert start < end, first
+    assert re.search(r"  evaluate-parity +done in .* gate PASS \(6 of 6 checks\): agreement", first)
+    assert re.search(r"  train-2 +done in .* float32, XLA \w+: val_accuracy 0\.\d{4}", first)
+    assert re.search(r"  export-savedmodel +done in .* SavedModel version ampflow/1", first)
+    assert re.search(r"  convert-tflite +done in .* 1 of 1 variants checked and passed", first)
+    assert re.search(r"  serve +done in .* version 1 AVAILABLE", first)
+    assert re.search(r"  gRPC Predict +done in .* label→predicted \d→\d \d→\d", first)
+    assert "serve              stopped (exit code 0)" in first
+    assert f"Full logs, one per step: {tmp_path}/logs/<step>.log" in first
+
+    # each step's own output is in its log file, not in another's
+    logs = tmp_path / "logs"
+    assert {f"{t}.log" for t in (*TASKS, "serve", "pipeline")} <= {p.name for p in
+                                                                   logs.iterdir()}
+    for task in TASKS:
+        text = (logs / f"{task}.log").read_text()
+        assert f"Executing task '{task}'" in text and f"/{task}/executor_output.json" in text
+        assert f"Task '{task}' finished with status SUCCESS" in text
+    assert "epoch 2/2" in (logs / "train.log").read_text()
+    serve_log = (logs / "serve.log").read_text()
+    assert "ampflow serve: listening on" in serve_log and not NOISE.search(serve_log)
+
+    # the table printed is the table saved; results.json holds the same rows, unformatted
+    from ampflow.pipeline.report import results_table
+    from ampflow.pipeline.task_logs import plain
+
+    saved = json.loads((tmp_path / "results.json").read_text())
+    table = (tmp_path / "results.txt").read_text()
+    assert table == results_table(saved["results"]) + "\n" and table in first
+    assert saved["serving"]["version"] == 1 == saved["results"]["serving.version"]
+    assert saved["results"]["parity.gate"] == "passed"
+    assert "parity.amp_vs_float32_trained" in table and "parity.amp_training_speedup" in table
+    assert saved["logs"]["train"] == str(logs / "train.log")
+
+    # the second run checks versioning, --verbose and train_workers: without the baseline
+    # branch it trains once, on two local worker processes (MultiWorkerMirroredStrategy over
+    # loopback with the TF_CONFIG a TFJob sets), started by the train task itself
+    second = plain(_demo(tmp_path, "--no-with-float32-baseline", "--verbose",
+                         "--train-workers", "2"))
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert again["serving"]["version"] == 2  # each run is a new served version
+    assert again["serving"]["served_accuracy"] > 0.5
+    assert again["serving"]["served_examples"] == 359
     assert sorted(p.name for p in (tmp_path / "serving" / "ampflow").iterdir()) == ["1", "2"]
-    out = capsys.readouterr().out
-    assert "--precision auto would pick" in out
-    assert out.count("server stopped (exit code 0)") == 2
-    assert "serving.grpc_accuracy" in out
-    # the AMP-vs-float32 trained accuracy and the AMP training speedup: in the first run's key
-    # metrics and in its results table
-    assert out.count("parity.amp_vs_float32_trained") == 2
-    assert out.count("parity.amp_training_speedup") == 2
+    # --verbose streams what the logs hold, TensorFlow's start-up lines included
+    assert "KFP Executor" in second and "Executing task 'train'" in second
+    assert "failed call to cuInit" in second
+    assert not (logs / "train-2.log").exists()  # the logs are the latest run's
+    trained = max((tmp_path / "pipeline_root").glob("*/train/model/metadata.json"),
+                  key=lambda p: p.stat().st_mtime)
+    distribution = json.loads(trained.read_text())["distribution"]
+    assert (distribution["strategy"], distribution["num_workers"]) == ("multi_worker", 2)
+    assert "started worker 1 of 2" in second

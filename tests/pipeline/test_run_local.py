@@ -2,12 +2,14 @@
 
 import hashlib
 import json
+import re
 
 import numpy as np
 import pytest
 
 from ampflow.errors import PipelineError
 from ampflow.pipeline.run_local import LocalRunConfig, run_local
+from ampflow.pipeline.task_logs import plain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TASKS = {"prepare-data", "train", "train-2", "evaluate-parity", "parity-gate",
@@ -18,7 +20,7 @@ TASKS = {"prepare-data", "train", "train-2", "evaluate-parity", "parity-gate",
 OPEN_TRAINING_GATE = {"max_baseline_accuracy_drop": 100.0, "baseline_alpha": 1e-300}
 
 
-def test_run_local_produces_every_artifact_and_the_served_model_answers(tmp_path):
+def test_run_local_produces_every_artifact_and_the_served_model_answers(tmp_path, capsys):
     from ampflow.components.prepare_data import load_arrays
     from ampflow.serving.client import PredictionClient
     from ampflow.serving.config import ModelConfig, ServerConfig
@@ -26,9 +28,16 @@ def test_run_local_produces_every_artifact_and_the_served_model_answers(tmp_path
 
     config = LocalRunConfig(workdir=tmp_path, epochs=3, model_name="digits",
                             **OPEN_TRAINING_GATE)
-    result = run_local(config)
+    result = run_local(config, verbose=True)
 
     assert TASKS <= set(result.artifacts)
+    # verbose: every line streamed as the local runner prints it, and each task's in its log
+    out = plain(capsys.readouterr().out)  # without the runner's terminal colours
+    assert "Executing task 'train-2'" in out and "[KFP Executor" in out
+    assert set(result.logs) == TASKS
+    for task, log in result.logs.items():
+        assert log == tmp_path / "logs" / f"{task}.log"
+        assert f"Task '{task}' finished with status SUCCESS" in log.read_text()
     art = result.artifacts
     assert (art["prepare-data"]["data"] / "dataset_info.json").is_file()
     assert (art["train"]["model"] / "model.keras").is_file()
@@ -70,20 +79,35 @@ def test_run_local_produces_every_artifact_and_the_served_model_answers(tmp_path
         server.stop(0)
 
 
-def test_run_local_failing_parity_gate_stops_before_export_and_says_why(tmp_path):
+def test_run_local_failing_parity_gate_stops_before_export_and_says_why(tmp_path, capsys):
     # the twin comparison fails here; the baseline branch plays no part, so it is left out
     config = LocalRunConfig(workdir=tmp_path, epochs=1, max_relative_logit_diff=0.0,
                             with_float32_baseline=False)
+    (tmp_path / "results.json").write_text("{}")  # a previous run's: it must not stay
     with pytest.raises(PipelineError) as info:
         run_local(config)
-    message = str(info.value)
-    assert "Inner task failed: 'parity-gate'" in message  # not evaluate: it published
-    assert "max_relative_logit_diff: measured" in message  # the reason, at the end of the run
     run_dirs = list((tmp_path / "pipeline_root").iterdir())
     assert len(run_dirs) == 1
+    evaluated = run_dirs[0] / "evaluate-parity"
+    # the error ends the run's output: the failed task, each failed check measured against
+    # its threshold, and where the evaluate report and log are
+    message = str(info.value)
+    assert message.startswith("the local pipeline run stopped at task 'parity-gate'.")
+    assert "The FP32-parity gate failed 1 check(s), so nothing was exported:" in message
+    assert re.search(r"^  - max_relative_logit_diff: measured \S+ vs threshold <= 0$", message,
+                     re.M)
+    assert f"evaluate report: {evaluated / 'report'}" in message
+    assert f"evaluate log:    {tmp_path / 'logs' / 'evaluate-parity.log'}" in message
+    # progress: a line as each task starts and ends, the executor dumps only in the logs
+    out = capsys.readouterr().out
+    assert re.search(r"^  evaluate-parity +done in .* gate FAIL \(3 of 4 checks\)", out, re.M)
+    assert re.search(r"^  parity-gate +FAILED after \d+\.\d s$", out, re.M)
+    assert "KFP Executor" not in out and "export-savedmodel" not in out
+    gate_log = (tmp_path / "logs" / "parity-gate.log").read_text()
+    assert "GateFailedError" in gate_log and "max_relative_logit_diff: measured" in gate_log
+    assert not (tmp_path / "results.json").exists()
     tasks = {p.name for p in run_dirs[0].iterdir()}
     assert {"train", "evaluate-parity"} <= tasks and "export-savedmodel" not in tasks
-    evaluated = run_dirs[0] / "evaluate-parity"
     verdict = json.loads((evaluated / "verdict" / "verdict.json").read_text())
     assert not verdict["passed"]
     # evaluate succeeded, so every output a KFP backend would upload exists

@@ -257,23 +257,7 @@ def test_pipeline_train_workers_below_one_is_rejected():
         PipelineOptions(train_workers=0)
 
 
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_local_pipeline_run_with_train_workers_trains_on_local_workers(tmp_path):
-    """With the kfp local runner, train_workers > 1 runs the local multi-worker launcher.
-
-    (No float32 baseline: one epoch is too short for the training-parity gate's verdict to be
-    about anything but noise; the baseline's wiring is checked at compile time below.)
-    """
-    from ampflow.pipeline.run_local import LocalRunConfig, run_local
-
-    result = run_local(LocalRunConfig(workdir=tmp_path, epochs=1, precision="float32",
-                                      train_workers=2, tflite_variants="float32",
-                                      with_float32_baseline=False))
-    meta = json.loads((result.artifacts["train"]["model"] / "metadata.json").read_text())
-    assert meta["distribution"]["strategy"] == "multi_worker"
-    assert meta["distribution"]["num_workers"] == 2
-    assert (result.serving_base / "1").is_dir()
+# The kfp local run with train_workers=2 is the second run of tests/pipeline/test_demo.py.
 
 
 def test_pipeline_autotune_parameter_reaches_the_train_task_not_the_float32_baseline(tmp_path):

@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -234,6 +235,11 @@ def test_train_killed_with_sigkill_resumes_from_durable_checkpoint_in_a_fresh_ou
     out = tmp_path / "pod2"
     second = subprocess.run(cmd(out), env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
+    # `ampflow train` on a CPU-only machine: none of TensorFlow's C++ start-up lines
+    # (tests/test_tf_startup.py), and its own log lines do show
+    assert not re.search(r"cuInit|cudart|cuda drivers|oneDNN|absl::InitializeLog",
+                         second.stdout + second.stderr), second.stderr[:2000]
+    assert "epoch 30/30" in second.stderr
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["resumed"] and meta["resumed_at_epoch"] >= 3
     assert [e["epoch"] for e in meta["epochs"]] == list(range(1, 31))

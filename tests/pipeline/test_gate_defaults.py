@@ -1,0 +1,40 @@
+"""The parity gate's thresholds have one home, the evaluate step's config: every layer that
+passes them on (the pipeline's parameters, `run-local`/`demo`, the KFP component) has its
+defaults, so a threshold changed there changes everywhere."""
+
+import inspect
+
+import yaml
+
+from ampflow.components.evaluate_parity.config import EvaluateConfig
+from ampflow.pipeline.pipeline import AUTO_RELATIVE_LOGIT_DIFF, PipelineOptions, compile_pipeline
+from ampflow.pipeline.run_local import LocalRunConfig
+
+THRESHOLDS = ("max_accuracy_drop", "min_agreement", "max_baseline_accuracy_drop",
+              "baseline_alpha")
+
+
+def _evaluate_default(name):
+    return EvaluateConfig.__dataclass_fields__[name].default
+
+
+def test_pipeline_parameters_default_to_the_evaluate_steps_thresholds(tmp_path):
+    path = compile_pipeline(tmp_path / "p.yaml", PipelineOptions(gpu=False))
+    params = next(yaml.safe_load_all(open(path)))["root"]["inputDefinitions"]["parameters"]
+    for name in THRESHOLDS:
+        assert params[name]["defaultValue"] == _evaluate_default(name), name
+    # EvaluateConfig's auto bound (None) travels as a negative float
+    assert _evaluate_default("max_relative_logit_diff") is None
+    assert params["max_relative_logit_diff"]["defaultValue"] == AUTO_RELATIVE_LOGIT_DIFF < 0
+
+
+def test_local_run_and_component_defaults_are_the_evaluate_steps_thresholds():
+    from ampflow.components.evaluate_parity.component import evaluate_parity
+
+    local = {f.name: f.default for f in LocalRunConfig.__dataclass_fields__.values()}
+    # the component's source is copied into its task, so it spells its defaults out
+    component = inspect.signature(evaluate_parity).parameters
+    for name in THRESHOLDS:
+        assert local[name] == component[name].default == _evaluate_default(name), name
+    assert local["max_relative_logit_diff"] == AUTO_RELATIVE_LOGIT_DIFF
+    assert component["max_relative_logit_diff"].default == AUTO_RELATIVE_LOGIT_DIFF
