@@ -59,7 +59,7 @@ def run_demo(config: DemoConfig, *, verbose: bool = False) -> dict:
     result = run_local(config, verbose=verbose)
     port = config.port or _free_port()
     log_path = config.log_dir / "serve.log"
-    with _server(config.serving_model_name, result.serving_base, port, log_path), \
+    with _server(config.model_name, result.serving_base, port, log_path), \
             _library_info_hidden(unless=verbose):
         served = _query(f"127.0.0.1:{port}", config, result)
     rows = results(result, served)
@@ -118,10 +118,10 @@ def _query(address: str, config: DemoConfig, result) -> dict:
     started = time.monotonic()
     with PredictionClient(address, timeout_s=10.0) as client:
         try:
-            version = client.wait_until_available(config.serving_model_name, timeout=120)
+            version = client.wait_until_available(config.model_name, timeout=120)
         except ServingError as e:
             raise ServingError(f"{e}; see the server log in {config.log_dir}/serve.log") from e
-        sig = client.metadata(config.serving_model_name)["serving_default"]
+        sig = client.metadata(config.model_name)["serving_default"]
         _step("serve", f"done in {time.monotonic() - started:5.1f} s  version {version} "
                        f"AVAILABLE: serving_default {', '.join(sorted(sig.inputs))} → "
                        f"{', '.join(sorted(sig.outputs))}")
@@ -130,9 +130,9 @@ def _query(address: str, config: DemoConfig, result) -> dict:
         shown = images[: config.num_queries].astype("float32")
         for image in shown:
             start = time.perf_counter()
-            client.predict(config.serving_model_name, image[np.newaxis])
+            client.predict(config.model_name, image[np.newaxis])
             latencies.append(1000 * (time.perf_counter() - start))
-        batch = client.predict(config.serving_model_name, images.astype("float32")).outputs
+        batch = client.predict(config.model_name, images.astype("float32")).outputs
     predicted = batch["probabilities"].argmax(axis=1)
     pairs = " ".join(f"{labels[i]}→{predicted[i]}" for i in range(len(shown)))
     right = int(np.sum(predicted[: len(shown)] == labels[: len(shown)]))

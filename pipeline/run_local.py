@@ -110,11 +110,6 @@ class LocalRunConfig:
         return Path(self.workdir) / "serving"
 
     @property
-    def serving_model_name(self) -> str:
-        """The served model name (`model_name`; the name demo.py reads)."""
-        return self.model_name
-
-    @property
     def serving_base(self) -> Path:
         """The TF Serving model base path of the served model (`<store>/<model_name>`)."""
         return self.model_store / self.model_name
