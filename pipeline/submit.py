@@ -39,6 +39,8 @@ class SubmitConfig:
         "help": "Storage class of the workspace PVC (default: the KFP server's)."})
     workspace_access_mode: str | None = field(default=None, metadata={
         "help": "Access mode of the workspace PVC (default: the KFP server's)."})
+    train_workers: int = field(default=1, metadata={
+        "help": "> 1: the AMP train task runs a TFJob with this many workers."})
     connect_timeout_s: float = field(default=5.0, metadata={
         "help": "Give up reaching the endpoint after this long."})
 
@@ -71,7 +73,8 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
                               with_float32_baseline=config.with_float32_baseline,
                               checkpoints=config.checkpoints,
                               workspace_storage_class=config.workspace_storage_class,
-                              workspace_access_mode=config.workspace_access_mode)
+                              workspace_access_mode=config.workspace_access_mode,
+                              train_workers=config.train_workers)
     with tempfile.TemporaryDirectory() as tmp:
         package = compile_pipeline(Path(tmp) / "ampflow.yaml", options)
         _probe(config)
@@ -89,7 +92,10 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
 
 
 def _probe(config: SubmitConfig) -> None:
-    """Fail in seconds, not after kfp's long retries, when nothing listens at the host."""
+    """Fail in seconds, not after kfp's long retries, when nothing listens at the host or it
+    refuses our credentials (kfp.Client retries its health check 5 times, 5 s apart, even on a
+    401/403 that no retry can change).
+    """
     parsed = urlparse(config.host)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
@@ -99,6 +105,30 @@ def _probe(config: SubmitConfig) -> None:
             f"cannot reach the KFP endpoint {config.host} ({e.strerror or e}); check --host, "
             "or port-forward the KFP UI/API service first"
         ) from e
+    _check_not_refused(config)
+
+
+def _check_not_refused(config: SubmitConfig) -> None:
+    """A 401/403 from KFP's health endpoint is final: say so now. Anything else (an older KFP
+    without the endpoint, a proxy's quirk) is left for kfp.Client to judge.
+    """
+    import urllib.error
+    import urllib.request
+
+    url = f"{config.host.rstrip('/')}/apis/v2beta1/healthz"
+    request = urllib.request.Request(url)
+    if os.environ.get(TOKEN_ENV):
+        request.add_header("Authorization", f"Bearer {os.environ[TOKEN_ENV]}")
+    try:
+        urllib.request.urlopen(request, timeout=config.connect_timeout_s).close()
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise PipelineError(
+                f"KFP at {config.host} refused the run: HTTP {e.code} {e.reason} on {url}; "
+                f"set ${TOKEN_ENV} to a token the endpoint accepts, or check --namespace"
+            ) from e
+    except (OSError, ValueError):
+        pass
 
 
 def _first_line(e: Exception) -> str:
