@@ -92,9 +92,10 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
 
 
 def _probe(config: SubmitConfig) -> None:
-    """Fail in seconds, not after kfp's long retries, when nothing listens at the host or it
-    refuses our credentials (kfp.Client retries its health check 5 times, 5 s apart, even on a
-    401/403 that no retry can change).
+    """Fail in seconds, not after kfp's long retries, when the host is unreachable or refuses.
+
+    kfp.Client retries its health check 5 times, 5 s apart, even on a 401/403 that no retry
+    can change.
     """
     parsed = urlparse(config.host)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -109,8 +110,9 @@ def _probe(config: SubmitConfig) -> None:
 
 
 def _check_not_refused(config: SubmitConfig) -> None:
-    """A 401/403 from KFP's health endpoint is final: say so now. Anything else (an older KFP
-    without the endpoint, a proxy's quirk) is left for kfp.Client to judge.
+    """A 401/403 from KFP's health endpoint is final: say so now.
+
+    Anything else (an older KFP without the endpoint, a proxy's quirk) is left for kfp.Client.
     """
     import urllib.error
     import urllib.request
