@@ -18,7 +18,8 @@ PACKAGE_DIRS := $(shell find core components pipeline serving -type d -not -name
 $(STAMP): pyproject.toml $(PACKAGE_DIRS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
+	# (PYTHONWARNINGS: setuptools warns on every strict editable install that it is one)
+	PYTHONWARNINGS=ignore $(VENV)/bin/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
 	$(VENV)/bin/python -m pip check
 	touch $(STAMP)
 
@@ -39,7 +40,7 @@ export KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(CURDIR)/$(TOO
 demo: $(STAMP)
 	$(VENV)/bin/ampflow demo --workdir runs/demo
 
-## test: lint, then the whole test suite (a few minutes on 2 cores).
+## test: lint, then the whole test suite (about 15 minutes on 2 cores, the venv included).
 test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest
