@@ -40,8 +40,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 MODELS = ("small_cnn", "resnet50", "mobilenet_v2")
 POLICIES = ("mixed_bfloat16", "mixed_float16")
 VARIANTS = ("float32", "float16", "dynamic_range", "full_int8")
-# Full run: enough steps that BatchNormalization's moving statistics (momentum 0.99 in
-# ResNet-50, 0.999 in MobileNetV2) describe the data; small_cnn has no BN.
+# Full run: enough steps that BatchNormalization's moving statistics (momentum 0.99, see
+# components/train/models.py) describe the data and the nets train; small_cnn has no BN.
 FULL_EPOCHS = {"small_cnn": 6, "resnet50": 6, "mobilenet_v2": 12}
 SMOKE = {"epochs": 1, "steps_per_epoch": 3, "test_limit": 200, "latency_runs": 10,
          "representative_size": 32}

@@ -7,7 +7,7 @@ layer must survive: an export without training-mode BN ops, BN folded into the c
 the TFLite converter, LiteRT agreeing with tf.lite, and the served answers matching the
 SavedModel.
 
-A few steps cannot move BN's moving statistics (momentum 0.99 / 0.999) away from their
+A few steps cannot move BN's moving statistics (momentum 0.99) away from their
 initial 0/1, and with those the inference output of these nets does not depend on the input
 (measured: std over images ~1e-6), which would make every comparison below vacuous. So the
 fixture gives each BN layer the statistics of real training images, as a long run would (one

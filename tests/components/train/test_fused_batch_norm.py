@@ -125,6 +125,21 @@ def test_applications_use_only_fused_batch_norm_and_share_weights_with_float32_t
     _close(twin.predict(x, verbose=0), mixed.predict(x, verbose=0), 0.05)
 
 
+def test_mobilenet_v2_batch_norm_averages_fast_enough_for_a_from_scratch_run():
+    """keras.applications builds MobileNetV2's BN with momentum 0.999 (ImageNet-sized epochs):
+    at this project's scale its moving statistics stay near 0/1 and inference predicts one class.
+    """
+    import keras
+
+    from ampflow.components.train.models import BATCH_NORM_MAX_MOMENTUM
+
+    model = build_model("mobilenet_v2", (8, 8, 1), 3, image_size=32, policy="float32")
+    backbone = next(layer for layer in model.layers if isinstance(layer, keras.Model))
+    norms = [layer for layer in backbone.layers if isinstance(layer, FusedBatchNormalization)]
+    assert len(norms) == 52
+    assert {layer.momentum for layer in norms} == {BATCH_NORM_MAX_MOMENTUM} == {0.99}
+
+
 def test_fresh_process_loads_the_model_with_the_train_loader_or_the_layers_module(tmp_path):
     # The train package no longer imports Keras when it is imported (the CLI's --help reads
     # its config), so the layer registers where Keras says: when its module is imported, which
