@@ -125,6 +125,7 @@ def test_applications_use_only_fused_batch_norm_and_share_weights_with_float32_t
     _close(twin.predict(x, verbose=0), mixed.predict(x, verbose=0), 0.05)
 
 
+@pytest.mark.slow
 def test_mobilenet_v2_batch_norm_averages_fast_enough_for_a_from_scratch_run():
     """keras.applications builds MobileNetV2's BN with momentum 0.999 (ImageNet-sized epochs):
     at this project's scale its moving statistics stay near 0/1 and inference predicts one class.
