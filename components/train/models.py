@@ -121,7 +121,7 @@ def _application(constructor_name: str):
 # keep 0.999**n of their initial 0/1 after n steps, 22 % after 1,500. Measured on ampflow_mnist
 # (125 steps an epoch): 12 epochs gave 0.96 training accuracy and 0.10 test accuracy, constant
 # predictions in inference mode, under float32 and bfloat16 alike. 0.99 (Keras's default, and
-# ResNet50's) keeps 0.99**n: 28 % after one such epoch, 8e-6 after eight.
+# ResNet50's) keeps 0.99**n: 28 % after one such epoch, 4e-5 after eight.
 BATCH_NORM_MAX_MOMENTUM = 0.99
 
 
