@@ -161,12 +161,23 @@ def _cores(index: int, per_worker: int) -> set[int]:
     return {available[(index * per_worker + k) % len(available)] for k in range(per_worker)}
 
 
+_OUTPUT_LOCK = threading.Lock()
+
+
 def _pump(proc: subprocess.Popen, index: int, stream, last_error: dict[int, str]) -> None:
+    """Copy one worker's output to `stream`, each line whole and prefixed with its worker.
+
+    One write per line under a lock shared by every pump: `print` writes the text and the
+    newline separately, so two workers logging at the same moment (they finish in lockstep)
+    could leave `[worker 1] ...[worker 0] ...` on one line and an empty line after it.
+    """
     for line in proc.stdout:
         line = line.rstrip("\n")
         if ": error: " in line:
             last_error[index] = line.split(": error: ", 1)[1]
-        print(f"[worker {index}] {line}", file=stream, flush=True)
+        with _OUTPUT_LOCK:
+            stream.write(f"[worker {index}] {line}\n")
+            stream.flush()
 
 
 def _wait(procs: list[subprocess.Popen]) -> tuple[int, int] | None:

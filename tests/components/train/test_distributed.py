@@ -182,6 +182,30 @@ def test_launcher_stops_every_worker_when_one_fails(tmp_path):
     assert "[worker 0] hello from 0" in output and "[worker 1] hello from 1" in output
 
 
+def test_launcher_keeps_each_worker_line_whole_when_workers_print_at_once():
+    """Workers finish in lockstep and log the same lines at the same moment; every line the
+    launcher writes must be one whole line of one worker (CI once saw `[worker 1] ...[worker 0]
+    ...` on one line, and the test that reads each worker's weight hash miss worker 0's)."""
+    script = ("import json, os\n"
+              "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+              "for n in range(300):\n"
+              "    print(f'line {n} of worker {index}', flush=True)\n")
+    writes: list[str] = []
+
+    class SlowSink:  # a pipe to a busy reader: each write takes a moment, other threads run
+        def write(self, text):
+            writes.append(text)
+            time.sleep(0.0005)
+
+        def flush(self):
+            pass
+
+    run_workers([sys.executable, "-c", script], tf_configs(local_ports(2)), stream=SlowSink())
+    lines = "".join(writes).split("\n")
+    assert lines[-1] == ""  # the output ends with a newline
+    expected = {f"[worker {i}] line {n} of worker {i}" for i in (0, 1) for n in range(300)}
+    assert sorted(lines[:-1]) == sorted(expected)
+
 def test_launcher_port_in_use_is_a_clear_error_before_anything_starts(tmp_path, prepared_digits):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -317,7 +341,8 @@ def test_local_launcher_two_workers_match_one_process(policy, prepared_digits, t
     assert meta["precision"]["policy"] == policy
     assert meta["distribution"]["num_workers"] == 2
     shas = re.findall(r"\[worker (\d)\] .*final weights sha256 ([0-9a-f]{64})", done.stderr)
-    assert sorted(shas) == [("0", meta["weights_sha256"]), ("1", meta["weights_sha256"])]
+    assert sorted(shas) == [("0", meta["weights_sha256"]), ("1", meta["weights_sha256"])], (
+        done.stderr[-3000:])
     if policy == "mixed_float16":
         assert meta["loss_scale"]["enabled"] and meta["xla"]["effective"]
         assert "all-reduce and the optimizer update run outside XLA" in meta["xla"]["scope"]
