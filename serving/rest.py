@@ -224,11 +224,20 @@ class RestApp:
         await _reply(send, status, payload)
 
     async def _read_body(self, scope, receive) -> bytes | None:
-        """The request body, or None once it exceeds the limit (nothing more is read)."""
-        for key, value in scope.get("headers", []):
-            if key == b"content-length" and value.isdigit() and \
-                    int(value) > self.max_body_bytes:
-                return None
+        """The request body, or None when it is over the limit (then nothing of it is kept).
+
+        An over-limit body is still read, and thrown away, up to `drain_bytes(limit)` past the
+        limit before the 429 goes out: a server that answers and closes while the client is
+        still writing makes the kernel reset the connection, and a client that writes its
+        whole body before reading (urllib, requests, curl) then sees "connection reset" instead
+        of the 429 (nginx's lingering close exists for the same reason). A body declared larger
+        than that is answered at once, without reading any of it.
+        """
+        limit = self.max_body_bytes
+        give_up = limit + drain_bytes(limit)
+        declared = _content_length(scope)
+        if declared is not None and declared > give_up:
+            return None
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -236,11 +245,29 @@ class RestApp:
                 return b""
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body_bytes:
+            if size > give_up:
                 return None
-            chunks.append(chunk)
+            if size <= limit:
+                chunks.append(chunk)
+            else:
+                chunks.clear()
             if not message.get("more_body"):
-                return b"".join(chunks)
+                return b"".join(chunks) if size <= limit else None
+
+
+def drain_bytes(limit: int) -> int:
+    """How far past the body limit a request is read, and discarded, to answer it cleanly.
+
+    As much again as the limit, at least 1 MiB and at most 64 MiB: bandwidth, never memory.
+    """
+    return min(max(limit, 1 << 20), 64 << 20)
+
+
+def _content_length(scope) -> int | None:
+    for key, value in scope.get("headers", []):
+        if key == b"content-length" and value.isdigit():
+            return int(value)
+    return None
 
 
 async def _reply(send, status: int, body: bytes, content_type: str = "application/json"):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import time
 import urllib.error
 import urllib.request
 
@@ -33,7 +35,7 @@ from tensorflow_serving.apis import (
 
 from ampflow.serving.config import ModelConfig, ServerConfig
 from ampflow.serving.model_format import image_example
-from ampflow.serving.rest import HTTP_STATUS
+from ampflow.serving.rest import HTTP_STATUS, drain_bytes
 from ampflow.serving.testing import sample_images
 
 pytestmark = [pytest.mark.serving, pytest.mark.timeout(120)]
@@ -271,6 +273,43 @@ def test_rest_body_over_the_limit_is_429_before_parsing(target, stub):
     status, body = rest(target, "POST", f"/v1/models/{MODEL}:predict", raw=b"")
     assert status == 400 and "document is empty" in body["error"]
     _grpc_predict(stub, sample_images(1))
+
+
+def _raw_http(url: str, head: bytes, body: bytes = b"", pause_s: float = 0.0) -> bytes:
+    """Send `head`, wait `pause_s`, send `body`, then read the answer until the server closes."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head)
+        time.sleep(pause_s)
+        sock.sendall(body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def _post_head(length: int) -> bytes:
+    return (f"POST /v1/models/{MODEL}:predict HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+
+
+@local_only
+def test_rest_over_limit_body_written_after_the_headers_still_gets_the_429(target, stub):
+    """The body arrives after the server could have answered (a client that writes the
+    headers, then the body, then reads): it must read the 429, not a connection reset (the
+    server used to answer and close at once, and CI saw urllib get ECONNRESET)."""
+    body = b"[" * (LIMIT + 10)
+    answer = _raw_http(target[1], _post_head(len(body)), body, pause_s=0.3)
+    assert answer.startswith(b"HTTP/1.1 429 "), answer[:200]
+    assert b"request body larger than" in answer
+    _grpc_predict(stub, sample_images(1))
+
+
+@local_only
+def test_rest_body_declared_past_the_drain_bound_is_answered_without_reading_it(target):
+    """A client that declares a huge body gets its 429 at once: nothing of it is read."""
+    answer = _raw_http(target[1], _post_head(LIMIT + drain_bytes(LIMIT) + 1))
+    assert answer.startswith(b"HTTP/1.1 429 "), answer[:200]
 
 
 def test_rest_non_finite_values_round_trip(target, stub):
