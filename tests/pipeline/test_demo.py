@@ -1,9 +1,13 @@
 """`ampflow demo` end to end, as a user runs it: pipeline, `ampflow serve`, gRPC, cleanup.
 
 The command runs in a child process, so the test sees exactly what a terminal shows (stdout
-and stderr, TensorFlow's C++ lines included) and what the demo leaves in its workdir.
+and stderr, TensorFlow's C++ lines included) and what the demo leaves in its workdir. The demo
+is `run-local` plus a server and a query, so its first run is also where every artifact of a
+whole local pipeline run is checked (the in-process `run_local` API is tested by the failing
+gate run in test_run_local.py).
 """
 
+import hashlib
 import json
 import re
 import subprocess
@@ -26,7 +30,7 @@ def _demo(workdir, *flags):
     # 2 epochs check the flow; AMP-vs-float32 accuracy still moves by points there, so the
     # training-parity thresholds are opened (their statistics: test_training_parity.py)
     cmd = [sys.executable, "-m", "ampflow.cli", "demo", "--workdir", str(workdir), "--epochs",
-           "2", "--tflite-variants", "float32", "--num-queries", "2",
+           "2", "--num-queries", "2",
            "--max-baseline-accuracy-drop", "100", "--baseline-alpha", "1e-300", *flags]
     run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=900)
@@ -49,7 +53,7 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     assert re.search(r"  evaluate-parity +done in .* gate PASS \(6 of 6 checks\): agreement", first)
     assert re.search(r"  train-2 +done in .* float32, XLA \w+: val_accuracy 0\.\d{4}", first)
     assert re.search(r"  export-savedmodel +done in .* SavedModel version ampflow/1", first)
-    assert re.search(r"  convert-tflite +done in .* 1 of 1 variants checked and passed", first)
+    assert re.search(r"  convert-tflite +done in .* 4 of 4 variants checked and passed", first)
     assert re.search(r"  serve +done in .* version 1 AVAILABLE", first)
     assert re.search(r"  gRPC Predict +done in .* label→predicted \d→\d \d→\d", first)
     assert "serve              stopped (exit code 0)" in first
@@ -75,9 +79,11 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     table = (tmp_path / "results.txt").read_text()
     assert table == results_table(saved["results"]) + "\n" and table in first
     assert saved["serving"]["version"] == 1 == saved["results"]["serving.version"]
+    assert saved["serving"]["served_accuracy"] > 0.5  # the served model learned the digits
     assert saved["results"]["parity.gate"] == "passed"
     assert "parity.amp_vs_float32_trained" in table and "parity.amp_training_speedup" in table
     assert saved["logs"]["train"] == str(logs / "train.log")
+    _check_every_artifact(tmp_path)
 
     # the second run checks versioning, --verbose and train_workers: without the baseline
     # branch it trains once, on two local worker processes (MultiWorkerMirroredStrategy over
@@ -98,3 +104,36 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     distribution = json.loads(trained.read_text())["distribution"]
     assert (distribution["strategy"], distribution["num_workers"]) == ("multi_worker", 2)
     assert "started worker 1 of 2" in second
+
+
+def _check_every_artifact(workdir):
+    """What each task of the (only) run left in the pipeline root, as the KFP backend would."""
+    (run,) = (workdir / "pipeline_root").iterdir()
+    assert set(TASKS) <= {p.name for p in run.iterdir()}
+    assert (run / "prepare-data" / "data" / "dataset_info.json").is_file()
+    amp_model, baseline_model = run / "train" / "model", run / "train-2" / "model"
+    amp_meta = json.loads((amp_model / "metadata.json").read_text())
+    baseline_meta = json.loads((baseline_model / "metadata.json").read_text())
+    assert amp_meta["precision"]["policy"] in ("mixed_float16", "mixed_bfloat16")
+    assert baseline_meta["precision"]["policy"] == "float32"
+    # each training checkpoints to its own dir on the run's workspace (durable on a cluster)
+    workspace = workdir / "workspace"
+    assert amp_meta["config"]["checkpoint_dir"] == str(workspace / "checkpoints/train-amp")
+    assert baseline_meta["config"]["checkpoint_dir"] == str(
+        workspace / "checkpoints/train-float32")
+    evaluated = run / "evaluate-parity"
+    verdict = json.loads((evaluated / "verdict" / "verdict.json").read_text())
+    assert verdict["passed"]
+    assert verdict["model_sha256"] == hashlib.sha256(
+        (amp_model / "model.keras").read_bytes()).hexdigest()
+    metrics = json.loads((evaluated / "verdict" / "metrics.json").read_text())
+    assert {"baseline_accuracy", "baseline_mcnemar_p_value", "training_speedup"} <= set(metrics)
+    report = (evaluated / "report").read_text()
+    assert report.startswith("#") and "## Training parity" in report
+    assert (run / "export-savedmodel" / "saved_model" / "ampflow" / "1" /
+            "saved_model.pb").is_file()
+    assert {p.name for p in (run / "convert-tflite" / "tflite").glob("*.tflite")} == {
+        "float32.tflite", "float16.tflite", "dynamic_range.tflite", "full_int8.tflite"}
+    endpoint = json.loads((run / "deploy-serving" / "endpoint").read_text())
+    assert endpoint["target"] == "local" and endpoint["version"] == 1
+    assert (workdir / "serving" / "ampflow" / "1" / "saved_model.pb").is_file()
