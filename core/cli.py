@@ -47,6 +47,21 @@ def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.Argumen
     return parser
 
 
+def write_whole_lines(*streams) -> None:
+    """Make each `print` to `streams` one write of one whole line, as without PYTHONUNBUFFERED.
+
+    Unbuffered (`PYTHONUNBUFFERED=1`, which containers and our worker launcher set), `print`
+    writes its text and its newline in two calls, and another writer of the same pipe (the
+    stderr filter process, a sibling worker) can land between them: a reader, or a test, then
+    sees two lines glued together. Line buffering keeps a line whole and still flushes it at
+    once.
+    """
+    for stream in streams:
+        reconfigure = getattr(stream, "reconfigure", None)  # absent on a replaced stream
+        if reconfigure is not None:
+            reconfigure(line_buffering=True, write_through=False)
+
+
 def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODULES) -> int:
     """Entry point of the `ampflow` console script (or of a subset of its `modules`).
 
@@ -58,6 +73,7 @@ def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODUL
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if argv is None:  # the process's own command line: this process is ours to set up
         argv = sys.argv[1:]
+        write_whole_lines(sys.stdout, sys.stderr)
         if not _shows_everything(argv):
             filter_stderr_for_life()  # TensorFlow's C++ lines a CPU-only machine reads as errors
     parser = build_parser(modules)
@@ -86,8 +102,9 @@ def _shows_everything(argv: list[str]) -> bool:
 
     Read from argv before parsing, since building the parser may import TensorFlow.
     """
+    following = [*argv[1:], ""] if argv else []
     debug = any(a == "--log-level=DEBUG" or (a == "--log-level" and b == "DEBUG")
-                for a, b in zip(argv, [*argv[1:], ""], strict=True))
+                for a, b in zip(argv, following, strict=True))
     return "--verbose" in argv or debug
 
 

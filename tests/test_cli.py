@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.abc
+import io
+import os
 import re
+import subprocess
 import sys
 
 import pytest
 
+from ampflow.cli import write_whole_lines
 from ampflow.components.train.models import model_names
 
 # An architecture other than the default, named without spelling it out (a large model's name
@@ -190,3 +194,44 @@ def test_client_wait_s_gives_up_with_the_last_status_when_nothing_serves(capsys)
     err = capsys.readouterr().err
     assert code == 1, err
     assert f"model 'ampflow' at 127.0.0.1:{port} was not AVAILABLE within --wait-s 1" in err
+
+
+class _RecordingRaw(io.RawIOBase):
+    """A raw stream that keeps each write, as a pipe's reader sees them."""
+
+    def __init__(self):
+        self.writes: list[bytes] = []
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        self.writes.append(bytes(data))
+        return len(data)
+
+
+def test_write_whole_lines_makes_each_print_one_write_even_unbuffered():
+    stream = io.TextIOWrapper(_RecordingRaw(), write_through=True)  # as PYTHONUNBUFFERED=1
+    print("unbuffered", file=stream, flush=True)
+    assert stream.buffer.writes == [b"unbuffered", b"\n"]  # what let another writer in between
+    write_whole_lines(stream)
+    stream.buffer.writes.clear()
+    print("  train", "done in 1.0 s", file=stream, flush=True)
+    print("no flush asked", file=stream)
+    assert stream.buffer.writes == [b"  train done in 1.0 s\n", b"no flush asked\n"]
+
+
+def test_the_console_script_writes_whole_lines_under_pythonunbuffered():
+    code = ("import sys\nfrom ampflow.cli import main\nsys.argv = ['ampflow']\nmain()\n"
+            "print('state', sys.stdout.write_through, sys.stderr.write_through)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=60)
+    assert done.stdout.splitlines()[-1] == "state False False", done.stderr[-2000:]
+
+
+def test_the_console_script_without_a_command_prints_help_and_exits_2():
+    """`ampflow` alone (a newcomer's first try) once raised ValueError in the argv scan."""
+    done = subprocess.run([sys.executable, "-m", "ampflow.cli"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: ampflow") and "Traceback" not in done.stderr
