@@ -57,7 +57,17 @@ def copy_slowly(store: Path, base: Path, version: int, pause_s: float) -> float:
 
 # ---- soak ---------------------------------------------------------------------------------------
 
+LAST_VERSION = 5  # the last version the pusher installs
+LAST_VERSION_WAIT_S = 60.0  # how long past `seconds` the clients run until it answers
+
+
 def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> dict:
+    """`clients` threads query for `seconds` while versions 2-5 are pushed (see the plan).
+
+    Version 5 lands at 75 % of the run; the clients keep going past `seconds` (up to
+    LAST_VERSION_WAIT_S) until it has answered once, so a loaded machine's slower reload is
+    waited for rather than reported as a reload that never reached the clients.
+    """
     import grpc
     import numpy as np
 
@@ -82,6 +92,7 @@ def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> di
     start = time.monotonic()
     events: dict[str, float] = {}
     rss: list[tuple[float, float]] = []
+    last_version_answered = threading.Event()
 
     def client_loop():
         out = []
@@ -91,6 +102,8 @@ def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> di
                 t0 = time.monotonic()
                 try:
                     version, code = client.predict(MODEL, images).version, "OK"
+                    if version == LAST_VERSION:
+                        last_version_answered.set()
                 except Exception as e:  # recorded by code
                     version, code = None, getattr(getattr(e, "code", None), "name", None) or \
                         type(e).__name__
@@ -102,7 +115,8 @@ def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> di
         plan = [(0.2, "v2 (atomic rename)", lambda: install_version(store, base, 2)),
                 (0.35, "v3 corrupt", lambda: _install_corrupt(store, base, 3)),
                 (0.5, "v4 slow copy started", None),
-                (0.75, "v5 (atomic rename)", lambda: install_version(store, base, 5))]
+                (0.75, "v5 (atomic rename)",
+                 lambda: install_version(store, base, LAST_VERSION))]
         for fraction, name, action in plan:
             if stop.wait(max(0.0, start + fraction * seconds - time.monotonic())):
                 return
@@ -125,7 +139,9 @@ def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> di
         for t in threads + helpers:
             t.start()
         time.sleep(seconds)
+        last_version_answered.wait(LAST_VERSION_WAIT_S)
     finally:
+        ran_s = time.monotonic() - start
         stop.set()
         for t in threads + helpers:
             t.join(timeout=60)
@@ -146,7 +162,8 @@ def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> di
     early_v4 = sum(1 for t, v, _c, _l in records if v == 4 and t < copy_done)
     warm = [r for t, r in rss if t >= 2.0] or [r for _t, r in rss]
     return {
-        "clients": clients, "seconds": seconds, "requests": len(records),
+        "clients": clients, "seconds": seconds, "seconds_run": ran_s,
+        "requests": len(records),
         "failures": sum(failures.values()), "failures_by_code": failures,
         "p50_ms": float(np.percentile(latencies, 50)) if len(latencies) else None,
         "p99_ms": float(np.percentile(latencies, 99)) if len(latencies) else None,
