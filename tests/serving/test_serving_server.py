@@ -131,11 +131,13 @@ def test_mutual_tls_requires_client_certificate(pki, served_base, start_server, 
 # ---- SIGTERM drains in-flight requests (a real `ampflow serve` subprocess) ----------------------
 
 def test_sigterm_with_in_flight_requests_completes_them_and_exits_zero(served_base):
-    # A long batch timeout keeps requests in flight (queued for their batch) when SIGTERM lands.
+    # A long batch timeout keeps requests in flight (queued for their batch) when SIGTERM lands:
+    # 2.5 s, so that the 1 s the test gives the four requests to reach the server (warm channel,
+    # but a loaded machine) ends well before their batch would run.
     cmd = [sys.executable, "-m", "ampflow.serving.cli", "serve",
            "--model-base-path", str(served_base), "--model-name", MODEL, "--port", "0",
            "--max-batch-size", "64",
-           "--batch-timeout-ms", "1500", "--grace-s", "10", "--server", "local"]
+           "--batch-timeout-ms", "2500", "--grace-s", "10", "--server", "local"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
@@ -147,7 +149,7 @@ def test_sigterm_with_in_flight_requests_completes_them_and_exits_zero(served_ba
             with ThreadPoolExecutor(4) as pool:
                 futures = [pool.submit(client.predict, MODEL, sample_images(1, seed=i))
                            for i in range(4)]
-                time.sleep(0.5)
+                time.sleep(1.0)
                 assert not any(f.done() for f in futures), "requests finished before SIGTERM"
                 proc.terminate()
                 versions = [f.result(timeout=30).version for f in futures]
