@@ -26,6 +26,10 @@ from ampflow.errors import ConfigError
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("auto", "default", "mirrored", "multi_worker")
+# The exit code of a worker whose peer died or became unreachable (PeerLostError): TFJob's
+# ExitCode restart policy retries codes >= 128 (training-operator pkg/util/train.
+# IsRetryableExitCode); 1-127 (a bad flag, a diverged run) fail the job.
+PEER_LOST_EXIT_CODE = 138
 TF_CONFIG = "TF_CONFIG"
 TF_CONFIG_FROM = "AMPFLOW_TF_CONFIG_FROM"
 # Task types a MultiWorkerMirroredStrategy cluster may hold (TFJob: Chief and Worker replicas).

@@ -23,7 +23,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from ampflow.components.train.cluster import TF_CONFIG, read_tf_config
+from ampflow.components.train.cluster import PEER_LOST_EXIT_CODE, TF_CONFIG, read_tf_config
 from ampflow.errors import AmpflowError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -131,8 +131,8 @@ def run_workers(argv: list[str], configs: list[dict], cpus_per_worker: int | Non
     except BaseException:
         _stop(procs)
         raise
-    for pump in pumps:
-        pump.join(timeout=5)
+    for pump in pumps:  # every worker has exited: its pipe closes once its stderr filter ends
+        pump.join(timeout=60)  # (generous: a pump cut short loses a worker's last lines)
     if failed is not None:
         index, code = failed
         raise WorkerFailedError(
@@ -181,13 +181,19 @@ def _pump(proc: subprocess.Popen, index: int, stream, last_error: dict[int, str]
 
 
 def _wait(procs: list[subprocess.Popen]) -> tuple[int, int] | None:
-    """Wait for all; on the first failure stop the rest and return (index, exit code)."""
+    """Wait for all; on the first failure stop the rest and return (index, exit code).
+
+    When several have failed by the same poll, the cause is named, not a peer that only
+    lost it: a worker that exited PEER_LOST_EXIT_CODE is reported only if no other failed.
+    """
     while True:
         codes = [p.poll() for p in procs]
-        for index, code in enumerate(codes):
-            if code is not None and code != 0:
-                _stop(procs)
-                return index, code
+        failed = [(code == PEER_LOST_EXIT_CODE, index, code)
+                  for index, code in enumerate(codes) if code is not None and code != 0]
+        if failed:
+            _stop(procs)
+            _, index, code = min(failed)
+            return index, code
         if all(code == 0 for code in codes):
             return None
         time.sleep(_POLL_S)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ampflow.components.train.cluster import STRATEGIES
+from ampflow.components.train.cluster import PEER_LOST_EXIT_CODE, STRATEGIES
 from ampflow.components.train.precision import POLICIES, HardwareInfo, PrecisionSetup
 from ampflow.errors import AmpflowError, ConfigError, ModelLoadError, TrainingDivergedError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
@@ -232,9 +232,7 @@ def _run_local_workers(config: TrainConfig) -> TrainResult:
 class PeerLostError(AmpflowError):
     """A worker of a multi-worker run died or became unreachable; restart them all."""
 
-    # TFJob's ExitCode restart policy retries exit codes >= 128 (training-operator
-    # pkg/util/train.IsRetryableExitCode); 1-127 (a bad flag, a diverged run) fail the job.
-    exit_code = 138
+    exit_code = PEER_LOST_EXIT_CODE  # retryable: see cluster.py
 
 
 def _is_peer_loss(error: BaseException) -> bool:

@@ -21,12 +21,14 @@ import pytest
 
 from ampflow.components.train import TrainConfig, run_train
 from ampflow.components.train.cluster import (
+    PEER_LOST_EXIT_CODE,
     choose_strategy,
     parse_tf_config,
     read_tf_config,
 )
 from ampflow.components.train.launcher import (
     WorkerFailedError,
+    _wait,
     config_to_argv,
     local_ports,
     run_workers,
@@ -157,10 +159,17 @@ def test_config_to_argv_rebuilds_the_same_config(tmp_path):
 
 def test_launcher_stops_every_worker_when_one_fails(tmp_path):
     """Worker 1 fails at once; worker 0 (which would run for a minute) must be stopped."""
-    script = ("import json, os, sys, time\n"
+    said_hello = tmp_path / "worker-0-said-hello"  # worker 1 fails only after that
+    script = ("import json, os, pathlib, sys, time\n"
               "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
               "print('hello from', index, flush=True)\n"
+              f"marker = pathlib.Path({str(said_hello)!r})\n"
+              "if index == 0:\n"
+              "    marker.touch()\n"
               "if index == 1:\n"
+              "    deadline = time.monotonic() + 30\n"
+              "    while not marker.exists() and time.monotonic() < deadline:\n"
+              "        time.sleep(0.01)\n"
               "    print('ampflow train: error: bad thing', file=sys.stderr); sys.exit(3)\n"
               "time.sleep(60)\n")
     lines: list[str] = []
@@ -180,6 +189,22 @@ def test_launcher_stops_every_worker_when_one_fails(tmp_path):
     assert error.value.exit_code == 3
     output = "".join(lines)
     assert "[worker 0] hello from 0" in output and "[worker 1] hello from 1" in output
+
+
+def test_launcher_names_the_failed_worker_not_the_peer_that_lost_it():
+    """Worker 1 died; worker 0 then exited 'peer lost' (138) before the next poll: the
+    report must name worker 1, the cause (the lowest index was named before)."""
+
+    class Exited:
+        def __init__(self, code):
+            self.code = code
+
+        def poll(self):
+            return self.code
+
+    assert _wait([Exited(PEER_LOST_EXIT_CODE), Exited(-9)]) == (1, -9)
+    assert _wait([Exited(PEER_LOST_EXIT_CODE), Exited(0)]) == (0, PEER_LOST_EXIT_CODE)
+    assert _wait([Exited(0), Exited(0)]) is None
 
 
 def test_launcher_keeps_each_worker_line_whole_when_workers_print_at_once():
