@@ -390,8 +390,11 @@ class TrainLoop:
         self.sync_replica_state()
         if eval_dataset is not None:
             logs.update({f"val_{k}": v for k, v in self.evaluate(eval_dataset).items()})
-        self._save(manager, step)
+        # The epoch's callbacks before its checkpoint: the guard judges the epoch first (a
+        # non-finite epoch raises and is never saved to resume from), and the epoch log holds
+        # the epoch before a kill could land after the save (a rerun epoch replaces its entry).
         callback_list.on_epoch_end(epoch, logs)
+        self._save(manager, step)
         if self.runtime.is_chief:
             log.info("epoch %d/%d: %s", epoch + 1, cfg.epochs,
                      " ".join(f"{k} {v:.4f}" for k, v in logs.items()))
