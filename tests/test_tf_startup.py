@@ -88,6 +88,9 @@ def test_a_filtered_process_prints_no_tensorflow_noise_and_keeps_its_own_warning
         assert done.returncode == 0 and done.stdout == "1936.0\n", done.stderr
         return done.stderr
 
-    plain = run("plain")  # what this machine prints unfiltered
-    assert "failed call to cuInit" in plain and "oneDNN supports DT_HALF" in plain
+    plain = run("plain")  # what this machine prints unfiltered: the noise is real here
+    assert "failed call to cuInit" in plain
+    # (the DT_HALF fallback line comes only from CPUs whose oneDNN lacks float16: not from
+    # those with AVX512_FP16, e.g. every Intel CPU with AMX, so it is not required here; where
+    # it is printed, the exact check below shows the filter dropped it)
     assert run("quiet") == "<string>:1: UserWarning: ours\n"

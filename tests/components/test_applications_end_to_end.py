@@ -115,10 +115,12 @@ def pipeline_run(tmp_path_factory, small_mnist):
             # ResNet-50 / MobileNetV2. Machine-dependent: the two bf16 training steps round
             # differently where bfloat16 is native (AVX512_BF16) than where it is emulated, so
             # the weights differ; on an AMD EPYC with AVX512_BF16 ResNet-50's float16 max |Δp|
-            # was 0.101 (agreement 1.0). The gates here catch gross errors only.
+            # was 0.101 (agreement 1.0). One flipped answer of 64 moves accuracy by 1.6 points,
+            # past the default 0.5-point float16 drop, whichever CPU picks the flip: accuracy
+            # drops are left open for every variant. The gates here catch gross errors only.
             float32_max_prob_diff=1e-3, float16_max_prob_diff=0.3,
             float16_min_agreement=0.9, dynamic_range_min_agreement=0.6,
-            full_int8_min_agreement=0.4,
+            full_int8_min_agreement=0.4, float16_max_accuracy_drop=100.0,
             dynamic_range_max_accuracy_drop=100.0, full_int8_max_accuracy_drop=100.0))
         return PipelineRun(name, small_mnist, model_dir, evaluation, export, conversion)
 
