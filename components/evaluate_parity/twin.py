@@ -12,42 +12,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from ampflow.components.train.user_model import LOGITS_LAYER
 from ampflow.errors import ModelLoadError
 
-LOGITS_LAYER = "logits"
-_REQUIRED_METADATA = ("model_name", "input_shape", "num_classes")
 
+def build_float32_twin(model, metadata: dict[str, Any] | None = None):
+    """`model`'s architecture rebuilt under the float32 policy, with its trained weights.
 
-def build_float32_twin(model, metadata: dict[str, Any]):
-    """Rebuild `model`'s architecture under the float32 policy and copy its trained weights.
-
-    `metadata` is the train step's `metadata.json` (model_name, input_shape, num_classes,
-    image_size). Raises ModelLoadError when the metadata cannot rebuild the architecture or the
-    weights do not fit it (a model that was not built by `train.models.build_model`).
+    Every layer is re-created from its own config with the dtype replaced
+    (`train.user_model.rebuild_with_policy`), so this works for the built-ins, a user's builder
+    and a fine-tuned `.keras` file alike, without calling the builder again. `metadata` (the
+    train step's) only names the model in errors. ModelLoadError when the copy cannot be made.
     """
-    from ampflow.components.train.models import build_model
+    from ampflow.components.train.user_model import rebuild_with_policy
+    from ampflow.errors import ConfigError
 
-    missing = [key for key in _REQUIRED_METADATA if key not in metadata]
-    if missing:
-        raise ModelLoadError(
-            f"metadata must hold {list(_REQUIRED_METADATA)} to rebuild the float32 twin. "
-            f"Received: metadata without {missing}"
-        )
-    twin = build_model(
-        metadata["model_name"],
-        tuple(metadata["input_shape"]),
-        int(metadata["num_classes"]),
-        image_size=metadata.get("image_size"),
-        policy="float32",
-    )
     try:
-        twin.set_weights(model.get_weights())
-    except ValueError as e:
-        raise ModelLoadError(
-            f"the weights of model {model.name!r} do not fit the {metadata['model_name']!r} "
-            f"architecture rebuilt from its metadata: {e}"
-        ) from e
-    return twin
+        return rebuild_with_policy(model, "float32")
+    except ConfigError as e:
+        name = (metadata or {}).get("model_name", model.name)
+        raise ModelLoadError(f"could not rebuild model {name!r} under float32: {e}") from e
 
 
 def logits_model(model):

@@ -127,6 +127,7 @@ class LoopConfig:
     state_dir: str  # durable: holds backup/ (the checkpoints)
     checkpoint_every_n_steps: int | None = None  # None: at the end of each epoch
     max_checkpoints: int = 2
+    label_smoothing: float = 0.0  # of the training loss only; evaluation reports the plain one
 
 
 @dataclass
@@ -181,13 +182,12 @@ class TrainLoop:
 
     def _forward_backward(self, images, labels):
         """Loss, stats and (scaled) gradients of one replica's share of the global batch."""
-        import keras
         import tensorflow as tf
 
         model, optimizer = self.model, self.optimizer
         with tf.GradientTape() as tape:
             probabilities = model(images, training=True)
-            per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+            per_example = _train_loss(labels, probabilities, self.config.label_smoothing)
             loss = tf.nn.compute_average_loss(
                 per_example, global_batch_size=self.config.global_batch_size)
             if model.losses:
@@ -462,6 +462,18 @@ def _stats(loss_sum, probabilities, labels):
     correct = tf.reduce_sum(tf.cast(tf.equal(predicted, labels), tf.float32))
     count = tf.cast(tf.size(labels), tf.float32)
     return tf.stack([tf.cast(loss_sum, tf.float32), correct, count])
+
+
+def _train_loss(labels, probabilities, label_smoothing: float):
+    """Per-example cross-entropy; with label smoothing, against smoothed one-hot targets."""
+    import keras
+    import tensorflow as tf
+
+    if not label_smoothing:
+        return keras.losses.sparse_categorical_crossentropy(labels, probabilities)
+    one_hot = tf.one_hot(labels, tf.shape(probabilities)[-1], dtype=probabilities.dtype)
+    return keras.losses.categorical_crossentropy(one_hot, probabilities,
+                                                 label_smoothing=label_smoothing)
 
 
 def _agree_on_finite(optimizer, grads):

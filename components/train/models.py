@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
-
-from ampflow.errors import ConfigError
 
 ModelBuilder = Callable[[tuple[int, int, int], int, "int | None"], Any]
 _REGISTRY: dict[str, ModelBuilder] = {}
@@ -26,8 +25,17 @@ def register_model(name: str, builder: ModelBuilder) -> None:
 
 
 def model_names() -> tuple[str, ...]:
-    """Names `build_model` accepts."""
+    """Built-in names `build_model` accepts (besides builders and .keras files)."""
     return tuple(sorted(_REGISTRY))
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    """A model ready to train, and what ampflow changed to make it so (for the log and report)."""
+
+    model: Any
+    spec: Any  # user_model.ModelSpec
+    fixes: tuple[str, ...] = ()
 
 
 def build_model(
@@ -37,13 +45,52 @@ def build_model(
     *,
     image_size: int | None = None,
     policy: str | None = None,
+    model_path: str | None = None,
 ):
-    """Build model `name`; under `policy` if given (the global policy is restored after)."""
-    if name not in _REGISTRY:
-        raise ConfigError(f"model must be one of {model_names()}. Received: model={name!r}")
-    size = image_size or _DEFAULT_IMAGE_SIZE.get(name)
+    """Build model `name` (built-in, builder or .keras file: user_model.py) under `policy`."""
+    return make_model(name, input_shape, num_classes, image_size=image_size, policy=policy,
+                      model_path=model_path).model
+
+
+def make_model(
+    name: str,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    *,
+    image_size: int | None = None,
+    policy: str | None = None,
+    model_path: str | None = None,
+) -> BuiltModel:
+    """`build_model`, also saying what was fixed (the float32 head, a policy rebuild).
+
+    `policy` None means the current Keras global policy (set by configure_precision). The
+    global policy is restored afterwards. A `.keras` file is loaded and rebuilt under the
+    policy with its weights, since its layers keep the dtype they were saved with.
+    """
+    from ampflow.components.train import user_model
+
+    spec = user_model.parse_model_spec(name, model_names())
+    input_shape, num_classes = tuple(int(d) for d in input_shape), int(num_classes)
     with policy_scope(policy):
-        return _REGISTRY[name](tuple(input_shape), int(num_classes), size)
+        import keras
+
+        target = keras.mixed_precision.global_policy().name
+        if spec.kind == "builtin":
+            size = image_size or _DEFAULT_IMAGE_SIZE.get(name)
+            return BuiltModel(_REGISTRY[name](input_shape, num_classes, size), spec)
+        if spec.kind == "builder":
+            builder = user_model.import_builder(spec, model_path)
+            model = user_model.call_builder(spec, builder, input_shape, num_classes)
+            fixes: list[str] = []
+        else:
+            loaded = user_model.load_model_file(spec.text, model_path)
+            model = user_model.rebuild_with_policy(loaded, target)
+            fixes = [f"loaded {spec.text} and rebuilt every layer under {target} (a saved "
+                     "model keeps the dtypes it was saved with), weights copied"]
+        source = f"model {spec.text!r}"
+        user_model.check_io(model, input_shape, num_classes, source)
+        model, head_fixes = user_model.standard_head(model)
+        return BuiltModel(model, spec, tuple(fixes + head_fixes))
 
 
 @contextlib.contextmanager

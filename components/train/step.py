@@ -31,6 +31,10 @@ MODEL_FILE = "model.keras"
 HISTORY_FILE = "loss_scale_history.json"
 EPOCH_LOG_FILE = "epochs.jsonl"
 BACKUP_DIR = "backup"
+OPTIMIZERS = ("adam", "adamw", "sgd")
+LR_SCHEDULES = ("constant", "cosine")
+# Architectures made for natural photos, where random crops and flips are the usual training.
+AUGMENTED_BY_DEFAULT = ("resnet50", "mobilenet_v2")
 # What later steps read from metadata.json to rebuild, evaluate and export the model.
 _REQUIRED_METADATA = ("model_name", "input_shape", "num_classes", "precision")
 
@@ -48,8 +52,13 @@ class TrainConfig:
     data_dir: Path = field(metadata={"help": "A prepared dataset dir (from prepare-data)."})
     output_dir: Path = field(metadata={"help": "Directory that receives the model artifact."})
     model: str = field(default="small_cnn", metadata={
-        "help": "small_cnn (fast on a CPU), resnet50 or mobilenet_v2 (keras.applications, "
-                "weights=None)."})
+        "help": "A built-in (small_cnn: fast on a CPU; resnet50, mobilenet_v2: keras.applications, "
+                "weights=None), your builder 'package.module:function' called as "
+                "function(input_shape, num_classes), or a .keras file to fine-tune (README: "
+                "'Your own model and data')."})
+    model_path: str | None = field(default=None, metadata={
+        "help": "Directory put first on sys.path to import the --model builder (and the custom "
+                "layers of a model) from, here and in every later step that loads the model."})
     image_size: int | None = field(default=None, metadata={
         "help": "Resize inside the model to this square size (default: the model's own; "
                 "32 for resnet50/mobilenet_v2)."})
@@ -66,8 +75,23 @@ class TrainConfig:
     batch_size: int = field(default=32, metadata={
         "help": "Examples per step per replica; the global batch is this × the replicas."})
     learning_rate: float = field(default=3e-3, metadata={"help": "Optimizer learning rate."})
-    optimizer: str = field(default="adam", metadata={"choices": ("adam", "sgd"),
-                                                     "help": "Optimizer."})
+    optimizer: str = field(default="adam", metadata={
+        "choices": OPTIMIZERS, "help": "Optimizer: adam, adamw (decoupled weight decay) or sgd "
+                                       "(momentum 0.9)."})
+    weight_decay: float = field(default=0.0, metadata={
+        "help": "Decoupled weight decay of the optimizer (adamw, sgd, adam); 0 = none."})
+    lr_schedule: str = field(default="constant", metadata={
+        "choices": LR_SCHEDULES,
+        "help": "constant, or cosine: linear warm-up over --warmup-epochs, then cosine decay "
+                "to 0 over the rest of the run."})
+    warmup_epochs: float = field(default=0.0, metadata={
+        "help": "With --lr-schedule cosine: epochs of linear learning-rate warm-up from 0."})
+    label_smoothing: float = field(default=0.0, metadata={
+        "help": "Label smoothing of the cross-entropy loss (0 = none; 0.1 is usual for "
+                "ImageNet)."})
+    augment: bool | None = field(default=None, metadata={
+        "help": "Random crop and horizontal flip of training images in the input pipeline; auto "
+                "= on for the ImageNet architectures (resnet50, mobilenet_v2), off otherwise."})
     seed: int = field(default=42, metadata={"help": "Seed for weights, shuffling and dropout."})
     steps_per_epoch: int | None = field(default=None, metadata={
         "help": "Cap the steps of each epoch (default: the whole training split)."})
@@ -134,14 +158,24 @@ class TrainConfig:
             raise ConfigError(
                 f"precision must be one of {POLICIES}. Received: precision={self.precision!r}"
             )
-        if self.model not in _model_choices():
+        from ampflow.components.train.user_model import parse_model_spec
+
+        parse_model_spec(self.model, _model_choices())
+        if self.optimizer not in OPTIMIZERS:
             raise ConfigError(
-                f"model must be one of {_model_choices()}. Received: model={self.model!r}"
-            )
-        if self.optimizer not in ("adam", "sgd"):
-            raise ConfigError(
-                f"optimizer must be 'adam' or 'sgd'. Received: optimizer={self.optimizer!r}"
-            )
+                f"optimizer must be one of {OPTIMIZERS}. Received: optimizer={self.optimizer!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"lr_schedule must be one of {LR_SCHEDULES}. Received: "
+                              f"lr_schedule={self.lr_schedule!r}")
+        for name in ("weight_decay", "warmup_epochs"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name} must be >= 0. Received: {name}={getattr(self, name)}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError("label_smoothing must be in [0, 1). Received: "
+                              f"label_smoothing={self.label_smoothing}")
+        if self.warmup_epochs and self.warmup_epochs >= self.epochs:
+            raise ConfigError(f"warmup_epochs must be < epochs ({self.epochs}). Received: "
+                              f"warmup_epochs={self.warmup_epochs}")
         if not 0 <= self.max_skipped_fraction <= 1:
             raise ConfigError("max_skipped_fraction must be in [0, 1]. Received: "
                               f"max_skipped_fraction={self.max_skipped_fraction}")
@@ -157,6 +191,12 @@ class TrainConfig:
                               f"Received: launcher_port={self.launcher_port}")
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
+
+
+    @property
+    def effective_augment(self) -> bool:
+        """`augment`, with auto resolved: on for the ImageNet architectures only."""
+        return self.augment if self.augment is not None else self.model in AUGMENTED_BY_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -204,7 +244,8 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
             setup, autotune_report = autotune(config, info, runtime, hardware)
         else:
             setup = configure_precision(config.precision, config.jit_compile, hardware)
-        return _train(config, info, setup, runtime, output_dir, autotune_report)
+        model_report = preflight_model(config, info)  # before any epoch: refuse or fix first
+        return _train(config, info, setup, runtime, output_dir, autotune_report, model_report)
     except Exception as e:
         if runtime.num_workers > 1 and _is_peer_loss(e):
             raise PeerLostError(
@@ -215,6 +256,29 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
         raise
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def preflight_model(config: TrainConfig, info: dict) -> dict:
+    """Build the model once under the current policy and check it, before any compute.
+
+    A builder that does not import, a file that does not load, a model whose input or output
+    does not fit the data: each is one ConfigError line here, before the output dir holds
+    anything. Returns the `model` block of metadata.json: what `--model` was, what ampflow
+    changed (the float32 head, a policy rebuild) and each layer's compute/variable dtype.
+    """
+    import keras
+
+    from ampflow.components.train.models import make_model
+    from ampflow.components.train.user_model import layer_dtypes
+
+    built = make_model(config.model, tuple(info["image_shape"]), info["num_classes"],
+                       image_size=config.image_size, model_path=config.model_path)
+    for fix in built.fixes:
+        log.info("model %s: %s", config.model, fix)
+    report = {"spec": config.model, "kind": built.spec.kind, "model_path": config.model_path,
+              "policy": keras.mixed_precision.global_policy().name, "fixes": list(built.fixes),
+              "layer_dtypes": layer_dtypes(built.model)}
+    return report  # (no keras.backend.clear_session here: it resets the global dtype policy)
 
 
 def _run_local_workers(config: TrainConfig) -> TrainResult:
@@ -272,6 +336,7 @@ def load_trained_model(model_dir: str | os.PathLike):
 
     model_dir = Path(model_dir)
     metadata_path, model_path = model_dir / METADATA_FILE, model_dir / MODEL_FILE
+    # (the user's module, named in the metadata, is imported before loading: see below)
     if not metadata_path.is_file() or not model_path.is_file():
         raise ModelLoadError(
             f"{model_dir} is not a published model: expected {MODEL_FILE} and {METADATA_FILE} "
@@ -286,11 +351,23 @@ def load_trained_model(model_dir: str | os.PathLike):
         raise ModelLoadError(f"{metadata_path} must hold {list(_REQUIRED_METADATA)}. "
                              f"Received: missing {missing}")
     _check_keras_archive(model_path)
+    custom_objects = _user_custom_objects(model_path, metadata)
     try:
-        model = keras.saving.load_model(model_path, compile=False)
+        model = keras.saving.load_model(model_path, compile=False, custom_objects=custom_objects)
     except Exception as e:
         raise ModelLoadError(f"{model_path} could not be loaded (corrupt?): {e}") from e
     return model, metadata
+
+
+def _user_custom_objects(model_path: Path, metadata: dict) -> dict:
+    """The user's custom layers in `model.keras`, imported from the run's --model-path."""
+    from ampflow.components.train.user_model import custom_objects_in
+
+    user_path = (metadata.get("config") or {}).get("model_path")
+    try:
+        return custom_objects_in(model_path, user_path)
+    except ConfigError as e:
+        raise ModelLoadError(f"the model's own code cannot be loaded: {e}") from e
 
 
 def _check_keras_archive(model_path: Path) -> None:
@@ -315,7 +392,7 @@ def _check_keras_archive(model_path: Path) -> None:
 
 
 def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, output_dir: Path,
-           autotune_report: dict | None):
+           autotune_report: dict | None, model_report: dict):
     import keras
     import tensorflow as tf
 
@@ -333,7 +410,8 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     learning_rate = config.learning_rate * (runtime.num_replicas if config.scale_learning_rate
                                             else 1)
     train_ds, test_ds, steps = training_data(config, info, global_batch)
-    model = build_compiled_model(config, info, setup, runtime, learning_rate)
+    model = build_compiled_model(config, info, setup, runtime, learning_rate,
+                                 total_steps=steps * config.epochs)
 
     state_dir = config.checkpoint_dir or str(config.output_dir)
     chief = runtime.is_chief
@@ -342,6 +420,7 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     resumed = tf.train.latest_checkpoint(backup_dir(state_dir)) is not None
     loop = TrainLoop(runtime, model, LoopConfig(
         epochs=config.epochs, steps_per_epoch=steps, global_batch_size=global_batch,
+        label_smoothing=config.label_smoothing,
         jit_compile=setup.jit_compile, loss_scaling=setup.loss_scaling, state_dir=state_dir,
         checkpoint_every_n_steps=config.checkpoint_every_n_steps))
     limits = GuardLimits(config.loss_scale_floor, config.max_skipped_fraction,
@@ -385,12 +464,24 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         "dir": backup_dir(state_dir), "mechanism": "tf.train.Checkpoint + CheckpointManager",
         "every_n_steps": config.checkpoint_every_n_steps or steps,
         "resumed_at_step": result.resumed_at_step}
+    metadata["model"] = model_report
+    metadata["recipe"] = _recipe(config, learning_rate, steps)
     if autotune_report is not None:
         metadata["autotune"] = autotune_report
     if chief:
         _publish(model, telemetry, epochs, metadata, output_dir, config.checkpoint_dir)
         tf.io.gfile.rmtree(backup_dir(state_dir))  # after publishing: a crash in between resumes
     return TrainResult(output_dir=output_dir, metadata=metadata)
+
+
+def _recipe(config: TrainConfig, learning_rate: float, steps: int) -> dict:
+    """The training recipe as it ran: optimizer, schedule, regularization, augmentation."""
+    return {"optimizer": config.optimizer, "learning_rate": learning_rate,
+            "weight_decay": config.weight_decay, "lr_schedule": config.lr_schedule,
+            "warmup_steps": int(config.warmup_epochs * steps)
+            if config.lr_schedule == "cosine" else 0,
+            "decay_steps": steps * config.epochs if config.lr_schedule == "cosine" else 0,
+            "label_smoothing": config.label_smoothing, "augment": config.effective_augment}
 
 
 def _distribute(runtime, train_ds, test_ds):

@@ -1,0 +1,358 @@
+"""A user's own model: a builder in their package, or a saved `.keras` file to fine-tune.
+
+`--model` takes three forms (`parse_model_spec`):
+- a built-in name (`small_cnn`, `resnet50`, `mobilenet_v2`: components/train/models.py);
+- `package.module:function`, a builder called as `function(input_shape, num_classes)` under
+  the chosen dtype policy. It returns an uncompiled functional (or Sequential) Keras model whose
+  input is `(None, H, W, C)` float32 **raw pixels 0..255** (the dataset's `image_shape`: the same
+  pixels a client sends the served model), so the model rescales (and, if it wants another size,
+  resizes) inside itself; whose output is `(None, num_classes)` logits or softmax
+  probabilities. The module is imported from the environment or from `--model-path DIR`
+  (prepended to `sys.path`), in train and in every step that loads the model again, so custom
+  layers defined there deserialize;
+- a path to a `.keras` file: a trained model fine-tuned from its current weights. Custom
+  layers in it are imported from the module their config records (`custom_objects_in`).
+
+Whatever the form, ampflow then gives the model its **standard head**: a float32 `logits` layer
+and a float32 `probabilities` softmax (`standard_head`), which evaluate's parity check, export's
+signatures and TFLite conversion rely on. A softmax the user put last is recomputed in float32
+from the tensor before it; half-precision logits are cast to float32 first.
+
+The AMP pitfall this module handles (docs/DESIGN.md): a saved float32 model keeps `float32`
+dtype policies in every layer's config, so setting the global policy before loading changes
+nothing. `rebuild_with_policy` clones every layer with its config's dtype replaced and copies
+the weights (variables are float32 under every policy), so the copy is exact; the head stays
+float32. The same function builds evaluate's float32 twin, for every kind of model.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import re
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ampflow.errors import ConfigError
+
+LOGITS_LAYER = "logits"
+PROBABILITIES_LAYER = "probabilities"
+HEAD_LAYERS = (LOGITS_LAYER, PROBABILITIES_LAYER)
+_BUILDER = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+KINDS = ("builtin", "builder", "file")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What `--model` names: its kind and the text the user gave."""
+
+    kind: str  # one of KINDS
+    text: str
+
+    @property
+    def module(self) -> str:
+        """The builder's module (`package.module`); only for kind "builder"."""
+        return self.text.split(":")[0]
+
+    @property
+    def function(self) -> str:
+        """The builder's function name; only for kind "builder"."""
+        return self.text.split(":")[1]
+
+
+def parse_model_spec(text: str, builtin_names: tuple[str, ...]) -> ModelSpec:
+    """Classify `--model`; a ConfigError naming the three accepted forms otherwise."""
+    text = (text or "").strip()
+    if text in builtin_names:
+        return ModelSpec("builtin", text)
+    if text.endswith(".keras"):
+        return ModelSpec("file", text)
+    if _BUILDER.match(text):
+        return ModelSpec("builder", text)
+    close = difflib.get_close_matches(text, builtin_names, n=1, cutoff=0.6)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(
+        f"model must be a built-in name ({', '.join(builtin_names)}), a builder "
+        f"'package.module:function', or a path ending in .keras. Received: model={text!r}.{hint}")
+
+
+def add_model_path(model_path: str | Path | None) -> None:
+    """Put `model_path` first on `sys.path` (once), so the user's package imports from it."""
+    if not model_path:
+        return
+    path = Path(model_path).expanduser().resolve()
+    if not path.is_dir():
+        raise ConfigError(f"model_path must be an existing directory. Received: "
+                          f"model_path={str(model_path)!r}")
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+
+def import_builder(spec: ModelSpec, model_path: str | Path | None = None):
+    """Import the builder function named by `spec`; every failure is one ConfigError line."""
+    add_model_path(model_path)
+    module = import_user_module(spec.module, model_path)
+    builder = getattr(module, spec.function, None)
+    if builder is None:
+        found = sorted(n for n, v in vars(module).items()
+                       if callable(v) and not n.startswith("_")
+                       and getattr(v, "__module__", None) == module.__name__)
+        raise ConfigError(f"model builder {spec.text!r}: module {spec.module!r} has no function "
+                          f"{spec.function!r}. Received: a module defining {found}")
+    if not callable(builder):
+        raise ConfigError(f"model builder {spec.text!r} must be a function. Received: "
+                          f"{type(builder).__name__}")
+    try:
+        inspect.signature(builder).bind((8, 8, 1), 2)
+    except TypeError as e:
+        raise ConfigError(f"model builder {spec.text!r} must accept (input_shape, num_classes). "
+                          f"Received: a function with signature {inspect.signature(builder)} "
+                          f"({e})") from e
+    except ValueError:  # a builtin without a signature: let the call decide
+        pass
+    return builder
+
+
+def import_user_module(module_name: str, model_path: str | Path | None = None):
+    """Import the user's module; an import that fails shows its error's last line."""
+    add_model_path(model_path)
+    try:
+        return importlib.import_module(module_name)
+    except Exception as e:  # ImportError, SyntaxError, or anything the module raises
+        last = f"{type(e).__name__}: {e}".strip().splitlines()[-1]
+        where = f" (model_path={str(model_path)!r})" if model_path else \
+            " (not on sys.path: pass --model-path DIR)"
+        raise ConfigError(f"model module {module_name!r} does not import{where}. "
+                          f"Received: {last}") from e
+
+
+def call_builder(spec: ModelSpec, builder, input_shape: tuple[int, int, int], num_classes: int):
+    """Call the user's builder and check what it returned against the contract."""
+    import keras
+
+    try:
+        model = builder(tuple(input_shape), int(num_classes))
+    except Exception as e:
+        last = f"{type(e).__name__}: {e}".strip().splitlines()[-1]
+        raise ConfigError(f"model builder {spec.text!r} failed when called with "
+                          f"input_shape={tuple(input_shape)}, num_classes={num_classes}. "
+                          f"Received: {last}") from e
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"model builder {spec.text!r} must return a keras.Model. Received: "
+                          f"{type(model).__name__}")
+    return model
+
+
+def custom_objects_in(archive_path: str | Path, model_path: str | Path | None = None) -> dict:
+    """The classes a `.keras` archive names outside Keras, imported by their recorded module.
+
+    Keras finds a custom class only if it is registered (`register_keras_serializable`) or
+    passed in `custom_objects`; its config records the class's module anyway. Importing those
+    modules (from `model_path` first) and passing their classes lets a user's unregistered
+    custom layer load, in every step, from nothing but the archive and the user's code.
+    """
+    import json
+
+    with zipfile.ZipFile(archive_path) as archive:
+        config = json.loads(archive.read("config.json"))
+    wanted: dict[str, set[str]] = {}
+    _collect_classes(config, wanted)
+    found = {}
+    for module_name, class_names in sorted(wanted.items()):
+        module = import_user_module(module_name, model_path)
+        for name in class_names:
+            if hasattr(module, name):
+                found[name] = getattr(module, name)
+    return found
+
+
+def _collect_classes(node, wanted: dict[str, set[str]]) -> None:
+    if isinstance(node, dict):
+        module, name = node.get("module"), node.get("class_name")
+        if (isinstance(module, str) and isinstance(name, str)
+                and module.split(".")[0] not in ("keras", "builtins", "tensorflow", "tf_keras")):
+            wanted.setdefault(module, set()).add(name)
+        for value in node.values():
+            _collect_classes(value, wanted)
+    elif isinstance(node, list):
+        for value in node:
+            _collect_classes(value, wanted)
+
+
+def load_model_file(path: str | Path, model_path: str | Path | None = None):
+    """Load a `.keras` file given as `--model`; a missing, corrupt or foreign file is one line."""
+    import keras
+
+    import ampflow.components.train.layers  # noqa: F401  (registers FusedBatchNormalization)
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"model must be an existing .keras file. Received: model={str(path)!r} "
+                          "(no such file)")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ConfigError(f"model must be a Keras v3 .keras archive. Received: {str(path)!r}, "
+                          f"which is not a zip archive ({e})") from e
+    if damaged is not None or "config.json" not in names:
+        reason = (f"member {damaged!r} fails its CRC check" if damaged
+                  else f"no config.json in it (members: {sorted(names)[:5]})")
+        raise ConfigError(f"model must be a Keras v3 .keras archive. Received: {str(path)!r}: "
+                          f"{reason}")
+    try:
+        return keras.saving.load_model(path, compile=False,
+                                       custom_objects=custom_objects_in(path, model_path))
+    except ConfigError:
+        raise
+    except Exception as e:
+        last = f"{type(e).__name__}: {e}".strip().splitlines()[-1]
+        raise ConfigError(f"model file {str(path)!r} could not be loaded (a custom layer in it "
+                          f"must be importable: pass --model-path). Received: {last}") from e
+
+
+def check_io(model, input_shape: tuple[int, int, int], num_classes: int, source: str) -> None:
+    """The model takes `(None, *input_shape)` and returns `(None, num_classes)`, or ConfigError."""
+    inputs, outputs = list(model.inputs or []), list(model.outputs or [])
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ConfigError(f"{source} must be a functional or Sequential model with one input "
+                          f"and one output. Received: {len(inputs)} input(s), {len(outputs)} "
+                          "output(s)")
+    got_in = tuple(inputs[0].shape)
+    want_in = (None, *map(int, input_shape))
+    if got_in != want_in:
+        raise ConfigError(
+            f"{source} must take the data's images {list(want_in)} (raw pixels 0..255; prepare "
+            f"the data with --image-size to change H, W). Received: a model whose input is "
+            f"{list(got_in)}")
+    got_out = tuple(outputs[0].shape)
+    if len(got_out) != 2 or got_out[-1] != num_classes:
+        raise ConfigError(f"{source} must return [batch, {num_classes}] (logits or softmax "
+                          f"probabilities, one per class). Received: output shape "
+                          f"{list(got_out)}")
+
+
+def standard_head(model) -> tuple[Any, list[str]]:
+    """`model` ending in float32 `logits` → float32 `probabilities`; and what was changed.
+
+    A model already in that form (the built-ins, or a model ampflow saved) is returned as it is.
+    Otherwise the output layer is read: a softmax (an Activation/Softmax layer, or a Dense with
+    softmax activation) is taken off and recomputed in float32 from its input (the Dense's
+    weights reused in a float32 Dense), since a half-precision softmax has already lost what a
+    cast afterwards cannot bring back; any other output is taken as logits and cast to float32.
+    """
+    import keras
+
+    if _has_standard_head(model):
+        return model, []
+    for name in HEAD_LAYERS:
+        if name in {layer.name for layer in model.layers}:
+            raise ConfigError(f"the model's layer named {name!r} would clash with the float32 "
+                              "head ampflow adds. Received: a model with a layer of that name "
+                              "that is not its float32 logits/softmax head: rename it")
+    out_layer = _output_layer(model)
+    fixes: list[str] = []
+    if _is_softmax_layer(out_layer):
+        logits = out_layer.input
+        fixes.append(f"output softmax {out_layer.name!r} ({_compute(out_layer)}) recomputed in "
+                     "float32 from its input")
+    elif isinstance(out_layer, keras.layers.Dense) and _activation_name(out_layer) == "softmax":
+        dense = keras.layers.Dense(out_layer.units, use_bias=out_layer.use_bias,
+                                   dtype="float32", name=f"{out_layer.name}_float32")
+        logits = dense(out_layer.input)
+        dense.set_weights(out_layer.get_weights())
+        fixes.append(f"output Dense {out_layer.name!r} ({_compute(out_layer)}, softmax) "
+                     "recomputed in float32 without its softmax")
+    else:
+        logits = model.outputs[0]
+        fixes.append(f"output of {out_layer.name!r} ({_compute(out_layer)}) taken as logits")
+    logits = keras.layers.Activation("linear", dtype="float32", name=LOGITS_LAYER)(logits)
+    probabilities = keras.layers.Activation("softmax", dtype="float32",
+                                            name=PROBABILITIES_LAYER)(logits)
+    fixes.append("float32 head appended: logits (float32) → probabilities (float32 softmax)")
+    return keras.Model(model.inputs, probabilities, name=model.name), fixes
+
+
+def rebuild_with_policy(model, policy: str, keep_float32: tuple[str, ...] = HEAD_LAYERS):
+    """A copy of `model` whose layers compute under `policy` (the head stays float32).
+
+    Every layer, nested models included, is re-created from its config with the config's dtype
+    replaced; the weights are then copied, so nothing changes but the compute dtype. A layer
+    whose config cannot be re-created is a ConfigError naming it (custom layers must implement
+    `get_config` and accept `**kwargs`, as Keras requires for saving anyway).
+    """
+    import keras
+
+    def convert(layer):
+        config = layer.get_config()
+        if "dtype" in config:
+            config["dtype"] = "float32" if layer.name in keep_float32 else policy
+        try:
+            return layer.__class__.from_config(config)
+        except Exception as e:
+            raise ConfigError(
+                f"layer {layer.name!r} ({type(layer).__name__}) could not be re-created under "
+                f"{policy}: its get_config/from_config must round-trip. Received: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+    clone = keras.models.clone_model(model, clone_function=convert, recursive=True)
+    try:
+        clone.set_weights(model.get_weights())
+    except ValueError as e:
+        raise ConfigError(f"the weights of {model.name!r} do not fit its copy under {policy}: "
+                          f"{e}") from e
+    return clone
+
+
+def layer_dtypes(model) -> list[dict[str, str]]:
+    """Each layer with weights or a fixed dtype: name, class, compute and variable dtype."""
+    rows = []
+    for layer in _walk(model):
+        policy = layer.dtype_policy
+        rows.append({"name": layer.name,
+                     "class": type(layer).__name__,
+                     "compute_dtype": policy.compute_dtype,
+                     "variable_dtype": policy.variable_dtype})
+    return rows
+
+
+def _walk(model):
+    for layer in model.layers:
+        if isinstance(layer, type(model)) or hasattr(layer, "layers") and layer.layers:
+            yield from _walk(layer)
+        elif type(layer).__name__ != "InputLayer":
+            yield layer
+
+
+def _has_standard_head(model) -> bool:
+    names = {layer.name: layer for layer in model.layers}
+    probabilities, logits = names.get(PROBABILITIES_LAYER), names.get(LOGITS_LAYER)
+    return (probabilities is not None and logits is not None
+            and _output_layer(model) is probabilities
+            and _compute(probabilities) == "float32" and _compute(logits) == "float32")
+
+
+def _output_layer(model):
+    history = getattr(model.outputs[0], "_keras_history", None)
+    return history[0] if history is not None else model.layers[-1]
+
+
+def _is_softmax_layer(layer) -> bool:
+    import keras
+
+    return isinstance(layer, keras.layers.Softmax) or (
+        isinstance(layer, keras.layers.Activation) and _activation_name(layer) == "softmax")
+
+
+def _activation_name(layer) -> str:
+    activation = getattr(layer, "activation", None)
+    return getattr(activation, "__name__", str(activation))
+
+
+def _compute(layer) -> str:
+    return layer.dtype_policy.compute_dtype
