@@ -85,16 +85,16 @@ def check_arguments(arguments: dict[str, object]) -> None:
 
 
 def check_model_names(model: str, model_name: str) -> None:
-    """`model` must be an architecture; `model_name` a served name, not another architecture.
+    """`model` must be what train --model takes; `model_name` a served name, not an architecture.
 
     Before the names were made one per meaning, `model_name` was the architecture here; a
     served name equal to a different architecture is that old usage, and training the default
     architecture silently under that name would hide it.
     """
     from ampflow.components.train.models import model_names
+    from ampflow.components.train.user_model import parse_model_spec
 
-    if model not in model_names():
-        raise ConfigError(f"model must be one of {model_names()}. Received: model={model!r}")
+    parse_model_spec(model, model_names())
     check_model_name(model_name, "model_name")
     if model_name in model_names() and model_name != model:
         raise ConfigError(

@@ -306,7 +306,7 @@ def test_local_run_config_refuses_an_architecture_as_the_served_name(tmp_path):
     with pytest.raises(ConfigError, match=r"model_name is the served model name.*"
                                           rf"did you mean model='{other}'"):
         LocalRunConfig(workdir=tmp_path, model_name=other)
-    with pytest.raises(ConfigError, match=r"model must be one of"):
+    with pytest.raises(ConfigError, match=r"model must be a built-in name"):
         LocalRunConfig(workdir=tmp_path, model="ampflow")
     config = LocalRunConfig(workdir=tmp_path, model=other, model_name=other)
     assert config.arguments()["model"] == config.arguments()["model_name"] == other

@@ -125,7 +125,7 @@ def test_train_absurd_learning_rate_gives_non_finite_loss_error(prepared_digits,
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"model": "resnet5"}, "model must be one of"),
+        ({"model": "resnet5"}, "model must be a built-in name"),
         ({"precision": "fp16"}, "precision must be one of"),
         ({"batch_size": 0}, "batch_size must be > 0. Received: batch_size=0"),
         ({"epochs": -1}, "epochs must be > 0"),

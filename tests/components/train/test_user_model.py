@@ -1,0 +1,255 @@
+"""A user's own model: a builder outside the repository, a .keras file to fine-tune, bad input.
+
+The builder module is written by the test into a scratch dir (never on sys.path until
+`--model-path` puts it there), with a custom layer that holds its own weights and is not
+registered with Keras, LayerNormalization and Dropout, ending in a softmax Dense that the
+global mixed policy makes float16: ampflow must make the head float32 and say so.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from ampflow.components.train import TrainConfig, load_trained_model, run_train
+from ampflow.components.train.models import make_model
+from ampflow.errors import ConfigError
+
+BUILDER = textwrap.dedent('''
+    import keras
+    from keras import layers, ops
+
+
+    class ChannelScale(layers.Layer):
+        """Holds its own weights; deliberately NOT registered with Keras."""
+
+        def build(self, input_shape):
+            self.gamma = self.add_weight(shape=(input_shape[-1],), initializer="ones",
+                                         name="gamma")
+
+        def call(self, x):
+            return x * ops.cast(self.gamma, x.dtype)
+
+
+    def build(input_shape, num_classes):
+        inputs = keras.Input(shape=input_shape)
+        x = layers.Rescaling(1 / 255.0)(inputs)
+        x = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+        x = ChannelScale()(x)
+        x = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+        x = layers.GlobalAveragePooling2D()(x)
+        x = layers.LayerNormalization()(x)
+        x = layers.Dropout(0.1)(x)
+        x = layers.Dense(64, activation="relu")(x)
+        return keras.Model(inputs, layers.Dense(num_classes, activation="softmax")(x))
+
+
+    def wrong_signature(input_shape):
+        return None
+
+
+    def wrong_input(input_shape, num_classes):
+        inputs = keras.Input(shape=(16, 16, 1))
+        x = layers.Flatten()(inputs)
+        return keras.Model(inputs, layers.Dense(num_classes)(x))
+
+
+    def wrong_output(input_shape, num_classes):
+        inputs = keras.Input(shape=input_shape)
+        return keras.Model(inputs, layers.Conv2D(num_classes, 1)(inputs))
+
+
+    def not_a_model(input_shape, num_classes):
+        return "a string"
+''')
+
+
+@pytest.fixture(scope="module")
+def user_code(tmp_path_factory):
+    """A package `usermodels` in a scratch dir: importable only through --model-path."""
+    root = tmp_path_factory.mktemp("user-code")
+    package = root / "usermodels"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "net.py").write_text(BUILDER)
+    (package / "broken.py").write_text("import keras\ndef build(:\n")
+    assert "usermodels" not in sys.modules
+    return root
+
+
+def _conv_and_head_dtypes(model):
+    import keras
+
+    convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)]
+    return ({layer.dtype_policy.compute_dtype for layer in convs},
+            model.get_layer("logits").dtype_policy.compute_dtype,
+            model.get_layer("probabilities").dtype_policy.compute_dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy, half", [("mixed_float16", "float16"),
+                                          ("mixed_bfloat16", "bfloat16")])
+def test_user_builder_outside_repo_trains_under_mixed_policy_and_passes_the_gate(
+        tmp_path, user_code, prepared_digits, policy, half):
+    from ampflow.components.evaluate_parity import EvaluateConfig, run_evaluate
+
+    result = run_train(TrainConfig(
+        data_dir=prepared_digits, output_dir=tmp_path / "model", model="usermodels.net:build",
+        model_path=str(user_code), precision=policy, epochs=6))
+    meta = result.metadata
+    assert meta["model"]["kind"] == "builder"
+    # the softmax Dense computed in half precision: ampflow says it recomputed it in float32
+    assert any("softmax" in fix and half in fix for fix in meta["model"]["fixes"])
+    dtypes = {row["class"]: row["compute_dtype"] for row in meta["model"]["layer_dtypes"]}
+    assert dtypes["ChannelScale"] == dtypes["Conv2D"] == half
+    # reloaded in this process from the published archive (its custom layer imported by module)
+    model, _ = load_trained_model(result.output_dir)
+    convs, logits, probabilities = _conv_and_head_dtypes(model)
+    assert convs == {half} and logits == probabilities == "float32"
+    assert model.output.dtype == "float32"
+    evaluation = run_evaluate(EvaluateConfig(model_dir=result.output_dir,
+                                             data_dir=prepared_digits,
+                                             output_dir=tmp_path / "eval"))
+    assert evaluation.verdict["passed"], evaluation.verdict
+    assert evaluation.metrics["amp_accuracy"] > 0.5  # chance is 0.1
+
+
+@pytest.mark.slow
+def test_keras_file_fine_tunes_under_mixed_float16_from_where_float32_left_off(
+        tmp_path, trained_model):
+    float32_dir = trained_model("float32")
+    _, float32_meta = load_trained_model(float32_dir)
+    result = run_train(TrainConfig(
+        data_dir=float32_meta["config"]["data_dir"], output_dir=tmp_path / "tuned",
+        model=str(float32_dir / "model.keras"), precision="mixed_float16", epochs=1,
+        learning_rate=1e-4))
+    meta = result.metadata
+    assert meta["model"]["kind"] == "file"
+    computes = {(row["class"], row["compute_dtype"]) for row in meta["model"]["layer_dtypes"]}
+    assert ("Conv2D", "float16") in computes and ("Dense", "float16") in computes
+    assert ("Conv2D", "float32") not in computes
+    head = {row["name"]: row["compute_dtype"] for row in meta["model"]["layer_dtypes"]
+            if row["name"] in ("logits", "probabilities")}
+    assert head == {"logits": "float32", "probabilities": "float32"}
+    # fine-tuning continues from the float32 weights: the first epoch is near where the
+    # float32 model ended (chance is 0.1), not a fresh start
+    before = float32_meta["final_metrics"]["val_accuracy"]
+    first = meta["epochs"][0]["val_accuracy"]
+    assert first > 0.5 and first >= before - 0.1, (before, first)
+    model, _ = load_trained_model(result.output_dir)
+    convs, logits, _ = _conv_and_head_dtypes(model)
+    assert convs == {"float16"} and logits == "float32"
+
+
+def test_rebuild_with_policy_keeps_weights_and_float32_head():
+    import keras
+
+    from ampflow.components.train.user_model import rebuild_with_policy
+
+    model = make_model("small_cnn", (8, 8, 1), 10, policy="float32").model
+    rebuilt = rebuild_with_policy(model, "mixed_bfloat16")
+    for a, b in zip(model.get_weights(), rebuilt.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    convs = [layer for layer in rebuilt.layers if isinstance(layer, keras.layers.Conv2D)]
+    assert {layer.dtype_policy.name for layer in convs} == {"mixed_bfloat16"}
+    assert rebuilt.get_layer("logits").dtype_policy.name == "float32"
+    images = np.random.default_rng(0).uniform(0, 255, (4, 8, 8, 1)).astype("float32")
+    # bfloat16 keeps 8 bits of mantissa: the probabilities agree to about 1e-2
+    np.testing.assert_allclose(rebuilt.predict(images, verbose=0),
+                               model.predict(images, verbose=0), atol=3e-2)
+
+
+@pytest.mark.parametrize("last", ["dense_softmax", "activation_softmax", "logits"])
+def test_standard_head_gives_float32_logits_and_same_probabilities(last):
+    import keras
+
+    from ampflow.components.train.user_model import standard_head
+
+    inputs = keras.Input((6,))
+    x = keras.layers.Dense(8, activation="relu")(inputs)
+    if last == "dense_softmax":
+        out = keras.layers.Dense(3, activation="softmax")(x)
+    else:
+        out = keras.layers.Dense(3)(x)
+        if last == "activation_softmax":
+            out = keras.layers.Activation("softmax")(out)
+    model = keras.Model(inputs, out)
+    standard, fixes = standard_head(model)
+    assert fixes and standard.get_layer("logits").dtype_policy.compute_dtype == "float32"
+    data = np.random.default_rng(1).normal(size=(5, 6)).astype("float32")
+    expected = model.predict(data, verbose=0)
+    if last == "logits":
+        expected = keras.ops.convert_to_numpy(keras.ops.softmax(expected))
+    np.testing.assert_allclose(standard.predict(data, verbose=0), expected, atol=1e-6)
+    # a model already in the standard form is returned unchanged
+    assert standard_head(standard) == (standard, [])
+
+
+@pytest.mark.parametrize("model, message", [
+    ("usermodels.missing:build", "does not import"),
+    ("usermodels.broken:build", "SyntaxError"),
+    ("usermodels.net:nothing_here", "has no function 'nothing_here'"),
+    ("usermodels.net:wrong_signature", "must accept (input_shape, num_classes)"),
+    ("usermodels.net:wrong_input", "must take the data's images [None, 8, 8, 1]"),
+    ("usermodels.net:wrong_output", "must return [batch, 10]"),
+    ("usermodels.net:not_a_model", "must return a keras.Model"),
+])
+def test_bad_builder_is_one_config_error_before_anything_is_written(
+        tmp_path, user_code, prepared_digits, model, message):
+    out = tmp_path / "model"
+    with pytest.raises(ConfigError, match=None) as info:
+        run_train(TrainConfig(data_dir=prepared_digits, output_dir=out, model=model,
+                              model_path=str(user_code), precision="float32", epochs=1))
+    assert message in str(info.value)
+    assert not (out / "model.keras").exists() and not (out / "metadata.json").exists()
+
+
+def test_bad_model_file_is_one_config_error(tmp_path, prepared_digits):
+    import zipfile
+
+    not_zip = tmp_path / "text.keras"
+    not_zip.write_text("not a model")
+    foreign = tmp_path / "foreign.keras"
+    with zipfile.ZipFile(foreign, "w") as archive:
+        archive.writestr("weights.bin", b"\0" * 10)
+    cases = {tmp_path / "missing.keras": "no such file", not_zip: "not a zip archive",
+             foreign: "no config.json"}
+    for path, message in cases.items():
+        with pytest.raises(ConfigError) as info:
+            run_train(TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "out",
+                                  model=str(path), precision="float32", epochs=1))
+        assert message in str(info.value), (path, info.value)
+
+
+def test_model_spec_that_is_no_form_suggests_the_closest_builtin():
+    with pytest.raises(ConfigError, match="Did you mean 'resnet50'"):
+        TrainConfig(data_dir="d", output_dir="o", model="resnet")
+    with pytest.raises(ConfigError, match="package.module:function"):
+        TrainConfig(data_dir="d", output_dir="o", model="my module:build")
+
+
+def test_cli_bad_builder_exits_2_with_one_line(tmp_path, user_code, prepared_digits):
+    out = tmp_path / "model"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(prepared_digits),
+         "--output-dir", str(out), "--model", "usermodels.broken:build",
+         "--model-path", str(user_code), "--epochs", "1"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "SyntaxError" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (out / "metadata.json").exists()
+
+
+def test_metadata_records_the_model_block(tmp_path, prepared_digits, user_code):
+    result = run_train(TrainConfig(
+        data_dir=prepared_digits, output_dir=tmp_path / "m", model="usermodels.net:build",
+        model_path=str(user_code), precision="float32", epochs=1, steps_per_epoch=2))
+    saved = json.loads((result.output_dir / "metadata.json").read_text())
+    assert saved["model"]["spec"] == "usermodels.net:build"
+    assert saved["model"]["model_path"] == str(user_code)
+    assert saved["recipe"]["optimizer"] == "adam"
