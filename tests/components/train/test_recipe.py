@@ -65,8 +65,12 @@ def test_recipe_bad_values_are_config_errors(overrides, message):
 
 
 def test_augment_auto_is_on_for_imagenet_architectures_only():
-    assert _config(model="resnet50").effective_augment
-    assert _config(model="mobilenet_v2").effective_augment
+    from ampflow.components.train.models import model_names
+    from ampflow.components.train.step import AUGMENTED_BY_DEFAULT
+
+    assert len(AUGMENTED_BY_DEFAULT) == 2 and set(AUGMENTED_BY_DEFAULT) < set(model_names())
+    for name in AUGMENTED_BY_DEFAULT:  # (a config only: no model is built here)
+        assert _config(model=name).effective_augment
+        assert not _config(model=name, augment=False).effective_augment
     assert not _config(model="small_cnn").effective_augment
-    assert not _config(model="resnet50", augment=False).effective_augment
     assert _config(model="small_cnn", augment=True).effective_augment

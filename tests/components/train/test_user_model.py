@@ -225,8 +225,8 @@ def test_bad_model_file_is_one_config_error(tmp_path, prepared_digits):
 
 
 def test_model_spec_that_is_no_form_suggests_the_closest_builtin():
-    with pytest.raises(ConfigError, match="Did you mean 'resnet50'"):
-        TrainConfig(data_dir="d", output_dir="o", model="resnet")
+    with pytest.raises(ConfigError, match="Did you mean 'small_cnn'"):
+        TrainConfig(data_dir="d", output_dir="o", model="smal_cnn")
     with pytest.raises(ConfigError, match="package.module:function"):
         TrainConfig(data_dir="d", output_dir="o", model="my module:build")
 
