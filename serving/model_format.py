@@ -9,7 +9,10 @@ the client read it; they all follow these rules, so the rules live here and nowh
 - the warm-up file TF Serving replays before a version serves (`write_warmup_records`,
   `read_warmup_records`);
 - the classify signature's input of docs/ARTIFACTS.md: a tf.Example whose float_list feature
-  `image` holds the raw pixels (`image_example`).
+  `image` holds the raw pixels (`image_example`);
+- the encoded-image signature of docs/ARTIFACTS.md: its key and input name, the formats it
+  decodes (`encoded_image_format`, by content as TensorFlow's `DecodeImage` tells them apart) and
+  the largest image it decodes (`MAX_IMAGE_PIXELS`).
 
 Nothing here imports TensorFlow at module level: the CLI and config validation use it too.
 """
@@ -64,9 +67,31 @@ CLASSIFY_SIGNATURE = "classify"  # docs/ARTIFACTS.md's classify signature
 PREDICT_METHOD = "tensorflow/serving/predict"
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 IMAGE_FEATURE = "image"  # the float_list feature the classify signature parses
+IMAGES_INPUT = "images"  # serving_default's input: float32 [-1, H, W, C] raw pixels 0..255
+PROBABILITIES_OUTPUT = "probabilities"  # float32 [-1, K], of serving_default and image_bytes
+CLASS_IDS_OUTPUT = "class_ids"  # int64 [-1], of serving_default and image_bytes
+# The encoded-image signature: one JPEG/PNG/BMP/GIF file's bytes per element of a string [-1]
+# input, decoded and resized in the graph as training did; the same outputs as serving_default.
+IMAGE_BYTES_SIGNATURE = "image_bytes"
+IMAGE_BYTES_INPUT = "image_bytes"
+# The largest image (height x width as its header declares it; for a GIF, its canvas) that the
+# image_bytes signature decodes. 4096 x 4096 holds a 12 MP phone photo (4032 x 3024); one image
+# at the bound decodes to at most 64 MiB of uint8 and 192 MiB as float32 RGB. TensorFlow's own
+# decoders allow up to 2**29..2**31 bytes: a 400 KB PNG of 20000 x 20000 zeros decodes to
+# 400 MB (measured), so the signature checks the header before it decodes.
+MAX_IMAGE_PIXELS = 4096 * 4096
+# Leading bytes of each format, as TensorFlow's DecodeImage tells them apart (decode_image_op.cc).
+ENCODED_IMAGE_MAGIC = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n", "gif": b"GIF8",
+                       "bmp": b"BM"}
 SAVED_MODEL_PB = "saved_model.pb"
 FINGERPRINT_PB = "fingerprint.pb"
 SERVE_TAG = "serve"  # the MetaGraph TF Serving loads
+
+
+def encoded_image_format(data: bytes) -> str | None:
+    """"jpeg"/"png"/"gif"/"bmp" when `data` starts like that format (what image_bytes takes)."""
+    return next((name for name, magic in ENCODED_IMAGE_MAGIC.items() if data.startswith(magic)),
+                None)
 
 
 def read_saved_model(version_dir: str | os.PathLike):
@@ -183,24 +208,31 @@ def read_warmup_records(version_dir: str | os.PathLike) -> list:
 
 
 def write_warmup_records(version_dir: str | os.PathLike, model_name: str, images: np.ndarray,
-                         num_predict: int) -> int:
+                         num_predict: int, encoded_image: bytes | None = None) -> int:
     """Write `num_predict` Predict requests (one image each, cycling) and one Classify request.
 
-    The requests use docs/ARTIFACTS.md's two signatures: `serving_default` on `images` and
-    `classify` on an `image_example`. Returns the number of records written; with
-    `num_predict == 0` no file is written.
+    The requests use docs/ARTIFACTS.md's signatures: `serving_default` on `images`, then, when
+    `encoded_image` (one encoded file) is given, one `image_bytes` request on it, and `classify`
+    on an `image_example`. Returns the number of records written; with `num_predict == 0` no
+    file is written.
     """
     import tensorflow as tf
 
-    if not 0 <= num_predict < MAX_WARMUP_RECORDS:
-        raise ConfigError(f"num_predict must be in [0, {MAX_WARMUP_RECORDS - 1}] (one more "
-                          f"record is the Classify request). Received: num_predict={num_predict}")
+    extra = 1 + (encoded_image is not None)
+    if not 0 <= num_predict <= MAX_WARMUP_RECORDS - extra:
+        raise ConfigError(f"num_predict must be in [0, {MAX_WARMUP_RECORDS - extra}] ({extra} "
+                          f"more record(s): Classify, image_bytes). Received: "
+                          f"num_predict={num_predict}")
     if num_predict == 0:
         return 0
     if len(images) == 0:
         raise ConfigError("warm-up records need at least one real image. Received: 0 images")
-    records = [_predict_log(model_name, images[i % len(images)][None])
+    records = [_predict_log(model_name, DEFAULT_SIGNATURE, IMAGES_INPUT,
+                            images[i % len(images)][None].astype(np.float32))
                for i in range(num_predict)]
+    if encoded_image is not None:
+        records.append(_predict_log(model_name, IMAGE_BYTES_SIGNATURE, IMAGE_BYTES_INPUT,
+                                    np.array([encoded_image], dtype=object)))
     records.append(_classify_log(model_name, images[:1]))
     path = Path(version_dir) / WARMUP_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -210,14 +242,14 @@ def write_warmup_records(version_dir: str | os.PathLike, model_name: str, images
     return len(records)
 
 
-def _predict_log(model_name: str, batch: np.ndarray):
+def _predict_log(model_name: str, signature: str, input_name: str, batch: np.ndarray):
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model_name
-    request.model_spec.signature_name = DEFAULT_SIGNATURE
-    request.inputs["images"].CopyFrom(tf.make_tensor_proto(batch.astype(np.float32)))
+    request.model_spec.signature_name = signature
+    request.inputs[input_name].CopyFrom(tf.make_tensor_proto(batch))
     return prediction_log_pb2.PredictionLog(
         predict_log=prediction_log_pb2.PredictLog(request=request))
 

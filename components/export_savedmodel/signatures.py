@@ -5,6 +5,10 @@ pixels 0..255 → `probabilities` float32 [-1, K], `class_ids` int64 [-1].
 `classify` (method `tensorflow/serving/classify`): `inputs` string [-1] of serialized tf.Example
 with float_list feature `image` (H*W*C raw pixels) → `scores` float32 [-1, K], `classes` string
 [-1, K] (the label names, in class-id order).
+`image_bytes` (method `tensorflow/serving/predict`): `image_bytes` string [-1], one encoded
+JPEG/PNG/BMP/GIF file per element, decoded and resized in the graph by the training rule
+(`prepare_data.images.decode_to_model_input`, size-checked first: encoded_images.py) → the
+outputs of `serving_default`, from the same model call.
 
 TF2's `tf.saved_model.save` writes every SignatureDef with method_name
 `tensorflow/serving/predict`, so after saving, the `classify` SignatureDef's method name is
@@ -22,11 +26,16 @@ from typing import Any
 from ampflow.errors import ExportError, ModelLoadError
 from ampflow.serving import model_format
 from ampflow.serving.model_format import (
+    CLASS_IDS_OUTPUT,
     CLASSIFY_METHOD,
     CLASSIFY_SIGNATURE,
     DEFAULT_SIGNATURE,
+    IMAGE_BYTES_INPUT,
+    IMAGE_BYTES_SIGNATURE,
     IMAGE_FEATURE,
+    IMAGES_INPUT,
     PREDICT_METHOD,
+    PROBABILITIES_OUTPUT,
 )
 
 LABELS_FILE = "labels.txt"
@@ -37,12 +46,18 @@ def expected_signatures(input_shape: tuple[int, int, int], num_classes: int) -> 
     """The contract, in the form `describe_signatures` returns (-1 = any batch size)."""
     h, w, c = input_shape
     k = num_classes
+    predictions = {PROBABILITIES_OUTPUT: {"dtype": "float32", "shape": [-1, k]},
+                   CLASS_IDS_OUTPUT: {"dtype": "int64", "shape": [-1]}}
     return {
         DEFAULT_SIGNATURE: {
             "method_name": PREDICT_METHOD,
-            "inputs": {"images": {"dtype": "float32", "shape": [-1, h, w, c]}},
-            "outputs": {"probabilities": {"dtype": "float32", "shape": [-1, k]},
-                        "class_ids": {"dtype": "int64", "shape": [-1]}},
+            "inputs": {IMAGES_INPUT: {"dtype": "float32", "shape": [-1, h, w, c]}},
+            "outputs": predictions,
+        },
+        IMAGE_BYTES_SIGNATURE: {
+            "method_name": PREDICT_METHOD,
+            "inputs": {IMAGE_BYTES_INPUT: {"dtype": "string", "shape": [-1]}},
+            "outputs": dict(predictions),
         },
         CLASSIFY_SIGNATURE: {
             "method_name": CLASSIFY_METHOD,
@@ -55,7 +70,7 @@ def expected_signatures(input_shape: tuple[int, int, int], num_classes: int) -> 
 
 def save_servable(model, input_shape: tuple[int, int, int], labels: list[str],
                   export_dir: str | os.PathLike) -> None:
-    """Write `model` (a float32 Keras model on raw pixels) as a SavedModel with both signatures."""
+    """Write `model` (a float32 Keras model on raw pixels) as a SavedModel with all signatures."""
     import tensorflow as tf
 
     export_dir = Path(export_dir)
@@ -66,6 +81,7 @@ def save_servable(model, input_shape: tuple[int, int, int], labels: list[str],
         signatures = {
             DEFAULT_SIGNATURE: module.serving_default.get_concrete_function(),
             CLASSIFY_SIGNATURE: module.classify.get_concrete_function(),
+            IMAGE_BYTES_SIGNATURE: module.image_bytes.get_concrete_function(),
         }
         try:
             tf.saved_model.save(module, str(export_dir), signatures=signatures)
@@ -159,8 +175,10 @@ def _dtype_is_half(enum_value: int) -> bool:
 def _module_class():
     import tensorflow as tf
 
+    from ampflow.components.export_savedmodel.encoded_images import decode_batch
+
     class ServingModule(tf.Module):
-        """The exported object: the model, the labels asset, and the two signature functions."""
+        """The exported object: the model, the labels asset, and the signature functions."""
 
         def __init__(self, model, input_shape, labels, labels_path) -> None:
             super().__init__(name="ampflow_servable")
@@ -177,8 +195,12 @@ def _module_class():
 
             def predict(images):
                 probabilities = probabilities_of(images)
-                return {"probabilities": probabilities,
-                        "class_ids": tf.argmax(probabilities, axis=-1, output_type=tf.int64)}
+                return {PROBABILITIES_OUTPUT: probabilities,
+                        CLASS_IDS_OUTPUT: tf.argmax(probabilities, axis=-1,
+                                                    output_type=tf.int64)}
+
+            def predict_encoded(image_bytes):  # the argument name is the input's key
+                return predict(decode_batch(image_bytes, (h, w, c)))
 
             def classify(inputs):
                 features = tf.io.parse_example(
@@ -189,7 +211,11 @@ def _module_class():
                 return {"scores": scores, "classes": classes}
 
             self.serving_default = tf.function(
-                predict, input_signature=[tf.TensorSpec([None, h, w, c], tf.float32, "images")])
+                predict, input_signature=[tf.TensorSpec([None, h, w, c], tf.float32,
+                                                        IMAGES_INPUT)])
+            self.image_bytes = tf.function(
+                predict_encoded, input_signature=[tf.TensorSpec([None], tf.string,
+                                                            IMAGE_BYTES_INPUT)])
             self.classify = tf.function(
                 classify, input_signature=[tf.TensorSpec([None], tf.string, "inputs")])
 

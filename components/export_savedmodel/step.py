@@ -46,6 +46,10 @@ from ampflow.errors import ConfigError, ExportError, ModelLoadError
 from ampflow.files import ensure_writable_dir, write_json_atomic
 from ampflow.serving.model_format import (
     DEFAULT_MODEL_NAME,
+    ENCODED_IMAGE_MAGIC,
+    IMAGE_BYTES_INPUT,
+    IMAGE_BYTES_SIGNATURE,
+    MAX_IMAGE_PIXELS,
     MAX_WARMUP_RECORDS,
     WARMUP_FILE,
     check_model_name,
@@ -53,6 +57,10 @@ from ampflow.serving.model_format import (
 )
 
 log = logging.getLogger(__name__)
+
+# Besides the Predict requests on real images, the warm-up file holds one image_bytes request
+# and one Classify request, within TF Serving's limit of MAX_WARMUP_RECORDS.
+_MAX_PREDICT_WARMUP = MAX_WARMUP_RECORDS - 2
 
 EXPORT_METADATA_FILE = "ampflow_export.json"
 CONFIG_FILE = "config.json"
@@ -79,7 +87,8 @@ class ExportConfig:
                 "never replaced)."})
     num_warmup_records: int = field(default=10, metadata={
         "help": f"Predict warm-up requests to write (one real test image each; plus one "
-                f"Classify request); 0 writes no warm-up file; at most {MAX_WARMUP_RECORDS - 1}."})
+                f"image_bytes and one Classify request); 0 writes no warm-up file; at most "
+                f"{_MAX_PREDICT_WARMUP}."})
     num_canary_examples: int = field(default=DEFAULT_EXAMPLES, metadata={
         "help": f"Real test images whose answers are recorded in {CANARY_FILE}, so that a "
                 "deployment can check what a server answers against them (1 to 1000)."})
@@ -105,8 +114,8 @@ class ExportConfig:
         check_model_name(self.model_name)
         if self.version is not None and self.version <= 0:
             raise ConfigError(f"version must be > 0. Received: version={self.version}")
-        if not 0 <= self.num_warmup_records < MAX_WARMUP_RECORDS:
-            raise ConfigError(f"num_warmup_records must be in [0, {MAX_WARMUP_RECORDS - 1}]. "
+        if not 0 <= self.num_warmup_records <= _MAX_PREDICT_WARMUP:
+            raise ConfigError(f"num_warmup_records must be in [0, {_MAX_PREDICT_WARMUP}]. "
                               f"Received: num_warmup_records={self.num_warmup_records}")
         if not 1 <= self.num_canary_examples <= 1000:
             raise ConfigError("num_canary_examples must be in [1, 1000]. "
@@ -190,7 +199,8 @@ def _write_and_check(twin, trained, staging: Path, input_shape, labels, model_na
     if half:
         raise ExportError(f"the exported graph must hold no float16/bfloat16 tensors. "
                           f"Received: {len(half)} nodes, e.g. {half[:3]}")
-    warmup_count = write_warmup_records(staging, model_name, images, config.num_warmup_records)
+    warmup_count = write_warmup_records(staging, model_name, images, config.num_warmup_records,
+                                        encoded_image=_png(images[0]))
     try:
         loaded = tf.saved_model.load(str(staging))
     except Exception as e:
@@ -200,6 +210,13 @@ def _write_and_check(twin, trained, staging: Path, input_shape, labels, model_na
                                  labels, atol=config.parity_atol, rtol=config.parity_rtol)
     write_canary_examples(staging, loaded, images[:config.num_canary_examples])
     return signatures, parity, warmup_count
+
+
+def _png(image: np.ndarray) -> bytes:
+    """One real test image as a PNG file: what an image_bytes client sends."""
+    import tensorflow as tf
+
+    return tf.io.encode_png(image.astype(np.uint8)).numpy()
 
 
 def _float32_twin(model, meta: dict[str, Any]):
@@ -237,6 +254,11 @@ def _metadata(config: ExportConfig, meta, model_name, version, input_shape, labe
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
         "input": {"name": "images", "shape": [-1, *input_shape], "dtype": "float32",
                   "range": [0, 255], "note": "raw pixels; rescaling is inside the model"},
+        "encoded_input": {"signature": IMAGE_BYTES_SIGNATURE, "name": IMAGE_BYTES_INPUT,
+                          "shape": [-1], "dtype": "string",
+                          "formats": sorted(ENCODED_IMAGE_MAGIC), "max_pixels": MAX_IMAGE_PIXELS,
+                          "note": "one encoded file per element, decoded and resized in the "
+                                  "graph as in training (prepare_data.images)"},
         "labels": labels,
         "labels_file": f"assets/{LABELS_FILE}",
         "signatures": signatures,

@@ -101,8 +101,8 @@ def test_export_config_no_eval_dir_without_force_rejected(tmp_path):
 
 @pytest.mark.parametrize("field, value, message", [
     ("version", 0, "version must be > 0. Received: version=0"),
-    ("num_warmup_records", 1000, "num_warmup_records must be in [0, 999]"),
-    ("num_warmup_records", -1, "num_warmup_records must be in [0, 999]"),
+    ("num_warmup_records", 999, "num_warmup_records must be in [0, 998]"),
+    ("num_warmup_records", -1, "num_warmup_records must be in [0, 998]"),
     ("num_parity_images", 0, "num_parity_images must be > 0. Received: num_parity_images=0"),
     ("parity_atol", -1e-3, "parity_atol must be >= 0. Received: parity_atol=-0.001"),
     ("parity_rtol", float("nan"), "parity_rtol must be >= 0. Received: parity_rtol=nan"),
@@ -148,6 +148,30 @@ def test_check_export_parity_perturbed_reference_raises(mixed_export, trained_mo
     twin.set_weights(trained.get_weights())
     with pytest.raises(GateFailedError, match="classes are labels=False"):
         check_export_parity(loaded, twin, trained, images, wrong_labels, atol=1e-5, rtol=1e-5)
+    with pytest.raises(GateFailedError, match=r"max \|image_bytes\(PNG\) − serving_default\|"):
+        check_export_parity(_DriftingDecode(loaded), twin, trained, images,
+                            meta["class_names"], atol=1e-5, rtol=1e-5)
+
+
+class _DriftingDecode:
+    """The loaded SavedModel with an image_bytes path that loses the low bits of every pixel.
+
+    What a decode drifting from training does (another resize, a lossy re-encode): the
+    parity check must catch it.
+    """
+
+    def __init__(self, loaded) -> None:
+        import tensorflow as tf
+
+        real = loaded.signatures["image_bytes"]
+
+        def drifting(image_bytes):
+            pixels = tf.map_fn(lambda b: tf.io.decode_png(b) // 16 * 16, image_bytes,
+                               fn_output_signature=tf.uint8)
+            return real(image_bytes=tf.map_fn(tf.io.encode_png, pixels,
+                                               fn_output_signature=tf.string))
+
+        self.signatures = {**loaded.signatures, "image_bytes": drifting}
 
 
 @pytest.mark.slow

@@ -64,7 +64,7 @@ def test_run_export_mixed_float16_signatures_follow_contract(mixed_export):
     from ampflow.components.export_savedmodel.signatures import describe_signatures
 
     loaded = tf.saved_model.load(str(mixed_export.version_dir))
-    assert set(loaded.signatures) == {"serving_default", "classify"}
+    assert set(loaded.signatures) == {"serving_default", "classify", "image_bytes"}
     predict = loaded.signatures["serving_default"]
     (images_spec,) = predict.structured_input_signature[1].values()
     assert images_spec.dtype == tf.float32 and images_spec.shape.as_list() == [None, 8, 8, 1]
@@ -78,6 +78,12 @@ def test_run_export_mixed_float16_signatures_follow_contract(mixed_export):
     assert described["classify"]["method_name"] == "tensorflow/serving/classify"
     assert described["serving_default"]["method_name"] == "tensorflow/serving/predict"
     assert described["classify"]["outputs"]["classes"]["shape"] == [-1, 10]
+    encoded = loaded.signatures["image_bytes"]
+    assert encoded.structured_input_signature[1]["image_bytes"].dtype == tf.string
+    assert described["image_bytes"] == {
+        "method_name": "tensorflow/serving/predict",
+        "inputs": {"image_bytes": {"dtype": "string", "shape": [-1]}},
+        "outputs": described["serving_default"]["outputs"]}
 
 
 def test_run_export_mixed_float16_graph_has_no_half_tensors(mixed_export, trained_model,
@@ -138,7 +144,7 @@ def test_run_export_warmup_records_hold_real_test_images(mixed_export, prepared_
     path = mixed_export.version_dir / "assets.extra" / "tf_serving_warmup_requests"
     assert path.is_file()
     logs = read_warmup_records(mixed_export.version_dir)
-    assert [e.WhichOneof("log_type") for e in logs] == ["predict_log"] * 10 + ["classify_log"]
+    assert [e.WhichOneof("log_type") for e in logs] == ["predict_log"] * 11 + ["classify_log"]
     images, _ = _test_images(prepared_digits, n=10)
     for i, entry in enumerate(logs[:10]):
         request = entry.predict_log.request
@@ -146,6 +152,10 @@ def test_run_export_warmup_records_hold_real_test_images(mixed_export, prepared_
         sent = tf.make_ndarray(request.inputs["images"])
         assert sent.dtype == np.float32 and sent.shape == (1, 8, 8, 1)
         np.testing.assert_array_equal(sent[0], images[i])
+    encoded = logs[10].predict_log.request
+    assert encoded.model_spec.signature_name == "image_bytes"
+    (png,) = tf.make_ndarray(encoded.inputs["image_bytes"])
+    np.testing.assert_array_equal(tf.io.decode_png(png).numpy(), images[0])
     examples = logs[-1].classify_log.request.input.example_list.examples
     np.testing.assert_array_equal(examples[0].features.feature["image"].float_list.value,
                                   images[0].ravel())
@@ -164,6 +174,10 @@ def test_run_export_metadata_records_source_and_parity(mixed_export, trained_mod
                              "note": "raw pixels; rescaling is inside the model"}
     assert meta["parity"]["passed"] and meta["parity"]["num_images"] == 256
     assert meta["parity"]["max_abs_diff"] <= 1e-5
+    assert meta["parity"]["image_bytes_max_abs_diff"] <= 1e-6
+    assert meta["parity"]["image_bytes_class_ids_equal"] is True
+    assert meta["encoded_input"]["signature"] == "image_bytes"
+    assert meta["encoded_input"]["max_pixels"] == 4096 * 4096
     assert 0 < meta["parity"]["trained_max_abs_diff"] < 1e-2  # float16 vs float32 compute
     assert meta["gate"]["forced"] is False and meta["forced"] is False
     for name in ("ampflow_export.json", "config.json", "saved_model.pb"):
@@ -192,6 +206,7 @@ def test_saved_model_cli_show_all_reports_float32_io(mixed_export):
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout
     assert "signature_def['serving_default']" in text and "signature_def['classify']" in text
+    assert "signature_def['image_bytes']" in text
     assert "Method name is: tensorflow/serving/classify" in text
     for name, dtype in (("images", "DT_FLOAT"), ("probabilities", "DT_FLOAT"),
                         ("class_ids", "DT_INT64"), ("scores", "DT_FLOAT"),
