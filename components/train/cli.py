@@ -29,7 +29,8 @@ def _summary(result) -> dict:
 
 
 def register(subparsers) -> None:
-    """Add the `train` subcommand."""
+    """Add the `train` and `check-model` subcommands."""
+    from ampflow.components.train.check_model import CheckModelConfig, run_check_model
     from ampflow.components.train.step import TrainConfig, run_train
 
     add_step_command(
@@ -39,4 +40,14 @@ def register(subparsers) -> None:
         run=run_train,
         summarize=_summary,
         help="Train a model with mixed precision (AMP) and XLA on a prepared dataset.",
+    )
+    add_step_command(
+        subparsers,
+        "check-model",
+        config_cls=CheckModelConfig,
+        run=run_check_model,
+        summarize=lambda report: {"verdict": "ok" if report.ok else "refused",
+                                  "policy": report.policy, "errors": len(report.errors),
+                                  "warnings": len(report.warnings), "fixes": len(report.fixes)},
+        help="Check a model's mixed-precision chain on a prepared dataset, without training.",
     )

@@ -36,6 +36,11 @@ class BuiltModel:
     model: Any
     spec: Any  # user_model.ModelSpec
     fixes: tuple[str, ...] = ()
+    original: Any = None  # the model before its float32 head: what the AMP check names
+
+    def __post_init__(self) -> None:
+        if self.original is None:
+            object.__setattr__(self, "original", self.model)
 
 
 def build_model(
@@ -89,8 +94,8 @@ def make_model(
                      "model keeps the dtypes it was saved with), weights copied"]
         source = f"model {spec.text!r}"
         user_model.check_io(model, input_shape, num_classes, source)
-        model, head_fixes = user_model.standard_head(model)
-        return BuiltModel(model, spec, tuple(fixes + head_fixes))
+        standard, head_fixes = user_model.standard_head(model)
+        return BuiltModel(standard, spec, tuple(fixes + head_fixes), original=model)
 
 
 @contextlib.contextmanager

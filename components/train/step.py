@@ -244,8 +244,9 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
             setup, autotune_report = autotune(config, info, runtime, hardware)
         else:
             setup = configure_precision(config.precision, config.jit_compile, hardware)
-        model_report = preflight_model(config, info)  # before any epoch: refuse or fix first
-        return _train(config, info, setup, runtime, output_dir, autotune_report, model_report)
+        model_block, amp_report = preflight_model(config, info)  # refuse or fix before epochs
+        return _train(config, info, setup, runtime, output_dir, autotune_report,
+                      (model_block, amp_report))
     except Exception as e:
         if runtime.num_workers > 1 and _is_peer_loss(e):
             raise PeerLostError(
@@ -258,27 +259,32 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
         keras.mixed_precision.set_global_policy(previous_policy)
 
 
-def preflight_model(config: TrainConfig, info: dict) -> dict:
+def preflight_model(config: TrainConfig, info: dict) -> tuple[dict, dict]:
     """Build the model once under the current policy and check it, before any compute.
 
     A builder that does not import, a file that does not load, a model whose input or output
-    does not fit the data: each is one ConfigError line here, before the output dir holds
-    anything. Returns the `model` block of metadata.json: what `--model` was, what ampflow
-    changed (the float32 head, a policy rebuild) and each layer's compute/variable dtype.
+    does not fit the data, a model the AMP check refuses (components/train/amp_check.py): each
+    is one ConfigError line here, before the output dir holds anything. Returns the `model`
+    block of metadata.json (what `--model` was, what ampflow changed, each layer's compute and
+    variable dtype) and the AMP report (`amp_report.json`).
     """
-    import keras
+    from ampflow.components.train.check_model import amp_check_of
 
-    from ampflow.components.train.models import make_model
-    from ampflow.components.train.user_model import layer_dtypes
+    report = amp_check_of(config.model, info, model_path=config.model_path,
+                          image_size=config.image_size)
+    for line in report.table().splitlines():
+        log.info("%s", line)
+    if report.errors:
+        raise ConfigError(f"model {config.model!r} cannot train under {report.policy}: "
+                          + "; ".join(report.errors))
+    from ampflow.components.train.models import model_names
+    from ampflow.components.train.user_model import layer_dtypes, parse_model_spec
 
-    built = make_model(config.model, tuple(info["image_shape"]), info["num_classes"],
-                       image_size=config.image_size, model_path=config.model_path)
-    for fix in built.fixes:
-        log.info("model %s: %s", config.model, fix)
-    report = {"spec": config.model, "kind": built.spec.kind, "model_path": config.model_path,
-              "policy": keras.mixed_precision.global_policy().name, "fixes": list(built.fixes),
-              "layer_dtypes": layer_dtypes(built.model)}
-    return report  # (no keras.backend.clear_session here: it resets the global dtype policy)
+    block = {"spec": config.model, "kind": parse_model_spec(config.model, model_names()).kind,
+             "model_path": config.model_path, "policy": report.policy,
+             "fixes": list(report.fixes), "amp_check": report.summary(),
+             "layer_dtypes": layer_dtypes(report.model)}
+    return block, report.to_json()
 
 
 def _run_local_workers(config: TrainConfig) -> TrainResult:
@@ -392,7 +398,7 @@ def _check_keras_archive(model_path: Path) -> None:
 
 
 def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, output_dir: Path,
-           autotune_report: dict | None, model_report: dict):
+           autotune_report: dict | None, model_report: tuple[dict, dict]):
     import keras
     import tensorflow as tf
 
@@ -464,12 +470,13 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         "dir": backup_dir(state_dir), "mechanism": "tf.train.Checkpoint + CheckpointManager",
         "every_n_steps": config.checkpoint_every_n_steps or steps,
         "resumed_at_step": result.resumed_at_step}
-    metadata["model"] = model_report
+    metadata["model"] = model_report[0]
     metadata["recipe"] = _recipe(config, learning_rate, steps)
     if autotune_report is not None:
         metadata["autotune"] = autotune_report
     if chief:
-        _publish(model, telemetry, epochs, metadata, output_dir, config.checkpoint_dir)
+        _publish(model, telemetry, epochs, metadata, output_dir, config.checkpoint_dir,
+                 model_report[1])
         tf.io.gfile.rmtree(backup_dir(state_dir))  # after publishing: a crash in between resumes
     return TrainResult(output_dir=output_dir, metadata=metadata)
 
@@ -490,8 +497,10 @@ def _distribute(runtime, train_ds, test_ds):
     return distribute_datasets(runtime, train_ds, test_ds)
 
 
-def _publish(model, telemetry, epochs, metadata, output_dir: Path, checkpoint_dir) -> None:
+def _publish(model, telemetry, epochs, metadata, output_dir: Path, checkpoint_dir,
+             amp_report: dict) -> None:
     """Write the model's files; metadata.json last, since its presence publishes the model."""
+    from ampflow.components.train.amp_check import AMP_REPORT_FILE
     from ampflow.components.train.telemetry import write_json_lines
 
     if checkpoint_dir:  # keep the epoch log with the model it describes
@@ -501,6 +510,7 @@ def _publish(model, telemetry, epochs, metadata, output_dir: Path, checkpoint_di
         log.warning("replacing the model published in %s", output_dir)  # new one is ready
         (output_dir / METADATA_FILE).unlink()
     _save_model(model, output_dir)
+    write_json_atomic(output_dir / AMP_REPORT_FILE, amp_report)
     write_json_atomic(output_dir / CONFIG_FILE, metadata["config"])
     write_json_atomic(output_dir / METADATA_FILE, metadata)
 

@@ -1,0 +1,97 @@
+"""`ampflow check-model`: the AMP check of a model on its data, without training it.
+
+The same check runs at the start of every `train` (`preflight_model` in step.py), before any
+epoch is spent; this command runs it alone, so a user can see what their model does under a
+policy (its layers' dtypes, the casts a custom layer adds, float16-unsafe ops) before
+submitting a pipeline. Writes `<output_dir>/amp_report.json` when an output dir is given.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ampflow.components.train.precision import POLICIES
+from ampflow.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckModelConfig:
+    """What to check: the model as train takes it, the data it will see, the policy."""
+
+    data_dir: Path = field(metadata={
+        "help": "A prepared dataset dir (from prepare-data): its image shape and classes."})
+    model: str = field(default="small_cnn", metadata={
+        "help": "As train --model: a built-in, 'package.module:function', or a .keras file."})
+    model_path: str | None = field(default=None, metadata={
+        "help": "Directory put first on sys.path to import the --model builder from."})
+    precision: str = field(default="auto", metadata={
+        "choices": POLICIES, "help": "Dtype policy to check under (auto: as train picks it)."})
+    image_size: int | None = field(default=None, metadata={
+        "help": "As train --image-size (built-in models only)."})
+    output_dir: Path | None = field(default=None, metadata={
+        "help": "Write amp_report.json here (default: print only)."})
+
+    def __post_init__(self) -> None:
+        from ampflow.components.train.models import model_names
+        from ampflow.components.train.user_model import parse_model_spec
+
+        parse_model_spec(self.model, model_names())
+        if self.precision not in POLICIES:
+            raise ConfigError(f"precision must be one of {POLICIES}. Received: "
+                              f"precision={self.precision!r}")
+
+
+def run_check_model(config: CheckModelConfig):
+    """Build the model under the policy, check it, print the table; ConfigError if refused."""
+    import keras
+
+    from ampflow.components.prepare_data import load_dataset_info
+    from ampflow.components.train.amp_check import write_amp_report
+    from ampflow.components.train.precision import configure_precision
+
+    info = load_dataset_info(config.data_dir)
+    previous = keras.mixed_precision.global_policy().name
+    try:
+        configure_precision(config.precision, jit_compile=False)
+        report = amp_check_of(config.model, info, model_path=config.model_path,
+                              image_size=config.image_size)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    print(report.table())
+    if config.output_dir is not None:
+        from ampflow.files import ensure_writable_dir
+
+        write_amp_report(report, ensure_writable_dir(config.output_dir, "output_dir"))
+    if report.errors:
+        raise ConfigError(f"model {config.model!r} cannot train under {report.policy}: "
+                          + "; ".join(report.errors))
+    return report
+
+
+def amp_check_of(model: str, info: dict, *, model_path: str | None = None,
+                 image_size: int | None = None):
+    """The AMP report of `model` built under the current global policy on `info`'s shapes.
+
+    The model is checked as the user wrote it (so a half-precision output is named), with the
+    float32 head that ampflow gives every model as its fix; the trace is of that fixed model,
+    the one that trains.
+    """
+    import dataclasses
+
+    import keras
+
+    from ampflow.components.train.amp_check import check_amp
+    from ampflow.components.train.models import make_model
+
+    built = make_model(model, tuple(info["image_shape"]), info["num_classes"],
+                       image_size=image_size, model_path=model_path)
+    report = check_amp(built.original, keras.mixed_precision.global_policy().name,
+                       input_shape=tuple(info["image_shape"]),
+                       num_classes=int(info["num_classes"]), fix_output=True)
+    extra = tuple(fix for fix in built.fixes if fix not in report.fixes)
+    # report.model: the model as it trains (with ampflow's head), for the per-layer dtypes
+    return dataclasses.replace(report, fixes=report.fixes + extra, model=built.model)
