@@ -97,11 +97,14 @@ class _Queue:
                 batch[0].future.set_result(self._servable.run(self._signature, batch[0].inputs))
                 return
             merged = {k: np.concatenate([it.inputs[k] for it in batch]) for k in batch[0].inputs}
-            outputs = self._servable.run(self._signature, merged)
+            try:
+                outputs = self._servable.run(self._signature, merged)
+            except Exception:  # whose input failed is known only alone: each runs by itself
+                self._run_alone(batch)
+                return
             total = sum(it.rows for it in batch)
             if any(np.ndim(v) == 0 or np.shape(v)[0] != total for v in outputs.values()):
-                for item in batch:  # outputs without a batch dim cannot be split: run alone
-                    item.future.set_result(self._servable.run(self._signature, item.inputs))
+                self._run_alone(batch)  # outputs without a batch dim cannot be split
                 return
             start = 0
             for item in batch:
@@ -112,6 +115,14 @@ class _Queue:
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(e)
+
+    def _run_alone(self, batch: list[_Item]) -> None:
+        """Run each request by itself; each gets its own answer or its own error."""
+        for item in batch:
+            try:
+                item.future.set_result(self._servable.run(self._signature, item.inputs))
+            except Exception as e:
+                item.future.set_exception(e)
 
 
 class Batcher:

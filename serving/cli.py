@@ -13,7 +13,11 @@ from pathlib import Path
 
 from ampflow.cliutil import HelpFormatter
 from ampflow.errors import ConfigError, ServingError
-from ampflow.serving.model_format import DEFAULT_MODEL_NAME
+from ampflow.serving.model_format import (
+    DEFAULT_MODEL_NAME,
+    DEFAULT_SIGNATURE,
+    IMAGE_BYTES_SIGNATURE,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +38,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_client_flags(client_parent)
     predict = subparsers.add_parser(
         "predict", parents=[client_parent], formatter_class=_FMT,
-        help="send images (PNG/JPEG/.npy) to a served model and print the top-k classes",
-        description="Predict over gRPC. Input keys, dtype and shape come from the model's "
-                    "metadata. See also `model-metadata` and `model-status`.")
-    predict.add_argument("inputs", nargs="+", help="image files (.png/.jpg) or .npy arrays")
-    predict.add_argument("--signature", default="serving_default", help="signature name")
+        help="send images (JPEG/PNG/BMP/GIF/.npy) to a served model and print the top-k classes",
+        description="Predict over gRPC (or REST: --rest). Input keys, dtype and shape come from "
+                    "the model's metadata. Image files go as they are (their bytes) to a "
+                    f"signature with a string input, such as `{IMAGE_BYTES_SIGNATURE}`, which "
+                    "decodes them as training did; to a numeric one they go as pixels decoded "
+                    "here. See also `model-metadata` and `model-status`.")
+    predict.add_argument("inputs", nargs="+",
+                         help="image files (JPEG/PNG/BMP/GIF, told by content) or .npy arrays")
+    predict.add_argument("--signature", default=None,
+                         help=f"signature name (default: {IMAGE_BYTES_SIGNATURE} when every "
+                              "input is an image file and the model has that signature, else "
+                              f"{DEFAULT_SIGNATURE})")
     predict.add_argument("--version-label", default=None, help="e.g. stable or canary")
     predict.add_argument("--top-k", type=int, default=3, help="classes to print per input")
     predict.add_argument("--output", default="probabilities",
@@ -183,6 +194,8 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
                    help="server port (default: 8500 for grpc, 8501 for rest)")
     p.add_argument("--protocol", default="grpc", choices=["grpc", "rest"],
                    help="TF Serving's gRPC API or its REST API")
+    p.add_argument("--rest", dest="protocol", action="store_const", const="rest",
+                   help="the same as --protocol rest")
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME,
                    help="served model name (as export/serve --model-name)")
     p.add_argument("--version", type=int, default=None, help="model version (default: latest)")
@@ -218,7 +231,7 @@ def _client(args: argparse.Namespace):
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from ampflow.serving.client import load_images, top_k
+    from ampflow.serving.client import load_images, read_encoded_images, top_k
     from ampflow.serving.model_format import CLASSIFY_METHOD
 
     if args.top_k < 1:
@@ -226,6 +239,7 @@ def _predict(args: argparse.Namespace) -> int:
     labels = _read_labels(args.labels)
     with _client(args) as client:
         _wait_until_available(client, args)
+        args.signature = args.signature or _default_signature(client, args)
         signature = client.signature(args.model_name, args.version, args.signature)
         if signature.method_name == CLASSIFY_METHOD:
             return _classify(client, args)
@@ -234,13 +248,17 @@ def _predict(args: argparse.Namespace) -> int:
             raise ServingError(f"`ampflow predict` needs a single-input signature. Received: "
                                f"inputs {sorted(specs)}")
         (spec,) = specs.values()
-        if spec.dtype is None or spec.dtype.kind not in "fiu":
+        if spec.dtype is not None and spec.dtype.kind == "O":  # a string input: the files
+            batch = read_encoded_images(args.inputs)
+        elif spec.dtype is not None and spec.dtype.kind in "fiu":
+            batch = load_images(args.inputs, spec.shape)
+        else:
             raise ConfigError(
-                f"`ampflow predict` sends images as numbers, so signature {args.signature!r} "
-                f"must take a numeric input. Received: input {spec.name!r} of type "
-                f"{'unknown' if spec.dtype is None else spec.dtype.name} (use --signature)")
-        images = load_images(args.inputs, spec.shape)
-        result = client.predict(args.model_name, images, args.version, args.signature,
+                f"`ampflow predict` sends images as numbers or as encoded files, so signature "
+                f"{args.signature!r} must take a numeric or a string input. Received: input "
+                f"{spec.name!r} of type {'unknown' if spec.dtype is None else spec.dtype.name} "
+                "(use --signature)")
+        result = client.predict(args.model_name, batch, args.version, args.signature,
                                 version_label=args.version_label)
     if args.output not in result.outputs:
         raise ServingError(f"output {args.output!r} not in the response. Received: "
@@ -249,6 +267,20 @@ def _predict(args: argparse.Namespace) -> int:
     rows = top_k(result.outputs[args.output], args.top_k, labels)
     _print_rows(args.inputs, rows)
     return 0
+
+
+def _default_signature(client, args: argparse.Namespace) -> str:
+    """`image_bytes` when every input is an image file and the model has that signature.
+
+    The server then decodes the files exactly as training did. Otherwise `serving_default`
+    (pixels decoded here).
+    """
+    from ampflow.serving.client import is_image_file
+
+    if all(is_image_file(path) for path in args.inputs) and \
+            IMAGE_BYTES_SIGNATURE in client.metadata(args.model_name, args.version):
+        return IMAGE_BYTES_SIGNATURE
+    return DEFAULT_SIGNATURE
 
 
 def _classify(client, args: argparse.Namespace) -> int:
@@ -296,7 +328,7 @@ def _image_shape(client, args: argparse.Namespace) -> tuple[int, ...] | None:
     Read from the same model's single-input `serving_default` signature when it has one
     ([-1, H, W, C]: images are resized to it); else None (images are sent as they are).
     """
-    specs = client.input_specs(args.model_name, args.version) if "serving_default" in \
+    specs = client.input_specs(args.model_name, args.version) if DEFAULT_SIGNATURE in \
         client.metadata(args.model_name, args.version) else {}
     if len(specs) == 1:
         (spec,) = specs.values()

@@ -4,7 +4,9 @@ Every call has a deadline; only UNAVAILABLE (server starting, reloading, a dropp
 connection) is retried, a bounded number of times with exponential backoff and `attempt i/N`
 in the log. Input keys, dtypes and shapes come from GetModelMetadata, never from constants.
 `RestClient` (rest_client.py) offers the same calls over TF Serving's REST API; `load_images`
-and `top_k` turn files into a batch and probabilities into rows for `ampflow predict`.
+and `top_k` turn files into a batch and probabilities into rows for `ampflow predict`, and
+`read_encoded_images` reads image files as they are, for a string input such as the
+`image_bytes` signature's (the server decodes them as training did).
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from tensorflow_serving.apis import (
 )
 
 from ampflow.errors import ConfigError, ServingError
-from ampflow.serving.model_format import CLASSIFY_SIGNATURE, DEFAULT_SIGNATURE, image_example
+from ampflow.serving.model_format import (
+    CLASSIFY_SIGNATURE,
+    DEFAULT_SIGNATURE,
+    ENCODED_IMAGE_MAGIC,
+    encoded_image_format,
+    image_example,
+)
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +219,10 @@ class PredictionClient(SignatureLookups):
                 signature: str = DEFAULT_SIGNATURE, *, version_label: str | None = None,
                 output_filter: Sequence[str] = (), timeout_s: float | None = None
                 ) -> PredictResult:
-        """Predict; `images` is one array (single-input signature) or a dict name -> array."""
+        """Predict; `images` is one array (single-input signature) or a dict name -> array.
+
+        A string input takes a list of `bytes` (e.g. `read_encoded_images` for `image_bytes`).
+        """
         import tensorflow as tf
 
         request = predict_pb2.PredictRequest()
@@ -220,7 +231,7 @@ class PredictionClient(SignatureLookups):
         inputs = images if isinstance(images, dict) else self._single_input(
             model, version, signature, images)
         for name, value in inputs.items():
-            request.inputs[name].CopyFrom(tf.make_tensor_proto(np.asarray(value)))
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(as_array(value)))
         request.output_filter.extend(output_filter)
         response = self._call("Predict", self._predict.Predict, request, timeout_s)
         outputs = {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
@@ -232,7 +243,7 @@ class PredictionClient(SignatureLookups):
             raise ServingError(f"signature {signature!r} has inputs {sorted(specs)}; pass a dict "
                                "of arrays keyed by input name")
         (spec,) = specs.values()
-        array = np.asarray(array)
+        array = as_array(array)
         if spec.dtype is not None and array.dtype != spec.dtype:
             if spec.dtype.kind not in "biuf" or array.dtype.kind not in "biuf":
                 raise ConfigError(
@@ -271,6 +282,22 @@ class PredictionClient(SignatureLookups):
             raise RpcError("HandleReloadConfigRequest", code, response.status.error_message)
 
 
+def as_array(value) -> np.ndarray:
+    """`value` as a numpy array; a list of `bytes` as an object array, so no byte is lost.
+
+    (`np.asarray` would make fixed-width `bytes_`, which drops trailing NUL bytes: a BMP's
+    padding, say.)
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, (bytes, bytearray)) for v in value):
+        array = np.empty(len(value), dtype=object)
+        array[:] = [bytes(v) for v in value]
+        return array
+    return np.asarray(value)
+
+
 def _set_spec(spec, model: str, version: int | None, label: str | None = None) -> None:
     spec.name = model
     if version is not None and label:
@@ -302,6 +329,32 @@ def _read(path: str | Path | None) -> bytes | None:
         return Path(path).read_bytes()
     except OSError as e:
         raise ConfigError(f"TLS file must be readable. Received: {path} ({e.strerror})") from e
+
+
+def read_encoded_images(paths: Sequence[str | Path]) -> list[bytes]:
+    """Image files' bytes as they are (JPEG/PNG/BMP/GIF, told by content, not by name)."""
+    files = []
+    for path in paths:
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"input file must be readable. Received: {path} "
+                              f"({e.strerror})") from e
+        if encoded_image_format(data) is None:
+            raise ConfigError(f"input must be an image file ({'/'.join(ENCODED_IMAGE_MAGIC)} by "
+                              f"content) to send as encoded bytes. Received: {path}")
+        files.append(data)
+    return files
+
+
+def is_image_file(path: str | Path) -> bool:
+    """Whether `path` is a file that starts like a JPEG/PNG/BMP/GIF image."""
+    try:
+        with open(path, "rb") as f:
+            return encoded_image_format(f.read(16)) is not None
+    except OSError:
+        return False
 
 
 def load_images(paths: Sequence[str | Path], shape: tuple[int, ...] | None) -> np.ndarray:

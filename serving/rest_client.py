@@ -7,12 +7,20 @@ status.
 
 from __future__ import annotations
 
+import base64
+
 import grpc
 import numpy as np
 from tensorflow_serving.apis import get_model_metadata_pb2
 
 from ampflow.errors import ConfigError
-from ampflow.serving.client import ClassifyResult, PredictResult, RpcError, SignatureLookups
+from ampflow.serving.client import (
+    ClassifyResult,
+    PredictResult,
+    RpcError,
+    SignatureLookups,
+    as_array,
+)
 from ampflow.serving.model_format import CLASSIFY_SIGNATURE, DEFAULT_SIGNATURE, IMAGE_FEATURE
 
 
@@ -109,11 +117,14 @@ class RestClient(SignatureLookups):
     def predict(self, model: str, images, version: int | None = None,
                 signature: str = DEFAULT_SIGNATURE, *, version_label: str | None = None
                 ) -> PredictResult:
-        """POST :predict in columnar form (`inputs`); outputs as numpy arrays."""
+        """POST :predict in columnar form (`inputs`); outputs as numpy arrays.
+
+        Bytes (a list of `bytes`, e.g. encoded images) go as TF Serving's `{"b64": ...}`.
+        """
         inputs = images if isinstance(images, dict) else {
             next(iter(self.input_specs(model, version, signature))): images}
         payload = {"signature_name": signature,
-                   "inputs": {k: np.asarray(v).tolist() for k, v in inputs.items()}}
+                   "inputs": {k: _json_value(v) for k, v in inputs.items()}}
         answer = self.call("POST", self.model_path(model, version, version_label) + ":predict",
                            payload)
         outputs = answer["outputs"]
@@ -141,6 +152,15 @@ class RestClient(SignatureLookups):
                            {"signature_name": signature, "examples": examples})
         classes = [[(label, float(score)) for label, score in row] for row in answer["results"]]
         return ClassifyResult(classes, version or self._latest(model))
+
+
+def _json_value(value):
+    """Nested lists for JSON; bytes as `{"b64": ...}` (TF Serving's api_rest.md)."""
+    array = as_array(value)
+    if array.dtype.kind in "OS":
+        b64 = np.frompyfunc(lambda b: {"b64": base64.b64encode(b).decode("ascii")}, 1, 1)
+        return b64(array).tolist()
+    return array.tolist()
 
 
 _GRPC_OF_HTTP = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,

@@ -74,10 +74,22 @@ def declared_shape(name: str, proto: tensor_pb2.TensorProto) -> tuple[int, ...]:
 
 
 def decoded_bytes(proto: tensor_pb2.TensorProto, shape: tuple[int, ...]) -> int:
-    """Bytes the decoded array of a (valid) declared shape takes."""
+    """Bytes the decoded array of a (valid) declared shape takes, strings' payload included.
+
+    A string tensor counts its bytes as TensorFlow will hold them: every string, and the last
+    one again for each element a short `string_val` leaves to be filled with it (a model
+    copies each element; an encoded-image batch is mostly payload). Counted from the proto's
+    lengths, before anything is decoded.
+    """
     np_dtype = DTYPES[proto.dtype][0]
-    item = OBJECT_ITEM_BYTES if np_dtype is np.object_ else np.dtype(np_dtype).itemsize
-    return math.prod(shape) * item
+    count = math.prod(shape)
+    if np_dtype is not np.object_:
+        return count * np.dtype(np_dtype).itemsize
+    values = proto.string_val
+    payload = sum(map(len, values))
+    if 0 < len(values) < count:
+        payload += (count - len(values)) * len(values[-1])
+    return count * OBJECT_ITEM_BYTES + payload
 
 
 def to_ndarray(name: str, proto: tensor_pb2.TensorProto, max_bytes: int = 0) -> np.ndarray:

@@ -115,3 +115,18 @@ def reference(conformance_target):
     import tensorflow as tf
 
     return tf.saved_model.load(str(conformance_target.base_path / "1"))
+
+
+@pytest.fixture(scope="session")
+def digits_export(tmp_path_factory, trained_model, prepared_digits):
+    """A real export (all three signatures) of the session's mixed_float16 digits model.
+
+    `force=True` stands in for the evaluate step's verdict (the export tests cover the gate);
+    the export's own parity checks, image_bytes included, still run. Returns the ExportResult.
+    """
+    from ampflow.components.export_savedmodel import ExportConfig, run_export
+
+    base = tmp_path_factory.mktemp("digits-export")
+    return run_export(ExportConfig(model_dir=trained_model("mixed_float16"),
+                                   data_dir=prepared_digits, export_base=base, force=True,
+                                   num_parity_images=64, num_warmup_records=1))
