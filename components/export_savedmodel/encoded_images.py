@@ -8,6 +8,9 @@ served graph needs around it:
   height and width in the header are read first (PNG's IHDR, a GIF's canvas, BMP's info header,
   JPEG's frame header through `tf.io.extract_jpeg_shape`) and an image above
   `model_format.MAX_IMAGE_PIXELS` fails the request with INVALID_ARGUMENT before any decode;
+  a GIF's frames are counted too, because TensorFlow's GIF decoder reads every frame into
+  memory even when only the first is kept (a 470 KB GIF of 100 frames of 2000 x 2000 took
+  400 MB, measured): all its frames together must fit the same bound;
 - **one image at a time** (`tf.map_fn` with `parallel_iterations=1`): a batch of large photos
   never holds more than one decoded image at once.
 Everything here runs inside the SavedModel, so TF Serving itself enforces the same bound.
@@ -61,6 +64,47 @@ def declared_size(encoded):
     ], default=lambda: (zero, zero), exclusive=True)
 
 
+def gif_frame_pixels(encoded):
+    """The pixels of all frames of a GIF together (int64), walking its blocks, not decoding.
+
+    Stops early once the sum passes MAX_IMAGE_PIXELS; a walk that runs off the data ends
+    there (the decoder then refuses the file). One loop step per block or 255-byte sub-block.
+    """
+    import tensorflow as tf
+
+    data = tf.cast(tf.io.decode_raw(encoded, tf.uint8), tf.int64)
+    n = tf.size(data, out_type=tf.int64)
+
+    def at(i):
+        i = tf.convert_to_tensor(i, tf.int64)
+        return tf.where(i < n, tf.gather(data, tf.clip_by_value(i, tf.constant(0, tf.int64),
+                                                                n - 1)), tf.constant(0, tf.int64))
+
+    def color_table(packed):  # bytes of a color table a descriptor's packed field announces
+        return tf.where(packed >= 128, 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64),
+                                                                 packed % 8), 0)
+
+    def step(pos, in_sub_blocks, total, done):
+        b = at(pos)
+        image, extension = tf.equal(b, 0x2C), tf.equal(b, 0x21)
+        area = (at(pos + 5) + 256 * at(pos + 6)) * (at(pos + 7) + 256 * at(pos + 8))
+        after_image = pos + 10 + color_table(at(pos + 9)) + 1  # + LZW minimum code size
+        block_pos = tf.where(image, after_image, pos + 2)  # an extension: introducer, label
+        return (tf.where(in_sub_blocks, pos + b + 1, block_pos),
+                tf.where(in_sub_blocks, tf.not_equal(b, 0), image | extension),
+                total + tf.where(~in_sub_blocks & image, area, 0),
+                ~in_sub_blocks & ~image & ~extension)  # the trailer (or garbage) ends it
+
+    def more(pos, _in_sub_blocks, total, done):
+        return ~done & (pos < n) & (total <= MAX_IMAGE_PIXELS)
+
+    start = 13 + color_table(at(10))  # header, logical screen, global color table
+    _, _, total, _ = tf.while_loop(
+        more, step, (start, tf.constant(False), tf.constant(0, tf.int64), tf.constant(False)),
+        parallel_iterations=1)
+    return total
+
+
 def decode_checked(encoded, image_shape: Sequence[int]):
     """One encoded image → float32 `image_shape`, refused above MAX_IMAGE_PIXELS undecoded."""
     import tensorflow as tf
@@ -68,11 +112,16 @@ def decode_checked(encoded, image_shape: Sequence[int]):
     from ampflow.components.prepare_data.images import decode_to_model_input
 
     height, width = declared_size(encoded)
-    fits = tf.logical_and(tf.less_equal(height * width, MAX_IMAGE_PIXELS),
-                          tf.logical_and(height >= 0, width >= 0))
+    is_gif = tf.equal(tf.strings.substr(encoded, 0, len(ENCODED_IMAGE_MAGIC["gif"])),
+                      ENCODED_IMAGE_MAGIC["gif"])
+    frames = tf.cond(is_gif, lambda: gif_frame_pixels(encoded),
+                     lambda: tf.constant(0, tf.int64))
+    fits = (tf.less_equal(height * width, MAX_IMAGE_PIXELS) & (height >= 0) & (width >= 0)
+            & tf.less_equal(frames, MAX_IMAGE_PIXELS))
     check = tf.debugging.Assert(fits, [
-        f"image_bytes: an image must have at most {MAX_IMAGE_PIXELS} pixels (height x width). "
-        "Received: an image whose header declares height x width =", height, "x", width])
+        f"image_bytes: an image must have at most {MAX_IMAGE_PIXELS} pixels (height x width; "
+        "a GIF: all its frames together). Received: an image whose header declares height x "
+        "width =", height, "x", width, "; GIF frames, in pixels (0: not a GIF):", frames])
     with tf.control_dependencies([check]):
         return decode_to_model_input(tf.identity(encoded), image_shape)
 

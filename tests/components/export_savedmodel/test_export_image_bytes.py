@@ -120,3 +120,39 @@ def test_declared_size_needs_no_valid_pixel_data(fmt):
 
     data = _encoded(np.zeros((300, 200, 3), np.uint8), fmt)[:32]
     assert [int(d) for d in declared_size(tf.constant(data))] == [300, 200]
+
+
+def _gif(frames: list[np.ndarray]) -> bytes:
+    from PIL import Image
+
+    images = [Image.fromarray(f) for f in frames]
+    buffer = io.BytesIO()
+    images[0].save(buffer, "GIF", save_all=True, append_images=images[1:], optimize=False)
+    return buffer.getvalue()
+
+
+def test_gif_frame_pixels_sums_every_frame():
+    import tensorflow as tf
+
+    from ampflow.components.export_savedmodel.encoded_images import gif_frame_pixels
+
+    rng = np.random.default_rng(0)
+    still = _gif([rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)])
+    frames = _gif([np.full((10, 20), 40 * i, np.uint8) for i in range(5)])
+    walk = tf.function(gif_frame_pixels)
+    assert int(walk(tf.constant(still))) == 37 * 53
+    assert int(walk(tf.constant(frames))) == 5 * 10 * 20
+
+
+def test_image_bytes_gif_of_many_frames_refused_before_decoding(signatures):
+    """Each frame is within the bound, all of them together are not: TensorFlow's GIF decoder
+    would hold every frame (5 x 2000 x 2000 here) although only the first is kept."""
+    import tensorflow as tf
+
+    from ampflow.serving.model_format import MAX_IMAGE_PIXELS
+
+    bomb = _gif([np.full((2000, 2000), 60 * i, np.uint8) for i in range(5)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"at most {MAX_IMAGE_PIXELS}"):
+        signatures["image_bytes"](image_bytes=tf.constant([bomb]))
+    few = _gif([np.full((2000, 2000), 60 * i, np.uint8) for i in range(4)])  # 16e6: fits
+    assert signatures["image_bytes"](image_bytes=tf.constant([few]))["class_ids"].shape == (1,)
