@@ -56,8 +56,9 @@ def _direct_run(servable: ServableVersion, signature: str, inputs: dict, _timeou
 class RequestLimits:
     """What one request may cost, checked before anything is decoded or run.
 
-    `max_bytes`: decoded input tensors (all inputs together), and Classify examples with their
-    context merged in; `max_rows`: the batch (first dimension) of a batched input, and the
+    `max_bytes`: decoded input tensors (all inputs together; a string tensor counts its strings'
+    bytes, e.g. the encoded images of `image_bytes`), and Classify examples with their context
+    merged in; `max_rows`: the batch (first dimension) of a batched input, and the
     number of Classify examples (0 = no cap).
     """
 

@@ -68,7 +68,9 @@ def gif_frame_pixels(encoded):
     """The pixels of all frames of a GIF together (int64), walking its blocks, not decoding.
 
     Stops early once the sum passes MAX_IMAGE_PIXELS; a walk that runs off the data ends
-    there (the decoder then refuses the file). One loop step per block or 255-byte sub-block.
+    there (the decoder then refuses the file). One loop step per block or 255-byte sub-block:
+    about 50 µs each in the graph on this project's CPU (1 s for a 5.5 MB GIF that decodes in
+    0.07 s), bounded by the request's byte limit like every other per-byte cost.
     """
     import tensorflow as tf
 
