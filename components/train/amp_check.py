@@ -320,46 +320,19 @@ def _policy_applied(layers, compute: str, out_layer) -> bool:
 
 
 def ensure_float32_output(model) -> tuple[Any, list[str]]:
-    """`model` with a float32 output, and what was changed (nothing if it already was).
+    """`model` with a float32 output, and what was changed (nothing if it already was float32).
 
-    A half-precision softmax has already lost the small probabilities before any cast could
-    keep them, so where the structure allows the softmax is recomputed in float32 from the
-    tensor before it: a Softmax/Activation("softmax") layer is replaced by a float32 one on its
-    input; a Dense(activation="softmax") by a float32 Dense with the same weights. Any other
-    output (logits, a sigmoid, a custom layer) gets a float32 `Activation("linear")` appended:
-    a cast, always valid, and exact for logits.
+    The fix is ampflow's one head rule, `user_model.standard_head`: a half-precision softmax
+    (a Softmax/Activation layer, or a Dense with softmax activation) is recomputed in float32
+    from the tensor before it — it has already lost what a cast after it cannot bring back —
+    and any other output is taken as logits; then the float32 `logits`/`probabilities` head.
     """
-    import keras
+    from ampflow.components.train.user_model import standard_head
 
     out_layer = _output_layer(model)
-    before = _output_dtype(model)
-    if out_layer is None or before not in HALF_DTYPES:
+    if out_layer is None or _compute(out_layer) not in HALF_DTYPES:
         return model, []
-    taken = {layer.name for layer in model.layers}
-    new_name = _unique(f"{out_layer.name}_float32", taken)
-    # (the recompute paths need the output layer at the top level, not inside a nested model)
-    out_input = _output_node_input(model) if _top_output_op(model) is out_layer else None
-    if _is_softmax(out_layer) and out_input is not None:
-        axis = getattr(out_layer, "axis", -1)
-        output = keras.layers.Softmax(axis=axis, dtype="float32", name=new_name)(out_input)
-        fix = (f"output softmax {out_layer.name!r} ({before}) recomputed in float32 from its "
-               f"input as {new_name!r} (a {before} softmax has already lost what a cast after "
-               "it cannot bring back)")
-    elif (isinstance(out_layer, keras.layers.Dense) and out_input is not None
-          and _activation_name(out_layer) == "softmax"):
-        config = {**out_layer.get_config(), "dtype": "float32", "name": new_name}
-        dense = keras.layers.Dense.from_config(config)
-        output = dense(out_input)
-        dense.set_weights(out_layer.get_weights())
-        fix = (f"output Dense {out_layer.name!r} ({before}, softmax) rebuilt in float32 as "
-               f"{new_name!r} with the same weights (a {before} softmax has already lost what "
-               "a cast after it cannot bring back)")
-    else:
-        output = keras.layers.Activation("linear", dtype="float32", name=new_name)(
-            model.outputs[0])
-        fix = (f"output of {out_layer.name!r} ({before}) cast to float32 by an appended "
-               f"Activation('linear', dtype='float32') {new_name!r}")
-    return keras.Model(model.inputs, output, name=model.name), [fix]
+    return standard_head(model)
 
 
 # ---- structure -------------------------------------------------------------------------------
@@ -461,16 +434,6 @@ def _output_layer(model):
 def _top_output_op(model):
     history = getattr(model.outputs[0], "_keras_history", None)
     return history[0] if history is not None else None
-
-
-def _output_node_input(model):
-    """The (single) tensor the top-level output layer was called on, or None."""
-    history = getattr(model.outputs[0], "_keras_history", None)
-    if history is None:
-        return None
-    layer, node_index = history[0], history[1]
-    inputs = layer._inbound_nodes[node_index].input_tensors
-    return inputs[0] if len(inputs) == 1 else None
 
 
 def _inbound_layers(layer) -> list:
@@ -898,25 +861,6 @@ def _fwd_bwd(row: LayerRow | None) -> str:
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, i = name, 1
-    while candidate in taken:
-        candidate, i = f"{name}_{i}", i + 1
-    return candidate
-
-
-def _is_softmax(layer) -> bool:
-    import keras
-
-    return isinstance(layer, keras.layers.Softmax) or (
-        isinstance(layer, keras.layers.Activation) and _activation_name(layer) == "softmax")
-
-
-def _activation_name(layer) -> str:
-    activation = getattr(layer, "activation", None)
-    return getattr(activation, "__name__", str(activation))
 
 
 def _error_line(error: BaseException) -> str:
