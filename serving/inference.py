@@ -355,8 +355,10 @@ def _names(names) -> str:
     return f"{{{shown}{more}}}"
 
 
-_TF_TRACE = re.compile(r"Detected at node .*? defined at \(most recent call last\):.*?\n\n",
-                       re.DOTALL)
+# "Detected at node N defined at (most recent call last):" then the Python stack and a blank
+# line, or, for a loaded SavedModel, "<stack traces unavailable>" and one newline.
+_TF_TRACE = re.compile(r"Detected at node .*? defined at \(most recent call last\):\n"
+                       r"(?:<stack traces unavailable>\n|.*?\n\n)", re.DOTALL)
 
 
 def op_error_text(error: Exception) -> str:
