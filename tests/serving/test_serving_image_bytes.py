@@ -332,3 +332,21 @@ def test_cli_predict_npy_still_sends_pixels_and_image_bytes_refuses_it(server, d
     assert serving_main(["predict", "--port", str(server.port), "--signature", "image_bytes",
                          str(npy)]) == 2
     assert "must be an image file" in capsys.readouterr().err
+
+
+def test_cli_predict_image_file_without_image_bytes_sends_pixels(model_store, tmp_path,
+                                                                 start_server, capsys):
+    """A model with no image_bytes signature (the serving tests' tiny contract model): the file
+    is decoded here and sent to serving_default, as before."""
+    from ampflow.serving.cli import main as serving_main
+    from ampflow.serving.testing import install_version, sample_images
+
+    base = tmp_path / "ampflow"
+    install_version(model_store, base, 1)
+    server = start_server(base)
+    png = tmp_path / "digit.png"
+    png.write_bytes(encode(sample_images(1, seed=4)[0].astype(np.uint8), "PNG"))
+    assert serving_main(["predict", "--port", str(server.port), str(png)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "model ampflow version 1 signature serving_default"
+    assert out[1].startswith(f"{png}: ")
