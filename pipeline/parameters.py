@@ -18,7 +18,8 @@ from ampflow.serving.model_format import DEFAULT_MODEL_NAME, check_model_name
 # name -> (type, default, help). Order: the order of `ampflow_pipeline`'s signature.
 PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
     "dataset": (str, "ampflow_digits", "TFDS dataset name (or an offline one)"),
-    "model": (str, "small_cnn", "architecture: small_cnn, resnet50 or mobilenet_v2"),
+    "model": (str, "small_cnn", "small_cnn, resnet50, mobilenet_v2, package.module:function "
+                                "or a .keras path"),
     "epochs": (int, 8, "training epochs"),
     "batch_size": (int, 32, "training batch size per replica"),
     "learning_rate": (float, 3e-3, "learning rate"),
@@ -41,6 +42,7 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
     "serving_target": (str, "none", "none, local or kubernetes"),
     "serving_model_store": (str, "/models", "model store the deploy step writes into"),
     "serving_address": (str, "", "host:port of the server the deploy step checks"),
+    "model_path": (str, "", "directory to import a `model` builder from (in the image)"),
 }
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")

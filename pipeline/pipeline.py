@@ -90,6 +90,11 @@ class PipelineOptions:
         default_factory=lambda: Resources("4", "16G", "8", "32G"))
     gate_resources: Resources = field(
         default_factory=lambda: Resources("100m", "256M", "500m", "1G"))
+    # A trained model to fine-tune: a `.keras` file (or a model dir holding model.keras) at a
+    # URI the backend's launcher can fetch (gs://, s3://, minio://; a local path under the local
+    # runner), brought in with `dsl.importer` as the train tasks' `base_model` input. A
+    # compile-time option: a run-time switch needs `dsl.OneOf` (see the module docstring).
+    base_model_uri: str | None = None
 
     def __post_init__(self) -> None:
         if not self.image or ":" not in self.image.rsplit("/", 1)[-1] and "@" not in self.image:
@@ -182,6 +187,7 @@ def build_pipeline(options: PipelineOptions | None = None):
         serving_target: str = "none",
         serving_model_store: str = "/models",
         serving_address: str = "",
+        model_path: str = "",
     ):
         data = ops["prepare_data"](dataset=dataset)
         data.set_caching_options(options.cache_data)
@@ -189,7 +195,12 @@ def build_pipeline(options: PipelineOptions | None = None):
 
         train_args = dict(data=data.outputs["data"], architecture=model, epochs=epochs,
                           batch_size=batch_size, learning_rate=learning_rate,
-                          jit_compile=jit_compile, seed=seed)
+                          jit_compile=jit_compile, seed=seed, model_path=model_path)
+        if options.base_model_uri:
+            base = dsl.importer(artifact_uri=options.base_model_uri, artifact_class=dsl.Model,
+                                reimport=False)
+            base.set_display_name("base-model")
+            train_args["base_model"] = base.output
         # A TFJob's workers do not mount the run's workspace: with train_workers > 1 the
         # checkpoints live on the training claim (kubeflow_job.py), so none is passed here.
         amp_checkpoints = "" if options.train_workers > 1 else options.checkpoint_dir(

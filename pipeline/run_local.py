@@ -44,7 +44,11 @@ class LocalRunConfig:
     workdir: Path = field(metadata={"help": "Holds pipeline_root/ and serving/ of the run."})
     dataset: str = field(default="ampflow_digits", metadata={"help": "TFDS dataset name."})
     model: str = field(default="small_cnn", metadata={
-        "help": "Architecture to train (as train --model): small_cnn, resnet50 or mobilenet_v2."})
+        "help": "What to train (as train --model): small_cnn, resnet50, mobilenet_v2, your "
+                "builder package.module:function, or a .keras file to fine-tune (brought in "
+                "with dsl.importer, as on a cluster)."})
+    model_path: str = field(default="", metadata={
+        "help": "Directory to import a --model builder from (as train --model-path)."})
     epochs: int = field(default=8, metadata={"help": "Training epochs."})
     batch_size: int = field(default=32, metadata={"help": "Training batch size."})
     learning_rate: float = field(default=3e-3, metadata={"help": "Learning rate."})
@@ -116,11 +120,18 @@ class LocalRunConfig:
 
     def arguments(self) -> dict[str, Any]:
         """The pipeline parameters of this run."""
-        skip = {"workdir", "with_float32_baseline", "train_workers"}
+        skip = {"workdir", "with_float32_baseline", "train_workers"}  # compile-time options
         names = {f.name for f in fields(LocalRunConfig)} - skip  # not a subclass's extras
         args = {k: v for k, v in asdict(self).items() if k in names}
         args.update(serving_target="local", serving_model_store=str(self.model_store.resolve()))
+        if self.model_path:
+            args["model_path"] = str(Path(self.model_path).resolve())
         return args
+
+    @property
+    def base_model_uri(self) -> str | None:
+        """A `.keras` --model, imported by the pipeline's `dsl.importer` (a compile option)."""
+        return str(Path(self.model).resolve()) if self.model.endswith(".keras") else None
 
 
 @dataclass(frozen=True)
@@ -152,7 +163,8 @@ def run_local(config: LocalRunConfig, *, verbose: bool = False,
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root),
                raise_on_error=True, workspace_root=str(config.workspace))
     options = PipelineOptions(gpu=False, with_float32_baseline=config.with_float32_baseline,
-                              model_store_pvc=None, train_workers=config.train_workers)
+                              model_store_pvc=None, train_workers=config.train_workers,
+                              base_model_uri=config.base_model_uri)
     pipeline = build_pipeline(options)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     progress = _Progress(console, lambda: _new_run_dir(root, before))

@@ -21,6 +21,8 @@ def train(
     tfjob_settings: str = "",
     run_key: str = "",
     batch_size_multiplier: int = 1,
+    model_path: str = "",
+    base_model: Input[Model] = None,
 ):
     """Train with mixed precision; publish the model and its training metrics.
 
@@ -33,6 +35,9 @@ def train(
     `batch_size_multiplier` trains one process at that many times `batch_size`: the float32
     baseline of an N-worker AMP task gets N, so both see the same global batch and steps and
     differ only in precision.
+    `architecture` is train's `--model` (a built-in, `package.module:function` imported from the
+    image or from `model_path`, or a `.keras` path); `base_model`, when given (a `dsl.importer`
+    of a `.keras` file, or of a model dir holding `model.keras`), is fine-tuned instead.
     """
     import os
 
@@ -42,8 +47,12 @@ def train(
     jit = {"auto": None, "true": True, "false": False}.get(jit_compile.lower(), "bad")
     if jit == "bad":
         raise ConfigError(f"jit_compile must be auto, true or false. Received: {jit_compile!r}")
+    if base_model is not None:
+        architecture = (os.path.join(base_model.path, "model.keras")
+                        if os.path.isdir(base_model.path) else base_model.path)
     config = TrainConfig(
-        data_dir=data.path, output_dir=model.path, model=architecture, precision=precision,
+        data_dir=data.path, output_dir=model.path, model=architecture,
+        model_path=model_path or None, precision=precision,
         jit_compile=jit, epochs=epochs, batch_size=batch_size * batch_size_multiplier,
         learning_rate=learning_rate,
         seed=seed, checkpoint_dir=checkpoint_dir or None, autotune=autotune, workers=workers,
@@ -57,6 +66,7 @@ def train(
     meta = result.metadata
     model.metadata.update({"framework": "keras", "policy": meta["precision"]["policy"],
                            "xla": meta["xla"]["effective"], "architecture": meta["model_name"],
+                           "model_kind": meta["model"]["kind"],
                            "workers": meta.get("distribution", {}).get("num_workers", 1)})
     final = meta["final_metrics"]
     for key in ("accuracy", "val_accuracy", "loss", "val_loss"):
