@@ -47,6 +47,10 @@ def _register_compile(subparsers) -> None:
     p.add_argument("--train-workers", type=int, default=1,
                    help="> 1: the AMP train task runs a TFJob with this many workers "
                    "(checkpoints on the training claim, not the workspace).")
+    p.add_argument("--base-model-uri", default=None,
+                   help="Fine-tune this trained .keras file (or model dir) instead of building "
+                   "`model`: a URI the cluster's launcher fetches (gs://, s3://, minio://), "
+                   "brought in with dsl.importer.")
 
     def run(args) -> int:
         from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
@@ -58,7 +62,8 @@ def _register_compile(subparsers) -> None:
                                   workspace_size=args.workspace_size,
                                   workspace_storage_class=args.workspace_storage_class,
                                   workspace_access_mode=args.workspace_access_mode,
-                                  train_workers=args.train_workers)
+                                  train_workers=args.train_workers,
+                                  base_model_uri=args.base_model_uri)
         path = compile_pipeline(args.output, options)
         print_summary("ampflow compile: done", {
             "pipeline": path, "image": args.image, "gpu": args.gpu,
