@@ -30,6 +30,16 @@ KEEPS_ASPECT_RATIO = False
 ENCODED_FORMATS = ("jpeg", "png", "bmp", "gif")
 
 
+def model_channels(source_channels: int | None) -> int:
+    """The channel count a dataset trains and serves at, from its images' channel count.
+
+    1 (grayscale) and 2 (grayscale + alpha) train as 1; 3 (RGB), 4 (RGBA) and unknown (a
+    dataset that mixes them, or does not say) train as 3: `_match_channels` then repeats a
+    grayscale image's channel or drops the alpha, image by image.
+    """
+    return 1 if source_channels in (1, 2) else 3
+
+
 def to_model_input(image, image_shape: Sequence[int]):
     """`image` (uint8/float, [h, w, c] with any h, w and c in 1/3/4) → float32 `image_shape`."""
     import tensorflow as tf
@@ -58,20 +68,39 @@ def decode_to_model_input(encoded, image_shape: Sequence[int]):
 
 
 def _match_channels(image, channels: int):
-    """Repeat, drop or combine channels so that the image has `channels` of them."""
+    """Repeat, drop or combine channels so that the image has `channels` of them.
+
+    A channel count known when the graph is built (a TFDS feature, an array) picks its branch
+    in Python: `tf.cond` would build both, and `rgb_to_grayscale` cannot even be built for a
+    1-channel image. An unknown count (a decoded file) is dispatched in the graph.
+    """
     import tensorflow as tf
 
     if channels not in (1, 3):
         raise ValueError(f"image_shape must end in 1 or 3 channels. Received: {channels}")
+    static = image.shape[-1]
+    if static is not None:
+        return _to_gray(image) if channels == 1 and static >= 3 else (
+            image[..., :1] if channels == 1 else _to_rgb(image, static))
     have = tf.shape(image)[-1]
     if channels == 3:
         return tf.case([
             (tf.equal(have, 1), lambda: tf.tile(image[..., :1], [1, 1, 3])),
             (tf.greater_equal(have, 3), lambda: image[..., :3]),
         ], default=lambda: tf.tile(image[..., :1], [1, 1, 3]))  # 2 = gray+alpha: the gray
-    return tf.cond(
-        tf.greater_equal(have, 3),
-        lambda: tf.cast(tf.round(tf.image.rgb_to_grayscale(
-            tf.cast(image[..., :3], tf.float32))), image.dtype),
-        lambda: image[..., :1],
-    )
+    return tf.cond(tf.greater_equal(have, 3), lambda: _to_gray(image), lambda: image[..., :1])
+
+
+def _to_rgb(image, have: int):
+    """RGB(A) keeps its first 3 channels; gray (with or without alpha) repeats the gray."""
+    import tensorflow as tf
+
+    return image[..., :3] if have >= 3 else tf.tile(image[..., :1], [1, 1, 3])
+
+
+def _to_gray(image):
+    """ITU-R 601 luma of the first 3 channels, rounded back to the image's dtype."""
+    import tensorflow as tf
+
+    gray = tf.image.rgb_to_grayscale(tf.cast(image[..., :3], tf.float32))
+    return tf.cast(tf.round(gray), image.dtype)
