@@ -248,8 +248,9 @@ class PredictionClient(SignatureLookups):
             if spec.dtype.kind not in "biuf" or array.dtype.kind not in "biuf":
                 raise ConfigError(
                     f"signature {signature!r} input {spec.name!r} takes {spec.dtype.name}. "
-                    f"Received: an array of {array.dtype.name} (a classify signature takes "
-                    "serialized tf.Examples: use classify())")
+                    f"Received: an array of {array.dtype.name} (a string input takes a list "
+                    "of bytes, e.g. read_encoded_images(files) for image_bytes; a classify "
+                    "signature takes serialized tf.Examples: use classify())")
             array = array.astype(spec.dtype)
         return {spec.name: array}
 

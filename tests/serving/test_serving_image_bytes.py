@@ -350,3 +350,10 @@ def test_cli_predict_image_file_without_image_bytes_sends_pixels(model_store, tm
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "model ampflow version 1 signature serving_default"
     assert out[1].startswith(f"{png}: ")
+
+
+def test_client_pixels_to_image_bytes_is_config_error_naming_the_fix(client, digits):
+    from ampflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"takes object.*read_encoded_images"):
+        client.predict("ampflow", digits.astype(np.float32), signature=IMAGE_BYTES_SIGNATURE)
