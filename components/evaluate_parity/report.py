@@ -236,6 +236,7 @@ def _training_section(metrics: dict[str, Any], ctx: dict[str, Any]) -> list[str]
         f"{_cell(m['baseline_train_img_per_s'])} ± {_cell(m['baseline_train_img_per_s_stdev'])}"
         f" img/s, mean ± SD over {_cell(m['training_speedup_epochs_measured'])} epochs; "
         "measured in two separate tasks)",
+        *_memory_lines(m),
         "",
         "| measure | value |",
         "|---|---|",
@@ -243,10 +244,35 @@ def _training_section(metrics: dict[str, Any], ctx: dict[str, Any]) -> list[str]
     for key in ("baseline_accuracy", "baseline_accuracy_delta_points",
                 "baseline_delta_stderr_points", "baseline_mcnemar_p_value",
                 "baseline_argmax_agreement", "training_speedup", "training_speedup_stderr",
-                "train_time_ratio"):
+                "train_time_ratio", *_MEMORY_KEYS):
+        if key in _MEMORY_KEYS and key not in m:
+            continue  # a model trained before train recorded its memory
         lines.append(f"| {key} | {_cell(m.get(key))} |")
     lines += [f"- note: {note}" for note in ctx.get("baseline_notes") or []]
     return lines
+
+
+_MEMORY_KEYS = ("amp_train_peak_memory_bytes", "baseline_train_peak_memory_bytes",
+                "train_peak_memory_ratio")
+
+
+def _memory_lines(m: dict[str, Any]) -> list[str]:
+    """The peak training memory beside the speedup: both peaks and their ratio, where recorded."""
+    amp, base = m.get("amp_train_peak_memory_bytes"), m.get("baseline_train_peak_memory_bytes")
+    if amp is None and base is None:
+        return []
+    amp_text = (f"AMP {_mib(amp)} ({m.get('amp_train_peak_memory_source')})" if amp is not None
+                else "AMP not recorded")
+    base_text = (f"float32 {_mib(base)} ({m.get('baseline_train_peak_memory_source')})"
+                 if base is not None else "float32 not recorded")
+    ratio = m.get("train_peak_memory_ratio")
+    tail = f": {ratio:.2f}× float32 ({ratio - 1:+.0%})" if ratio is not None else ""
+    return [f"- peak training memory: {amp_text} vs {base_text}{tail}; each run's own peak, "
+            "on the device it trained on"]
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:,.0f} MiB" if value >= 2**20 else f"{value / 2**20:.2f} MiB"
 
 
 def _pct(value: float) -> str:

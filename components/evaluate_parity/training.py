@@ -24,6 +24,11 @@ epoch, which includes compilation, left out when there are more), with its stand
 the epoch-to-epoch spread of each run (delta method for a ratio of means). It is measured in two
 separate tasks: on a cluster they may run on different nodes at the same time, so it is only as
 comparable as those nodes; `benchmarks/` measures it side by side, interleaved, in one process.
+
+The peak training memory (AMP's second promise: half-precision activations take half the bytes)
+is read from each run's metadata (`metadata["memory"]`, written by train from
+components/train/memory.py's `MemoryPeak.to_json()`): both peaks and AMP / float32. A model
+trained before train recorded it has no such block; the entries are then left out.
 """
 
 from __future__ import annotations
@@ -156,7 +161,32 @@ def training_metrics(amp: ModelScores, baseline: ModelScores, amp_meta: dict[str
         **training_speedup(amp_meta, base_meta).as_metrics(),
         "train_time_ratio": base_secs / amp_secs if amp_secs and base_secs else math.nan,
         "baseline_mcnemar_method": test.method,
+        **training_memory(amp_meta, base_meta),
     }
+
+
+def peak_memory(meta: dict[str, Any]) -> tuple[int, str] | None:
+    """(peak bytes, what measured it) of a run's training, or None where not recorded."""
+    block = meta.get("memory")
+    peak = block.get("peak_bytes") if isinstance(block, dict) else None
+    if not isinstance(peak, (int, float)) or isinstance(peak, bool) or not peak > 0:
+        return None
+    return int(peak), str(block.get("source") or "unknown")
+
+
+def training_memory(amp_meta: dict[str, Any], base_meta: dict[str, Any]) -> dict[str, Any]:
+    """Peak training memory of each run and AMP / float32; only the entries that were recorded."""
+    amp, base = peak_memory(amp_meta), peak_memory(base_meta)
+    out: dict[str, Any] = {}
+    if amp:
+        out["amp_train_peak_memory_bytes"] = float(amp[0])
+        out["amp_train_peak_memory_source"] = amp[1]
+    if base:
+        out["baseline_train_peak_memory_bytes"] = float(base[0])
+        out["baseline_train_peak_memory_source"] = base[1]
+    if amp and base:
+        out["train_peak_memory_ratio"] = amp[0] / base[0]
+    return out
 
 
 def training_checks(metrics: dict[str, Any], max_drop: float, alpha: float,
@@ -185,6 +215,10 @@ def comparability_notes(meta: dict[str, Any], base_meta: dict[str, Any]) -> list
         a, b = (meta.get("config") or {}).get(key), (base_meta.get("config") or {}).get(key)
         if a != b:
             notes.append(f"{key} differs: {a!r} (AMP) vs {b!r} (baseline)")
+    amp_memory, base_memory = peak_memory(meta), peak_memory(base_meta)
+    if amp_memory and base_memory and amp_memory[1] != base_memory[1]:
+        notes.append(f"peak memory measured differently: {amp_memory[1]} (AMP) vs "
+                     f"{base_memory[1]} (baseline)")
     if meta.get("devices") != base_meta.get("devices"):
         notes.append(f"devices differ: {meta.get('devices')} (AMP) vs {base_meta.get('devices')} "
                      "(baseline): the speedup compares different hardware")

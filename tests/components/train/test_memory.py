@@ -1,0 +1,301 @@
+"""Peak memory of a region, the largest batch that fits, and the memory in the evaluate report.
+
+PeakMemory is checked against buffers of known size (TF's allocator and the process's RSS); the
+search against a fake trial whose out-of-memory threshold is known (pure logic) and against the
+real train-step probe of a tiny model under a limit set between two measured peaks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from ampflow.components.train.memory import (
+    CPU_AUTO_BATCH_SIZE,
+    SOURCES,
+    InjectedOutOfMemory,
+    MemoryLimit,
+    MemoryPeak,
+    PeakMemory,
+    auto_batch_size,
+    find_max_batch_size,
+    is_out_of_memory,
+    train_step_probe,
+)
+from ampflow.errors import ConfigError
+
+MIB = 2**20
+
+
+# ---- PeakMemory ------------------------------------------------------------------------------
+
+def test_peak_memory_tf_buffer_counts_in_allocator_peak_and_reset_forgets_it():
+    import tensorflow as tf
+
+    with PeakMemory() as big:
+        buffer = tf.ones((200 * MIB // 4,))  # 200 MiB of float32
+        buffer.numpy()
+        del buffer
+    with PeakMemory() as small:
+        tf.ones((MIB // 4,)).numpy()  # 1 MiB
+    assert big.result.source in ("cpu_allocator_peak", "gpu_allocator_peak")
+    assert big.result.resettable
+    assert big.result.region_bytes >= 200 * MIB
+    assert small.result.region_bytes < 20 * MIB
+    assert big.result.process_peak_bytes and big.result.process_source in SOURCES
+
+
+def test_peak_memory_numpy_buffer_counts_in_process_peak_and_reset_forgets_it():
+    with PeakMemory(source="process") as big:
+        buffer = np.ones(200 * MIB // 8)  # 200 MiB, every page written
+        del buffer
+    with PeakMemory(source="process") as small:
+        np.ones(MIB // 8)
+    assert big.result.device == "process"
+    assert big.result.region_bytes >= 190 * MIB
+    if big.result.resettable:  # /proc/self/clear_refs accepted the reset (Linux, here)
+        assert big.result.source == "process_vmhwm_reset"
+        assert small.result.region_bytes < 50 * MIB
+    else:
+        assert big.result.source == "process_maxrss_lifetime"
+
+
+def test_peak_memory_outer_region_keeps_its_peak_across_an_inner_reset():
+    import tensorflow as tf
+
+    with PeakMemory() as outer:
+        tf.ones((64 * MIB // 4,)).numpy()  # freed before the inner region resets the counters
+        with PeakMemory() as inner:
+            tf.ones((MIB // 4,)).numpy()
+    assert inner.result.region_bytes < 16 * MIB
+    assert outer.result.region_bytes >= 64 * MIB
+
+
+def test_peak_memory_start_stop_and_to_json_round_trip_through_json():
+    region = PeakMemory().start()
+    result = region.stop()
+    assert result is region.result
+    block = json.loads(json.dumps(result.to_json()))
+    assert block["peak_bytes"] == result.peak_bytes
+    assert block["region_bytes"] == result.peak_bytes - result.baseline_bytes
+    assert {"baseline_bytes", "device", "source", "resettable"} <= set(block)
+
+
+def test_peak_memory_unknown_source_is_a_config_error():
+    with pytest.raises(ConfigError, match="source must be one of"):
+        PeakMemory(source="gpu")
+
+
+# ---- find_max_batch_size: pure logic ---------------------------------------------------------
+
+def _fake_trial(threshold: int, tried: list[int]):
+    """Runs batches up to `threshold`; above it raises TF's out-of-memory error."""
+    import tensorflow as tf
+
+    def trial(batch: int) -> None:
+        tried.append(batch)
+        if batch > threshold:
+            raise tf.errors.ResourceExhaustedError(None, None, f"OOM at batch {batch}")
+
+    return trial
+
+
+@pytest.mark.parametrize("threshold, start, limit, multiple_of, expected", [
+    (100, 8, 4096, 1, 100),    # doubles 8..128, then bisects to exactly 100
+    (37, 1, 1000, 1, 37),
+    (1000, 32, 512, 8, 512),   # the limit itself fits
+    (100, 8, 4096, 8, 96),     # on the grid of 8: 96 fits, 104 does not
+    (5, 32, 1024, 1, 5),       # the start does not fit: bisects below it
+    (300, 32, 300, 1, 300),    # a limit that is not a power-of-two multiple of the start
+])
+def test_find_max_batch_size_finds_exactly_the_boundary(threshold, start, limit, multiple_of,
+                                                        expected):
+    tried: list[int] = []
+    search = find_max_batch_size(_fake_trial(threshold, tried), start=start, limit=limit,
+                                 multiple_of=multiple_of)
+    assert search.batch_size == expected
+    assert [a.batch_size for a in search.attempts] == tried
+    assert all(a.ok == (a.batch_size <= threshold) for a in search.attempts)
+    assert all(a.seconds >= 0 for a in search.attempts)
+    assert all(b % multiple_of == 0 and b <= limit for b in tried)
+    if expected < limit:  # the next batch on the grid was tried and failed
+        assert any(a.batch_size == expected + multiple_of and not a.ok for a in search.attempts)
+    assert len(tried) <= 2 * (limit.bit_length() + 1)
+
+
+def test_find_max_batch_size_none_when_even_the_smallest_runs_out():
+    search = find_max_batch_size(_fake_trial(0, []), start=4, limit=64)
+    assert search.batch_size is None
+    assert "even batch 1" in search.stopped
+
+
+def test_find_max_batch_size_other_errors_propagate():
+    def broken(batch: int) -> None:
+        raise ValueError("a bug in the model, not an out-of-memory")
+
+    with pytest.raises(ValueError, match="a bug in the model"):
+        find_max_batch_size(broken, start=4, limit=64)
+
+
+def test_find_max_batch_size_stops_at_the_attempt_budget():
+    search = find_max_batch_size(_fake_trial(10**6, []), start=1, limit=10**6, max_attempts=3)
+    assert search.batch_size == 4 and len(search.attempts) == 3
+    assert "attempt budget" in search.stopped
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"start": 0, "limit": 8}, "start must be"),
+    ({"start": 12, "limit": 64, "multiple_of": 8}, "start must be"),
+    ({"start": 16, "limit": 8}, "limit must be"),
+    ({"start": 8, "limit": 64, "multiple_of": 0}, "multiple_of must be"),
+])
+def test_find_max_batch_size_rejects_bad_bounds(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        find_max_batch_size(lambda b: None, **kwargs)
+
+
+def test_is_out_of_memory_knows_tf_and_injected_errors_only():
+    import tensorflow as tf
+
+    peak = MemoryPeak(2, 1, "CPU:0", "cpu_allocator_peak", True)
+    assert is_out_of_memory(tf.errors.ResourceExhaustedError(None, None, "OOM"))
+    assert is_out_of_memory(tf.errors.InternalError(None, None, "Dst tensor is not initialized."))
+    assert is_out_of_memory(InjectedOutOfMemory("over", peak))
+    assert not is_out_of_memory(tf.errors.InvalidArgumentError(None, None, "bad shape"))
+    assert not is_out_of_memory(ValueError("out of memory"))  # not TF's: a bug's message
+
+
+# ---- the injected limit: real measured peaks -------------------------------------------------
+
+def test_memory_limit_fails_a_trial_by_its_measured_peak():
+    import tensorflow as tf
+
+    def allocate(batch: int) -> None:  # batch MiB through TF's allocator
+        tf.ones((batch * MIB // 4,)).numpy()
+
+    limited = MemoryLimit(24 * MIB, allocate)
+    assert limited(8).peak_bytes <= 24 * MIB
+    with pytest.raises(InjectedOutOfMemory, match="over the 24.0 MiB limit") as caught:
+        limited(64)
+    assert caught.value.peak.peak_bytes > 24 * MIB  # the real measurement, kept on the error
+    search = find_max_batch_size(limited, start=4, limit=128, multiple_of=4)
+    assert search.batch_size is not None
+    assert all(a.peak_bytes is not None for a in search.attempts)
+    assert all((a.peak_bytes <= 24 * MIB) == a.ok for a in search.attempts)
+
+
+def _tiny_model(input_shape, num_classes):
+    import keras
+
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Rescaling(1 / 255.0)(inputs)
+    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
+    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax",
+                                                  dtype="float32")(x))
+
+
+def test_auto_batch_size_with_the_real_probe_and_an_injected_limit_finds_the_smaller_batch():
+    """The limit lies between the measured peaks of batches 8 and 16 of a real train step."""
+    import keras
+
+    probe = train_step_probe(_tiny_model, (32, 32, 3), 10, "float32")
+    peak_8, peak_16 = probe(8).peak_bytes, probe(16).peak_bytes
+    assert peak_8 < peak_16
+    assert keras.mixed_precision.global_policy().name == "float32"  # restored
+    limit = (peak_8 + peak_16) // 2
+    choice = auto_batch_size(probe, limit=256, start=8, multiple_of=4, gpu=False,
+                             memory_limit_bytes=limit)
+    assert choice.search is not None
+    assert choice.batch_size in (8, 12)  # 8 fits, 16 does not; 12 is decided by its peak
+    assert choice.search.peak_bytes <= limit
+    assert all((a.peak_bytes <= limit) == a.ok for a in choice.search.attempts)
+    assert any(a.batch_size == choice.batch_size + 4 and not a.ok
+               for a in choice.search.attempts)
+    assert "injected limit" in choice.reason
+    json.dumps(choice.to_json())
+
+
+def test_train_step_probe_peak_is_lower_under_mixed_bfloat16():
+    peaks = {policy: train_step_probe(_tiny_model, (32, 32, 3), 10, policy)(16).peak_bytes
+             for policy in ("float32", "mixed_bfloat16")}
+    assert peaks["mixed_bfloat16"] < peaks["float32"]
+
+
+def test_auto_batch_size_on_a_cpu_keeps_the_default_and_says_why():
+    def never(batch: int) -> None:
+        raise AssertionError("no search on a CPU")
+
+    choice = auto_batch_size(never, limit=1000, gpu=False)
+    assert choice.batch_size == CPU_AUTO_BATCH_SIZE and choice.search is None
+    assert "no accelerator memory to fill" in choice.reason
+
+
+def test_cpu_auto_batch_size_is_the_train_configs_default():
+    from ampflow.components.train.step import TrainConfig
+
+    default = {f.name: f.default for f in dataclasses.fields(TrainConfig)}["batch_size"]
+    assert CPU_AUTO_BATCH_SIZE == default
+
+
+def test_auto_batch_size_nothing_fits_is_a_config_error():
+    with pytest.raises(ConfigError, match="found no batch that fits"):
+        auto_batch_size(_fake_trial(0, []), limit=64, gpu=True)
+
+
+# ---- the evaluate report ---------------------------------------------------------------------
+
+def _scores(correct):
+    from ampflow.components.evaluate_parity.parity import ModelScores
+
+    labels = np.arange(len(correct)) % 3
+    predicted = np.where(correct, labels, (labels + 1) % 3)
+    return ModelScores(logits=np.eye(3, dtype=np.float32)[predicted], labels=labels)
+
+
+def _report(amp_meta, base_meta):
+    from ampflow.components.evaluate_parity import report
+    from ampflow.components.evaluate_parity.training import training_metrics
+
+    amp, base = _scores(np.array([1, 1, 0, 1], bool)), _scores(np.array([1, 0, 1, 1], bool))
+    metrics = {"context": {"model_name": "m", "policy": "mixed_bfloat16",
+                           "compute_dtype": "bfloat16", "split": "test"},
+               "num_examples": 4, "amp_accuracy": amp.accuracy,
+               "per_class_accuracy": {"amp": {"0": 1.0}},
+               **training_metrics(amp, base, amp_meta, base_meta)}
+    return metrics, report.render_markdown(metrics, {"passed": True, "checks": []})
+
+
+def _meta(peak: int | None) -> dict:
+    meta = {"epochs": [{"examples_per_sec": 100.0}, {"examples_per_sec": 110.0}]}
+    if peak is not None:
+        meta["memory"] = MemoryPeak(peak, 10 * MIB, "GPU:0", "gpu_allocator_peak",
+                                    True).to_json()
+    return meta
+
+
+def test_report_shows_peak_memory_and_ratio_next_to_the_speedup():
+    metrics, text = _report(_meta(9 * 2**30), _meta(16 * 2**30))
+    assert metrics["train_peak_memory_ratio"] == pytest.approx(9 / 16)
+    assert metrics["amp_train_peak_memory_bytes"] == 9 * 2**30
+    assert "peak training memory: AMP 9,216 MiB (gpu_allocator_peak) vs float32 16,384 MiB" in text
+    assert "0.56× float32 (-44%)" in text
+    assert text.index("AMP training speedup") < text.index("peak training memory")
+    assert "| train_peak_memory_ratio | 0.5625 |" in text
+
+
+def test_report_leaves_memory_out_for_models_that_did_not_record_it():
+    metrics, text = _report(_meta(None), _meta(None))
+    assert not any("memory" in key for key in metrics)
+    assert "memory" not in text
+    assert "AMP training speedup" in text
+
+
+def test_report_with_one_peak_only_shows_it_without_a_ratio():
+    metrics, text = _report(_meta(9 * 2**30), {"epochs": [], "memory": {"peak_bytes": None}})
+    assert "train_peak_memory_ratio" not in metrics
+    assert "float32 not recorded" in text
