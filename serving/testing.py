@@ -6,7 +6,10 @@ float32 [-1,K], `class_ids` int64 [-1]) and `classify` (`inputs` serialized tf.E
 float_list feature `image` -> `scores` float32 [-1,K], `classes` string [-1,K]), plus
 `assets/labels.txt` and `assets.extra/tf_serving_warmup_requests`. The rules of the format (the
 classify method name, the warm-up file) come from `ampflow.serving.model_format`, as the
-exporter's do.
+exporter's do. It has no `image_bytes` signature: that one decodes by the training rule, which
+lives with the pipeline's steps, so the serving tests exercise it on a real export
+(tests/serving/test_serving_image_bytes.py); a model without it is also what an older export
+looks like to `ampflow predict`.
 
 Run `python -m ampflow.serving.testing --base-path DIR` to write it for a real TF Serving.
 `raw_tensor_proto` builds the TensorProtos of hostile-input tests, unchecked, as a client could;
