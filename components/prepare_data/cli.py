@@ -1,4 +1,9 @@
-"""`ampflow prepare-data`: a thin shell over `run_prepare_data`."""
+"""`ampflow prepare-data`: a thin shell over `run_prepare_data`.
+
+`--image-size` comes from the config's `tuple[int, int] | None` field, which cliutil turns into
+one flag of one or more integers (`--image-size 64` or `--image-size 64 48`);
+`PrepareDataConfig` itself checks that there are one or two (`config.parse_image_size`).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +24,9 @@ def register(subparsers) -> None:
             "splits": r.info["splits"],
             "image_shape": r.info["image_shape"],
             "classes": r.info["num_classes"],
+            "skipped_files": r.info["skipped_files"]["count"],
             "output_dir": str(r.output_dir),
         },
-        help="Prepare a TFDS dataset (or the offline default) into a data dir.",
+        help="Prepare a TFDS dataset, the offline default or a folder of images into a "
+             "data dir.",
     )

@@ -39,7 +39,7 @@ class PrepareDataConfig:
                 "names), optionally under train/ and test/; JPEG/PNG/BMP/GIF of any size. "
                 "Unreadable files are skipped and listed in dataset_info.json."})
     image_size: tuple[int, int] | None = field(default=None, metadata={
-        "metavar": "SIZE",
+        "metavar": ("H", "W"),
         "help": "H W (or one number for a square): the size the pipeline trains and serves "
                 "at. Images are resized in the input pipeline (bilinear, antialiased; the "
                 "aspect ratio is not kept). Required for datasets of varying image size "

@@ -48,7 +48,7 @@ from ampflow.errors import ConfigError, DatasetError
 log = logging.getLogger(__name__)
 
 NAME = "ampflow_image_folder"
-VERSION = "1.0.0"
+BUILDER_VERSION = "1.0.0"
 SPLIT_DIRS = ("train", "test")
 # Pillow's format names → ours (an MPO is a camera JPEG with extra pictures after the first).
 _PIL_FORMATS = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "BMP": "bmp", "GIF": "gif"}
@@ -107,7 +107,7 @@ class FolderScan:
 def open_image_folder(root: str | os.PathLike, data_dir: Path):
     """The TFDS builder of `root` in `data_dir`: the prepared one if the folder is unchanged."""
     listing = list_folder(root)
-    builder_dir = Path(data_dir) / NAME / listing.config_name / VERSION
+    builder_dir = Path(data_dir) / NAME / listing.config_name / BUILDER_VERSION
     if (builder_dir / "dataset_info.json").is_file():
         log.info("image folder %s unchanged since it was prepared into %s; reusing it",
                  listing.root, builder_dir)
@@ -162,7 +162,7 @@ def scan_folder(listing: FolderListing) -> FolderScan:
             f"image_folder must hold at least one readable JPEG/PNG/BMP/GIF image. Received: "
             f"{listing.root} with {len(skipped)} unreadable files "
             f"({describe_skipped(skipped)})")
-    channels = 1 if all(mode in _GRAY_MODES for *_, mode, _ in opened) else 3
+    channels = 1 if all(row[-1] in _GRAY_MODES for row in opened) else 3  # row[-1]: mode
     images = tuple(_scanned(listing.root, row, channels) for row in opened)
     _require_two_trained_classes(listing, images)
     return FolderScan(listing=listing, images=images,
@@ -172,8 +172,9 @@ def scan_folder(listing: FolderListing) -> FolderScan:
 class AmpflowImageFolder(OfflineBuilder, skip_registration=True):
     """The images of one folder (one config per folder content), stored encoded."""
 
-    VERSION = tfds.core.Version(VERSION)
-    RELEASE_NOTES = {VERSION: "Class sub-folders, optional train/test level, skipped files listed."}
+    VERSION = tfds.core.Version(BUILDER_VERSION)
+    RELEASE_NOTES = {
+        BUILDER_VERSION: "Class sub-folders, optional train/test level, skipped files listed."}
 
     def __init__(self, *, scan: FolderScan, **kwargs):
         self._scan = scan
@@ -249,7 +250,7 @@ def _loose_files(path: Path, class_dirs: set[str]):
 
 
 def _fingerprint(root: Path, paths: list[str], layout: str) -> str:
-    digest = hashlib.sha256(f"{VERSION}\n{layout}\n".encode())
+    digest = hashlib.sha256(f"{BUILDER_VERSION}\n{layout}\n".encode())
     for rel in sorted(paths):
         try:
             st = (root / rel).stat()
