@@ -156,3 +156,29 @@ def test_image_bytes_gif_of_many_frames_refused_before_decoding(signatures):
         signatures["image_bytes"](image_bytes=tf.constant([bomb]))
     few = _gif([np.full((2000, 2000), 60 * i, np.uint8) for i in range(4)])  # 16e6: fits
     assert signatures["image_bytes"](image_bytes=tf.constant([few]))["class_ids"].shape == (1,)
+
+
+def _declaring(fmt: str, height: int, width: int) -> bytes:
+    """A small valid file of `fmt` whose header is rewritten to declare height x width."""
+    data = bytearray(_encoded(np.zeros((8, 8, 3), np.uint8), fmt))
+    if fmt == "JPEG":
+        at = data.index(b"\xff\xc0") + 5  # baseline frame header: height, width (big-endian)
+        data[at:at + 4] = struct.pack(">HH", height, width)
+    elif fmt == "BMP":
+        data[18:26] = struct.pack("<ii", width, height)
+    elif fmt == "GIF":
+        data[6:10] = struct.pack("<HH", width, height)
+    else:
+        data[16:24] = struct.pack(">II", width, height)
+    return bytes(data)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "BMP", "GIF"])
+def test_image_bytes_oversized_header_of_each_format_refused(signatures, fmt):
+    import tensorflow as tf
+
+    from ampflow.serving.model_format import MAX_IMAGE_PIXELS
+
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"at most {MAX_IMAGE_PIXELS} pixels.*\[4097\] \[x\] \[4096\]"):
+        signatures["image_bytes"](image_bytes=tf.constant([_declaring(fmt, 4097, 4096)]))
