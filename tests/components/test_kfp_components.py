@@ -106,7 +106,7 @@ def test_export_and_convert_components_publish_typed_model_metadata(tmp_path, pr
     assert (meta["framework"], meta["format"], meta["model_name"], meta["version"]) == (
         "tensorflow", "saved_model", "digits", 1)
     assert (tmp_path / "saved_model" / meta["version_dir"] / "saved_model.pb").is_file()
-    assert set(meta["signatures"]) == {"serving_default", "classify"}
+    assert set(meta["signatures"]) == {"serving_default", "classify", "image_bytes"}
     assert (meta["trained_policy"], meta["exported_policy"]) == ("mixed_float16", "float32")
     assert meta["trained_model_sha256"] == model_sha256(model_dir)
     json.dumps(meta)  # KFP stores metadata as JSON
