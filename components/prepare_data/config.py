@@ -21,6 +21,8 @@ OFFLINE_DEFAULT = DIGITS_NAME
 OFFLINE_DATASETS = (DIGITS_NAME, MNIST_NAME)
 # The split name that, when a dataset lacks it, gets a seeded stratified held-out split.
 DEFAULT_TEST_SPLIT = "test"
+# "64", "64x48", "64 48", "64,48" (the KFP component's string form of --image-size)
+_SIZE_TEXT = re.compile(r"(\d+)(?:(?:\s*[x×,]\s*|\s+)(\d+))?")
 MAX_IMAGE_SIDE = 4096  # the serving signature refuses larger images (MAX_IMAGE_PIXELS 4096²)
 
 
@@ -91,7 +93,8 @@ def parse_image_size(value) -> tuple[int, int] | None:
         return None
     received = value
     if isinstance(value, str):
-        parts = [p for p in re.split(r"[x×,\s]+", value.strip().lower()) if p]
+        match = _SIZE_TEXT.fullmatch(value.strip().lower())
+        parts = [p for p in match.groups() if p] if match else []
     elif isinstance(value, (list, tuple)):
         parts = list(value)
     else:

@@ -118,3 +118,137 @@ def test_load_dataset_info_missing_dir_is_a_clear_error(tmp_path):
 def test_prepare_data_config_rejects_empty_split():
     with pytest.raises(ConfigError, match="train_split must be non-empty"):
         PrepareDataConfig(output_dir="x", train_split="")
+
+
+# ---- --image-size ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, None), ("", None), (64, (64, 64)), ("64", (64, 64)), ((32,), (32, 32)),
+    ("64x48", (64, 48)), ("64 48", (64, 48)), ((64, 48), (64, 48)), ([7, 5], (7, 5)),
+])
+def test_prepare_data_config_image_size_forms_parse_to_h_w(value, expected):
+    assert PrepareDataConfig(output_dir="x", image_size=value).image_size == expected
+
+
+@pytest.mark.parametrize("value", [0, -3, "abc", "64x", "1.5", (1, 2, 3), (), True, 5000,
+                                   (64, 0), 64.0])
+def test_prepare_data_config_bad_image_size_is_a_config_error(value):
+    with pytest.raises(ConfigError, match=r"image_size must be one or two integers.*"
+                                          r"Received: image_size="):
+        PrepareDataConfig(output_dir="x", image_size=value)
+
+
+@pytest.mark.parametrize(("flags", "expected"), [(["64"], (64, 64)), (["64", "48"], (64, 48))])
+def test_prepare_data_cli_image_size_takes_one_or_two_numbers(flags, expected):
+    import argparse
+
+    from ampflow.cliutil import add_config_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, PrepareDataConfig)
+    args = parser.parse_args(["--output-dir", "x", "--image-size", *flags])
+    assert config_from_args(PrepareDataConfig, args).image_size == expected
+
+
+def test_prepare_data_cli_three_image_sizes_is_a_config_error():
+    import argparse
+
+    from ampflow.cliutil import add_config_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, PrepareDataConfig)
+    args = parser.parse_args(["--output-dir", "x", "--image-size", "1", "2", "3"])
+    with pytest.raises(ConfigError, match=r"Received: image_size=\(1, 2, 3\)"):
+        config_from_args(PrepareDataConfig, args)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1])
+def test_prepare_data_config_bad_test_fraction_is_a_config_error(fraction):
+    with pytest.raises(ConfigError, match=rf"test_fraction must be in \(0, 1\). Received: "
+                                          rf"test_fraction={fraction}"):
+        PrepareDataConfig(output_dir="x", test_fraction=fraction)
+
+
+def test_fixed_size_dataset_with_image_size_is_resized_and_recorded(prepared_digits, tmp_path):
+    info = run_prepare_data(PrepareDataConfig(
+        output_dir=tmp_path, image_size=(16, 12),
+        tfds_data_dir=load_dataset_info(prepared_digits)["tfds_data_dir"])).info
+    assert info["image_shape"] == [16, 12, 1] and info["source_image_shape"] == [8, 8, 1]
+    assert info["resize"]["method"] == "bilinear" and info["resize"]["antialias"] is True
+    images, _ = load_arrays(tmp_path, "test")
+    assert images.shape == (359, 16, 12, 1) and images.dtype == np.float32
+    original, _ = load_arrays(prepared_digits, "test")
+    np.testing.assert_allclose(images.mean(), original.mean(), rtol=0.05)  # same pictures
+
+
+def test_fixed_size_dataset_with_its_own_image_size_keeps_pixels(prepared_digits, tmp_path):
+    run_prepare_data(PrepareDataConfig(
+        output_dir=tmp_path, image_size=8,
+        tfds_data_dir=load_dataset_info(prepared_digits)["tfds_data_dir"]))
+    same, _ = load_arrays(tmp_path, "test")
+    original, _ = load_arrays(prepared_digits, "test")
+    np.testing.assert_array_equal(same, original)
+
+
+# ---- the input pipeline against the pre-resize reader -----------------------------------------
+
+def _reference_batches(prepared_dir, seed: int, count: int) -> list[np.ndarray]:
+    """The pipeline as it was before images.to_model_input: TFDS uint8 → float32 cast."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    info = load_dataset_info(prepared_dir)
+    builder = tfds.builder(f"{info['name']}:{info['version']}", data_dir=info["tfds_data_dir"])
+    ds = builder.as_dataset(split="train", shuffle_files=False).map(
+        lambda ex: (tf.cast(ex["image"], tf.float32), tf.cast(ex["label"], tf.int64)))
+    ds = ds.cache().shuffle(10_000, seed=seed, reshuffle_each_iteration=True).batch(
+        32, drop_remainder=True)
+    return [(x.numpy(), y.numpy()) for x, y in ds.take(count)]
+
+
+def _batches(prepared_dir, seed: int, count: int, **kwargs) -> list[tuple]:
+    ds = make_input_pipeline(load_split(prepared_dir, "train"), batch_size=32, training=True,
+                             seed=seed, **kwargs)
+    return [(x.numpy(), y.numpy()) for x, y in ds.repeat().take(count)]
+
+
+def test_input_pipeline_without_augment_is_bit_identical_to_the_plain_cast(prepared_digits):
+    for (x, y), (ref_x, ref_y) in zip(_batches(prepared_digits, 5, 3),
+                                      _reference_batches(prepared_digits, 5, 3), strict=True):
+        np.testing.assert_array_equal(x, ref_x)
+        np.testing.assert_array_equal(y, ref_y)
+
+
+def test_input_pipeline_augment_changes_images_keeps_shape_range_and_labels(prepared_digits):
+    plain = _batches(prepared_digits, 5, 3)
+    augmented = _batches(prepared_digits, 5, 3, augment=True)
+    for (x, y), (ax, ay) in zip(plain, augmented, strict=True):
+        np.testing.assert_array_equal(y, ay)  # the same examples, in the same order
+        assert ax.shape == x.shape and ax.dtype == np.float32
+        assert 0.0 <= ax.min() and ax.max() <= 255.0
+        assert not np.array_equal(ax, x)
+
+
+def test_input_pipeline_augment_is_seeded(prepared_digits):
+    first = _batches(prepared_digits, 5, 2, augment=True)
+    again = _batches(prepared_digits, 5, 2, augment=True)
+    other = _batches(prepared_digits, 6, 2, augment=True)
+    for (a, _), (b, _) in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(first[0][0], other[0][0])
+
+
+def test_input_pipeline_augment_draws_new_crops_every_epoch():
+    import tensorflow as tf
+
+    image = tf.reshape(tf.range(8 * 8, dtype=tf.float32) * 3.0, (8, 8, 1))
+    ds = tf.data.Dataset.from_tensors((image, tf.constant(0, tf.int64)))
+    epochs = make_input_pipeline(ds, batch_size=1, training=True, augment=True, seed=1).repeat()
+    crops = [x.numpy() for x, _ in epochs.take(6)]
+    assert len({c.tobytes() for c in crops}) >= 5  # one image, a new crop each epoch
+
+
+def test_input_pipeline_augment_for_evaluation_is_a_config_error(prepared_digits):
+    with pytest.raises(ConfigError, match="augment must be False for evaluation"):
+        make_input_pipeline(load_split(prepared_digits, "test"), batch_size=8, training=False,
+                            augment=True)
