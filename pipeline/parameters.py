@@ -43,6 +43,8 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
     "serving_model_store": (str, "/models", "model store the deploy step writes into"),
     "serving_address": (str, "", "host:port of the server the deploy step checks"),
     "model_path": (str, "", "directory to import a `model` builder from (in the image)"),
+    "image_size": (str, "", "H W, HxW or one number: the size to train and serve at"),
+    "image_folder": (str, "", "a folder of class sub-folders, read instead of `dataset`"),
 }
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")

@@ -188,8 +188,11 @@ def build_pipeline(options: PipelineOptions | None = None):
         serving_model_store: str = "/models",
         serving_address: str = "",
         model_path: str = "",
+        image_size: str = "",
+        image_folder: str = "",
     ):
-        data = ops["prepare_data"](dataset=dataset)
+        data = ops["prepare_data"](dataset=dataset, image_size=image_size,
+                                   image_folder=image_folder)
         data.set_caching_options(options.cache_data)
         _resources(data, options.default_resources)
 
