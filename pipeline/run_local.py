@@ -43,6 +43,12 @@ class LocalRunConfig:
 
     workdir: Path = field(metadata={"help": "Holds pipeline_root/ and serving/ of the run."})
     dataset: str = field(default="ampflow_digits", metadata={"help": "TFDS dataset name."})
+    image_folder: str = field(default="", metadata={
+        "help": "A folder of images, one sub-folder per class (optional train/ and test/ "
+                "level), read instead of --dataset (as prepare-data --image-folder)."})
+    image_size: str = field(default="", metadata={
+        "help": "Train and serve at this size: 'H W', 'HxW' or one number for a square "
+                "(needed for images of varying size; as prepare-data --image-size)."})
     model: str = field(default="small_cnn", metadata={
         "help": "What to train (as train --model): small_cnn, resnet50, mobilenet_v2, your "
                 "builder package.module:function, or a .keras file to fine-tune (brought in "
@@ -124,8 +130,9 @@ class LocalRunConfig:
         names = {f.name for f in fields(LocalRunConfig)} - skip  # not a subclass's extras
         args = {k: v for k, v in asdict(self).items() if k in names}
         args.update(serving_target="local", serving_model_store=str(self.model_store.resolve()))
-        if self.model_path:
-            args["model_path"] = str(Path(self.model_path).resolve())
+        for name in ("model_path", "image_folder"):  # the step runs in another working dir
+            if args[name]:
+                args[name] = str(Path(args[name]).resolve())
         return args
 
     @property

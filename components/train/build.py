@@ -15,10 +15,9 @@ def training_data(config, info: dict, global_batch: int):
     """(train, test, steps per epoch): the seeded input pipeline at the global batch size."""
     from ampflow.components.prepare_data import load_split, make_input_pipeline
 
-    augment = {"augment": True} if config.effective_augment else {}
     train_ds = make_input_pipeline(load_split(config.data_dir, "train"),
                                    batch_size=global_batch, training=True, seed=config.seed,
-                                   **augment)
+                                   augment=config.effective_augment)
     test_ds = make_input_pipeline(load_split(config.data_dir, "test"),
                                   batch_size=global_batch, training=False)
     steps = info["splits"]["train"] // global_batch
