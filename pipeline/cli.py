@@ -39,11 +39,20 @@ def _register_compile(subparsers) -> None:
                    "workspace PVC (a retried pod resumes; KFP backend >= 2.15) or none.")
     p.add_argument("--workspace-size", default="20Gi", help="Size of the run's workspace PVC.")
     p.add_argument("--workspace-storage-class", default=None,
-                   help="Storage class of the workspace PVC (default: the KFP server's).")
-    p.add_argument("--workspace-access-mode", default=None,
+                   help="Storage class of the workspace PVC (default: the cluster's default "
+                   "class; a KFP 2.15/2.16 backend refuses the run without one named).")
+    p.add_argument("--workspace-access-mode", default="ReadWriteOnce",
                    choices=("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"),
-                   help="Access mode of the workspace PVC (default: the KFP server's); "
-                   "ReadWriteMany lets the two train tasks run on different nodes at once.")
+                   help="Access mode of the workspace PVC (a KFP backend refuses the run "
+                   "without one); ReadWriteMany lets the two train tasks run on different "
+                   "nodes at once.")
+    p.add_argument("--serving-namespace", default=None,
+                   help="Namespace the deploy task deploys TF Serving into (default: the "
+                   "run's own, with the model-store claim there; another namespace mounts no "
+                   "claim and needs serving_model_store=gs://...).")
+    p.add_argument("--kfp-backend", default="2.17", choices=("2.15", "2.16", "2.17"),
+                   help="The KFP backend version the file is for: its rules are checked "
+                   "(2.15 and 2.16 need --workspace-storage-class, or --checkpoints none).")
     p.add_argument("--train-workers", type=int, default=1,
                    help="> 1: the AMP train task runs a TFJob with this many workers "
                    "(checkpoints on the training claim, not the workspace).")
@@ -65,6 +74,7 @@ def _register_compile(subparsers) -> None:
                                   train_workers=args.train_workers,
                                   base_model_uri=args.base_model_uri)
         path = compile_pipeline(args.output, options)
+        _check_for_backend(path, args.kfp_backend)
         print_summary("ampflow compile: done", {
             "pipeline": path, "image": args.image, "gpu": args.gpu,
             "float32_baseline": args.with_float32_baseline, "checkpoints": args.checkpoints,
@@ -72,6 +82,23 @@ def _register_compile(subparsers) -> None:
         return 0
 
     p.set_defaults(func=run)
+
+
+def _check_for_backend(path: str, backend: str) -> None:
+    """Refuse (one line per rule) an IR that KFP `backend` would reject when the run starts."""
+    import yaml
+
+    from ampflow.errors import ConfigError
+    from ampflow.pipeline.backend_rules import placeholder_problems, workspace_problems
+
+    with open(path) as f:
+        docs = list(yaml.safe_load_all(f))
+    problems = placeholder_problems(docs[0]) + workspace_problems(
+        docs[1] if len(docs) > 1 else {}, backend)
+    if problems:
+        raise ConfigError(f"KFP {backend} would refuse {path}: " + "; ".join(problems) + (
+            "; pass --workspace-storage-class NAME (kubectl get storageclass) or --checkpoints "
+            "none" if backend in ("2.15", "2.16") else ""))
 
 
 def _register_submit(subparsers) -> None:

@@ -14,9 +14,18 @@ How it behaves on a KFP backend, and why it is wired this way:
 - A retried train pod resumes: its checkpoint dir is on the run's KFP workspace (a PVC that KFP
   creates per run and mounts only into the tasks that use it), one dir per train task. Within
   one parameter value KFP's driver substitutes only `{{$.workspace_path}}`; the run-id and task
-  placeholders are substituted only when they are the whole value, so they cannot build a path.
-- The deploy task (and its model-store PVC mount) exists only under `serving_target != "none"`:
-  a PVC belongs to one namespace, and a pod that mounts a missing PVC stays Pending forever.
+  placeholders are substituted only when they are the whole value, so they cannot build a path
+  (pipeline/backend_rules.py holds these rules, with the backend's file and lines).
+- The workspace PVC spec is explicit: a stock API server has no default one, and the backend
+  refuses a workspace without `accessModes` (every version) or, on 2.15/2.16, without
+  `storageClassName` (`submit` fills in the cluster's default class there, or says so).
+- The deploy task (and its model-store PVC mount) exists only under `serving_target != "none"`,
+  and deploys into the run's own namespace unless `serving_namespace` is set: a PVC belongs to
+  one namespace, and a pod that mounts a missing PVC stays Pending forever (`submit` checks the
+  claim exists first). Serving in another namespace needs a gs:// model store and no PVC.
+- Retries: KFP emits an Argo retry strategy without a retry policy, so a train pod that fails
+  is retried (and resumes), but a pod that is deleted (an eviction, a drained node) ends the
+  run; train pods are annotated so that the cluster autoscaler does not evict them.
 - The float32 baseline is a compile-time option: a run-time switch needs `dsl.OneOf` over the
   two evaluate branches' artifacts, which kfp 2.17.3's local runner cannot run ("Expected 1
   artifact in ArtifactSelectorSpec. Got: 2").
@@ -77,10 +86,19 @@ class PipelineOptions:
     # a retried train pod resumes; "none": inside the output artifact (not kept on a retry).
     checkpoints: str = "workspace"
     workspace_size: str = "20Gi"
-    # Override the KFP API server's default workspace PVC spec (None: keep the default). The
-    # two train tasks mount it at once: ReadWriteMany lets them run on different nodes.
+    # The workspace PVC spec, always written into the IR (a stock API server has none; see
+    # backend_rules.py). None: the cluster's default storage class, which KFP 2.17 accepts and
+    # 2.15/2.16 refuse (`submit` then fills in the default class it reads from the cluster).
+    # The two train tasks mount the workspace at once: with ReadWriteOnce they run at the same
+    # time only on one node (otherwise one waits for the other); ReadWriteMany (a class that
+    # offers it) lets them run on different nodes.
     workspace_storage_class: str | None = None
-    workspace_access_mode: str | None = None
+    workspace_access_mode: str = "ReadWriteOnce"
+    # The namespace the deploy task deploys TF Serving into. None: the run's own namespace,
+    # where the model-store PVC must then exist (k8s/model-store). Another namespace: the PVC
+    # cannot be mounted from the run's namespace, so model_store_pvc must be None and the
+    # store gs://.
+    serving_namespace: str | None = None
     # > 1: the AMP train task runs a TFJob of this many workers (the local runner: local
     # processes); the float32 baseline stays one process.
     train_workers: int = 1
@@ -110,9 +128,19 @@ class PipelineOptions:
         if self.checkpoints not in CHECKPOINT_STORES:
             raise ConfigError(f"checkpoints must be one of {CHECKPOINT_STORES}. "
                               f"Received: checkpoints={self.checkpoints!r}")
-        if self.workspace_access_mode not in (None, *ACCESS_MODES):
-            raise ConfigError(f"workspace_access_mode must be one of {ACCESS_MODES}. "
+        if self.workspace_access_mode not in ACCESS_MODES:
+            raise ConfigError(f"workspace_access_mode must be one of {ACCESS_MODES} (a KFP "
+                              "backend refuses a workspace without one). "
                               f"Received: workspace_access_mode={self.workspace_access_mode!r}")
+        if self.workspace_storage_class == "":
+            raise ConfigError("workspace_storage_class must be a class name, or None for the "
+                              "cluster's default. Received: workspace_storage_class=''")
+        if self.serving_namespace and self.model_store_pvc:
+            raise ConfigError(
+                "a PVC belongs to one namespace: the deploy task (in the run's namespace) cannot "
+                f"mount {self.model_store_pvc!r} of serving_namespace={self.serving_namespace!r}"
+                ". Deploy into the run's namespace (serving_namespace=None), or set "
+                "model_store_pvc=None and serving_model_store=gs://...")
         if self.checkpoints == "workspace":
             from kfp import dsl
 
@@ -128,11 +156,9 @@ class PipelineOptions:
 
         if self.checkpoints != "workspace":
             return None
-        patch = {}
+        patch = {"accessModes": [self.workspace_access_mode]}
         if self.workspace_storage_class:
             patch["storageClassName"] = self.workspace_storage_class
-        if self.workspace_access_mode:
-            patch["accessModes"] = [self.workspace_access_mode]
         return dsl.PipelineConfig(workspace=dsl.WorkspaceConfig(
             size=self.workspace_size, kubernetes=dsl.KubernetesWorkspaceConfig(patch)))
 
@@ -251,7 +277,8 @@ def build_pipeline(options: PipelineOptions | None = None):
         with dsl.If(serving_target != "none", name="serving-target-set"):
             deployed = ops["deploy_serving"](
                 saved_model=exported.outputs["saved_model"], target=serving_target,
-                model_store=serving_model_store, server_address=serving_address)
+                model_store=serving_model_store, server_address=serving_address,
+                namespace=options.serving_namespace or "")
             _resources(deployed, options.default_resources)
             deployed.set_caching_options(False)  # a deployment is a side effect, never cached
             _serving_client(deployed)
@@ -269,9 +296,11 @@ def _train_task(task, options: PipelineOptions) -> None:
     _resources(task, options.train_resources)
     task.set_retry(num_retries=options.train_retries, backoff_duration="30s",
                    backoff_factor=2.0)
+    from kfp import kubernetes
+
+    keep_from_autoscaler(task)
     if not options.gpu:
         return
-    from kfp import kubernetes
 
     task.set_accelerator_type(options.accelerator_type)
     task.set_accelerator_limit(options.accelerator_count)
@@ -280,6 +309,18 @@ def _train_task(task, options: PipelineOptions) -> None:
     if options.gpu_toleration_key:
         kubernetes.add_toleration(task, key=options.gpu_toleration_key, operator="Exists",
                                   effect="NoSchedule")
+
+
+# The cluster autoscaler does not scale down a node under a pod with this annotation: a
+# training pod is not evicted for bin-packing (a deleted pod is not retried, see above).
+SAFE_TO_EVICT = ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false")
+
+
+def keep_from_autoscaler(task) -> None:
+    """Annotate a long-running task's pod so that the cluster autoscaler leaves its node."""
+    from kfp import kubernetes
+
+    kubernetes.add_pod_annotation(task, *SAFE_TO_EVICT)
 
 
 def _serving_client(task) -> None:

@@ -2,7 +2,9 @@
 
 pipeline/pipeline.py calls these two functions and nothing else, so that what a multi-worker
 train task needs (its TFJob's settings, a stable job key, the training claim, no GPU on the
-launching pod) lives beside the training code.
+launching pod) lives beside the training code. The claim must exist in the run's namespace
+before the run starts (a pod that mounts a missing claim stays Pending): `ampflow submit`
+checks it (pipeline/preflight.py).
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ def train_workers_arguments(options) -> dict[str, Any]:
         toleration_key=options.gpu_toleration_key, cpu_request=resources.cpu_request,
         memory_request=resources.memory_request, cpu_limit=resources.cpu_limit,
         memory_limit=resources.memory_limit)
+    # The run id as the whole value: KFP's driver resolves `{{$.pipeline_job_uuid}}` only when
+    # it is the whole constant (pipeline/backend_rules.py, resolve.go@2.17.0 L435-450); a key
+    # built as "<uuid>/<task>" reached the task as that literal text, one job name for every
+    # run. One run has one AMP train task, so its id alone names the job.
     return {"workers": options.train_workers, "tfjob_settings": settings.to_json(),
-            "run_key": f"{dsl.PIPELINE_JOB_ID_PLACEHOLDER}/{dsl.PIPELINE_TASK_NAME_PLACEHOLDER}"}
+            "run_key": dsl.PIPELINE_JOB_ID_PLACEHOLDER}
 
 
 def configure_train_workers_task(task, options) -> None:
@@ -41,8 +47,12 @@ def configure_train_workers_task(task, options) -> None:
     """
     from kfp import kubernetes
 
+    from ampflow.pipeline.pipeline import keep_from_autoscaler
+
     resources = options.default_resources
     task.set_cpu_request(resources.cpu_request).set_cpu_limit(resources.cpu_limit)
     task.set_memory_request(resources.memory_request).set_memory_limit(resources.memory_limit)
     task.set_retry(num_retries=options.train_retries, backoff_duration="30s", backoff_factor=2.0)
     kubernetes.mount_pvc(task, pvc_name=TRAINING_CLAIM, mount_path=TRAINING_MOUNT)
+    # a deleted launcher pod is not retried, and it deletes its TFJob on SIGTERM
+    keep_from_autoscaler(task)
