@@ -7,10 +7,15 @@ job's condition and each failed pod's exit code and reason), and copies the chie
 model into the task's Model artifact. The Training Operator sets TF_CONFIG; the workers run the
 same `ampflow train` as everywhere else.
 
-The job name is derived from the KFP run and task, so a KFP retry of the task finds its own job:
-a running one is waited for, a failed one is replaced, and the new one resumes from the
-checkpoint dir on the claim. Permissions: k8s/training/rbac (create/get/delete tfjobs, read
-pods and their logs), bound to the pipeline runner's service account.
+The job name is derived from the KFP run id (a placeholder the driver resolves only as a
+whole value, see pipeline/backend_rules.py), so a KFP retry of the task finds its own job: a
+running one is waited for, a failed one is replaced, and the new one resumes from the
+checkpoint dir on the claim; another run never finds it. A key KFP left unresolved is refused.
+
+The job does not outlive its run: it is owned by the run's Argo Workflow (the controller
+owner of this task's pod), so deleting the run deletes it, and a cancelled task (SIGTERM)
+deletes it before exiting, freeing its GPUs. Permissions: k8s/training/rbac (create/get/delete
+tfjobs, read pods and their logs), bound to the pipeline runner's service account.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +47,10 @@ _POLL_S = 10.0
 
 class TrainingJobError(AmpflowError):
     """The TFJob could not be created, or it failed; the message says which pod and why."""
+
+
+class TaskCancelled(TrainingJobError):
+    """The launching task got SIGTERM (a cancelled run): its TFJob was deleted."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +149,9 @@ def run_training_job(config, settings: TFJobSettings, run_key: str, api_client=N
     from ampflow.components.train.step import METADATA_FILE, TrainResult
     from ampflow.files import ensure_writable_dir, read_json
 
+    check_run_key(run_key)
     name = job_name(run_key)
+    check_volume_writable(settings.mount, f"the training claim {settings.claim}")
     root = Path(settings.mount) / "runs" / name
     shared = dataclasses.replace(
         config, data_dir=root / "data", output_dir=root / "model", workers=1,
@@ -148,8 +161,12 @@ def run_training_job(config, settings: TFJobSettings, run_key: str, api_client=N
     api_client = api_client or _in_cluster_client()
     namespace = namespace or _own_namespace()
     job = build_tfjob(name, settings, config_to_argv(shared))
-    _create_or_reuse(api_client, namespace, job)
-    _wait(api_client, namespace, name, settings.timeout_s)
+    owner = owner_reference(api_client, namespace)
+    if owner is not None:
+        job["metadata"]["ownerReferences"] = [owner]
+    with _delete_on_sigterm(api_client, namespace, name):
+        _create_or_reuse(api_client, namespace, job)
+        _wait(api_client, namespace, name, settings.timeout_s)
     published = root / "model"
     if not (published / METADATA_FILE).is_file():
         raise TrainingJobError(f"TFJob {namespace}/{name} succeeded but its chief published no "
@@ -165,6 +182,95 @@ def run_training_job(config, settings: TFJobSettings, run_key: str, api_client=N
     metadata = read_json(output_dir / METADATA_FILE)
     metadata["kubeflow_job"] = {"kind": "TFJob", "name": name, "namespace": namespace}
     return TrainResult(output_dir=output_dir, metadata=metadata)
+
+
+def check_run_key(run_key: str) -> None:
+    """A key with a placeholder left in it would name the same job in every run: refuse it."""
+    if not run_key or "{{" in run_key:
+        raise ConfigError(
+            "run_key must be the run id KFP resolved (the whole-value placeholder "
+            "{{$.pipeline_job_uuid}}); a placeholder left in it would give every run the same "
+            f"TFJob. Received: run_key={run_key!r}")
+
+
+def check_volume_writable(path: str | os.PathLike, what: str) -> None:
+    """One clear line when this uid cannot write the volume mounted at `path` (nothing else).
+
+    KFP sets no fsGroup on its pods (kubeflow/pipelines#3866), so a volume whose root belongs
+    to root with mode 0755 (a fresh block-storage PVC) is read-only to the image's user, and
+    every retry would fail the same way deep inside training.
+    """
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if os.access(existing, os.W_OK | os.X_OK):
+        return
+    st = existing.stat()
+    raise ConfigError(
+        f"{what} is not writable by this pod's user (uid {os.getuid()}, gid {os.getgid()}): "
+        f"{existing} belongs to uid {st.st_uid} gid {st.st_gid} with mode "
+        f"{st.st_mode & 0o7777:04o}, and KFP sets no fsGroup (kubeflow/pipelines#3866). Use a "
+        "storage class whose volumes any uid can write (NFS-style), or make the volume's root "
+        "group 10001 writable once (README: Going to a real cluster)")
+
+
+def owner_reference(api_client, namespace: str) -> dict | None:
+    """The ownerReference that ties the TFJob to this KFP run: the Workflow owning our pod.
+
+    Falls back to the pod itself when it has no controller owner; None outside a pod (no
+    HOSTNAME) or when the pod cannot be read (the job then lives until it is deleted).
+    """
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    pod_name = os.environ.get("HOSTNAME")
+    if not pod_name:
+        return None
+    try:
+        pod = client.CoreV1Api(api_client).read_namespaced_pod(pod_name, namespace)
+    except ApiException as e:
+        log.warning("cannot read this pod %s/%s (HTTP %s): the TFJob gets no owner and is "
+                    "deleted only on SIGTERM or by hand", namespace, pod_name, e.status)
+        return None
+    for ref in pod.metadata.owner_references or []:
+        if ref.controller:
+            return {"apiVersion": ref.api_version, "kind": ref.kind, "name": ref.name,
+                    "uid": ref.uid}
+    return {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name,
+            "uid": pod.metadata.uid}
+
+
+class _delete_on_sigterm:  # noqa: N801 - used as a context manager
+    """While inside: SIGTERM (a cancelled run, Argo's stop) deletes the TFJob, then fails."""
+
+    def __init__(self, api_client, namespace: str, name: str) -> None:
+        self.api_client, self.namespace, self.name = api_client, namespace, name
+        self.previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        from kubernetes import client
+
+        signal.signal(signal.SIGTERM, self.previous or signal.SIG_DFL)
+        self.previous = None
+        log.warning("SIGTERM: deleting TFJob %s/%s so that its pods and GPUs are freed",
+                    self.namespace, self.name)
+        try:
+            _delete(client.CustomObjectsApi(self.api_client), self.namespace, self.name,
+                    wait_s=0)
+        except TrainingJobError as e:
+            raise TaskCancelled(f"cancelled; deleting TFJob {self.namespace}/{self.name} "
+                                f"failed: {e}") from e
+        raise TaskCancelled(f"cancelled: TFJob {self.namespace}/{self.name} deleted")
 
 
 def _stage_data(source: Path, target: Path) -> None:
@@ -206,7 +312,7 @@ def _create_or_reuse(api_client, namespace: str, job: dict) -> None:
              job["spec"]["tfReplicaSpecs"]["Worker"]["replicas"])
 
 
-def _delete(api, namespace: str, name: str) -> None:
+def _delete(api, namespace: str, name: str, wait_s: float = 300) -> None:
     from kubernetes.client.exceptions import ApiException
 
     try:
@@ -215,7 +321,9 @@ def _delete(api, namespace: str, name: str) -> None:
     except ApiException as e:
         if e.status != 404:
             raise TrainingJobError(_api_error(e, f"delete TFJob {namespace}/{name}")) from e
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + wait_s
+    if wait_s <= 0:
+        return
     while time.monotonic() < deadline:
         try:
             api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
@@ -224,7 +332,7 @@ def _delete(api, namespace: str, name: str) -> None:
                 return
             raise TrainingJobError(_api_error(e, f"read TFJob {namespace}/{name}")) from e
         time.sleep(_POLL_S / 5)
-    raise TrainingJobError(f"TFJob {namespace}/{name} was not deleted within 300 s")
+    raise TrainingJobError(f"TFJob {namespace}/{name} was not deleted within {wait_s:g} s")
 
 
 def job_state(job: dict) -> tuple[str, str]:
@@ -302,8 +410,9 @@ def _log_tail(core, namespace: str, pod) -> str:
 
 def _api_error(e, what: str) -> str:
     if e.status == 403:
-        return (f"not allowed to {what} (HTTP 403): bind k8s/training/rbac's Role "
-                "ampflow-train-launcher to the pipeline runner's service account")
+        return (f"not allowed to {what} (HTTP 403): apply k8s/training/rbac in this namespace "
+                "(its RoleBinding names the runner's service account: pipeline-runner, or "
+                "default-editor in a Kubeflow profile)")
     if e.status == 404 and "create" in what:
         return (f"cannot {what} (HTTP 404): is the Kubeflow Training Operator (TFJob CRD, "
                 "kubeflow.org/v1) installed?")

@@ -28,6 +28,7 @@ class FakeApi:
     def __init__(self, on_create=None, forbid_create=False):
         self.jobs: dict[str, dict] = {}
         self.pods: list[dict] = []
+        self.pods_by_name: dict[str, dict] = {}
         self.logs: dict[str, str] = {}
         self.calls: list[tuple[str, str]] = []
         self.on_create = on_create
@@ -53,6 +54,11 @@ class FakeApi:
                     name = path.rsplit("/", 1)[1]
                     if name in api.jobs:
                         return self._send(200, api.jobs[name])
+                    return self._send(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+                if path.startswith("/api/v1/namespaces/ns/pods/") and not path.endswith("/log"):
+                    pod = api.pods_by_name.get(path.rsplit("/", 1)[1])
+                    if pod is not None:
+                        return self._send(200, pod)
                     return self._send(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
                 if path == "/api/v1/namespaces/ns/pods":
                     return self._send(200, {"kind": "PodList", "apiVersion": "v1",
@@ -200,11 +206,111 @@ def test_tfjob_forbidden_says_which_role_to_bind(prepared_digits, tmp_path, fast
     fake = FakeApi(forbid_create=True)
     try:
         config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "a", workers=2)
-        with pytest.raises(kj.TrainingJobError, match="HTTP 403.*ampflow-train-launcher"):
+        with pytest.raises(kj.TrainingJobError,
+                           match="HTTP 403.*k8s/training/rbac.*pipeline-runner"):
             kj.run_training_job(config, _settings(tmp_path), "r/t", api_client=fake.client(),
                                 namespace="ns")
     finally:
         fake.close()
+
+
+@pytest.mark.parametrize("run_key", [
+    "{{$.pipeline_job_uuid}}/{{$.pipeline_task_name}}",  # what KFP passed through before
+    "{{$.pipeline_job_uuid}}", ""])
+def test_an_unresolved_run_key_is_refused_before_anything_is_created(prepared_digits, tmp_path,
+                                                                      run_key):
+    fake = FakeApi()
+    try:
+        config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "a", workers=2)
+        with pytest.raises(kj.ConfigError, match="run_key must be the run id KFP resolved"):
+            kj.run_training_job(config, _settings(tmp_path), run_key, api_client=fake.client(),
+                                namespace="ns")
+    finally:
+        fake.close()
+    assert fake.calls == [] and not (tmp_path / "claim").exists()
+
+
+def test_two_runs_get_two_jobs_and_the_job_is_owned_by_the_runs_workflow(
+        prepared_digits, tmp_path, fast_poll, monkeypatch):
+    """Each run its own TFJob, owned by the Argo Workflow that owns the task's pod: deleting
+    the run deletes the job (and its pods, owned by the job)."""
+    monkeypatch.setenv("HOSTNAME", "ampflow-abc-system-container-impl-1")
+
+    def operator(api, job):
+        job["status"] = _status("Failed", "TFJobFailed", "stop here")
+
+    fake = FakeApi(on_create=operator)
+    fake.pods_by_name["ampflow-abc-system-container-impl-1"] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "ampflow-abc-system-container-impl-1", "namespace": "ns",
+                     "uid": "pod-uid",
+                     "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1",
+                                          "kind": "Workflow", "name": "ampflow-abc",
+                                          "uid": "wf-uid", "controller": True}]}}
+    try:
+        config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "a", workers=2)
+        for run in ("run-a", "run-b"):
+            with pytest.raises(kj.TrainingJobError, match="stop here"):
+                kj.run_training_job(config, _settings(tmp_path), run,
+                                    api_client=fake.client(), namespace="ns")
+    finally:
+        fake.close()
+    assert sorted(fake.jobs) == sorted([kj.job_name("run-a"), kj.job_name("run-b")])
+    for job in fake.jobs.values():
+        assert job["metadata"]["ownerReferences"] == [{
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "ampflow-abc",
+            "uid": "wf-uid"}]
+
+
+def test_sigterm_deletes_the_tfjob_so_a_cancelled_run_frees_its_gpus(prepared_digits, tmp_path,
+                                                                       fast_poll):
+    import os
+    import signal
+
+    def operator(api, job):  # running until the task is cancelled
+        job["status"] = {"conditions": [{"type": "Running", "status": "True"}]}
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    fake = FakeApi(on_create=operator)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "a", workers=2)
+        with pytest.raises(kj.TaskCancelled, match="cancelled: TFJob ns/.* deleted"):
+            kj.run_training_job(config, _settings(tmp_path), "run-c", api_client=fake.client(),
+                                namespace="ns")
+    finally:
+        fake.close()
+    assert fake.jobs == {}
+    assert ("DELETE", f"{TFJOBS}/{kj.job_name('run-c')}") in [
+        (m, p.split("?")[0]) for m, p in fake.calls]
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is gone after the task
+
+
+def test_a_claim_this_user_cannot_write_is_one_clear_line(prepared_digits, tmp_path,
+                                                         monkeypatch):
+    import os
+    from pathlib import Path
+
+    claim = tmp_path / "claim"
+    claim.mkdir()
+    claim.chmod(0o555)  # a fresh block-storage volume: root's, 0755; here: not ours to write
+    if os.getuid() == 0:  # root writes anywhere: answer as the kernel would for uid 10001
+        real_access = os.access
+        monkeypatch.setattr(kj.os, "access", lambda path, mode: Path(path) != claim
+                            and real_access(path, mode))
+    fake = FakeApi()
+    try:
+        config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "a", workers=2)
+        with pytest.raises(kj.ConfigError, match=(
+                r"the training claim ampflow-training is not writable by this pod's user "
+                r"\(uid \d+, gid \d+\): .*claim belongs to uid \d+ gid \d+ with mode 0555, "
+                r"and KFP sets no fsGroup")):
+            kj.run_training_job(config, _settings(tmp_path), "run-d",
+                                api_client=fake.client(), namespace="ns")
+    finally:
+        claim.chmod(0o755)
+        fake.close()
+    assert fake.calls == []  # nothing created
 
 
 def test_tfjob_settings_round_trip_and_reject_one_worker():
@@ -237,7 +343,8 @@ def test_pipeline_train_workers_compiles_a_tfjob_launching_train_task(tmp_path):
     assert params["workers"]["runtimeValue"]["constant"] == 4
     settings = kj.TFJobSettings.from_json(params["tfjob_settings"]["runtimeValue"]["constant"])
     assert (settings.workers, settings.gpu, settings.claim) == (4, True, "ampflow-training")
-    assert "{{$.pipeline_job_uuid}}" in json.dumps(params["run_key"])
+    # the run id as the whole value: the only form KFP's driver resolves (test_backend_rules)
+    assert params["run_key"] == {"runtimeValue": {"constant": "{{$.pipeline_job_uuid}}"}}
     assert "accelerator" not in json.dumps(executor["container"].get("resources", {}))
     assert platform["pvcMount"][0]["mountPath"] == "/mnt/ampflow"
     assert task["retryPolicy"]["maxRetryCount"] == 2
