@@ -9,12 +9,14 @@ def deploy_serving(
     target: str = "local",
     model_store: str = "/models",
     server_address: str = "",
-    namespace: str = "ampflow",
+    namespace: str = "",
     overlay: str = "cpu",
 ):
     """Push the exported version to the serving model store; on Kubernetes, roll out + canary.
 
     `target="none"` skips deployment (the task then records nothing to serve).
+    `namespace` empty: the namespace this pod runs in (the KFP run's), where the model-store
+    PVC it mounts lives; outside a pod, "ampflow".
     """
     import json
     from pathlib import Path
@@ -22,6 +24,7 @@ def deploy_serving(
     if target == "none":
         Path(endpoint.path).write_text(json.dumps({"target": "none"}))
         return
+    from ampflow.components.deploy_serving.kubernetes_cluster import own_namespace
     from ampflow.components.deploy_serving.step import DeployConfig, run_deploy
     from ampflow.components.export_savedmodel.versions import find_exported_version
 
@@ -40,7 +43,7 @@ def deploy_serving(
             model_store=model_store,
             version=version,
             server_address=server_address or None,
-            namespace=namespace,
+            namespace=namespace or own_namespace("ampflow"),
             overlay=overlay,
         )
     )

@@ -24,6 +24,15 @@ log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "ampflow-deploy"
 _API_DEADLINE_S = 15.0
+_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def own_namespace(default: str, path: str = _NAMESPACE_FILE) -> str:
+    """The namespace of the pod this runs in (its service account's), else `default`."""
+    try:
+        return Path(path).read_text().strip() or default
+    except OSError:
+        return default
 
 
 class Cluster:
@@ -248,7 +257,9 @@ def _apply_one(dyn, obj: dict[str, Any], namespace: str) -> None:
 def _api_error(what: str, e) -> DeployError:
     """A DeployError for an ApiException, with a hint for the usual causes."""
     hint = {
-        403: " (RBAC: apply k8s/rbac and run as the ampflow-deployer ServiceAccount)",
+        403: " (RBAC: apply k8s/rbac in this namespace; its RoleBinding names the KFP runner's "
+             "service account, pipeline-runner or a profile's default-editor, and "
+             "ampflow-deployer for a workstation)",
         404: " (does the namespace exist? kubectl create namespace ...)",
     }.get(e.status, "")
     return DeployError(f"{what} failed: {e.status} {e.reason}{hint}")

@@ -232,14 +232,50 @@ def test_network_policy_admits_only_labelled_clients(render):
     _, objects = render("overlays/cpu")
     ingress = one(objects, "NetworkPolicy")["spec"]["ingress"]
     assert len(ingress) == 1
-    (peer,) = ingress[0]["from"]
-    # not matchLabels: kustomize would add the app labels to it and admit only the servers
-    assert peer["podSelector"] == {
+    client = {
         "matchExpressions": [
             {"key": "ampflow.dev/serving-client", "operator": "In", "values": ["true"]}
         ]
     }
+    # not matchLabels: kustomize would add the app labels to it and admit only the servers;
+    # every peer needs the client label (a namespaceSelector alone would admit whole namespaces)
+    peers = ingress[0]["from"]
+    assert all(peer["podSelector"] == client for peer in peers)
     assert sorted(p["port"] for p in ingress[0]["ports"]) == [8500, 8501]
+
+
+def _admits(policy: dict, namespace: str, namespace_labels: dict, pod_labels: dict) -> bool:
+    """NetworkPolicy peer semantics (podSelector alone: the policy's namespace; with a
+    namespaceSelector: namespaces it selects), for the matchExpressions `In` our policy uses."""
+
+    def selects(selector: dict, labels: dict) -> bool:
+        return all(labels.get(e["key"]) in e["values"] and e["operator"] == "In"
+                   for e in selector.get("matchExpressions", [])) and all(
+            labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+    labels = {"kubernetes.io/metadata.name": namespace, **namespace_labels}
+    for peer in policy["spec"]["ingress"][0]["from"]:
+        if "namespaceSelector" in peer:
+            in_namespace = selects(peer["namespaceSelector"], labels)
+        else:
+            in_namespace = namespace == policy["metadata"]["namespace"]
+        if in_namespace and selects(peer["podSelector"], pod_labels):
+            return True
+    return False
+
+
+def test_network_policy_admits_the_kfp_deploy_task_from_the_run_namespace(render):
+    """The pipeline's deploy pod (label serving-client) checks the canary from the namespace
+    KFP runs in: the serving namespace itself, standalone `kubeflow`, or a labelled profile."""
+    policy = one(render("overlays/cpu")[1], "NetworkPolicy")
+    client = {"ampflow.dev/serving-client": "true"}
+    assert _admits(policy, "ampflow", {}, client)
+    assert _admits(policy, "kubeflow", {}, client)  # standalone KFP's pipeline-runner pods
+    assert _admits(policy, "kubeflow-user-example-com", {"ampflow.dev/serving-clients": "true"},
+                   client)
+    assert not _admits(policy, "kubeflow-user-example-com", {}, client)
+    assert not _admits(policy, "kubeflow", {}, {})  # unlabelled pods stay out
+    assert not _admits(policy, "other", {}, client)
 
 
 def test_rbac_is_least_privilege_and_covers_what_deploy_applies(render):
@@ -272,9 +308,31 @@ def test_rbac_is_least_privilege_and_covers_what_deploy_applies(render):
     assert granted[("apps", "replicasets")] == {"get", "list"}
     assert granted[("apps", "deployments/status")] == {"get", "list"}
     binding = one(rbac, "RoleBinding")
+    # the workstation identity, and the account standalone KFP's pods run as (the pipeline's
+    # deploy task): backend/src/apiserver/common/const.go@2.17.0 L59
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "ampflow-deployer", "namespace": "ampflow"}
+        {"kind": "ServiceAccount", "name": "ampflow-deployer", "namespace": "ampflow"},
+        {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"},
     ]
+
+
+def test_rbac_for_serving_in_the_standalone_kfp_namespace(render):
+    _, objects = render("rbac-kubeflow")
+    assert {o["metadata"]["namespace"] for o in objects} == {"kubeflow"}
+    assert one(objects, "RoleBinding")["subjects"] == [
+        {"kind": "ServiceAccount", "name": "ampflow-deployer", "namespace": "kubeflow"},
+        {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"},
+    ]
+
+
+def test_model_store_claim_is_the_one_the_serving_base_and_the_pipeline_use(render):
+    from ampflow.pipeline.pipeline import PipelineOptions
+
+    (claim,) = render("model-store")[1]
+    assert claim["kind"] == "PersistentVolumeClaim"
+    assert claim["metadata"]["name"] == PipelineOptions().model_store_pvc
+    served = one(render("overlays/cpu")[1], "PersistentVolumeClaim")
+    assert served["spec"] == claim["spec"]
 
 
 def _checkov() -> str | None:

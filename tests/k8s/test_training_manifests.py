@@ -236,4 +236,15 @@ def test_launcher_rbac_is_least_privilege(render):
     }
     binding = one(objects, "RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"][0]["name"] == one(objects, "ServiceAccount")["metadata"]["name"]
+    # bound to the account KFP's pods really run as (standalone: kubeflow:pipeline-runner,
+    # backend/src/apiserver/common/const.go@2.17.0 L59), not to an account no pod uses
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}]
+    assert {o["kind"] for o in objects} == {"Role", "RoleBinding"}
+
+
+def test_tfjob_workers_are_kept_from_the_cluster_autoscaler(render):
+    tfjob = one(render("training/tfjob")[1], "TFJob")
+    template = tfjob["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+    assert template["metadata"]["annotations"][
+        "cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
