@@ -237,7 +237,59 @@ def _splits(builder, config: PrepareDataConfig):
         specs["test"] = config.train_split
         test = len(holdout["test_indices"])
         return {"train": train - test, "test": test}, specs, holdout
-    return {"train": train, "test": _num_examples(info, "test", config.test_split)}, specs, None
+    test = _num_examples(info, "test", config.test_split)
+    specs["train"] = _train_spec_without_test(info, config)
+    if specs["train"] != config.train_split:
+        train = sum(b - a for _, a, b in _ranges(info, specs["train"]))
+    return {"train": train, "test": test}, specs, None
+
+
+def _train_spec_without_test(info, config: PrepareDataConfig) -> str:
+    """The training spec, minus the test examples when a whole split was named for training.
+
+    `--test-split train[90%:]` with the default `--train-split train` trains on `train[:90%]`
+    (the examples of `train` outside the test spec, as absolute TFDS slices); any other
+    overlap between the two specs is refused: it would report test accuracy on training data.
+    """
+    train = _ranges(info, config.train_split)
+    test = _ranges(info, config.test_split)
+    overlap = [(name, max(a, c), min(b, d)) for name, a, b in train for other, c, d in test
+               if name == other and max(a, c) < min(b, d)]
+    if not overlap:
+        return config.train_split
+    rest = _complement(config.train_split, int(info.splits[config.train_split].num_examples),
+                       [(a, b) for name, a, b in test if name == config.train_split]) \
+        if config.train_split in info.splits else ""
+    if not rest:
+        raise ConfigError(
+            "train_split and test_split must not overlap (test accuracy on training data). "
+            f"Received: train_split={config.train_split!r}, test_split={config.test_split!r}; "
+            f"they share examples {overlap[0][1]}..{overlap[0][2] - 1} of {overlap[0][0]!r}")
+    log.info("test_split %r is part of train_split %r: training on the rest, %r",
+             config.test_split, config.train_split, rest)
+    return rest
+
+
+def _ranges(info, spec: str) -> list[tuple[str, int, int]]:
+    """The absolute [from, to) example ranges a TFDS split spec reads, per split name."""
+    import tensorflow_datasets as tfds
+
+    instructions = tfds.core.ReadInstruction.from_spec(spec).to_absolute(info.splits)
+    return [(i.splitname, int(i.from_ or 0),
+             int(info.splits[i.splitname].num_examples if i.to is None else i.to))
+            for i in instructions]
+
+
+def _complement(name: str, size: int, taken: list[tuple[int, int]]) -> str:
+    """A TFDS spec of the examples of split `name` outside `taken` ("" when none are left)."""
+    parts, start = [], 0
+    for a, b in sorted(taken):
+        if a > start:
+            parts.append(f"{name}[{start}:{a}]")
+        start = max(start, b)
+    if start < size:
+        parts.append(f"{name}[{start}:]")
+    return "+".join(parts)
 
 
 def _num_examples(info, role: str, spec: str) -> int:

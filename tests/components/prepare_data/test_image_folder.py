@@ -235,3 +235,16 @@ def test_image_folder_file_outside_class_folders_is_listed(tmp_path):
     assert info["class_names"] == list(CLASSES)
     assert {f["path"]: f["reason"] for f in info["skipped_files"]["files"]} == {
         ".cache/x.png": "in a hidden folder", "README.md": "not inside a class folder"}
+
+
+def test_prepare_data_component_takes_an_image_folder_and_size(folder, tmp_path):
+    from kfp import dsl
+
+    from ampflow.components.prepare_data.component import prepare_data
+
+    data = dsl.Dataset(uri=str(tmp_path / "data"))
+    prepare_data(dataset="ampflow_digits", data=data, image_folder=str(folder),
+                 image_size="16x12")
+    assert data.metadata["image_shape"] == [16, 12, 3]
+    assert data.metadata["num_classes"] == 3 and data.metadata["skipped_files"] == 2
+    assert _info(tmp_path / "data")["config"]["image_size"] == [16, 12]

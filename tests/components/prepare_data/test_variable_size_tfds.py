@@ -166,3 +166,28 @@ def test_rgba_dataset_trains_as_rgb_resized_from_its_fixed_size(tmp_path):
         raw.as_dataset(split="test", shuffle_files=False))])
     expected = tf.image.resize(rgba[..., :3].astype(np.float32), (3, 5), antialias=True)
     np.testing.assert_allclose(images, expected.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize(("test_split", "train_spec", "counts"), [
+    ("train[90%:]", "train[0:54]", {"train": 54, "test": 6}),
+    ("train[10:20]", "train[0:10]+train[20:]", {"train": 50, "test": 10}),
+])
+def test_test_split_inside_the_whole_train_split_trains_on_the_rest(
+        tmp_path, prepared_varsize, test_split, train_spec, counts):
+    info = run_prepare_data(PrepareDataConfig(
+        output_dir=tmp_path, dataset="ampflow_test_varsize", image_size=8,
+        test_split=test_split, tfds_data_dir=_info(prepared_varsize)["tfds_data_dir"])).info
+    assert info["split_specs"] == {"train": train_spec, "test": test_split}
+    assert info["splits"] == counts
+    train = {x.tobytes() for x in load_arrays(tmp_path, "train")[0]}
+    test = {x.tobytes() for x in load_arrays(tmp_path, "test")[0]}
+    assert len(train) == counts["train"] and not train & test
+
+
+def test_overlapping_train_and_test_slices_are_a_config_error(tmp_path, prepared_varsize):
+    with pytest.raises(ConfigError, match=r"must not overlap.*share examples 50..53"):
+        run_prepare_data(PrepareDataConfig(
+            output_dir=tmp_path, dataset="ampflow_test_varsize", image_size=8,
+            train_split="train[:54]", test_split="train[50:]",
+            tfds_data_dir=_info(prepared_varsize)["tfds_data_dir"]))
+    assert not (tmp_path / "dataset_info.json").exists()
