@@ -139,14 +139,15 @@ def test_image_folder_same_size_images_need_no_image_size_and_keep_pixels(tmp_pa
     Image.fromarray(gray, "L").save(tmp_path / "d" / "b" / "y.bmp")
     Image.fromarray(gray, "L").save(tmp_path / "d" / "b" / "z.png")
     out = tmp_path / "out"
-    info = run_prepare_data(PrepareDataConfig(output_dir=out, image_folder=tmp_path / "d",
-                                              test_split="train")).info
+    info = run_prepare_data(PrepareDataConfig(output_dir=out, image_folder=tmp_path / "d")).info
     assert info["image_shape"] == [5, 7, 3] == info["source_image_shape"]
-    images, labels = load_arrays(out, "train")
-    assert images.dtype == np.uint8  # nothing resized: the exact pixels
-    by_label = {int(label): image for image, label in zip(images, labels, strict=True)}
-    np.testing.assert_array_equal(by_label[0], rgba[..., :3])  # alpha dropped
-    np.testing.assert_array_equal(by_label[1], np.repeat(gray[..., None], 3, -1))
+    assert info["splits"] == {"train": 2, "test": 1}  # a class of one image stays in train
+    for split in ("train", "test"):
+        images, labels = load_arrays(out, split)
+        assert images.dtype == np.uint8  # nothing resized: the exact pixels
+        for image, label in zip(images, labels, strict=True):
+            expected = rgba[..., :3] if label == 0 else np.repeat(gray[..., None], 3, -1)
+            np.testing.assert_array_equal(image, expected)  # alpha dropped, gray repeated
 
 
 def test_image_folder_of_grayscale_images_has_one_channel(tmp_path):
