@@ -1,7 +1,15 @@
-"""Compile and submit the pipeline to a Kubeflow Pipelines endpoint with `kfp.Client`."""
+"""Compile and submit the pipeline to a Kubeflow Pipelines endpoint with `kfp.Client`.
+
+Before anything is sent: the endpoint answers and accepts us; the compiled IR passes the
+backend's own rules for the version it reports (pipeline/backend_rules.py; on 2.15/2.16 the
+workspace gets the cluster's default storage class when none was given); and, where a
+kubeconfig reaches the cluster, the run's namespace, the claims its tasks mount and the
+runner's RBAC exist (pipeline/preflight.py). Every missing piece is one line of the error.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -11,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ampflow.errors import ConfigError, PipelineError
+from ampflow.pipeline import preflight
 from ampflow.pipeline.parameters import check_arguments
 from ampflow.pipeline.settings import DEFAULT_IMAGE
 
@@ -36,11 +45,26 @@ class SubmitConfig:
         "choices": ("workspace", "none"),
         "help": "Train checkpoints on the run's KFP workspace PVC (retries resume), or none."})
     workspace_storage_class: str | None = field(default=None, metadata={
-        "help": "Storage class of the workspace PVC (default: the KFP server's)."})
-    workspace_access_mode: str | None = field(default=None, metadata={
-        "help": "Access mode of the workspace PVC (default: the KFP server's)."})
+        "help": "Storage class of the workspace PVC (default: the cluster's default class; "
+                "KFP 2.15/2.16 need one named, which submit reads from the cluster)."})
+    workspace_access_mode: str = field(default="ReadWriteOnce", metadata={
+        "choices": ("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"),
+        "help": "Access mode of the workspace PVC; ReadWriteMany lets the two train tasks "
+                "run on different nodes at once."})
     train_workers: int = field(default=1, metadata={
         "help": "> 1: the AMP train task runs a TFJob with this many workers."})
+    serving_namespace: str | None = field(default=None, metadata={
+        "help": "Namespace the deploy task deploys TF Serving into (default: the run's own, "
+                "with the model-store claim there; another one needs a gs:// store)."})
+    kubeconfig: str | None = field(default=None, metadata={
+        "help": "kubeconfig of the KFP cluster, to check the run's prerequisites (namespace, "
+                "claims, RBAC) first; default $KUBECONFIG or ~/.kube/config."})
+    context: str | None = field(default=None, metadata={"help": "kubeconfig context."})
+    runner_service_account: str | None = field(default=None, metadata={
+        "help": "Service account the run's pods use (default: pipeline-runner, or "
+                "default-editor in a multi-user install)."})
+    check_cluster: bool = field(default=True, metadata={
+        "help": "Check the run's prerequisites in the cluster before submitting."})
     connect_timeout_s: float = field(default=5.0, metadata={
         "help": "Give up reaching the endpoint after this long."})
 
@@ -64,9 +88,8 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
     The token comes from $KFP_TOKEN if set; otherwise kfp.Client uses in-cluster service-account
     credentials or the local kubeconfig, as it does by default.
     """
-    check_arguments(arguments or {})  # a misspelt --param fails here, before anything is sent
-    import kfp
-
+    arguments = dict(arguments or {})
+    check_arguments(arguments)  # a misspelt --param fails here, before anything is sent
     from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
 
     options = PipelineOptions(image=config.image, gpu=config.gpu,
@@ -74,19 +97,83 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
                               checkpoints=config.checkpoints,
                               workspace_storage_class=config.workspace_storage_class,
                               workspace_access_mode=config.workspace_access_mode,
-                              train_workers=config.train_workers)
-    with tempfile.TemporaryDirectory() as tmp:
-        package = compile_pipeline(Path(tmp) / "ampflow.yaml", options)
-        _probe(config)
-        try:
-            client = kfp.Client(host=config.host, namespace=config.namespace or "kubeflow",
-                                existing_token=os.environ.get(TOKEN_ENV))
-            run = client.create_run_from_pipeline_package(
-                package, arguments=arguments or {}, run_name=config.run_name,
-                experiment_name=config.experiment, namespace=config.namespace)
-        except Exception as e:  # kfp raises ApiException, urllib3 and auth errors alike
-            raise PipelineError(f"KFP at {config.host} refused the run: "
-                                f"{_first_line(e)}") from e
+                              train_workers=config.train_workers,
+                              serving_namespace=config.serving_namespace,
+                              # another namespace's claim cannot be mounted: gs:// there
+                              **({"model_store_pvc": None} if config.serving_namespace else {}))
+    _probe(config)
+    backend = preflight.read_backend(config.host, os.environ.get(TOKEN_ENV),
+                                     config.connect_timeout_s)
+    if backend.multi_user and not config.namespace:
+        raise PipelineError(f"KFP at {config.host} is a multi-user install: pass --namespace "
+                            "with your Kubeflow profile's namespace")
+    namespace = config.namespace or preflight.STANDALONE_NAMESPACE
+    api_client = preflight.kube_client(config.kubeconfig, config.context) \
+        if config.check_cluster else None
+    if config.check_cluster and api_client is None:
+        log.warning("no kubeconfig: the run's cluster prerequisites (namespace, claims, RBAC) "
+                    "were not checked")
+    try:
+        options = _storage_class_for(backend, options, api_client)
+        with tempfile.TemporaryDirectory() as tmp:
+            package = compile_pipeline(Path(tmp) / "ampflow.yaml", options)
+            problems = _ir_problems(package, backend)
+            if api_client is not None:
+                needs = preflight.run_needs(options, arguments, namespace, backend.multi_user,
+                                            config.runner_service_account)
+                problems += preflight.check_cluster(api_client, needs)
+            if problems:
+                raise PipelineError(
+                    f"not submitted: the run would fail on {config.host} "
+                    f"(KFP {backend.tag or 'version unknown'}, namespace {namespace}):\n  - "
+                    + "\n  - ".join(problems))
+            return _create_run(config, package, arguments)
+    finally:
+        if api_client is not None:
+            api_client.close()
+
+
+def _storage_class_for(backend, options, api_client):
+    """On KFP 2.15/2.16 the workspace needs a named class: the cluster's default one."""
+    if (backend.series not in ("2.15", "2.16") or options.checkpoints != "workspace"
+            or options.workspace_storage_class):
+        return options
+    found = preflight.default_storage_class(api_client) if api_client is not None else None
+    if found is None:
+        raise PipelineError(
+            f"not submitted: KFP {backend.tag} refuses a workspace PVC without storageClassName "
+            "(argo.go@2.16.0 L578) and no default StorageClass was found in the cluster: pass "
+            "--workspace-storage-class NAME (kubectl get storageclass), or --checkpoints none")
+    log.info("KFP %s needs the workspace's storage class: using the cluster's default, %s",
+             backend.tag, found)
+    return dataclasses.replace(options, workspace_storage_class=found)
+
+
+def _ir_problems(package: str, backend) -> list[str]:
+    """The backend's own rules over the compiled IR (its version's, or 2.17's if unknown)."""
+    import yaml
+
+    from ampflow.pipeline.backend_rules import placeholder_problems, workspace_problems
+
+    with open(package) as f:
+        docs = list(yaml.safe_load_all(f))
+    platform = docs[1] if len(docs) > 1 else {}
+    return (placeholder_problems(docs[0])
+            + workspace_problems(platform, backend.series or "2.17"))
+
+
+def _create_run(config: SubmitConfig, package: str, arguments: dict) -> SubmitResult:
+    import kfp
+
+    try:
+        client = kfp.Client(host=config.host, namespace=config.namespace or "kubeflow",
+                            existing_token=os.environ.get(TOKEN_ENV))
+        run = client.create_run_from_pipeline_package(
+            package, arguments=arguments, run_name=config.run_name,
+            experiment_name=config.experiment, namespace=config.namespace)
+    except Exception as e:  # kfp raises ApiException, urllib3 and auth errors alike
+        raise PipelineError(f"KFP at {config.host} refused the run: "
+                            f"{_first_line(e)}") from e
     url = f"{config.host.rstrip('/')}/#/runs/details/{run.run_id}"
     return SubmitResult(run_id=run.run_id, url=url)
 

@@ -144,3 +144,14 @@ def test_local_canary_failure_takes_the_new_version_away(export_base, tmp_path):
         )
     # version 2 is gone again, so a server polling the store keeps serving version 1
     assert sorted(p.name for p in (tmp_path / MODEL_NAME).iterdir()) == ["1"]
+
+
+def test_the_kfp_deploy_task_deploys_into_its_own_pods_namespace(tmp_path):
+    """In a KFP pod the default namespace is the run's (where the model-store claim it mounts
+    lives), read from its service account; outside a pod, `ampflow`."""
+    from ampflow.components.deploy_serving.kubernetes_cluster import own_namespace
+
+    namespace_file = tmp_path / "namespace"
+    namespace_file.write_text("kubeflow-user-example-com\n")
+    assert own_namespace("ampflow", str(namespace_file)) == "kubeflow-user-example-com"
+    assert own_namespace("ampflow", str(tmp_path / "absent")) == "ampflow"
