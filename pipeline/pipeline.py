@@ -314,13 +314,17 @@ def _train_task(task, options: PipelineOptions) -> None:
 # The cluster autoscaler does not scale down a node under a pod with this annotation: a
 # training pod is not evicted for bin-packing (a deleted pod is not retried, see above).
 SAFE_TO_EVICT = ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false")
+# k8s/pipeline's PodDisruptionBudget (maxUnavailable 0) selects pods with this label: a node
+# drain waits for a training pod to finish instead of evicting (deleting) it.
+TRAIN_POD_LABEL = ("ampflow.dev/train-pod", "true")
 
 
 def keep_from_autoscaler(task) -> None:
-    """Annotate a long-running task's pod so that the cluster autoscaler leaves its node."""
+    """Keep a long-running task's pod from voluntary eviction: autoscaler and node drains."""
     from kfp import kubernetes
 
     kubernetes.add_pod_annotation(task, *SAFE_TO_EVICT)
+    kubernetes.add_pod_label(task, *TRAIN_POD_LABEL)
 
 
 def _serving_client(task) -> None:

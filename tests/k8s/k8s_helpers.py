@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 K8S_DIR = Path(__file__).resolve().parents[2] / "k8s"
-TARGETS = ("overlays/cpu", "overlays/gpu", "rbac", "rbac-kubeflow", "model-store", ".")
+TARGETS = ("overlays/cpu", "overlays/gpu", "rbac", "rbac-kubeflow", "model-store", "pipeline", ".")
 
 
 def require_tool(path: str | None, what: str, install: str) -> str:

@@ -375,3 +375,13 @@ def test_checkov_passes_with_only_justified_exceptions(render, tmp_path):
     for skipped in report["results"]["skipped_checks"]:
         # each exception carries its reason in the manifest (checkov.io/skipN: ID=reason)
         assert len(skipped["check_result"].get("suppress_comment", "")) > 40, skipped["check_id"]
+
+
+def test_pipeline_train_pods_are_covered_by_a_disruption_budget(render):
+    """A drained node's pods are evicted (deleted), and KFP does not retry a deleted pod: the
+    budget (no voluntary disruption) selects the label the pipeline puts on its train pods."""
+    from ampflow.pipeline.pipeline import TRAIN_POD_LABEL
+
+    pdb = one(render("pipeline")[1], "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 0
+    assert pdb["spec"]["selector"]["matchLabels"] == dict([TRAIN_POD_LABEL])

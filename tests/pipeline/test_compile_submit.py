@@ -106,14 +106,16 @@ def test_compile_deploy_task_deploys_into_the_runs_own_namespace_by_default(defa
 def test_compile_train_pods_are_kept_from_the_cluster_autoscaler(default_ir, tmp_path):
     # a deleted pod is not retried by KFP's retry strategy (no retry policy: Argo's OnFailure)
     executors = default_ir[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    annotation = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+    # and k8s/pipeline's PodDisruptionBudget (tests/k8s) selects them: a drain waits for them
+    metadata = {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
+                "labels": {"ampflow.dev/train-pod": "true"}}
     for name in ("exec-train", "exec-train-2"):
-        assert executors[name]["podMetadata"]["annotations"] == annotation
+        assert executors[name]["podMetadata"] == metadata
     _, platform = _load(compile_pipeline(tmp_path / "p.yaml", PipelineOptions(
         image=IMAGE, gpu=False, train_workers=2)))
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     for name in ("exec-train", "exec-train-2"):
-        assert executors[name]["podMetadata"]["annotations"] == annotation
+        assert executors[name]["podMetadata"] == metadata
 
 
 def test_compile_gate_task_stops_the_run_before_export(default_ir):
