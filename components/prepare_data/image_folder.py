@@ -30,6 +30,7 @@ with Pillow, when the dataset is prepared:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -183,7 +184,8 @@ class AmpflowImageFolder(OfflineBuilder, skip_registration=True):
             name=scan.listing.config_name,
             description=f"The images of {scan.listing.root} (fingerprint "
                         f"{scan.listing.fingerprint}).")
-        super().__init__(config=config, **kwargs)
+        with _without_absl_warning("Using custom data configuration"):
+            super().__init__(config=config, **kwargs)  # one config per folder: not a surprise
 
     @tfds.core.utils.classproperty
     @classmethod
@@ -222,6 +224,21 @@ class AmpflowImageFolder(OfflineBuilder, skip_registration=True):
             path = root / im.path
             image = path.read_bytes() if im.keep_bytes else _pil_pixels(path, channels)
             yield im.path, {"image": image, "label": im.label}
+
+
+@contextlib.contextmanager
+def _without_absl_warning(prefix: str):
+    """Drop TFDS's log records that start with `prefix` while the block runs."""
+    absl_logger = logging.getLogger("absl")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(prefix)
+
+    absl_logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(keep)
 
 
 def _visible_dirs(path: Path) -> list[str]:
