@@ -124,6 +124,10 @@ def _augmented(ds: tf.data.Dataset, seed: int) -> tf.data.Dataset:
     zipped alongside, and the ops are stateless: the result does not depend on how tf.data
     schedules the parallel map, only on `seed` and the epoch.
     """
+    image_spec = ds.element_spec[0]
+    if not image_spec.shape.is_fully_defined():
+        raise ConfigError("augment needs images of one known shape (load_split's). Received: "
+                          f"images of shape {image_spec.shape}")
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(4)
     return tf.data.Dataset.zip((ds, seeds)).map(
         lambda example, s: (_crop_and_flip(example[0], tf.reshape(s, (2, 2))), example[1]),

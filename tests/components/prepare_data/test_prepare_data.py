@@ -252,3 +252,15 @@ def test_input_pipeline_augment_for_evaluation_is_a_config_error(prepared_digits
     with pytest.raises(ConfigError, match="augment must be False for evaluation"):
         make_input_pipeline(load_split(prepared_digits, "test"), batch_size=8, training=False,
                             augment=True)
+
+
+def test_input_pipeline_augment_of_images_without_a_fixed_shape_is_a_config_error():
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_generator(
+        lambda: iter([(np.zeros((4, 5, 1), np.float32), 0)]),
+        output_signature=(tf.TensorSpec((None, None, 1), tf.float32),
+                          tf.TensorSpec((), tf.int32)))
+    with pytest.raises(ConfigError, match=r"augment needs images of one known shape.*"
+                                          r"Received: images of shape \(None, None, 1\)"):
+        make_input_pipeline(ds, batch_size=1, training=True, augment=True)
