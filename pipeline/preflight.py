@@ -111,8 +111,10 @@ def run_needs(options, arguments: dict, namespace: str, multi_user: bool,
             problems.append(
                 f"serving_model_store={store!r} is a directory, but the deploy task mounts no "
                 "model-store claim (model_store_pvc=None): use gs://bucket/path")
-        fix = ("kubectl apply -k k8s/rbac-kubeflow" if serving == STANDALONE_NAMESPACE
-               else f"kubectl apply -n {serving} -k k8s/rbac")
+        fix = {STANDALONE_NAMESPACE: "kubectl apply -k k8s/rbac-kubeflow",
+               "ampflow": "kubectl apply -k k8s/rbac"}.get(  # k8s/rbac sets namespace ampflow
+            serving, f"kubectl kustomize k8s/rbac | sed 's/namespace: ampflow$/namespace: "
+                     f"{serving}/' | kubectl apply -f -")
         if runner not in ((STANDALONE_NAMESPACE, STANDALONE_RUNNER), (serving, "ampflow-deployer")):
             fix += (f" and kubectl -n {serving} create rolebinding ampflow-deployer-kfp "
                     f"--role=ampflow-deployer --serviceaccount={runner[0]}:{runner[1]}")

@@ -218,9 +218,9 @@ def test_submit_multi_user_needs_a_namespace_and_checks_the_profiles_runner(fake
     assert "claim tf-serving-models does not exist in namespace team-a" in text
     assert ("team-a:default-editor (the service account the run's pods use) may not patch "
             "deployments.apps") in text
-    assert ("kubectl apply -n team-a -k k8s/rbac and kubectl -n team-a create rolebinding "
-            "ampflow-deployer-kfp --role=ampflow-deployer --serviceaccount=team-a:default-editor"
-            ) in text
+    assert ("kubectl kustomize k8s/rbac | sed 's/namespace: ampflow$/namespace: team-a/' | "
+            "kubectl apply -f - and kubectl -n team-a create rolebinding ampflow-deployer-kfp "
+            "--role=ampflow-deployer --serviceaccount=team-a:default-editor") in text
     assert {user for user, _ in cluster.reviews} == {"system:serviceaccount:team-a:default-editor"}
     assert sent == []
 
