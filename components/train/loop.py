@@ -10,7 +10,9 @@ optimizer.
 
 Per step, nothing is read back to the host: the step's global loss, correct count and example
 count are summed on the device and read once per epoch; telemetry reads the loss scale only on
-the steps it records (issue 13, item 3).
+the steps it records (issue 13, item 3). The progress display (`ampflow.progress`, chief only)
+counts steps on the host and shows the values telemetry last read: the packed per-step tensor
+carries the epoch's running sums too, so the running loss and accuracy cost no extra read.
 
 Distribution details that the code below handles, each measured on TF 2.21 / Keras 3.15:
 - Gradients are all-reduced by Keras's optimizer (`_all_reduce_sum_gradients`), but
@@ -49,12 +51,27 @@ from typing import Any
 
 from ampflow.components.train.cluster import ClusterSpec
 from ampflow.errors import ConfigError
+from ampflow.progress import Progress
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "ckpt"
-# The batch-end log entry holding [loss, loss scale, iterations] (telemetry.py reads it).
+# The batch-end log entry holding the packed step values (telemetry.py reads it):
+# [loss, (loss scale, optimizer iterations: under loss scaling), (the epoch's running sums so
+# far: loss, correct, examples, steps)]. `unpack_step_telemetry` names them.
 TELEMETRY_KEY = "loss_scale_telemetry"
+_SCALE = ("loss_scale", "iterations")
+_EPOCH_SUMS = ("epoch_loss_sum", "epoch_correct", "epoch_examples", "epoch_steps")
+_LAYOUTS = {1: ("loss",), 3: ("loss", *_SCALE), 5: ("loss", *_EPOCH_SUMS),
+            7: ("loss", *_SCALE, *_EPOCH_SUMS)}
+
+
+def unpack_step_telemetry(values: list[float]) -> dict[str, float]:
+    """Name the values of one packed step tensor (the loop's layouts, and the older 1/3)."""
+    layout = _LAYOUTS.get(len(values))
+    if layout is None:
+        raise ValueError(f"a packed step holds 1, 3, 5 or 7 values. Received: {len(values)}")
+    return dict(zip(layout, values, strict=True))
 
 
 @dataclass
@@ -128,6 +145,7 @@ class LoopConfig:
     checkpoint_every_n_steps: int | None = None  # None: at the end of each epoch
     max_checkpoints: int = 2
     label_smoothing: float = 0.0  # of the training loss only; evaluation reports the plain one
+    progress: bool = True  # the per-step display on the chief (ampflow.progress's settings)
 
 
 @dataclass
@@ -230,14 +248,15 @@ class TrainLoop:
         images, labels = next(iterator)
         per_replica = self.strategy.run(self._replica_fn, args=(images, labels))
         stats = self.strategy.reduce("SUM", per_replica, axis=None)
-        self._sums.assign_add(tf.concat([tf.cast(stats, tf.float64), [1.0]], 0))
-        # [loss, loss scale, optimizer iterations] in one tensor: telemetry reads it (one host
-        # transfer) only on the steps it records; nothing here waits for the device.
+        sums = self._sums.assign_add(tf.concat([tf.cast(stats, tf.float64), [1.0]], 0))
+        # [loss, loss scale, optimizer iterations, the epoch's sums] in one tensor: telemetry
+        # reads it (one host transfer) only on the steps it records, and the progress display
+        # shows what telemetry read; nothing here waits for the device.
         if not self.config.loss_scaling:
-            return tf.cast(stats[:1], tf.float64)
-        return tf.stack([tf.cast(stats[0], tf.float64),
-                         tf.cast(self.optimizer.dynamic_scale, tf.float64),
-                         tf.cast(self.optimizer.iterations, tf.float64)])
+            return tf.concat([tf.cast(stats[:1], tf.float64), sums], 0)
+        return tf.concat([tf.stack([tf.cast(stats[0], tf.float64),
+                                    tf.cast(self.optimizer.dynamic_scale, tf.float64),
+                                    tf.cast(self.optimizer.iterations, tf.float64)]), sums], 0)
 
     def _distributed_eval_step(self, batch):
         images, labels = batch
@@ -282,13 +301,16 @@ class TrainLoop:
 
     # ---- evaluation -----------------------------------------------------------------------
 
-    def evaluate(self, dataset) -> dict[str, float]:
+    def evaluate(self, dataset, desc: str = "evaluate") -> dict[str, float]:
         """Global loss and accuracy over a (distributed) dataset."""
         import numpy as np
 
         totals = np.zeros(3)
-        for batch in dataset:
-            totals += self._eval_step(batch).numpy()
+        with Progress(None, desc, unit="batch", transient=True,
+                      enabled=self.runtime.is_chief and self.config.progress) as progress:
+            for batch in dataset:
+                totals += self._eval_step(batch).numpy()
+                progress.update()
         loss_sum, correct, count = totals
         return {"loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1),
                 "examples": count}
@@ -372,6 +394,7 @@ class TrainLoop:
         # batch log to a Python float (keras/src/callbacks/callback_list.py, pythonify_logs):
         # a host sync per step. The packed telemetry goes only to who reads it, when it does.
         callbacks = callback_list.callbacks
+        progress, shown = self._progress(epoch, first, callbacks)
         for batch in range(first, cfg.steps_per_epoch):
             for callback in callbacks:
                 callback.on_train_batch_begin(batch)
@@ -382,14 +405,17 @@ class TrainLoop:
             for callback in callbacks:
                 callback.on_train_batch_end(batch, {TELEMETRY_KEY: packed} if getattr(
                     callback, "reads_step_telemetry", False) else None)
+            progress.update(values=shown)  # a host counter; values only when a display is due
             every = cfg.checkpoint_every_n_steps
             if every and step % every == 0 and batch + 1 < cfg.steps_per_epoch:
                 self._save(manager, step)
         loss_total, correct, count, steps = sums if sums is not None else self._sums.numpy()
         logs = {"loss": loss_total / max(steps, 1), "accuracy": correct / max(count, 1)}
+        progress.close(values={**shown(), **logs})
         self.sync_replica_state()
         if eval_dataset is not None:
-            logs.update({f"val_{k}": v for k, v in self.evaluate(eval_dataset).items()})
+            logs.update({f"val_{k}": v for k, v in self.evaluate(
+                eval_dataset, f"epoch {epoch + 1}/{cfg.epochs} validation").items()})
         # The epoch's callbacks before its checkpoint: the guard judges the epoch first (a
         # non-finite epoch raises and is never saved to resume from), and the epoch log holds
         # the epoch before a kill could land after the save (a rerun epoch replaces its entry).
@@ -399,6 +425,29 @@ class TrainLoop:
             log.info("epoch %d/%d: %s", epoch + 1, cfg.epochs,
                      " ".join(f"{k} {v:.4f}" for k, v in logs.items()))
         return step
+
+    def _progress(self, epoch: int, first: int, callbacks: list) -> tuple[Progress, Callable]:
+        """The epoch's display, and what it shows: what the telemetry callback last read.
+
+        No value is read from the device for the display: the telemetry callback reads the
+        packed step tensor on the steps it records (every step by default, every N with
+        --telemetry-every-n-steps), and the display shows the latest of those reads.
+        """
+        cfg = self.config
+        progress = Progress(
+            cfg.steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}", unit="step",
+            items_per_unit=cfg.global_batch_size, item="img", initial=first,
+            remaining_after=(cfg.epochs - epoch - 1) * cfg.steps_per_epoch,
+            enabled=self.runtime.is_chief and cfg.progress)
+        reader = next((c for c in callbacks if getattr(c, "reads_step_telemetry", False)), None)
+
+        def shown() -> dict[str, float]:
+            read = getattr(reader, "last_read", None)
+            if not read or read.get("epoch") != epoch:
+                return {}
+            return progress_values(read)
+
+        return progress, shown
 
     def weights_fingerprint(self) -> tuple[str, bool]:
         """(sha256 of every model weight, whether every worker holds the same weights).
@@ -451,6 +500,23 @@ def distribute_datasets(runtime: Runtime, train_ds, eval_ds):
     evaluation = (runtime.strategy.experimental_distribute_dataset(eval_ds.with_options(options))
                   if eval_ds is not None else None)
     return train, evaluation
+
+
+def progress_values(read: dict[str, float]) -> dict[str, float]:
+    """The display's values from one telemetry read.
+
+    The epoch's running loss and accuracy (the step's loss where a read has no sums), and the
+    loss scale under loss scaling.
+    """
+    values: dict[str, float] = {}
+    if read.get("epoch_steps"):
+        values["loss"] = read["epoch_loss_sum"] / read["epoch_steps"]
+        values["accuracy"] = read["epoch_correct"] / max(read["epoch_examples"], 1)
+    elif "loss" in read:
+        values["loss"] = read["loss"]
+    if "loss_scale" in read:
+        values["scale"] = read["loss_scale"]
+    return values
 
 
 def _stats(loss_sum, probabilities, labels):

@@ -16,9 +16,8 @@ from typing import Any
 
 import keras
 
+from ampflow.components.train.loop import TELEMETRY_KEY, unpack_step_telemetry
 from ampflow.errors import TrainingDivergedError
-
-TELEMETRY_KEY = "loss_scale_telemetry"  # components/train/loop.py puts the packed values there
 
 LIKELY_CAUSES = (
     "likely causes: an output layer computing in float16 (keep logits/softmax float32), "
@@ -46,7 +45,7 @@ class LossScaleTelemetry(keras.callbacks.Callback):
     at the same step; only the chief is given a `tensorboard_dir`.
     """
 
-    reads_step_telemetry = True  # the custom loop hands it [loss, scale, iterations] per step
+    reads_step_telemetry = True  # the custom loop hands it the packed step values per step
 
     def __init__(self, limits: GuardLimits, every_n: int = 1, tensorboard_dir: Path | None = None):
         super().__init__()
@@ -57,6 +56,9 @@ class LossScaleTelemetry(keras.callbacks.Callback):
         self._writer = None
         self._tensorboard_dir = tensorboard_dir
         self._skipped_at_warmup: int | None = None
+        # The packed values of the latest recorded step, named, with its epoch and step: the
+        # progress display shows them (components/train/loop.py), so it reads nothing itself.
+        self.last_read: dict[str, float] | None = None
 
     def on_train_begin(self, logs=None):
         import tensorflow as tf
@@ -77,10 +79,12 @@ class LossScaleTelemetry(keras.callbacks.Callback):
         packed = logs.get(TELEMETRY_KEY)  # the custom loop: one transfer for all three values
         if packed is None:  # Keras fit's logs: read the optimizer
             return self._observe(step, logs.get("loss"), record=True)
-        values = keras.ops.convert_to_numpy(packed).tolist()
-        if len(values) == 3:  # [loss, scale, iterations]
-            return self._judge(step, values[0], values[1], step - int(values[2]), record=True)
-        return self._judge(step, values[0], None, None, record=True)
+        read = unpack_step_telemetry(keras.ops.convert_to_numpy(packed).tolist())
+        self.last_read = {**read, "epoch": self._epoch, "step": step}
+        if "loss_scale" in read:
+            return self._judge(step, read["loss"], read["loss_scale"],
+                               step - int(read["iterations"]), record=True)
+        return self._judge(step, read["loss"], None, None, record=True)
 
     def on_epoch_end(self, epoch, logs=None):
         # Once per epoch the guard looks whatever every_n is, so a large N delays it at most
