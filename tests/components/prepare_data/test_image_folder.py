@@ -249,3 +249,24 @@ def test_prepare_data_component_takes_an_image_folder_and_size(folder, tmp_path)
     assert data.metadata["image_shape"] == [16, 12, 3]
     assert data.metadata["num_classes"] == 3 and data.metadata["skipped_files"] == 2
     assert _info(tmp_path / "data")["config"]["image_size"] == [16, 12]
+
+
+def test_prepare_data_cli_prepares_an_image_folder_at_h_w(folder, tmp_path, capsys):
+    from ampflow.cli import main
+
+    code = main(["prepare-data", "--image-folder", str(folder), "--image-size", "16", "12",
+                 "--output-dir", str(tmp_path / "out")])
+    assert code == 0, capsys.readouterr().err
+    info = _info(tmp_path / "out")
+    assert info["image_shape"] == [16, 12, 3] and info["skipped_files"]["count"] == 2
+    assert "skipped_files  2" in capsys.readouterr().out
+
+
+def test_prepare_data_cli_bad_image_size_is_one_line_and_exit_2(folder, tmp_path, capsys):
+    from ampflow.cli import main
+
+    code = main(["prepare-data", "--image-folder", str(folder), "--image-size", "0",
+                 "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Received: image_size=(0,)" in err[0]
+    assert not (tmp_path / "out").exists()
