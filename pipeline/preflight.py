@@ -32,6 +32,7 @@ STANDALONE_RUNNER = "pipeline-runner"
 PROFILE_RUNNER = "default-editor"
 DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 SERVING_CLIENTS_LABEL = "ampflow.dev/serving-clients"  # k8s/base/networkpolicy.yaml
+TRAIN_BUDGET = "ampflow-train"  # k8s/pipeline/pdb.yaml
 _DEADLINE_S = 10.0
 
 
@@ -187,7 +188,23 @@ def check_cluster(api_client, needs: Needs) -> list[str]:
             problems.append(f"claim {claim} does not exist in namespace {needs.namespace} (a "
                             f"pod that mounts it would stay Pending): {fix}")
     problems += _access_problems(api_client, needs)
+    _warn_without_disruption_budget(api_client, needs.namespace)
     return problems
+
+
+def _warn_without_disruption_budget(api_client, namespace: str) -> None:
+    """A drain deletes train pods, which KFP does not retry: say so if k8s/pipeline is absent."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        client.PolicyV1Api(api_client).read_namespaced_pod_disruption_budget(
+            TRAIN_BUDGET, namespace, _request_timeout=_DEADLINE_S)
+    except ApiException as e:
+        if e.status == 404:
+            log.warning("no PodDisruptionBudget %s in namespace %s: a node drain would delete a "
+                        "running train pod, which KFP does not retry (kubectl apply -n %s -k "
+                        "k8s/pipeline)", TRAIN_BUDGET, namespace, namespace)
 
 
 def _exists(read) -> bool:

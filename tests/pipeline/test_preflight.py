@@ -182,10 +182,13 @@ def test_submit_with_everything_in_place_sends_the_run(fake, tmp_path, sent):
         "pvcSpecPatch"] == {"accessModes": ["ReadWriteOnce"]}  # 2.17: the default class
 
 
-def test_submit_the_default_run_needs_no_claim_and_no_role(fake, tmp_path, sent):
+def test_submit_the_default_run_needs_no_claim_and_no_role(fake, tmp_path, sent, caplog):
     cluster = fake(allowed=set())  # nothing granted, nothing created: the default run needs none
-    submit(_config(cluster, tmp_path))
+    with caplog.at_level(logging.WARNING):
+        submit(_config(cluster, tmp_path))
     assert len(sent) == 1 and cluster.reviews == []
+    # but without k8s/pipeline's budget a drain would delete a train pod: said, not refused
+    assert "no PodDisruptionBudget ampflow-train in namespace kubeflow" in caplog.text
 
 
 @pytest.mark.parametrize("tag", ["2.15.0", "2.16.1"])
