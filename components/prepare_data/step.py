@@ -174,7 +174,8 @@ def _describe(builder, config: PrepareDataConfig, data_dir: Path) -> dict[str, A
         "version": str(info.version),
         "full_name": info.full_name,
         "tfds_data_dir": os.fspath(Path(data_dir).resolve()),
-        "image_folder": metadata.get("image_folder"),
+        "image_folder": (os.fspath(Path(config.image_folder).expanduser().resolve())
+                         if config.image_folder is not None else None),
         "splits": splits,
         "split_specs": specs,
         "holdout": holdout,

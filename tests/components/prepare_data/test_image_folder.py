@@ -82,7 +82,7 @@ def _info(prepared: Path) -> dict:
 
 def test_image_folder_prepares_every_readable_image_at_image_size(prepared_folder):
     info = _info(prepared_folder)
-    assert info["name"] == "ampflow_image_folder"
+    assert info["name"] == "ampflow_image_folder" and info["image_folder"] == str(folder)
     assert info["class_names"] == list(CLASSES) and info["num_classes"] == 3
     assert info["image_shape"] == [16, 12, 3]  # RGB and gray mixed: the dataset is RGB
     assert info["source_image_shape"] == [None, None, 3]
