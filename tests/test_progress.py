@@ -1,0 +1,221 @@
+"""Progress displays (issue 25): a bar on a terminal, plain periodic lines elsewhere, nothing
+under quiet; and `ampflow train` as a user sees it, under a pseudo-terminal and through a pipe.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from ampflow import progress as progress_module
+from ampflow.errors import ConfigError
+from ampflow.progress import Progress, configure, settings
+
+CONTROL = re.compile(r"[\r\x1b]")  # a carriage return or the start of an ANSI escape
+
+
+class FakeTerminal(io.StringIO):
+    """A stream that says it is a terminal (no size: the bar takes its fallback width)."""
+
+    def isatty(self):
+        return True
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    monkeypatch.delenv(progress_module.QUIET_ENV, raising=False)
+    monkeypatch.delenv(progress_module.EVERY_S_ENV, raising=False)
+
+
+def _run(progress: Progress, steps: int, pause_s: float = 0.0, values=None) -> None:
+    for _ in range(steps):
+        if pause_s:
+            time.sleep(pause_s)
+        progress.update(values=values)
+    progress.close()
+
+
+# ---- the abstraction -----------------------------------------------------------------------
+
+def test_progress_on_a_terminal_is_a_bar_redrawn_in_place_with_the_rate_and_values(clean_env):
+    terminal = FakeTerminal()
+    shown = Progress(20, "epoch 1/2", items_per_unit=32, item="img", remaining_after=20,
+                     stream=terminal)
+    assert shown.mode == "bar"
+    _run(shown, 20, pause_s=0.012, values={"loss": 0.25, "scale": 32768.0})
+    text = terminal.getvalue()
+    redraws = text.split("\r")
+    counts = {m.group(1) for m in re.finditer(r"\| (\d+)/20 ", text)}
+    assert len(redraws) > 3 and len(counts) >= 3, text  # it advanced in place
+    assert "20/20" in redraws[-1] and "img/s" in text and "loss 0.2500" in text
+    assert "scale 32768" in text and "run ETA" in text
+
+
+def test_progress_off_a_terminal_writes_plain_lines_every_every_s(clean_env, caplog):
+    stream = io.StringIO()
+    caplog.set_level(logging.INFO, logger="ampflow.progress")
+    shown = Progress(30, "convert", unit="example", every_s=0.05, stream=stream)
+    assert shown.mode == "lines"
+    _run(shown, 30, pause_s=0.01, values=lambda: {"max |diff|": 0.001})
+    lines = [r.getMessage() for r in caplog.records]
+    assert stream.getvalue() == ""  # lines go to the log, with its time stamps
+    assert 2 <= len(lines) <= 10, lines  # ~0.3 s at one line per 0.05 s, and a closing line
+    assert all(re.match(r"convert: example \d+/30 \(\d+%\), [\d.,]+ example/s", x)
+               for x in lines), lines
+    assert "ETA" in lines[0] and lines[-1].startswith("convert: example 30/30 (100%)")
+    assert re.search(r", in \d\d:\d\d$", lines[-1])
+    assert not any(CONTROL.search(x) for x in lines)
+
+
+def test_progress_a_step_shorter_than_every_s_writes_no_line(clean_env, caplog):
+    caplog.set_level(logging.INFO, logger="ampflow.progress")
+    _run(Progress(100, "fast", stream=io.StringIO()), 100)
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("how", ["quiet", "env", "not_chief"])
+def test_progress_quiet_or_not_the_chief_shows_nothing(how, clean_env, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="ampflow.progress")
+    terminal = FakeTerminal()
+    kwargs = {"quiet": True} if how == "quiet" else {"enabled": False} if how == "not_chief" \
+        else {}
+    if how == "env":
+        monkeypatch.setenv(progress_module.QUIET_ENV, "1")
+    shown = Progress(10, "x", every_s=1e-6, stream=terminal, **kwargs)
+    assert shown.mode == "off"
+    _run(shown, 10, pause_s=0.001, values=lambda: pytest.fail("values read while quiet"))
+    assert terminal.getvalue() == "" and not caplog.records
+
+
+def test_progress_values_are_computed_only_when_a_display_is_due(clean_env):
+    calls = []
+    shown = Progress(1000, "x", every_s=3600, stream=io.StringIO())
+    for _ in range(1000):
+        shown.update(values=lambda: calls.append(1) or {})
+    assert calls == []  # 1,000 updates within every_s: no display, no values read
+
+
+def test_configure_writes_the_environment_children_inherit(clean_env):
+    assert settings() == progress_module.Settings(quiet=False, every_s=30.0)
+    configure(quiet=True, every_s=2)
+    assert settings() == progress_module.Settings(quiet=True, every_s=2.0)
+    child = subprocess.run(
+        [sys.executable, "-c", "from ampflow.progress import settings; print(settings())"],
+        capture_output=True, text=True, check=True)
+    assert "quiet=True, every_s=2.0" in child.stdout
+    configure(quiet=False)
+    assert not settings().quiet
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "soon", "nan"])
+def test_progress_every_s_from_the_environment_must_be_positive(bad, clean_env, monkeypatch):
+    monkeypatch.setenv(progress_module.EVERY_S_ENV, bad)
+    with pytest.raises(ConfigError, match="AMPFLOW_PROGRESS_EVERY_S must be a number of seconds"
+                                          f" > 0. Received: AMPFLOW_PROGRESS_EVERY_S='{bad}'"):
+        settings()
+
+
+def test_display_stream_respects_a_replaced_stderr(monkeypatch):
+    replaced = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", replaced)
+    monkeypatch.setattr(progress_module, "_terminal", FakeTerminal())
+    assert progress_module.display_stream() is replaced  # the demo's router, a capture
+
+
+def _in_a_pty(argv: list[str], env: dict, timeout: int = 240) -> str:
+    """Run `argv` with stdout and stderr on a new pseudo-terminal; everything it showed."""
+    main, child = os.openpty()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=child, stderr=child,
+                            env=env, close_fds=True)
+    os.close(child)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                data = os.read(main, 65536)
+            except OSError:  # EIO: the child side closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(main)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, b"".join(chunks).decode(errors="replace")[-3000:]
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_keep_terminal_draws_the_bar_on_the_terminal_while_stderr_goes_through_a_filter(
+        clean_env):
+    # what `ampflow` does: keep the terminal, then send fd 2 through a line filter (here a pipe
+    # nobody reads to the end): the bar must still reach the terminal, redrawn in place
+    script = textwrap.dedent("""
+        import os, sys, time
+        from ampflow import progress
+        progress.keep_terminal()
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 2)
+        shown = progress.Progress(5, "kept", stream=None)
+        print("mode", shown.mode, flush=True)
+        for _ in range(5):
+            time.sleep(0.15)
+            shown.update()
+        shown.close()
+    """)
+    out = _in_a_pty([sys.executable, "-c", script], dict(os.environ), timeout=60)
+    assert "mode bar" in out and out.count("kept:") >= 3, out
+    assert re.search(r"kept: +\d+%.*\r.*kept: 100%.*5/5", out, re.S), out
+
+
+# ---- `ampflow train` as a user sees it ----------------------------------------------------
+
+def _train_argv(data_dir, out) -> list[str]:
+    return ["train", "--data-dir", str(data_dir), "--output-dir", str(out), "--epochs", "1",
+            "--steps-per-epoch", "40", "--precision", "float32"]
+
+
+@pytest.mark.slow
+def test_train_under_a_terminal_shows_the_bar_advance_within_the_epoch(prepared_digits,
+                                                                       tmp_path, clean_env):
+    # `main(argv)` leaves the process's stderr as it is (the console script adds the filter,
+    # which keep_terminal() bypasses: the test above), so this is the bar a terminal shows
+    script = "import sys; from ampflow.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    out = _in_a_pty([sys.executable, "-c", script, *_train_argv(prepared_digits, tmp_path)],
+                    env)
+    epoch_end = out.index("epoch 1/1: loss")
+    bar = out[:epoch_end]
+    counts = {int(m.group(1)) for m in re.finditer(r"epoch 1/1: +\d+%\|[^|]*\| (\d+)/40 ", bar)}
+    assert len(counts) >= 3 and 0 < min(counts - {0}) < 40 and 40 in counts, bar[-3000:]
+    assert "\r" in bar and "img/s" in bar and re.search(r"loss \d\.\d{4}, accuracy", bar)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quiet", [False, True], ids=["lines", "quiet"])
+def test_train_through_a_pipe_logs_periodic_plain_lines_or_none_when_quiet(
+        prepared_digits, tmp_path, quiet, clean_env):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+           progress_module.EVERY_S_ENV: "0.2", progress_module.QUIET_ENV: "1" if quiet else ""}
+    run = subprocess.run([sys.executable, "-m", "ampflow.cli",
+                          *_train_argv(prepared_digits, tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [x for x in run.stderr.splitlines() if "ampflow.progress:" in x]
+    assert "epoch 1/1: loss" in run.stderr
+    assert not CONTROL.search(run.stdout + run.stderr)
+    if quiet:
+        assert lines == []
+        return
+    steps = [int(m.group(1)) for x in lines
+             for m in [re.search(r"epoch 1/1: step (\d+)/40 \(\d+%\)", x)] if m]
+    assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] == 40, lines
+    assert any(re.search(r"img/s, loss \d\.\d{4}, accuracy \d\.\d{4}, ETA", x) for x in lines)
