@@ -80,7 +80,7 @@ def _info(prepared: Path) -> dict:
     return json.loads((prepared / "dataset_info.json").read_text())
 
 
-def test_image_folder_prepares_every_readable_image_at_image_size(prepared_folder):
+def test_image_folder_prepares_every_readable_image_at_image_size(prepared_folder, folder):
     info = _info(prepared_folder)
     assert info["name"] == "ampflow_image_folder" and info["image_folder"] == str(folder)
     assert info["class_names"] == list(CLASSES) and info["num_classes"] == 3
