@@ -1,7 +1,8 @@
 """Deploy to Kubernetes as a canary: a small share first, checked on real examples, then promoted.
 
-1. Before anything changes: the API server answers, the version's recorded expected answers
-   are readable, the overlay renders, the release record (the last promoted render) is read.
+1. Before anything changes: the API server answers, a model store that is a directory (the
+   claim mounted in the KFP deploy task) is writable by this user, the version's recorded
+   expected answers are readable, the overlay renders, the release record is read.
 2. The version is copied to the model store.
 3. Canary: the new model ConfigMap and a `<stable>-canary` Deployment (a few replicas, same pod
    template as the new release) are applied. Behind the same Service as the stable pods, it
@@ -71,6 +72,13 @@ class _Rollout:
     def run(self) -> DeployResult:
         """Check, render, push, canary, promote; roll back on any failure after the push."""
         self.cluster.check_reachable()
+        if not model_store.is_uri(str(self.config.model_store)):
+            # the store is a mounted claim (the KFP deploy task's): KFP sets no fsGroup, so a
+            # fresh volume's root is root's 0755; say so now, before anything is changed
+            from ampflow.components.train.cluster import check_volume_writable
+
+            check_volume_writable(self.config.model_store,
+                                  f"the model store {self.config.model_store}")
         from ampflow.components.deploy_serving import canary
 
         self.examples = canary.recorded_examples(self.config.saved_model_dir)

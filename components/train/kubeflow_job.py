@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from ampflow.components.train.cluster import check_volume_writable
 from ampflow.errors import AmpflowError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -191,28 +192,6 @@ def check_run_key(run_key: str) -> None:
             "run_key must be the run id KFP resolved (the whole-value placeholder "
             "{{$.pipeline_job_uuid}}); a placeholder left in it would give every run the same "
             f"TFJob. Received: run_key={run_key!r}")
-
-
-def check_volume_writable(path: str | os.PathLike, what: str) -> None:
-    """One clear line when this uid cannot write the volume mounted at `path` (nothing else).
-
-    KFP sets no fsGroup on its pods (kubeflow/pipelines#3866), so a volume whose root belongs
-    to root with mode 0755 (a fresh block-storage PVC) is read-only to the image's user, and
-    every retry would fail the same way deep inside training.
-    """
-    path = Path(path)
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if os.access(existing, os.W_OK | os.X_OK):
-        return
-    st = existing.stat()
-    raise ConfigError(
-        f"{what} is not writable by this pod's user (uid {os.getuid()}, gid {os.getgid()}): "
-        f"{existing} belongs to uid {st.st_uid} gid {st.st_gid} with mode "
-        f"{st.st_mode & 0o7777:04o}, and KFP sets no fsGroup (kubeflow/pipelines#3866). Use a "
-        "storage class whose volumes any uid can write (NFS-style), or make the volume's root "
-        "group 10001 writable once (README: Going to a real cluster)")
 
 
 def owner_reference(api_client, namespace: str) -> dict | None:

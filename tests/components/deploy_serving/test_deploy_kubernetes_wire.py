@@ -250,3 +250,28 @@ def test_canary_whose_pods_never_get_ready_is_removed(server, export_base, tmp_p
     assert f"rollout of Deployment {NAMESPACE}/{CANARY} did not complete" in str(info.value)
     assert "version 1 is serving (the stable Deployment was never changed)" in str(info.value)
     assert [s for s in steps if s[1] == STABLE] == []
+
+
+def test_a_model_store_this_user_cannot_write_is_one_line_and_nothing_changes(
+        export_base, tmp_path, monkeypatch):
+    """The KFP deploy task mounts the model-store claim with no fsGroup (KFP sets none): a
+    fresh volume's root is root's, mode 0755, and the step says so before touching anything."""
+    import os
+    from pathlib import Path
+
+    from ampflow.errors import ConfigError
+
+    store = tmp_path / "models"
+    store.mkdir()
+    store.chmod(0o555)
+    real_access = os.access  # as root, answer as the kernel would for uid 10001
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != store
+                        and real_access(path, mode))
+    try:
+        with FakeApiServer() as api, pytest.raises(ConfigError, match=(
+                r"the model store .*models is not writable by this pod's user .* mode 0555, "
+                r"and KFP sets no fsGroup")):
+            _deploy(api, tmp_path, store, "127.0.0.1:1", export_base / MODEL_NAME / "1")
+        assert api.patches == []
+    finally:
+        store.chmod(0o755)
