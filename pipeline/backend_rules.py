@@ -31,7 +31,7 @@ WHOLE_VALUE = (
 )
 # The launcher builds the container's command line (component/launcher_v2.go@2.17.0 L1051-1072,
 # compileCmdAndArgs): `{{$}}` (the executor input JSON) and the input/output placeholders of
-# getPlaceholders (L1075-) are replaced anywhere inside an argument.
+# getPlaceholders (L1077-) are replaced anywhere inside an argument.
 LAUNCHER_IN_ARGS = re.compile(
     r"\{\{\$\}\}|\{\{\$\.(inputs|outputs)\.(parameters|artifacts)\['[^']+'\][^}]*\}\}")
 _PLACEHOLDER = re.compile(r"\{\{\$[^}]*\}\}")
@@ -78,12 +78,17 @@ def _constants(node: Any, where: str = "") -> Iterator[tuple[str, str]]:
 
 
 # --- the run's workspace PVC --------------------------------------------------------------
+# Retries: the compiler emits an Argo retryStrategy with a limit and backoff but no retryPolicy
+# (argocompiler/container.go@2.17.0 L667-684), so Argo's default OnFailure applies: a failed
+# pod is retried, a deleted one (an Error) is not; nothing in the IR can change that.
+#
 # GetWorkspacePVC (argocompiler/argo.go) builds the workspace PVC from the API server's default
 # spec (none on a stock install: its config.json has no workspace section since PR #12369) and
 # the IR's pvcSpecPatch, and rejects the run when:
 BACKENDS = ("2.15", "2.16", "2.17")
-_PATCH_FIELDS = ("accessModes", "storageClassName")  # convertStructToPVCSpec: 2.15.0 L479-503,
-# 2.16.0 L505-529, 2.17.0 L594-627: any other field is "unknown fields in PVC spec patch"
+# convertStructToPVCSpec (argo.go@2.15.0 L479-505, @2.16.0 L505-531, @2.17.0 L594-620): any
+# other field of the patch is "unknown fields in PVC spec patch".
+_PATCH_FIELDS = ("accessModes", "storageClassName")
 _WORKSPACE_RULES = {
     # version: (lines of the accessModes / storageClassName checks, storage class required)
     "2.15": ("argo.go@2.15.0 L548-554", True),
