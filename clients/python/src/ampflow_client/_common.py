@@ -1,0 +1,145 @@
+"""What the gRPC and REST clients share: results, signature specs, example building."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ampflow_client._proto.tensorflow.core.example import example_pb2
+from ampflow_client.errors import ConfigError, ServingError
+from ampflow_client.tensors import numpy_dtype
+
+DEFAULT_SIGNATURE = "serving_default"  # what TF Serving uses when a request names none
+# TF Serving's ModelVersionStatus.State numbers
+STATE_NAMES = {0: "UNKNOWN", 10: "START", 20: "LOADING", 30: "AVAILABLE", 40: "UNLOADING",
+               50: "END"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictResult:
+    """Outputs of one Predict call, the version that answered and the signature used."""
+
+    outputs: dict[str, np.ndarray]
+    version: int
+    signature: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifyResult:
+    """Per example, the (label, score) pairs of one Classify call, and the version."""
+
+    classes: list[list[tuple[str, float]]]
+    version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RegressResult:
+    """Per example, the value of one Regress call, and the version."""
+
+    values: list[float]
+    version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One signature input or output as GetModelMetadata describes it."""
+
+    name: str  # the key in the signature (what a request uses)
+    dtype: np.dtype | None  # None: a dtype numpy cannot hold
+    shape: tuple[int, ...] | None  # None: unknown rank; -1: any size
+
+
+def tensor_spec(key: str, info) -> TensorSpec:
+    """A SignatureDef TensorInfo as a `TensorSpec`."""
+    try:
+        dtype = numpy_dtype(info.dtype)
+    except TypeError:
+        dtype = None
+    shape = None if info.tensor_shape.unknown_rank else tuple(
+        d.size for d in info.tensor_shape.dim)
+    return TensorSpec(key, dtype, shape)
+
+
+class SignatureLookups:
+    """What both clients derive from `metadata()`: one signature and its inputs' specs."""
+
+    def metadata(self, model: str, version: int | None = None) -> dict:
+        raise NotImplementedError
+
+    def signature(self, model: str, version: int | None = None,
+                  signature: str = DEFAULT_SIGNATURE):
+        """One SignatureDef of the model; a clear error naming the ones it has if absent."""
+        sigs = self.metadata(model, version)
+        if signature not in sigs:
+            raise ServingError("GetModelMetadata", _not_found(),
+                               f"signature {signature!r} not found in model {model!r}. "
+                               f"Available: {sorted(sigs)}")
+        return sigs[signature]
+
+    def input_specs(self, model: str, version: int | None = None,
+                    signature: str = DEFAULT_SIGNATURE) -> dict[str, TensorSpec]:
+        """Input key -> dtype/shape of a signature, from metadata."""
+        sig = self.signature(model, version, signature)
+        return {k: tensor_spec(k, info) for k, info in sig.inputs.items()}
+
+    def output_specs(self, model: str, version: int | None = None,
+                     signature: str = DEFAULT_SIGNATURE) -> dict[str, TensorSpec]:
+        """Output key -> dtype/shape of a signature, from metadata."""
+        sig = self.signature(model, version, signature)
+        return {k: tensor_spec(k, info) for k, info in sig.outputs.items()}
+
+
+def _not_found():
+    import grpc
+
+    return grpc.StatusCode.NOT_FOUND
+
+
+def check_version(version: int | None, label: str | None) -> None:
+    """A version or a label, never both (TF Serving refuses the pair)."""
+    if version is not None and label:
+        raise ConfigError(f"give a version or a version label, not both. Received: "
+                          f"version={version}, version_label={label!r}")
+
+
+def make_example(features: Mapping[str, object]) -> example_pb2.Example:
+    """A tf.Example from a dict: floats -> float_list, ints -> int64_list, bytes -> bytes_list.
+
+    A value is a scalar, a sequence or a numpy array (flattened). Strings are UTF-8 encoded.
+    """
+    example = example_pb2.Example()
+    for name, value in features.items():
+        feature = example.features.feature[name]
+        if isinstance(value, (bytes, str)):
+            value = [value]
+        array = np.asarray(value) if not isinstance(value, (list, tuple)) or not value or \
+            not isinstance(value[0], (bytes, str)) else None
+        if array is None:
+            feature.bytes_list.value.extend(v.encode() if isinstance(v, str) else v
+                                            for v in value)
+        elif array.dtype.kind == "f":
+            feature.float_list.value.extend(array.ravel().astype(np.float32).tolist())
+        elif array.dtype.kind in "iub":
+            feature.int64_list.value.extend(array.ravel().astype(np.int64).tolist())
+        else:
+            raise ConfigError(f"feature {name!r} must be floats, ints or bytes. Received: "
+                              f"{array.dtype}")
+    return example
+
+
+def examples_of(examples: Sequence) -> list[example_pb2.Example]:
+    """Examples as protos of this client: from dicts, serialized bytes or any Example proto."""
+    out = []
+    for item in examples:
+        if isinstance(item, Mapping):
+            out.append(make_example(item))
+        elif isinstance(item, (bytes, bytearray)):
+            out.append(example_pb2.Example.FromString(bytes(item)))
+        elif hasattr(item, "SerializeToString"):  # tf.train.Example or ours: same wire
+            out.append(example_pb2.Example.FromString(item.SerializeToString()))
+        else:
+            raise ConfigError("examples must be dicts of features, serialized tf.Examples or "
+                              f"Example protos. Received: {type(item).__name__}")
+    return out
