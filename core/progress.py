@@ -285,6 +285,23 @@ class Progress:
         return f"{self.desc}: {count}" + (f", {tail}" if tail else "")
 
 
+def keras_callback(progress: Progress):
+    """A Keras callback that counts the batches of `predict`/`evaluate`/`fit` into `progress`."""
+    import keras
+
+    class _CountBatches(keras.callbacks.Callback):
+        def on_predict_batch_end(self, batch, logs=None):
+            progress.update()
+
+        def on_test_batch_end(self, batch, logs=None):
+            progress.update()
+
+        def on_train_batch_end(self, batch, logs=None):
+            progress.update()
+
+    return _CountBatches()
+
+
 def _isatty(stream) -> bool:
     try:
         return bool(stream.isatty())

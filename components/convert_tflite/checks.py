@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ampflow.errors import ConversionError, ModelLoadError
+from ampflow.progress import Progress
 
 PROBABILITIES = "probabilities"
 CLASS_IDS = "class_ids"
@@ -68,14 +69,16 @@ class SavedModelReference:
                                  f"{sorted(self._fn.structured_outputs)}")
         self.input_shape = tuple(spec.shape.as_list()[1:])
 
-    def predict(self, images: np.ndarray, batch_size: int) -> np.ndarray:
-        """Probabilities [N, num_classes] for float32 images, in batches."""
+    def predict(self, images: np.ndarray, batch_size: int, desc: str | None = None) -> np.ndarray:
+        """Probabilities [N, num_classes] for float32 images, in batches (`desc`: shown)."""
         import tensorflow as tf
 
         out = []
-        for start in range(0, len(images), batch_size):
-            batch = tf.constant(images[start : start + batch_size], tf.float32)
-            out.append(self._fn(**{self.input_name: batch})[PROBABILITIES].numpy())
+        with Progress(len(images), desc or "", unit="example", enabled=bool(desc)) as progress:
+            for start in range(0, len(images), batch_size):
+                batch = tf.constant(images[start : start + batch_size], tf.float32)
+                out.append(self._fn(**{self.input_name: batch})[PROBABILITIES].numpy())
+                progress.update(len(batch))
         return np.concatenate(out)
 
     def time(self, images: np.ndarray, *, runs: int, warmup: int, batch_size: int) -> Timing:
@@ -104,13 +107,19 @@ class TFLiteRunner:
         self.output_details = runner.get_output_details()
         self._batch = None
 
-    def predict(self, images: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
-        """Float probabilities and class ids for float32 images (int8 I/O handled here)."""
+    def predict(self, images: np.ndarray, batch_size: int,
+                desc: str | None = None) -> dict[str, np.ndarray]:
+        """Float probabilities and class ids for float32 images (int8 I/O handled here).
+
+        With `desc`, the examples checked are shown as progress (`ampflow.progress`).
+        """
         probs, ids = [], []
-        for start in range(0, len(images), batch_size):
-            out = self._run(images[start : start + batch_size])
-            probs.append(out[PROBABILITIES])
-            ids.append(out.get(CLASS_IDS, np.argmax(out[PROBABILITIES], axis=-1)))
+        with Progress(len(images), desc or "", unit="example", enabled=bool(desc)) as progress:
+            for start in range(0, len(images), batch_size):
+                out = self._run(images[start : start + batch_size])
+                probs.append(out[PROBABILITIES])
+                ids.append(out.get(CLASS_IDS, np.argmax(out[PROBABILITIES], axis=-1)))
+                progress.update(len(probs[-1]))
         return {PROBABILITIES: np.concatenate(probs), CLASS_IDS: np.concatenate(ids)}
 
     def time(self, images: np.ndarray, *, runs: int, warmup: int, batch_size: int) -> Timing:

@@ -68,15 +68,17 @@ def run_convert(config: ConvertConfig) -> ConvertResult:
     reference = checks.SavedModelReference(saved_model_dir, config.signature_key)
     _check_input_shape(reference.input_shape, info)
     images, labels = _test_split(config)
-    ref_probs = reference.predict(images, config.batch_size)
+    ref_probs = reference.predict(images, config.batch_size, desc="check the SavedModel")
     ref_summary = _reference_summary(reference, saved_model_dir, images, labels, ref_probs, config)
     labels_list = _labels(saved_model_dir, info)
     results: dict[str, VariantResult] = {}
     with staging_dir(config.output_dir, replaces="report.json") as tmp:
-        for variant in config.variants:
+        for i, variant in enumerate(config.variants, 1):
+            position = f"{variant} (variant {i}/{len(config.variants)})"
+            log.info("%s: converting", position)  # one opaque call; full_int8 calibrates
             results[variant] = _convert_and_check(
                 config, variant, saved_model_dir, reference.input_shape, tmp,
-                images, labels, ref_probs, ref_summary, labels_list, edge)
+                images, labels, ref_probs, ref_summary, labels_list, edge, position)
         _add_size_ratios(results)
         passed = all(r.passed for r in results.values())
         report = _report_payload(config, ref_summary, results, edge, passed)
@@ -106,7 +108,8 @@ def resolve_saved_model_dir(path: str | os.PathLike) -> Path:
 
 
 def _convert_and_check(config, variant, saved_model_dir, input_shape, tmp: Path, images, labels,
-                       ref_probs, ref_summary, labels_list, edge) -> VariantResult:
+                       ref_probs, ref_summary, labels_list, edge,
+                       position: str | None = None) -> VariantResult:
     from ampflow.components.convert_tflite import checks
     from ampflow.components.convert_tflite.explain import explain_unfrozen_variables
     from ampflow.components.convert_tflite.report import variant_metadata
@@ -122,14 +125,15 @@ def _convert_and_check(config, variant, saved_model_dir, input_shape, tmp: Path,
                                  num_threads=config.num_threads)
     if runner.tensor_dtypes().get("object"):  # resource tensors: variables left unfrozen
         raise explain_unfrozen_variables(variant=variant, source=str(saved_model_dir))
-    out = runner.predict(images, config.batch_size)
+    position = position or variant
+    out = runner.predict(images, config.batch_size, desc=f"check {position}")
     metrics = _accuracy_metrics(out, labels, ref_probs, ref_summary["accuracy"])
     metrics["size_bytes"] = len(flatbuffer)
     metrics["timing"] = dataclasses.asdict(runner.time(
         images, runs=config.latency_runs, warmup=config.warmup_runs,
         batch_size=config.batch_size))
     metrics["tensor_dtypes"] = runner.tensor_dtypes()
-    metrics["edge"] = _edge_check(config, path, images, out, edge)
+    metrics["edge"] = _edge_check(config, path, images, out, edge, position)
     gate_checks = _gate_checks(config, variant, metrics)
     passed = all(c["passed"] for c in gate_checks)
     log.info("%s: %d bytes, accuracy %.4f, agreement %.4f, gate %s", variant, len(flatbuffer),
@@ -158,7 +162,8 @@ def _accuracy_metrics(out, labels, ref_probs, ref_accuracy: float) -> dict[str, 
     }
 
 
-def _edge_check(config, path: Path, images, out, edge: dict) -> dict[str, Any]:
+def _edge_check(config, path: Path, images, out, edge: dict,
+                position: str | None = None) -> dict[str, Any]:
     """Rerun in the standalone LiteRT interpreter; the outputs must be the same."""
     from ampflow.components.convert_tflite import checks
 
@@ -166,7 +171,8 @@ def _edge_check(config, path: Path, images, out, edge: dict) -> dict[str, Any]:
         return {"status": "skipped", "reason": edge["reason"]}
     runner = checks.TFLiteRunner(path, runtime="litert", signature_key=config.signature_key,
                                  num_threads=config.num_threads)
-    edge_out = runner.predict(images, config.batch_size)
+    edge_out = runner.predict(images, config.batch_size,
+                              desc=f"edge check {position or path.stem} (LiteRT)")
     return {
         "status": "ran",
         "runtime": edge["runtime"],

@@ -28,6 +28,7 @@ from ampflow.components.evaluate_parity.gate import Check, Verdict, default_rela
 from ampflow.components.evaluate_parity.parity import LogitParity, ModelScores, logit_parity
 from ampflow.components.evaluate_parity.verdict import HASH_KEY, model_sha256
 from ampflow.errors import ConfigError, GateFailedError
+from ampflow.progress import Progress, keras_callback
 
 log = logging.getLogger(__name__)
 
@@ -145,23 +146,26 @@ def _score_all(config, model, metadata, baseline, images, labels) -> dict[str, M
     from ampflow.components.evaluate_parity.twin import build_float32_twin
 
     twin = build_float32_twin(model, metadata)
-    scores = {
-        "amp": _score(model, images, labels, config.batch_size),
-        "fp32_twin": _score(twin, images, labels, config.batch_size),
-    }
+    models = {"amp": model, "fp32_twin": twin}
     if baseline is not None:
-        scores["baseline"] = _score(baseline[0], images, labels, config.batch_size)
-    return scores
+        models["baseline"] = baseline[0]
+    return {key: _score(m, images, labels, config.batch_size,
+                        f"evaluate {key} (model {i}/{len(models)})")
+            for i, (key, m) in enumerate(models.items(), 1)}
 
 
-def _score(model, images: np.ndarray, labels: np.ndarray, batch_size: int) -> ModelScores:
+def _score(model, images: np.ndarray, labels: np.ndarray, batch_size: int,
+           desc: str = "evaluate") -> ModelScores:
     """Logits in batches of one fixed shape: one trace per model, not one per batch size."""
     from ampflow.components.evaluate_parity.twin import logits_model
 
     batch_size = min(batch_size, len(images))
     padding = -len(images) % batch_size
     padded = np.concatenate([images, np.repeat(images[-1:], padding, axis=0)])
-    logits = logits_model(model).predict(padded, batch_size=batch_size, verbose=0)
+    with Progress(len(padded) // batch_size, desc, unit="batch", items_per_unit=batch_size,
+                  item="img") as progress:
+        logits = logits_model(model).predict(padded, batch_size=batch_size, verbose=0,
+                                             callbacks=[keras_callback(progress)])
     return ModelScores(logits=np.asarray(logits[: len(images)], dtype=np.float32), labels=labels)
 
 
