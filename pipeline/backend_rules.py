@@ -98,6 +98,22 @@ _WORKSPACE_RULES = {
 }
 
 
+# The driver mounts the workspace at /kfp-workspace into every task whose resolved input holds
+# that path (driver.go@2.17.0 L519-549, needsWorkspaceMount) and refuses a task whose own
+# volume mount is under it (L816-817).
+WORKSPACE_MOUNT_PATH = "/kfp-workspace"  # component/constants.go@2.17.0 L32
+
+
+def mount_problems(platform_spec: dict[str, Any]) -> list[str]:
+    """PVC mounts of the IR that the 2.17 driver refuses (under the workspace mount path)."""
+    executors = ((((platform_spec or {}).get("platforms") or {}).get("kubernetes") or {})
+                 .get("deploymentSpec") or {}).get("executors") or {}
+    return [f"executor {name}: a volume mounted at {mount['mountPath']} conflicts with the "
+            f"workspace mount at {WORKSPACE_MOUNT_PATH} (driver.go@2.17.0 L816-817)"
+            for name, executor in executors.items() for mount in executor.get("pvcMount") or []
+            if str(mount.get("mountPath", "")).startswith(WORKSPACE_MOUNT_PATH)]
+
+
 def backend_series(tag: str | None) -> str | None:
     """'2.16' for a KFP tag such as '2.16.1' or 'v2.16.0'; None when not a 2.x tag we know."""
     match = re.match(r"v?(\d+)\.(\d+)", tag or "")

@@ -72,7 +72,11 @@ def _register_compile(subparsers) -> None:
                                   workspace_storage_class=args.workspace_storage_class,
                                   workspace_access_mode=args.workspace_access_mode,
                                   train_workers=args.train_workers,
-                                  base_model_uri=args.base_model_uri)
+                                  base_model_uri=args.base_model_uri,
+                                  serving_namespace=args.serving_namespace,
+                                  # another namespace's claim cannot be mounted: gs:// there
+                                  **({"model_store_pvc": None} if args.serving_namespace
+                                     else {}))
         path = compile_pipeline(args.output, options)
         _check_for_backend(path, args.kfp_backend)
         print_summary("ampflow compile: done", {
@@ -89,12 +93,17 @@ def _check_for_backend(path: str, backend: str) -> None:
     import yaml
 
     from ampflow.errors import ConfigError
-    from ampflow.pipeline.backend_rules import placeholder_problems, workspace_problems
+    from ampflow.pipeline.backend_rules import (
+        mount_problems,
+        placeholder_problems,
+        workspace_problems,
+    )
 
     with open(path) as f:
         docs = list(yaml.safe_load_all(f))
-    problems = placeholder_problems(docs[0]) + workspace_problems(
-        docs[1] if len(docs) > 1 else {}, backend)
+    platform = docs[1] if len(docs) > 1 else {}
+    problems = (placeholder_problems(docs[0]) + mount_problems(platform)
+                + workspace_problems(platform, backend))
     if problems:
         raise ConfigError(f"KFP {backend} would refuse {path}: " + "; ".join(problems) + (
             "; pass --workspace-storage-class NAME (kubectl get storageclass) or --checkpoints "

@@ -153,12 +153,16 @@ def _ir_problems(package: str, backend) -> list[str]:
     """The backend's own rules over the compiled IR (its version's, or 2.17's if unknown)."""
     import yaml
 
-    from ampflow.pipeline.backend_rules import placeholder_problems, workspace_problems
+    from ampflow.pipeline.backend_rules import (
+        mount_problems,
+        placeholder_problems,
+        workspace_problems,
+    )
 
     with open(package) as f:
         docs = list(yaml.safe_load_all(f))
     platform = docs[1] if len(docs) > 1 else {}
-    return (placeholder_problems(docs[0])
+    return (placeholder_problems(docs[0]) + mount_problems(platform)
             + workspace_problems(platform, backend.series or "2.17"))
 
 

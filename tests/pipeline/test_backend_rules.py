@@ -21,6 +21,7 @@ import yaml
 
 from ampflow.pipeline.backend_rules import (
     BACKENDS,
+    mount_problems,
     placeholder_problems,
     workspace_problems,
 )
@@ -53,8 +54,9 @@ def _compile(tmp_path, **kwargs):
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
 def test_every_placeholder_of_every_variant_is_one_the_217_driver_resolves(tmp_path, variant):
-    spec, _ = _compile(tmp_path, **variant)
+    spec, platform = _compile(tmp_path, **variant)
     assert placeholder_problems(spec) == []
+    assert mount_problems(platform) == []  # no claim mounted over the workspace
     text = yaml.safe_dump(spec)
     if variant["train_workers"] > 1:  # the TFJob's key: the run id, as the whole value
         params = spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
@@ -73,6 +75,13 @@ def test_the_old_run_key_is_what_the_driver_leaves_unresolved():
         "constant"] = "{{$.workspace_path}}/{{$.pipeline_task_name}}"
     (problem,) = placeholder_problems(spec)  # the workspace branch returns before the switch
     assert "pipeline_task_name" in problem
+
+
+def test_a_claim_mounted_under_the_workspace_path_is_caught():
+    platform = {"platforms": {"kubernetes": {"deploymentSpec": {"executors": {"exec-x": {
+        "pvcMount": [{"constant": "c", "mountPath": "/kfp-workspace/models"}]}}}}}}
+    (problem,) = mount_problems(platform)
+    assert "conflicts with the workspace mount at /kfp-workspace" in problem
 
 
 def test_an_unknown_placeholder_in_a_command_line_is_caught():
@@ -132,3 +141,7 @@ def test_compile_cli_refuses_an_ir_for_a_backend_that_would_refuse_it(tmp_path):
     assert main(["compile", "--image", IMAGE, "--output", str(out), "--kfp-backend", "2.16"]) == 2
     assert main(["compile", "--image", IMAGE, "--output", str(out), "--kfp-backend", "2.16",
                  "--workspace-storage-class", "standard"]) == 0
+    # serving elsewhere: no claim of another namespace is mounted
+    assert main(["compile", "--image", IMAGE, "--output", str(out),
+                 "--serving-namespace", "ampflow"]) == 0
+    assert "pvcMount" not in out.read_text()
