@@ -36,8 +36,8 @@ def test_default_compile_has_no_importer_and_passes_model_path(tmp_path):
     assert train["model_path"]["componentInputParameter"] == "model_path"
 
 
-def test_run_local_turns_a_keras_model_into_the_importer_option(tmp_path):
-    from ampflow.pipeline.run_local import LocalRunConfig
+def test_local_config_turns_a_keras_model_into_the_importer_option(tmp_path):
+    from ampflow.pipeline.demo import DemoConfig as LocalRunConfig  # (its subclass: same fields)
 
     file = tmp_path / "model.keras"
     config = LocalRunConfig(workdir=tmp_path, model=str(file), model_path=str(tmp_path))
