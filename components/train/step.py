@@ -32,6 +32,7 @@ HISTORY_FILE = "loss_scale_history.json"
 EPOCH_LOG_FILE = "epochs.jsonl"
 BACKUP_DIR = "backup"
 OPTIMIZERS = ("adam", "adamw", "sgd")
+AUTO_BATCH = "auto"
 LR_SCHEDULES = ("constant", "cosine")
 # Architectures made for natural photos, where random crops and flips are the usual training.
 AUGMENTED_BY_DEFAULT = ("resnet50", "mobilenet_v2")
@@ -72,8 +73,14 @@ class TrainConfig:
                 "float32/mixed_bfloat16 (measured slower)."})
     epochs: int = field(default=8, metadata={"help": "Epochs to train (a resumed run finishes "
                                                      "the same total)."})
-    batch_size: int = field(default=32, metadata={
-        "help": "Examples per step per replica; the global batch is this × the replicas."})
+    batch_size: int | str = field(default=32, metadata={
+        "help": "Examples per step per replica; the global batch is this × the replicas. 'auto': "
+                "on a GPU, the largest batch whose train step fits its memory (found by trial "
+                "steps); on a CPU it stays 32, and the log says why."})
+    auto_batch_memory_limit_mb: int | None = field(default=None, metadata={
+        "help": "With --batch-size auto: search against this memory limit (MiB of measured "
+                "train-step peak) instead of the GPU's own, e.g. to leave headroom; also lets "
+                "the search run without a GPU."})
     learning_rate: float = field(default=3e-3, metadata={"help": "Optimizer learning rate."})
     optimizer: str = field(default="adam", metadata={
         "choices": OPTIMIZERS, "help": "Optimizer: adam, adamw (decoupled weight decay) or sgd "
@@ -139,7 +146,9 @@ class TrainConfig:
         "help": "Timed steps per --autotune candidate (after 3 warm-up steps, compile excluded)."})
 
     def __post_init__(self) -> None:
-        positive = {"epochs": self.epochs, "batch_size": self.batch_size,
+        object.__setattr__(self, "batch_size", _parse_batch_size(self.batch_size))
+        positive = {"epochs": self.epochs,
+                    "batch_size": 1 if self.batch_size == AUTO_BATCH else self.batch_size,
                     "telemetry_every_n_steps": self.telemetry_every_n_steps,
                     "workers": self.workers, "autotune_steps": self.autotune_steps,
                     "autotune_budget_s": self.autotune_budget_s}
@@ -173,6 +182,14 @@ class TrainConfig:
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError("label_smoothing must be in [0, 1). Received: "
                               f"label_smoothing={self.label_smoothing}")
+        if self.batch_size == AUTO_BATCH and (self.workers > 1 or self.autotune):
+            raise ConfigError("batch_size auto searches one process's memory before training: "
+                              "pass a number with --workers > 1 or --autotune. Received: "
+                              f"batch_size='auto', workers={self.workers}, "
+                              f"autotune={self.autotune}")
+        if self.auto_batch_memory_limit_mb is not None and self.auto_batch_memory_limit_mb <= 0:
+            raise ConfigError("auto_batch_memory_limit_mb must be > 0. Received: "
+                              f"auto_batch_memory_limit_mb={self.auto_batch_memory_limit_mb}")
         if self.warmup_epochs and self.warmup_epochs >= self.epochs:
             raise ConfigError(f"warmup_epochs must be < epochs ({self.epochs}). Received: "
                               f"warmup_epochs={self.warmup_epochs}")
@@ -197,6 +214,19 @@ class TrainConfig:
     def effective_augment(self) -> bool:
         """`augment`, with auto resolved: on for the ImageNet architectures only."""
         return self.augment if self.augment is not None else self.model in AUGMENTED_BY_DEFAULT
+
+
+def _parse_batch_size(value) -> int | str:
+    """An int, or 'auto'; the CLI passes text ("64", "auto")."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == AUTO_BATCH:
+            return AUTO_BATCH
+        if not text.lstrip("-").isdecimal():
+            raise ConfigError(f"batch_size must be a positive integer or 'auto'. Received: "
+                              f"batch_size={value!r}")
+        return int(text)
+    return value
 
 
 @dataclass(frozen=True)
@@ -228,11 +258,11 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     if config.workers > 1:
         return _run_local_workers(config)
     runtime = make_runtime(config)  # first TF call: MultiWorkerMirroredStrategy requires it
-    global_batch = config.batch_size * runtime.num_replicas
-    if info["splits"]["train"] < global_batch:
-        raise ConfigError(
-            f"batch_size must be <= the training split size ({info['splits']['train']}) divided "
-            f"by the replicas ({runtime.num_replicas}). Received: batch_size={config.batch_size}")
+    if config.batch_size != AUTO_BATCH:
+        _check_batch_fits_split(config, info, runtime)
+    elif runtime.num_workers > 1:
+        raise ConfigError("batch_size auto searches one process's memory: under a multi-worker "
+                          "TF_CONFIG pass a number. Received: batch_size='auto'")
     output_dir = (ensure_writable_dir(config.output_dir, "output_dir") if runtime.is_chief
                   else Path(config.output_dir))  # the other workers write nowhere shared
     previous_policy = keras.mixed_precision.global_policy().name
@@ -244,9 +274,13 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
             setup, autotune_report = autotune(config, info, runtime, hardware)
         else:
             setup = configure_precision(config.precision, config.jit_compile, hardware)
+        extra: dict = {}
+        if config.batch_size == AUTO_BATCH:
+            config, extra["batch_size_auto"] = _resolve_auto_batch(config, info, setup, runtime)
+            _check_batch_fits_split(config, info, runtime)
         model_block, amp_report = preflight_model(config, info)  # refuse or fix before epochs
         return _train(config, info, setup, runtime, output_dir, autotune_report,
-                      (model_block, amp_report))
+                      (model_block, amp_report), extra)
     except Exception as e:
         if runtime.num_workers > 1 and _is_peer_loss(e):
             raise PeerLostError(
@@ -257,6 +291,33 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
         raise
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def _check_batch_fits_split(config: TrainConfig, info: dict, runtime) -> None:
+    if info["splits"]["train"] < config.batch_size * runtime.num_replicas:
+        raise ConfigError(
+            f"batch_size must be <= the training split size ({info['splits']['train']}) divided "
+            f"by the replicas ({runtime.num_replicas}). Received: batch_size={config.batch_size}")
+
+
+def _resolve_auto_batch(config: TrainConfig, info: dict, setup: PrecisionSetup,
+                        runtime) -> tuple[TrainConfig, dict]:
+    """`--batch-size auto`: trial train steps of the real model (components/train/memory.py)."""
+    from ampflow.components.train.build import make_optimizer
+    from ampflow.components.train.memory import auto_batch_size, train_step_probe
+    from ampflow.components.train.models import build_model
+
+    probe = train_step_probe(
+        lambda shape, classes: build_model(config.model, shape, classes,
+                                           image_size=config.image_size,
+                                           model_path=config.model_path),
+        tuple(info["image_shape"]), info["num_classes"], setup.policy,
+        jit_compile=setup.jit_compile,
+        optimizer_factory=lambda: make_optimizer(config, setup, config.learning_rate))
+    limit_mb = config.auto_batch_memory_limit_mb
+    choice = auto_batch_size(probe, limit=info["splits"]["train"] // runtime.num_replicas,
+                             memory_limit_bytes=limit_mb * 2**20 if limit_mb else None)
+    return dataclasses.replace(config, batch_size=choice.batch_size), choice.to_json()
 
 
 def preflight_model(config: TrainConfig, info: dict) -> tuple[dict, dict]:
@@ -398,12 +459,13 @@ def _check_keras_archive(model_path: Path) -> None:
 
 
 def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, output_dir: Path,
-           autotune_report: dict | None, model_report: tuple[dict, dict]):
+           autotune_report: dict | None, model_report: tuple[dict, dict], extra: dict):
     import keras
     import tensorflow as tf
 
     from ampflow.components.train.build import build_compiled_model, training_data
     from ampflow.components.train.loop import LoopConfig, TrainLoop, backup_dir
+    from ampflow.components.train.memory import PeakMemory
     from ampflow.components.train.telemetry import (
         EpochLog,
         GuardLimits,
@@ -447,7 +509,8 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         log.info("found a checkpoint in %s: resuming", backup_dir(state_dir))
     train_dist, test_dist = _distribute(runtime, train_ds, test_ds)
     try:
-        result = loop.fit(train_dist, test_dist, callbacks)
+        with PeakMemory() as peak:  # AMP's second promise: half-precision activations
+            result = loop.fit(train_dist, test_dist, callbacks)
     except TrainingDivergedError:
         if chief:
             telemetry.save(output_dir / HISTORY_FILE)
@@ -471,6 +534,8 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         "every_n_steps": config.checkpoint_every_n_steps or steps,
         "resumed_at_step": result.resumed_at_step}
     metadata["model"] = model_report[0]
+    metadata["memory"] = peak.result.to_json()
+    metadata.update(extra)
     metadata["recipe"] = _recipe(config, learning_rate, steps)
     if autotune_report is not None:
         metadata["autotune"] = autotune_report
