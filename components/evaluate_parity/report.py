@@ -211,6 +211,7 @@ def render_markdown(metrics: dict[str, Any], verdict: dict[str, Any]) -> str:
         lines.append(f"| {key} | {_cell(metrics.get(key))} |")
     if "baseline_accuracy" in metrics:
         lines += _training_section(metrics, ctx)
+    lines += _amp_check_section(ctx.get("amp_check"))
     lines += _per_class_table(metrics["per_class_accuracy"])
     lines += ["", "## Plots", "", f"![per-class accuracy]({PER_CLASS_PNG})", "",
               f"![confusion matrix]({CONFUSION_PNG})", "",
@@ -254,6 +255,28 @@ def _training_section(metrics: dict[str, Any], ctx: dict[str, Any]) -> list[str]
 
 _MEMORY_KEYS = ("amp_train_peak_memory_bytes", "baseline_train_peak_memory_bytes",
                 "train_peak_memory_ratio")
+
+
+def _amp_check_section(check: dict[str, Any] | None, max_rows: int = 20) -> list[str]:
+    """What the AMP check found before training (train's amp_report.json), as a short table."""
+    if not check:
+        return []
+    lines = ["", "## AMP check (before the first epoch)", ""]
+    if check.get("summary"):
+        lines += [check["summary"], ""]
+    counts = ", ".join(f"{k}: {v}" for k, v in sorted(check.get("dtype_counts", {}).items()))
+    if counts:
+        lines += [f"Layers per compute/variable dtype: {counts}.", ""]
+    findings = check.get("findings", [])
+    if findings:
+        lines += ["| finding | layer | severity |", "|---|---|---|"]
+        lines += [f"| {f['kind']} | {f.get('layer') or '-'} | {f['severity']} |"
+                  for f in findings[:max_rows]]
+        if len(findings) > max_rows:
+            lines.append(f"| … {len(findings) - max_rows} more in amp_report.json | | |")
+    lines += [f"- fixed: {fix}" for fix in check.get("fixes", [])]
+    lines += [f"- warning: {w}" for w in check.get("warnings", [])]
+    return lines
 
 
 def _memory_lines(m: dict[str, Any]) -> list[str]:

@@ -233,6 +233,21 @@ def _class_names(info: dict[str, Any]) -> list[str]:
     return [str(name) for name in names]
 
 
+def _amp_check(model_dir, metadata: dict) -> dict[str, Any] | None:
+    """The train step's AMP check (amp_report.json beside the model), for the report."""
+    from ampflow.components.train.amp_check import AMP_REPORT_FILE
+    from ampflow.files import read_json
+
+    path = Path(model_dir) / AMP_REPORT_FILE
+    if not path.is_file():  # a model from before the check
+        return None
+    report = read_json(path)
+    return {"summary": (metadata.get("model") or {}).get("amp_check"),
+            "fixes": report.get("fixes", []), "warnings": report.get("warnings", []),
+            "findings": [f for f in report.get("findings", []) if f.get("severity") != "info"],
+            "dtype_counts": report.get("dtype_counts", {})}
+
+
 def _context(config, metadata, baseline, policy, compute_dtype, bound) -> dict[str, Any]:
     ctx = {
         "model_name": metadata.get("model_name"),
@@ -246,6 +261,7 @@ def _context(config, metadata, baseline, policy, compute_dtype, bound) -> dict[s
         "baseline_model_dir": (os.fspath(config.baseline_model_dir)
                                if config.baseline_model_dir else None),
     }
+    ctx["amp_check"] = _amp_check(config.model_dir, metadata)
     if baseline is not None:
         ctx["baseline_notes"] = training.comparability_notes(metadata, baseline[1])
         for note in ctx["baseline_notes"]:

@@ -115,6 +115,11 @@ def test_user_builder_outside_repo_trains_under_mixed_policy_and_passes_the_gate
                                              output_dir=tmp_path / "eval"))
     assert evaluation.verdict["passed"], evaluation.verdict
     assert evaluation.metrics["amp_accuracy"] > 0.5  # chance is 0.1
+    # the AMP check before training, in amp_report.json and in the evaluate report
+    amp = json.loads((result.output_dir / "amp_report.json").read_text())
+    assert "half_precision_output" in {f["kind"] for f in amp["findings"]}
+    report = (evaluation.output_dir / "report.md").read_text()
+    assert "## AMP check" in report and "half_precision_output" in report
 
 
 @pytest.mark.slow
