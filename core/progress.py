@@ -75,7 +75,7 @@ def configure(*, quiet: bool | None = None, every_s: float | None = None) -> Non
     >>> configure(every_s=5)             # ampflow --progress-every-s 5
     """
     if every_s is not None:
-        _check_every_s(every_s, "every_s")
+        _check_every_s(every_s, "progress_every_s")
         os.environ[EVERY_S_ENV] = repr(float(every_s))
     if quiet is not None:
         os.environ[QUIET_ENV] = "1" if quiet else "0"

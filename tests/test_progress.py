@@ -103,6 +103,19 @@ def test_progress_values_are_computed_only_when_a_display_is_due(clean_env):
     assert calls == []  # 1,000 updates within every_s: no display, no values read
 
 
+def test_keras_callback_counts_the_batches_of_a_predict(clean_env, caplog):
+    import keras
+    import numpy as np
+
+    caplog.set_level(logging.INFO, logger="ampflow.progress")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with Progress(5, "predict", unit="batch", every_s=1e-6, stream=io.StringIO()) as shown:
+        model.predict(np.zeros((10, 3), "float32"), batch_size=2, verbose=0,
+                      callbacks=[progress_module.keras_callback(shown)])
+    assert shown.n == 5
+    assert caplog.records[-1].getMessage().startswith("predict: batch 5/5 (100%)")
+
+
 def test_configure_writes_the_environment_children_inherit(clean_env):
     assert settings() == progress_module.Settings(quiet=False, every_s=30.0)
     configure(quiet=True, every_s=2)
@@ -219,3 +232,31 @@ def test_train_through_a_pipe_logs_periodic_plain_lines_or_none_when_quiet(
              for m in [re.search(r"epoch 1/1: step (\d+)/40 \(\d+%\)", x)] if m]
     assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] == 40, lines
     assert any(re.search(r"img/s, loss \d\.\d{4}, accuracy \d\.\d{4}, ETA", x) for x in lines)
+
+
+def test_train_display_shows_what_telemetry_read_and_reads_nothing_itself(monkeypatch):
+    import keras
+    import numpy as np
+
+    from ampflow.components.train import telemetry as telemetry_module
+    from ampflow.components.train.loop import TELEMETRY_KEY, progress_values
+    from ampflow.components.train.telemetry import GuardLimits, LossScaleTelemetry
+
+    reads = []
+    real = keras.ops.convert_to_numpy
+    monkeypatch.setattr(telemetry_module.keras.ops, "convert_to_numpy",
+                        lambda x: reads.append(1) or real(x))
+    callback = LossScaleTelemetry(GuardLimits(warmup_steps=1000), every_n=4)
+    callback.set_params({"steps": 10, "epochs": 1})
+    callback.on_epoch_begin(0)
+    # [loss, scale, iterations, epoch sums: loss, correct, examples, steps] as loop.py packs it
+    packed = keras.ops.convert_to_tensor(np.array([0.5, 1024.0, 4.0, 2.4, 96.0, 128.0, 4.0]))
+    for batch in range(6):
+        callback.on_train_batch_end(batch, {TELEMETRY_KEY: packed})
+    assert len(reads) == 1 and callback.last_read["step"] == 4  # the recorded step only
+    assert progress_values(callback.last_read) == {"loss": 0.6, "accuracy": 0.75,
+                                                   "scale": 1024.0}
+    # without loss scaling: [loss, epoch sums]
+    assert progress_values({"loss": 0.5, "epoch_loss_sum": 1.0, "epoch_correct": 3.0,
+                            "epoch_examples": 4.0, "epoch_steps": 2.0}) == {
+        "loss": 0.5, "accuracy": 0.75}
