@@ -2,7 +2,7 @@
 
 The contract (README, "Your own model and data"):
 - the input is `(None, H, W, C)` float32 raw pixels 0..255, H, W, C being the prepared
-  dataset's `image_shape`: the model rescales (and resizes, if it wants another size) inside;
+  dataset's `image_shape` (`prepare-data --image-size` sets it): the model rescales inside;
 - the output is `(None, num_classes)`, logits or softmax probabilities; ampflow recomputes a
   softmax in float32 and adds its float32 `logits`/`probabilities` head;
 - custom layers implement `get_config` (and take `**kwargs`), so the model saves as `.keras`
