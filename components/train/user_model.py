@@ -6,10 +6,10 @@
   the chosen dtype policy. It returns an uncompiled functional (or Sequential) Keras model whose
   input is `(None, H, W, C)` float32 **raw pixels 0..255** (the dataset's `image_shape`, which
   `prepare-data --image-size` sets: the same pixels a client sends the served model), so the
-  model rescales (and, if it wants yet another size, resizes) inside itself; whose output is `(None, num_classes)` logits or softmax
-  probabilities. The module is imported from the environment or from `--model-path DIR`
-  (prepended to `sys.path`), in train and in every step that loads the model again, so custom
-  layers defined there deserialize;
+  model rescales (and, if it wants yet another size, resizes) inside itself; whose output is
+  `(None, num_classes)` logits or softmax probabilities. The module is imported from the
+  environment or from `--model-path DIR` (prepended to `sys.path`), in train and in every step
+  that loads the model again, so custom layers defined there deserialize;
 - a path to a `.keras` file: a trained model fine-tuned from its current weights. Custom
   layers in it are imported from the module their config records (`custom_objects_in`).
 
