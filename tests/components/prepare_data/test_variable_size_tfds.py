@@ -191,3 +191,17 @@ def test_overlapping_train_and_test_slices_are_a_config_error(tmp_path, prepared
             train_split="train[:54]", test_split="train[50:]",
             tfds_data_dir=_info(prepared_varsize)["tfds_data_dir"]))
     assert not (tmp_path / "dataset_info.json").exists()
+
+
+def test_variable_size_dataset_trains_at_the_fixed_shape_with_augmentation(
+        tmp_path, prepared_varsize):
+    from ampflow.components.train import TrainConfig, load_trained_model, run_train
+
+    result = run_train(TrainConfig(
+        data_dir=prepared_varsize, output_dir=tmp_path / "model", precision="mixed_bfloat16",
+        batch_size=8, epochs=2, augment=True))
+    meta = result.metadata
+    assert meta["input_shape"] == [12, 10, 3] and meta["recipe"]["augment"] is True
+    assert len(meta["epochs"]) == 2 and all(np.isfinite(e["loss"]) for e in meta["epochs"])
+    model, _ = load_trained_model(result.output_dir)
+    assert tuple(model.input_shape) == (None, 12, 10, 3)
