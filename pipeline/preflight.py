@@ -178,13 +178,15 @@ def check_cluster(api_client, needs: Needs) -> list[str]:
 
     problems = list(needs.problems)
     core = client.CoreV1Api(api_client)
-    if not _exists(lambda: core.read_namespace(needs.namespace, _request_timeout=_DEADLINE_S)):
+    if _exists(lambda: core.read_namespace(needs.namespace, _request_timeout=_DEADLINE_S),
+               f"namespace {needs.namespace}") is False:
         return problems + [f"namespace {needs.namespace} does not exist: pass --namespace "
                            "with the namespace KFP runs in (a Kubeflow profile's namespace "
                            "in a multi-user install)"]
     for claim, fix in needs.claims:
-        if not _exists(lambda c=claim: core.read_namespaced_persistent_volume_claim(
-                c, needs.namespace, _request_timeout=_DEADLINE_S)):
+        if _exists(lambda c=claim: core.read_namespaced_persistent_volume_claim(
+                c, needs.namespace, _request_timeout=_DEADLINE_S),
+                f"claim {needs.namespace}/{claim}") is False:
             problems.append(f"claim {claim} does not exist in namespace {needs.namespace} (a "
                             f"pod that mounts it would stay Pending): {fix}")
     problems += _access_problems(api_client, needs)
@@ -207,7 +209,8 @@ def _warn_without_disruption_budget(api_client, namespace: str) -> None:
                         "k8s/pipeline)", TRAIN_BUDGET, namespace, namespace)
 
 
-def _exists(read) -> bool:
+def _exists(read, what: str) -> bool | None:
+    """True/False; None when we may not look (logged: that check is skipped, not failed)."""
     from kubernetes.client.exceptions import ApiException
 
     try:
@@ -215,6 +218,9 @@ def _exists(read) -> bool:
     except ApiException as e:
         if e.status == 404:
             return False
+        if e.status in (401, 403):
+            log.warning("%s not checked: you may not read it (HTTP %s)", what, e.status)
+            return None
         raise
     return True
 

@@ -29,11 +29,12 @@ class FakeCluster:
     """KFP healthz + namespaces, claims, storage classes and SelfSubjectAccessReviews."""
 
     def __init__(self, tag="2.17.0", multi_user=False, namespaces=("kubeflow",), claims=(),
-                 allowed=None, default_class=None, impersonation=True):
+                 allowed=None, default_class=None, impersonation=True, read_namespaces=True):
         self.tag, self.multi_user = tag, multi_user
         self.namespaces, self.claims = set(namespaces), set(claims)  # claims: (ns, name)
         self.allowed = allowed  # None: everything; else {(user, ns, verb, resource)}
         self.default_class, self.impersonation = default_class, impersonation
+        self.read_namespaces = read_namespaces  # False: GET namespace is 403 (a profile user)
         self.requests: list[tuple[str, str]] = []
         self.reviews: list[tuple[str, dict]] = []
         cluster = self
@@ -61,6 +62,9 @@ class FakeCluster:
                     return self._send(200, {"commit_sha": "x", "tag_name": cluster.tag,
                                             "multi_user": cluster.multi_user})
                 if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 4:
+                    if not cluster.read_namespaces:
+                        return self._send(403, {"kind": "Status", "apiVersion": "v1",
+                                                "code": 403, "reason": "Forbidden"})
                     if parts[3] in cluster.namespaces:
                         return self._send(200, {"kind": "Namespace", "apiVersion": "v1",
                                                 "metadata": {"name": parts[3]}})
@@ -265,3 +269,12 @@ def test_submit_without_a_kubeconfig_says_the_cluster_was_not_checked(fake, tmp_
         submit(SubmitConfig(host=cluster.url, image=IMAGE, connect_timeout_s=2,
                             train_workers=2))
     assert "were not checked" in caplog.text and len(sent) == 1
+
+
+def test_submit_by_a_user_who_may_not_read_namespaces_still_checks_the_claims(fake, tmp_path,
+                                                                             sent, caplog):
+    cluster = fake(multi_user=True, namespaces={"team-a"}, read_namespaces=False)
+    with caplog.at_level(logging.WARNING), pytest.raises(
+            PipelineError, match="claim ampflow-training does not exist in namespace team-a"):
+        submit(_config(cluster, tmp_path, namespace="team-a", train_workers=2))
+    assert "namespace team-a not checked: you may not read it (HTTP 403)" in caplog.text
