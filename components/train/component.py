@@ -47,6 +47,11 @@ def train(
     jit = {"auto": None, "true": True, "false": False}.get(jit_compile.lower(), "bad")
     if jit == "bad":
         raise ConfigError(f"jit_compile must be auto, true or false. Received: {jit_compile!r}")
+    if checkpoint_dir and "://" not in checkpoint_dir:  # a volume KFP mounts without fsGroup
+        from ampflow.components.train.cluster import check_volume_writable
+
+        check_volume_writable(checkpoint_dir,
+                              f"the checkpoint dir {checkpoint_dir} (the run's KFP workspace)")
     if base_model is not None:
         architecture = (os.path.join(base_model.path, "model.keras")
                         if os.path.isdir(base_model.path) else base_model.path)
