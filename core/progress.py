@@ -41,9 +41,9 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 from ampflow.errors import ConfigError
 
@@ -56,6 +56,7 @@ _FALSE = ("", "0", "false", "no", "off")
 
 log = logging.getLogger("ampflow.progress")
 Values = Mapping[str, object] | Callable[[], Mapping[str, object]] | None
+T = TypeVar("T")
 
 _terminal: TextIO | None = None
 
@@ -283,6 +284,19 @@ class Progress:
         if closing:
             tail = ", ".join(filter(None, [tail, f"in {_duration(now - self._start)}"]))
         return f"{self.desc}: {count}" + (f", {tail}" if tail else "")
+
+
+def track(iterable: Iterable[T], total: int | None, desc: str, *, unit: str = "item",
+          **kwargs) -> Iterator[T]:
+    """Yield from `iterable`, counting each item into a `Progress` (closed at the end).
+
+    For generators that write as they go, e.g. a TFDS builder's `_generate_examples`:
+    `for image, label in track(rows, len(rows), "prepare digits", unit="example"): yield ...`
+    """
+    with Progress(total, desc, unit=unit, **kwargs) as progress:
+        for item in iterable:
+            yield item
+            progress.update()
 
 
 def keras_callback(progress: Progress):

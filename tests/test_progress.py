@@ -116,6 +116,18 @@ def test_keras_callback_counts_the_batches_of_a_predict(clean_env, caplog):
     assert caplog.records[-1].getMessage().startswith("predict: batch 5/5 (100%)")
 
 
+def test_track_counts_the_items_a_generator_yields(clean_env, caplog):
+    caplog.set_level(logging.INFO, logger="ampflow.progress")
+
+    def examples():
+        for i in progress_module.track(range(4), 4, "prepare", unit="example", every_s=1e-6,
+                                       stream=io.StringIO()):
+            yield i * 2
+
+    assert list(examples()) == [0, 2, 4, 6]
+    assert caplog.records[-1].getMessage().startswith("prepare: example 4/4 (100%)")
+
+
 def test_configure_writes_the_environment_children_inherit(clean_env):
     assert settings() == progress_module.Settings(quiet=False, every_s=30.0)
     configure(quiet=True, every_s=2)
