@@ -13,13 +13,14 @@ TOOLS_STAMP := $(TOOLS)/.installed
 # editors and type checkers can follow (the default mode maps ampflow.components → components/
 # with an import hook they cannot see). A new or removed module needs a new link, and it changes
 # its folder's mtime, so the folders are prerequisites.
-PACKAGE_DIRS := $(shell find core components pipeline serving -type d -not -name __pycache__)
+PACKAGE_DIRS := $(shell find core components pipeline serving clients/python/src -type d -not -name __pycache__ -not -name '*.egg-info')
 
-$(STAMP): pyproject.toml $(PACKAGE_DIRS)
+$(STAMP): pyproject.toml clients/python/pyproject.toml $(PACKAGE_DIRS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	# (PYTHONWARNINGS: setuptools warns on every strict editable install that it is one)
-	PYTHONWARNINGS=ignore $(VENV)/bin/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
+	# ampflow depends on ampflow-client (clients/python, not on PyPI): both from this checkout.
+	PYTHONWARNINGS=ignore $(VENV)/bin/python -m pip install --quiet -e clients/python -e '.[dev]' --config-settings editable_mode=strict
 	$(VENV)/bin/python -m pip check
 	touch $(STAMP)
 
