@@ -231,7 +231,8 @@ def markdown(result: dict, args) -> str:
     lines = [
         "# ampflow-client vs tensorflow-serving-api (one run, side by side)", "",
         f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; "
-        f"Python {result['python']}. Install times with a warm pip wheel cache (no downloads).",
+        f"Python {result['python']}. Install times with a warm pip cache (wheels cached, the "
+        "index still queried): downloads would add to both, most to the 2 GB side.",
         "", "| | ampflow-client | tensorflow-serving-api |", "|---|---:|---:|",
         f"| installed size (site-packages) | {a['installed_mb']} MB | {b['installed_mb']} MB |",
         f"| install time (fresh venv) | {a['install_s']} s | {b['install_s']} s |",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLIENT_ROOT
+from client_helpers import CLIENT_ROOT
 
 pytestmark = pytest.mark.serving
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CLIENT_ROOT
+from client_helpers import CLIENT_ROOT
 
 sys.path.insert(0, str(CLIENT_ROOT / "tools"))
 from generate_protos import GRPCIO_TOOLS_VERSION  # noqa: E402
