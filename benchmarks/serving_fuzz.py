@@ -171,9 +171,15 @@ def seed_requests() -> list[tuple[str, bytes]]:
             ("GetModelStatus", status.SerializeToString())]
 
 
-def fuzz(address: str, mutated: int, seed: int = 0, server=None) -> dict:
-    """Send the hand-made requests and `mutated` byte-mutated ones; every answer is a code."""
+def fuzz(address: str, mutated: int, seed: int = 0, server=None,
+         desc: str | None = "fuzz") -> dict:
+    """Send the hand-made requests and `mutated` byte-mutated ones; every answer is a code.
+
+    With `desc`, the requests sent are shown as progress (`ampflow.progress`).
+    """
     import grpc
+
+    from ampflow.progress import Progress
 
     rng = random.Random(seed)
     rss_before = server.rss_mb if server else None
@@ -194,10 +200,12 @@ def fuzz(address: str, mutated: int, seed: int = 0, server=None) -> dict:
             table.append({"request": name, "bytes": len(data), "code": code,
                           "message": message[:160]})
         seeds = seed_requests()
-        for _ in range(mutated):
-            method, data = rng.choice(seeds)
-            code, _message = send(method, mutate(data, rng))
-            codes[code] = codes.get(code, 0) + 1
+        with Progress(mutated, desc or "", unit="request", enabled=bool(desc)) as progress:
+            for _ in range(mutated):
+                method, data = rng.choice(seeds)
+                code, _message = send(method, mutate(data, rng))
+                codes[code] = codes.get(code, 0) + 1
+                progress.update(values=lambda: {"codes": _codes_text(codes)})
         good_method, good = seeds[0]
         alive_code, _ = send(good_method, good)
     return {"hand_made": table, "mutated": mutated, "mutated_codes": codes,
@@ -216,7 +224,12 @@ def fuzz_with_server(workdir: Path, mutated: int, seed: int = 0) -> dict:
     server = ServeProcess(MODEL, base, workdir / "fuzz-server.log", "--grace-s", "2",
                           stop_timeout_s=30)
     try:
-        fuzz(server.address, 200, seed + 1)  # warm-up: first-use allocations are not growth
+        # warm-up: first-use allocations are not growth
+        fuzz(server.address, 200, seed + 1, desc=None)
         return fuzz(server.address, mutated, seed, server)
     finally:
         server.stop()
+
+
+def _codes_text(codes: dict[str, int]) -> str:
+    return " ".join(f"{code} {n}" for code, n in sorted(codes.items(), key=lambda kv: -kv[1]))

@@ -57,6 +57,21 @@ def copy_slowly(store: Path, base: Path, version: int, pause_s: float) -> float:
 
 # ---- soak ---------------------------------------------------------------------------------------
 
+def _wait_showing_progress(seconds: float, clients: int, start: float, outs: list[list],
+                           events: dict[str, float]) -> None:
+    """Sleep out the soak, showing its seconds, requests so far and the last version pushed."""
+    from ampflow.progress import Progress
+
+    def values():
+        return {"requests": sum(len(out) for out in outs),
+                "last push": (list(events) or [None])[-1]}
+
+    with Progress(max(1, round(seconds)), f"soak ({clients} clients)", unit="s",
+                  show_rate=False) as progress:
+        while (left := start + seconds - time.monotonic()) > 0:
+            time.sleep(min(1.0, left))
+            progress.update(max(0, round(time.monotonic() - start) - progress.n), values=values)
+
 LAST_VERSION = 5  # the last version the pusher installs
 LAST_VERSION_WAIT_S = 60.0  # how long past `seconds` the clients run until it answers
 
@@ -94,8 +109,10 @@ def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> di
     rss: list[tuple[float, float]] = []
     last_version_answered = threading.Event()
 
-    def client_loop():
-        out = []
+    outs: list[list] = [[] for _ in range(clients)]  # one per client: counted while running
+
+    def client_loop(index: int):
+        out = outs[index]
         with PredictionClient(server.address, timeout_s=10, retries=0) as client:
             client.input_specs(MODEL)
             while not stop.is_set():
@@ -133,12 +150,12 @@ def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> di
             if server.alive():
                 rss.append((time.monotonic() - start, server.rss_mb))
 
-    threads = [threading.Thread(target=client_loop) for _ in range(clients)]
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
     helpers = [threading.Thread(target=pusher), threading.Thread(target=sampler)]
     try:
         for t in threads + helpers:
             t.start()
-        time.sleep(seconds)
+        _wait_showing_progress(seconds, clients, start, outs, events)
         last_version_answered.wait(LAST_VERSION_WAIT_S)
     finally:
         ran_s = time.monotonic() - start

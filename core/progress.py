@@ -13,9 +13,10 @@ Where it shows (decided once, when the display is made):
 - stderr is a terminal: a `tqdm` bar, redrawn at most every `BAR_INTERVAL_S` (Keras's
   `Progbar` writes to stdout only, where `ampflow` prints results, and shows numbers only);
 - anything else (a KFP pod's log, CI, a file, the demo's per-step log files): one plain log
-  line (logger `ampflow.progress`, so it carries the log's time stamp and level) every
-  `every_s` seconds, without carriage returns or colour codes; nothing at all for a step that
-  ends sooner;
+  line (logger `ampflow.progress`, so it carries the log's time stamp and level; written to
+  the stream itself where logging does not show INFO: `quiet` is the switch, not the log
+  level) every `every_s` seconds, without carriage
+  returns or colour codes; nothing at all for a step that ends sooner;
 - `quiet`, or `enabled=False` (a worker that is not the chief): nothing, at no cost.
 
 Settings live in the environment (`AMPFLOW_QUIET`, `AMPFLOW_PROGRESS_EVERY_S`), written by
@@ -143,6 +144,7 @@ class Progress:
             (the later epochs of a run): the display adds the run's ETA.
         initial: units already done (a resumed epoch).
         transient: a bar is erased when it closes (a short phase between lines that stay).
+        show_rate: False where units per second say nothing (a display counting seconds).
         enabled: False shows nothing (a worker that is not the chief).
         every_s: seconds between plain lines (default: `settings().every_s`).
         quiet: default `settings().quiet`.
@@ -153,12 +155,14 @@ class Progress:
     def __init__(self, total: int | None, desc: str, *, unit: str = "step",
                  items_per_unit: float | None = None, item: str = "item",
                  remaining_after: int = 0, initial: int = 0, transient: bool = False,
+                 show_rate: bool = True,
                  enabled: bool = True, every_s: float | None = None, quiet: bool | None = None,
                  stream: TextIO | None = None, logger: logging.Logger | None = None) -> None:
         current = settings() if every_s is None or quiet is None else None
         self.total, self.desc, self.unit = total, desc, unit
         self.items_per_unit, self.item = items_per_unit, item
         self.remaining_after = remaining_after
+        self.show_rate = show_rate
         self.n = self._initial = initial
         self.every_s = every_s if every_s is not None else current.every_s
         _check_every_s(self.every_s, "every_s")
@@ -173,6 +177,7 @@ class Progress:
             self.mode = "off"
             return
         stream = stream if stream is not None else display_stream()
+        self._stream = stream
         self.mode = "bar" if _isatty(stream) else "lines"
         interval = BAR_INTERVAL_S if self.mode == "bar" else self.every_s
         self._interval = interval
@@ -246,10 +251,15 @@ class Progress:
                 self._bar.refresh()
             return
         self._lines += 1
-        self._log.info("%s", self._line(now, rate, closing))
+        line = self._line(now, rate, closing)
+        if self._log.isEnabledFor(logging.INFO) and self._log.hasHandlers():
+            self._log.info("%s", line)
+        else:  # logging not set up for INFO (a script, a notebook): to the stream itself
+            self._stream.write(line + "\n")
+            self._stream.flush()
 
     def _rate_text(self, rate: float | None) -> list[str]:
-        if rate is None or (self.mode == "bar" and not self.items_per_unit):
+        if rate is None or not self.show_rate or (self.mode == "bar" and not self.items_per_unit):
             return []  # a bar shows its rate in units itself
         if self.items_per_unit:
             return [f"{rate * self.items_per_unit:,.1f} {self.item}/s"]

@@ -75,6 +75,21 @@ def test_progress_off_a_terminal_writes_plain_lines_every_every_s(clean_env, cap
     assert not any(CONTROL.search(x) for x in lines)
 
 
+@pytest.mark.parametrize("unset", ["no_handler", "above_info"])
+def test_progress_lines_go_to_the_stream_where_logging_does_not_show_info(unset, clean_env,
+                                                                          monkeypatch):
+    logger = logging.getLogger("ampflow.progress")
+    if unset == "no_handler":
+        monkeypatch.setattr(logger, "hasHandlers", lambda: False)
+    else:
+        monkeypatch.setattr(logger, "isEnabledFor", lambda level: level >= logging.WARNING)
+    stream = io.StringIO()
+    _run(Progress(3, "script", every_s=1e-6, stream=stream), 3, pause_s=0.001)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("script: step 1/3") and lines[-1].startswith("script: step 3/3")
+    assert not CONTROL.search(stream.getvalue())
+
+
 def test_progress_a_step_shorter_than_every_s_writes_no_line(clean_env, caplog):
     caplog.set_level(logging.INFO, logger="ampflow.progress")
     _run(Progress(100, "fast", stream=io.StringIO()), 100)

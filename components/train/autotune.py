@@ -29,6 +29,7 @@ from ampflow.components.train.precision import (
     detect_hardware,
 )
 from ampflow.errors import ConfigError
+from ampflow.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +102,22 @@ def autotune(config, info: dict, runtime, hardware: HardwareInfo | None = None):
     dataset, _ = distribute_datasets(runtime, train_ds, None)
     started = time.monotonic()
     measured: list[dict[str, Any]] = []
+    progress = Progress(len(pairs), "autotune", unit="candidate", enabled=runtime.is_chief)
     for policy, jit in pairs:
         elapsed = runtime.agree(time.monotonic() - started)
         if measured and elapsed > config.autotune_budget_s:
             rows.append({"policy": policy, "xla": jit, "status": "skipped",
                          "reason": f"time budget ({config.autotune_budget_s:g} s) spent"})
+            progress.update()
             continue
+        progress.update(0, values=_progress_values(measured, f"{policy} xla={jit}"))
         row = _measure(config, info, runtime, hardware, dataset, policy, jit, global_batch)
         log.info("autotune %s xla=%s: %s", policy, jit,
                  f"{row['images_per_sec']:.1f} img/s" if "images_per_sec" in row
                  else row["reason"])
         measured.append(row)
+        progress.update(values=_progress_values(measured, None))
+    progress.close()
     rows = measured + rows
     ok = [r for r in measured if r["status"] == "measured"]
     if not ok:
@@ -144,6 +150,15 @@ def autotune(config, info: dict, runtime, hardware: HardwareInfo | None = None):
         "hardware": hardware.describe(),
     }
     return setup, report
+
+
+def _progress_values(measured: list[dict[str, Any]], running: str | None) -> dict[str, Any]:
+    """What the progress display shows: the candidate running and the fastest so far."""
+    ok = [r for r in measured if r["status"] == "measured"]
+    best = max(ok, key=lambda r: r["images_per_sec"]) if ok else None
+    return {"running": running,
+            "fastest": (f"{best['policy']} xla={best['xla']} {best['images_per_sec']:.1f} img/s"
+                        if best else None)}
 
 
 def _measure(config, info, runtime, hardware, dataset, policy: str, jit: bool,
