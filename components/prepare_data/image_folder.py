@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 NAME = "ampflow_image_folder"
 BUILDER_VERSION = "1.0.0"
 SPLIT_DIRS = ("train", "test")
+# Split-like folder names beside train/ that ampflow does not read as a split.
+OTHER_SPLIT_DIRS = ("val", "valid", "validation", "dev", "eval")
 # Pillow's format names → ours (an MPO is a camera JPEG with extra pictures after the first).
 _PIL_FORMATS = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "BMP": "bmp", "GIF": "gif"}
 _GRAY_MODES = frozenset({"1", "L", "LA", "I", "F", "I;16", "I;16L", "I;16B", "I;16N"})
@@ -126,6 +128,12 @@ def list_folder(root: str | os.PathLike) -> FolderListing:
             f"image_folder={str(root)!r} ({'not a directory' if root.exists() else 'missing'})")
     root = root.resolve()
     top = _visible_dirs(root)
+    other_splits = sorted(set(top) & set(OTHER_SPLIT_DIRS))
+    if "train" in top and other_splits:  # else train/, val/ and test/ would become 3 classes
+        raise ConfigError(
+            f"image_folder must hold class sub-folders, or train/ and test/ (with the classes "
+            f"inside). Received: {str(root)!r} with train/ and {', '.join(other_splits)}/: "
+            "rename the validation folder to test/ (ampflow evaluates on test), or move it out")
     layout = "splits" if "train" in top and set(top) <= set(SPLIT_DIRS) else "classes"
     split_roots = ({s: root / s for s in SPLIT_DIRS if s in top} if layout == "splits"
                    else {"train": root})

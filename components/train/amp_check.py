@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ampflow.components.train.user_model import compute_dtype, output_layer
+
 AMP_REPORT_FILE = "amp_report.json"
 HALF_DTYPES = ("float16", "bfloat16")
 POLICY_DTYPES = {"float32": ("float32", "float32"), "mixed_float16": ("float16", "float32"),
@@ -253,16 +255,16 @@ def check_amp(model, policy: str, *, input_shape, num_classes: int, batch_size: 
                                 f"known inputs and outputs. Received: {type(model).__name__}"))
         return AmpReport(policy, name, (), tuple(findings), model=model)
     findings += _io_findings(model, tuple(int(d) for d in input_shape), int(num_classes))
-    out_layer = _output_layer(model)
+    out_layer = output_layer(model)
     finding, model, fixes = _output_check(model, out_layer, fix_output and not any(
         f.severity == "error" for f in findings))
     findings += [finding] if finding else []
-    layers = _walk(model)
+    layers = walk_layers(model)
     compute, variable = POLICY_DTYPES[policy]
     applied = _policy_applied(layers, compute, out_layer)
-    head = _head_layers(model, compute) if applied else {id(_output_layer(model))}
+    head = _head_layers(model, compute) if applied else {id(output_layer(model))}
     if not applied:
-        seen = sorted({_compute(layer) for layer, _ in layers if not _is_model(layer)})
+        seen = sorted({compute_dtype(layer) for layer, _ in layers if not _is_model(layer)})
         findings.append(Finding(
             "policy_not_applied", "warning",
             f"no layer computes in {compute}: the model was built (or loaded) under another "
@@ -315,7 +317,7 @@ def _output_check(model, out_layer, fix: bool) -> tuple[Finding | None, Any, tup
 def _policy_applied(layers, compute: str, out_layer) -> bool:
     """Whether any layer but the output computes in the policy's dtype (float32: always)."""
     return compute == "float32" or any(
-        _compute(layer) == compute for layer, _ in layers
+        compute_dtype(layer) == compute for layer, _ in layers
         if not _is_model(layer) and layer is not out_layer)
 
 
@@ -329,8 +331,8 @@ def ensure_float32_output(model) -> tuple[Any, list[str]]:
     """
     from ampflow.components.train.user_model import standard_head
 
-    out_layer = _output_layer(model)
-    if out_layer is None or _compute(out_layer) not in HALF_DTYPES:
+    out_layer = output_layer(model)
+    if out_layer is None or compute_dtype(out_layer) not in HALF_DTYPES:
         return model, []
     return standard_head(model)
 
@@ -360,7 +362,7 @@ def _io_findings(model, input_shape: tuple[int, ...], num_classes: int) -> list[
     return found
 
 
-def _walk(model) -> list[tuple[Any, str]]:
+def walk_layers(model) -> list[tuple[Any, str]]:
     """Every layer below `model` (nested models and a custom layer's sublayers), with its path."""
     found, seen = [], set()
 
@@ -404,31 +406,10 @@ def _origin(layer) -> str:
     return "ampflow" if top == "ampflow" else "custom"
 
 
-def _compute(layer) -> str:
-    policy = getattr(layer, "dtype_policy", None)  # a Keras op (not a layer) has none
-    return policy.compute_dtype if policy is not None else "float32"
-
-
 def _output_dtype(model) -> str:
     import keras
 
     return keras.backend.standardize_dtype(model.outputs[0].dtype)
-
-
-def _output_layer(model):
-    """The layer producing the model's output (inside a nested model, its own output layer)."""
-    for _ in range(64):
-        outputs = getattr(model, "outputs", None)
-        if not outputs:
-            return None
-        history = getattr(outputs[0], "_keras_history", None)
-        if history is None:
-            return None
-        layer = history[0]
-        if not _is_model(layer) or not getattr(layer, "outputs", None):
-            return layer
-        model = layer
-    return None
 
 
 def _top_output_op(model):
@@ -448,11 +429,11 @@ def _head_layers(model, compute: str) -> set[int]:
     """The output layer and the float32 chain right before it (e.g. logits → probabilities)."""
     import keras
 
-    out = _output_layer(model)
+    out = output_layer(model)
     if out is None:
         return set()
     head, layer = {id(out)}, out
-    if (not isinstance(out, keras.layers.Layer) or _compute(out) != "float32"
+    if (not isinstance(out, keras.layers.Layer) or compute_dtype(out) != "float32"
             or compute == "float32"):
         return head
     while True:
@@ -461,7 +442,7 @@ def _head_layers(model, compute: str) -> set[int]:
             return head
         layer = inbound[0]
         if (type(layer).__name__ == "InputLayer" or _is_model(layer)
-                or _compute(layer) != "float32" or id(layer) in head):
+                or compute_dtype(layer) != "float32" or id(layer) in head):
             return head
         head.add(id(layer))
 
@@ -510,7 +491,7 @@ def _hand_set_findings(layers, rows: list[LayerRow], head: set[int],
                        compute: str) -> list[Finding]:
     """Layers computing in another dtype than the policy's, outside the head (with the casts)."""
     odd = [(layer, path) for layer, path in layers
-           if not _is_model(layer) and id(layer) not in head and _compute(layer) != compute]
+           if not _is_model(layer) and id(layer) not in head and compute_dtype(layer) != compute]
     casts = {row.path: row.casts.get("input") for row in rows}
     found = []
     for layer, path in odd:
@@ -518,10 +499,11 @@ def _hand_set_findings(layers, rows: list[LayerRow], head: set[int],
         n = entry["forward"] + entry["backward"] if entry else 0
         found.append(Finding(
             "hand_set_dtype", "warning",
-            f"layer {layer.name!r} ({type(layer).__name__}) computes in {_compute(layer)} while "
+            f"layer {layer.name!r} ({type(layer).__name__}) computes in "
+            f"{compute_dtype(layer)} while "
             f"the policy computes in {compute}: its dtype is set by hand, which breaks the "
             f"chain with a Cast at its input and after it ({n} input casts in the train step)",
-            layer.name, {"compute_dtype": _compute(layer), "path": path, "input_casts": n}))
+            layer.name, {"compute_dtype": compute_dtype(layer), "path": path, "input_casts": n}))
     return found
 
 
@@ -600,7 +582,7 @@ def _trace(model, input_shape: tuple[int, ...], batch_size: int, policy: str) ->
         return tape.gradient(scaled, variables)
 
     start = time.perf_counter()
-    layers = [model] + [layer for layer, _ in _walk(model)]
+    layers = [model] + [layer for layer, _ in walk_layers(model)]
     try:
         with _recording_scopes(layers) as scopes:
             concrete = tf.function(step, autograph=False).get_concrete_function(
@@ -738,7 +720,7 @@ def _rows(layers, head: set[int], trace: _Trace | None, model) -> tuple[list[Lay
         entry["pairs"][f"{cast.src}→{cast.dst}"] += 1
         totals["backward" if cast.backward else "forward"] += 1
         totals["by_category"][cast.category] += 1
-    rows = [LayerRow(layer.name, path, type(layer).__name__, _origin(layer), _compute(layer),
+    rows = [LayerRow(layer.name, path, type(layer).__name__, _origin(layer), compute_dtype(layer),
                      layer.dtype_policy.variable_dtype, id(layer) in head,
                      _plain(per_layer.get(id(layer), {})))
             for layer, path in layers]

@@ -424,6 +424,7 @@ def auto_batch_size(try_batch: Callable[[int], Any], *, limit: int, start: int =
         import tensorflow as tf
 
         gpu = bool(tf.config.list_physical_devices("GPU"))
+    default = min(default, max(limit, 1))  # a small training split: no batch above it
     if not gpu and memory_limit_bytes is None:
         reason = (f"no accelerator memory to fill: on a CPU the batch is bounded by host RAM, "
                   f"where running out swaps or ends the process rather than raising an error a "

@@ -147,6 +147,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "batch_size", _parse_batch_size(self.batch_size))
+        if self.model_path:  # later steps import from it, from any working dir
+            object.__setattr__(self, "model_path", str(Path(self.model_path).expanduser()
+                                                       .resolve()))
         positive = {"epochs": self.epochs,
                     "batch_size": 1 if self.batch_size == AUTO_BATCH else self.batch_size,
                     "telemetry_every_n_steps": self.telemetry_every_n_steps,
@@ -274,11 +277,11 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
             setup, autotune_report = autotune(config, info, runtime, hardware)
         else:
             setup = configure_precision(config.precision, config.jit_compile, hardware)
+        model_block, amp_report = preflight_model(config, info)  # refuse or fix before epochs
         extra: dict = {}
         if config.batch_size == AUTO_BATCH:
             config, extra["batch_size_auto"] = _resolve_auto_batch(config, info, setup, runtime)
             _check_batch_fits_split(config, info, runtime)
-        model_block, amp_report = preflight_model(config, info)  # refuse or fix before epochs
         return _train(config, info, setup, runtime, output_dir, autotune_report,
                       (model_block, amp_report), extra)
     except Exception as e:

@@ -144,7 +144,20 @@ def call_builder(spec: ModelSpec, builder, input_shape: tuple[int, int, int], nu
     if not isinstance(model, keras.Model):
         raise ConfigError(f"model builder {spec.text!r} must return a keras.Model. Received: "
                           f"{type(model).__name__}")
+    if isinstance(model, keras.Sequential) and not _has_inputs(model):
+        model.build((None, *map(int, input_shape)))  # a Sequential without keras.Input
+    if not _has_inputs(model):
+        raise ConfigError(f"model builder {spec.text!r} must return a functional or Sequential "
+                          "model (a subclassed keras.Model has no graph to check or give a "
+                          f"float32 head). Received: a {type(model).__name__} without inputs")
     return model
+
+
+def _has_inputs(model) -> bool:
+    try:
+        return bool(model.inputs)
+    except (AttributeError, ValueError):  # an unbuilt Sequential raises on `.inputs`
+        return False
 
 
 def custom_objects_in(archive_path: str | Path, model_path: str | Path | None = None) -> dict:
@@ -241,41 +254,97 @@ def standard_head(model) -> tuple[Any, list[str]]:
     """`model` ending in float32 `logits` → float32 `probabilities`; and what was changed.
 
     A model already in that form (the built-ins, or a model ampflow saved) is returned as it is.
-    Otherwise the output layer is read: a softmax (an Activation/Softmax layer, or a Dense with
-    softmax activation) is taken off and recomputed in float32 from its input (the Dense's
-    weights reused in a float32 Dense), since a half-precision softmax has already lost what a
-    cast afterwards cannot bring back; any other output is taken as logits and cast to float32.
+    Otherwise the output is read, through nested models: a softmax (an Activation/Softmax layer,
+    `keras.ops.softmax`, or a Dense with softmax activation) is taken off and recomputed in
+    float32 from its input (the Dense's weights reused in a float32 Dense), since a
+    half-precision softmax has already lost what a cast afterwards cannot bring back; any other
+    output is taken as logits and cast to float32. User layers named `logits`/`probabilities`
+    are renamed (`<name>_user`) so that the head's names stay unique.
     """
     import keras
 
     if _has_standard_head(model):
         return model, []
-    for name in HEAD_LAYERS:
-        if name in {layer.name for layer in model.layers}:
-            raise ConfigError(f"the model's layer named {name!r} would clash with the float32 "
-                              "head ampflow adds. Received: a model with a layer of that name "
-                              "that is not its float32 logits/softmax head: rename it")
-    out_layer = _output_layer(model)
-    fixes: list[str] = []
-    if _is_softmax_layer(out_layer):
-        logits = out_layer.input
-        fixes.append(f"output softmax {out_layer.name!r} ({_compute(out_layer)}) recomputed in "
-                     "float32 from its input")
-    elif isinstance(out_layer, keras.layers.Dense) and _activation_name(out_layer) == "softmax":
-        dense = keras.layers.Dense(out_layer.units, use_bias=out_layer.use_bias,
-                                   dtype="float32", name=f"{out_layer.name}_float32")
-        logits = dense(out_layer.input)
-        dense.set_weights(out_layer.get_weights())
-        fixes.append(f"output Dense {out_layer.name!r} ({_compute(out_layer)}, softmax) "
-                     "recomputed in float32 without its softmax")
-    else:
+    model, fixes = _free_head_names(model)
+    source = _softmax_source(model)
+    if source is None:
         logits = model.outputs[0]
-        fixes.append(f"output of {out_layer.name!r} ({_compute(out_layer)}) taken as logits")
+        layer = output_layer(model)
+        fixes.append(f"output of {layer.name!r} ({compute_dtype(layer)}) taken as logits")
+    elif source.dense is None:
+        logits = source.pre_softmax
+        fixes.append(f"output softmax {source.name!r} ({source.dtype}) recomputed in float32 "
+                     "from its input")
+    else:
+        dense = source.dense
+        float32_dense = keras.layers.Dense(dense.units, use_bias=dense.use_bias,
+                                           dtype="float32", name=f"{dense.name}_float32")
+        logits = float32_dense(source.pre_softmax)
+        float32_dense.set_weights(dense.get_weights())
+        fixes.append(f"output Dense {dense.name!r} ({source.dtype}, softmax) recomputed in "
+                     "float32 without its softmax")
     logits = keras.layers.Activation("linear", dtype="float32", name=LOGITS_LAYER)(logits)
     probabilities = keras.layers.Activation("softmax", dtype="float32",
                                             name=PROBABILITIES_LAYER)(logits)
     fixes.append("float32 head appended: logits (float32) → probabilities (float32 softmax)")
     return keras.Model(model.inputs, probabilities, name=model.name), fixes
+
+
+@dataclass(frozen=True)
+class _SoftmaxSource:
+    """Where a model's output softmax is, and the tensor before it in the top-level graph."""
+
+    name: str
+    dtype: str
+    pre_softmax: Any  # the softmax's (or the softmax Dense's) input, a top-level KerasTensor
+    dense: Any = None  # the Dense(activation="softmax") to recompute, if that is the softmax
+
+
+def _softmax_source(model) -> _SoftmaxSource | None:
+    """The output softmax of `model` (looking inside a nested model's output), or None."""
+    import keras
+
+    operation, node_index = _producer(model.outputs[0])
+    if operation is None:
+        return None
+    node_inputs = operation._inbound_nodes[node_index].input_tensors
+    if isinstance(operation, keras.Model):
+        inner = _softmax_source(operation) if len(operation.inputs) == 1 else None
+        if inner is None or len(node_inputs) != 1:
+            return None
+        # the inner graph up to the softmax's input, called on what the nested model was
+        # called on: shares its layers and weights, in the top-level graph
+        before = keras.Model(operation.inputs, inner.pre_softmax)(node_inputs[0])
+        return _SoftmaxSource(inner.name, inner.dtype, before, inner.dense)
+    if len(node_inputs) != 1:
+        return None
+    if _is_softmax(operation):
+        return _SoftmaxSource(operation.name, compute_dtype(operation), node_inputs[0])
+    if isinstance(operation, keras.layers.Dense) and _activation_name(operation) == "softmax":
+        return _SoftmaxSource(operation.name, compute_dtype(operation), node_inputs[0],
+                              dense=operation)
+    return None
+
+
+def _free_head_names(model) -> tuple[Any, list[str]]:
+    """`model` with any user layer named `logits`/`probabilities` renamed `<name>_user`."""
+    import keras
+
+    clashing = {layer.name for layer in model.layers} & set(HEAD_LAYERS)
+    if not clashing:
+        return model, []
+
+    def rename(layer):
+        if layer.name not in clashing:
+            return layer  # the same layer object: shares its weights
+        config = {**layer.get_config(), "name": f"{layer.name}_user"}
+        return layer.__class__.from_config(config)
+
+    renamed = keras.models.clone_model(model, clone_function=rename)
+    for name in clashing:
+        renamed.get_layer(f"{name}_user").set_weights(model.get_layer(name).get_weights())
+    return renamed, [f"layer {name!r} renamed {name}_user: ampflow's float32 head uses that name"
+                     for name in sorted(clashing)]
 
 
 def rebuild_with_policy(model, policy: str, keep_float32: tuple[str, ...] = HEAD_LAYERS):
@@ -300,7 +369,11 @@ def rebuild_with_policy(model, policy: str, keep_float32: tuple[str, ...] = HEAD
                 f"{policy}: its get_config/from_config must round-trip. Received: "
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
-    clone = keras.models.clone_model(model, clone_function=convert, recursive=True)
+    from ampflow.components.train.models import policy_scope
+
+    with policy_scope(policy):  # layers without a dtype in their config, and custom layers'
+        clone = keras.models.clone_model(model, clone_function=convert,  # own sublayers,
+                                         recursive=True)  # take the global policy
     try:
         clone.set_weights(model.get_weights())
     except ValueError as e:
@@ -310,43 +383,55 @@ def rebuild_with_policy(model, policy: str, keep_float32: tuple[str, ...] = HEAD
 
 
 def layer_dtypes(model) -> list[dict[str, str]]:
-    """Each layer with weights or a fixed dtype: name, class, compute and variable dtype."""
-    rows = []
-    for layer in _walk(model):
-        policy = layer.dtype_policy
-        rows.append({"name": layer.name,
-                     "class": type(layer).__name__,
-                     "compute_dtype": policy.compute_dtype,
-                     "variable_dtype": policy.variable_dtype})
-    return rows
+    """Every layer, nested models' and custom layers' sublayers too: compute/variable dtype."""
+    from ampflow.components.train.amp_check import walk_layers
 
-
-def _walk(model):
-    for layer in model.layers:
-        if isinstance(layer, type(model)) or hasattr(layer, "layers") and layer.layers:
-            yield from _walk(layer)
-        elif type(layer).__name__ != "InputLayer":
-            yield layer
+    return [{"name": path, "class": type(layer).__name__,
+             "compute_dtype": layer.dtype_policy.compute_dtype,
+             "variable_dtype": layer.dtype_policy.variable_dtype}
+            for layer, path in walk_layers(model)]
 
 
 def _has_standard_head(model) -> bool:
     names = {layer.name: layer for layer in model.layers}
     probabilities, logits = names.get(PROBABILITIES_LAYER), names.get(LOGITS_LAYER)
     return (probabilities is not None and logits is not None
-            and _output_layer(model) is probabilities
-            and _compute(probabilities) == "float32" and _compute(logits) == "float32")
+            and _producer(model.outputs[0])[0] is probabilities
+            and compute_dtype(probabilities) == "float32" and compute_dtype(logits) == "float32")
 
 
-def _output_layer(model):
-    history = getattr(model.outputs[0], "_keras_history", None)
-    return history[0] if history is not None else model.layers[-1]
-
-
-def _is_softmax_layer(layer) -> bool:
+def output_layer(model):
+    """The layer (or Keras op) producing the model's output, inside nested models too."""
     import keras
 
-    return isinstance(layer, keras.layers.Softmax) or (
-        isinstance(layer, keras.layers.Activation) and _activation_name(layer) == "softmax")
+    for _ in range(64):
+        operation, _node = _producer(model.outputs[0]) if getattr(model, "outputs", None) \
+            else (None, None)
+        if not isinstance(operation, keras.Model) or not getattr(operation, "outputs", None):
+            return operation
+        model = operation
+    return None
+
+
+def compute_dtype(layer) -> str:
+    """A layer's compute dtype; a Keras op (`keras.ops.softmax`) has no policy: float32."""
+    policy = getattr(layer, "dtype_policy", None)
+    return policy.compute_dtype if policy is not None else "float32"
+
+
+def _producer(tensor):
+    """(the operation that made `tensor`, its node index), or (None, None)."""
+    history = getattr(tensor, "_keras_history", None)
+    return (history[0], history[1]) if history is not None else (None, None)
+
+
+def _is_softmax(operation) -> bool:
+    """A Softmax layer, an Activation("softmax") or the `keras.ops.softmax` op."""
+    import keras
+
+    if isinstance(operation, keras.layers.Activation):
+        return _activation_name(operation) == "softmax"
+    return type(operation).__name__ == "Softmax"  # the layer, or keras.ops' Softmax op
 
 
 def _activation_name(layer) -> str:
@@ -354,5 +439,3 @@ def _activation_name(layer) -> str:
     return getattr(activation, "__name__", str(activation))
 
 
-def _compute(layer) -> str:
-    return layer.dtype_policy.compute_dtype

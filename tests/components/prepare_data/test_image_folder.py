@@ -130,6 +130,16 @@ def test_image_folder_test_level_is_used_as_the_test_split(tmp_path):
     assert info["class_names"] == list(CLASSES) and info["image_shape"] == [8, 8, 3]
 
 
+def test_image_folder_with_train_and_val_is_refused_not_read_as_classes(tmp_path):
+    make_folder(tmp_path / "data" / "train", per_class=2)
+    make_folder(tmp_path / "data" / "val", per_class=2, seed=1)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"train/ and val/: rename the validation folder"):
+        run_prepare_data(PrepareDataConfig(output_dir=out, image_folder=tmp_path / "data",
+                                           image_size=8))
+    _assert_nothing_left(out)
+
+
 def test_image_folder_same_size_images_need_no_image_size_and_keep_pixels(tmp_path):
     rgba = np.random.default_rng(2).integers(0, 256, (5, 7, 4), dtype=np.uint8)
     gray = np.arange(35, dtype=np.uint8).reshape(5, 7)

@@ -64,6 +64,35 @@ BUILDER = textwrap.dedent('''
 
     def not_a_model(input_shape, num_classes):
         return "a string"
+
+
+    def sequential(input_shape, num_classes):
+        """A Sequential without keras.Input: built by ampflow on the data's shape."""
+        return keras.Sequential([layers.Rescaling(1 / 255.0), layers.Flatten(),
+                                 layers.Dense(num_classes, activation="softmax")])
+
+
+    class Block(layers.Layer):
+        """A custom layer that owns a sublayer (created in __init__)."""
+
+        def __init__(self, units=8, **kwargs):
+            super().__init__(**kwargs)
+            self.units = units
+            self.inner = layers.Dense(units, activation="relu")
+
+        def call(self, x):
+            return self.inner(x)
+
+        def get_config(self):
+            return {**super().get_config(), "units": self.units}
+
+
+    def nested(input_shape, num_classes):
+        """A nested Sequential head ending in a softmax, after a custom block."""
+        inputs = keras.Input(shape=input_shape)
+        x = Block(name="block")(layers.Flatten()(layers.Rescaling(1 / 255.0)(inputs)))
+        head = keras.Sequential([layers.Dense(num_classes, activation="softmax")], name="head")
+        return keras.Model(inputs, head(x))
 ''')
 
 
@@ -258,3 +287,73 @@ def test_metadata_records_the_model_block(tmp_path, prepared_digits, user_code):
     assert saved["model"]["spec"] == "usermodels.net:build"
     assert saved["model"]["model_path"] == str(user_code)
     assert saved["recipe"]["optimizer"] == "adam"
+
+
+@pytest.mark.parametrize("last", ["nested_softmax", "ops_softmax", "named_logits"])
+def test_standard_head_reads_the_softmax_wherever_it_is(last):
+    import keras
+
+    from ampflow.components.train.user_model import standard_head
+
+    inputs = keras.Input((6,))
+    x = keras.layers.Dense(8, activation="relu")(inputs)
+    if last == "nested_softmax":
+        out = keras.Sequential([keras.layers.Dense(3, activation="softmax")], name="head")(x)
+    elif last == "ops_softmax":
+        out = keras.ops.softmax(keras.layers.Dense(3)(x))
+    else:  # a user's own layer named like ampflow's head: renamed, not refused
+        out = keras.layers.Activation("softmax")(keras.layers.Dense(3, name="logits")(x))
+    model = keras.Model(inputs, out)
+    standard, fixes = standard_head(model)
+    assert any("recomputed in float32" in fix for fix in fixes), fixes  # never softmax twice
+    data = np.random.default_rng(2).normal(size=(5, 6)).astype("float32")
+    np.testing.assert_allclose(standard.predict(data, verbose=0), model.predict(data, verbose=0),
+                               atol=1e-6)
+
+
+def test_sequential_builder_without_input_is_built_on_the_data_shape(user_code):
+    built = make_model("usermodels.net:sequential", (8, 8, 1), 10, policy="mixed_float16",
+                       model_path=str(user_code))
+    assert tuple(built.model.input_shape) == (None, 8, 8, 1)
+    assert built.model.output.dtype == "float32"
+
+
+def test_rebuild_under_a_policy_reaches_nested_models_and_custom_sublayers(user_code):
+    import keras
+
+    from ampflow.components.train.amp_check import walk_layers
+    from ampflow.components.train.user_model import rebuild_with_policy
+
+    model = make_model("usermodels.net:nested", (8, 8, 1), 10, policy="float32",
+                       model_path=str(user_code)).model
+    assert keras.mixed_precision.global_policy().name == "float32"
+    rebuilt = rebuild_with_policy(model, "mixed_bfloat16")
+    computes = {path: layer.dtype_policy.compute_dtype for layer, path in walk_layers(rebuilt)
+                if layer.weights and not isinstance(layer, keras.Model)}
+    head = {path for path in computes if path.split("/")[0] in ("logits", "probabilities")}
+    assert any(p.startswith("block/") for p in computes), computes  # the custom sublayer
+    assert {v for p, v in computes.items() if p not in head} == {"bfloat16"}, computes
+    for a, b in zip(model.get_weights(), rebuilt.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_user_keras_file_with_an_unregistered_custom_layer_loads_and_keeps_its_answers(
+        tmp_path, user_code):
+    model = make_model("usermodels.net:build", (8, 8, 1), 10, policy="float32",
+                       model_path=str(user_code)).model
+    path = tmp_path / "user.keras"
+    model.save(path)
+    tuned = make_model(str(path), (8, 8, 1), 10, policy="mixed_float16",
+                       model_path=str(user_code)).model
+    images = np.random.default_rng(3).uniform(0, 255, (16, 8, 8, 1)).astype("float32")
+    before, after = model.predict(images, verbose=0), tuned.predict(images, verbose=0)
+    np.testing.assert_allclose(after, before, atol=1e-2)  # float16 rounding only
+    assert np.mean(after.argmax(-1) == before.argmax(-1)) >= 0.9
+
+
+def test_batch_size_auto_on_a_cpu_never_exceeds_the_training_split():
+    from ampflow.components.train.memory import auto_batch_size
+
+    choice = auto_batch_size(lambda batch: None, limit=10, gpu=False)
+    assert choice.batch_size == 10
+
