@@ -15,10 +15,16 @@ compute dtype. The CPU's bf16 units (AVX512_BF16/AMX flags and the ISA oneDNN di
 recorded: without them bfloat16 runs emulated and the bf16 efficiency goal (≥ 1.6× float32,
 ≥ 40 % of the bf16 conv peak, issue 13) does not apply. `--profile` instead times each policy's
 ops with the TF profiler and writes the share of each op type (where a step's time goes).
+`--progress-ab` instead runs each configuration with the progress display off (quiet), as plain
+lines every second (stderr a pipe), and as a live bar (stderr a pseudo-terminal), interleaved
+`--repeats` times, and writes the throughput of each as a ratio to off (issue 25: the display
+must cost nothing measurable).
 The same script runs unchanged on a GPU machine (the peak probes then run on the GPU).
 
     python benchmarks/train_throughput.py --model resnet50 --image-size 96 --out benchmarks/results
     python benchmarks/train_throughput.py --model resnet50 --image-size 96 --profile
+    python benchmarks/train_throughput.py --model small_cnn --policies float32 --xla off \
+        --progress-ab --repeats 3 --tag progress_cpu
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ def main() -> int:
     data_dir = _prepare(args)
     if args.profile:
         return _profile(args, data_dir)
+    if args.progress_ab:
+        return _progress_ab(args, data_dir)
     cpu = _cpu_capabilities()
     peaks = _peak_probe()
     runs: dict[tuple[str, bool], list[dict]] = {}
@@ -112,6 +120,9 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="profile each policy's ops (TF profiler) instead of the throughput sweep")
     p.add_argument("--profile-steps", type=int, default=4, help="profiled steps per policy")
+    p.add_argument("--progress-ab", action="store_true",
+                   help="throughput with the progress display off / plain lines / a bar, "
+                        "interleaved, as ratios to off")
     p.add_argument("--tag", default="",
                    help="suffix for the output files (e.g. the machine), so runs do not overwrite")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -164,17 +175,185 @@ def _set_threads(args) -> None:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
 
 
-def _run_config(args, data_dir: str, policy: str, jit: bool) -> dict:
+def _run_config(args, data_dir: str, policy: str, jit: bool, progress: str | None = None) -> dict:
+    """One configuration in its own process; `progress`: off, lines or bar (None: as is)."""
     cmd = [sys.executable, __file__, "--worker", *_worker_args(args, data_dir, policy)]
     cmd += ["--jit"] if jit else []
     row = {"policy": policy, "xla": jit}
+    env = dict(os.environ)
+    if progress is not None:
+        row["progress"] = progress
+        env.update({"AMPFLOW_QUIET": "1" if progress == "off" else "0",
+                    "AMPFLOW_PROGRESS_EVERY_S": "1"})
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        if progress == "bar":
+            returncode, stdout, stderr = _run_on_a_terminal(cmd, env, args.timeout)
+        else:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                  env=env)
+            returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired:
         return {**row, "error": f"timed out after {args.timeout:.0f} s"}
-    if done.returncode != 0:
-        return {**row, "error": done.stderr.strip().splitlines()[-1][:200]}
-    return {**row, **json.loads(done.stdout.strip().splitlines()[-1])}
+    if returncode != 0:
+        return {**row, "error": stderr.strip().splitlines()[-1][:200]}
+    if progress is not None:
+        row["progress_output"] = {"bytes": len(stderr), "redraws": stderr.count("\r"),
+                                  "lines": stderr.count("ampflow.progress:")}
+    return {**row, **json.loads(stdout.strip().splitlines()[-1])}
+
+
+def _progress_update_cost_us(calls: int = 200_000) -> dict[str, float]:
+    """Microseconds per `Progress.update` in each mode, the bar drawn to a terminal stand-in."""
+    import io
+    import logging
+    import time
+
+    from ampflow.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+        def write(self, text):  # a real terminal's cost is the kernel's, not the caller's
+            return len(text)
+
+    logging.getLogger("ampflow.progress").propagate = False
+    cost = {}
+    values = {"loss": 0.25, "accuracy": 0.5, "scale": 32768.0}
+    for mode, kwargs in (("off", {"quiet": True}), ("lines", {"every_s": 1.0,
+                                                               "stream": io.StringIO()}),
+                         ("bar", {"stream": Terminal()})):
+        shown = Progress(calls, "bench", items_per_unit=32, item="img", remaining_after=calls,
+                         **{"quiet": False, **kwargs})
+        began = time.perf_counter()
+        for _ in range(calls):
+            shown.update(values=lambda: values)
+        cost[mode] = 1e6 * (time.perf_counter() - began) / calls
+        if mode != "off":  # one display (a redraw or a line), paid at most every interval
+            began = time.perf_counter()
+            for _ in range(200):
+                shown._show(time.monotonic(), values)
+            cost[f"one {mode} display"] = 1e6 * (time.perf_counter() - began) / 200
+        shown.close()
+    return cost
+
+
+def _run_on_a_terminal(cmd: list[str], env: dict, timeout: float) -> tuple[int, str, str]:
+    """Run `cmd` with stderr on a 120x40 pseudo-terminal (drained by a thread)."""
+    import fcntl
+    import struct
+    import termios
+    import threading
+
+    main, child = os.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    chunks: list[bytes] = []
+
+    def drain():
+        while True:
+            try:
+                data = os.read(main, 65536)
+            except OSError:  # EIO: the child side closed
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=child, text=True, env=env)
+    os.close(child)
+    reader.start()
+    try:
+        stdout, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    finally:
+        reader.join(timeout=10)
+        os.close(main)
+    return proc.returncode, stdout, b"".join(chunks).decode(errors="replace")
+
+
+PROGRESS_MODES = ("off", "lines", "bar")
+
+
+def _progress_ab(args, data_dir: str) -> int:
+    """Each configuration with the display off / lines / bar, interleaved; ratios to off."""
+    runs: dict[tuple[str, bool, str], list[dict]] = {}
+    configs = [(p, jit) for p in args.policies for jit in args.xla]
+    for _ in range(args.repeats):
+        for policy, jit in configs:
+            for mode in PROGRESS_MODES:  # interleaved: drift hits every mode alike
+                row = _run_config(args, data_dir, policy, jit, mode)
+                runs.setdefault((policy, jit, mode), []).append(row)
+                print(f"{mode:>6}: ", end="")
+                _print_row(row)
+    rows = []
+    for (_policy, _jit, mode), mode_runs in runs.items():
+        row = _merge(mode_runs)
+        row["progress"] = mode
+        row["repeat_images_per_sec"] = [r.get("images_per_sec") for r in mode_runs]
+        rows.append(row)
+    for row in rows:
+        off = next((r for r in rows if (r["policy"], r["xla"], r["progress"]) ==
+                    (row["policy"], row["xla"], "off")), {})
+        row["ratio_vs_off"] = (row["images_per_sec"] / off["images_per_sec"]
+                               if row.get("images_per_sec") and off.get("images_per_sec")
+                               else None)
+        off_epochs = off.get("epoch_images_per_sec") or []
+        row["noise_off"] = ((max(off_epochs) - min(off_epochs)) / statistics.median(off_epochs)
+                            if off_epochs else None)
+    update_us = _progress_update_cost_us()
+    report = {"model": args.model, "image_size": args.image_size, "batch_size": args.batch_size,
+              "dataset": args.dataset, "steps_per_epoch": args.steps, "timed_epochs": args.epochs,
+              "repeats": args.repeats, "update_cost_us": update_us, "modes": {
+                  "off": "AMPFLOW_QUIET=1", "lines": "stderr a pipe, a line every 1 s",
+                  "bar": "stderr a 120x40 pseudo-terminal, a tqdm bar redrawn every 0.1 s"},
+              "cpu": _cpu_capabilities(), "cpu_simd_flags": _simd_flags(), "device": _device(),
+              "tag": args.tag, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"train_throughput_progress_{args.model}" + (f"_{args.tag}" if args.tag else "")
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    cpu = report["cpu"]
+    lines = [f"# Training throughput with the progress display off, as lines, as a bar: "
+             f"{args.model} at {args.image_size}², batch {args.batch_size}, {report['device']}",
+             "", f"run_train, {args.epochs} timed epochs × {args.steps} steps after a warm-up "
+             f"epoch; the three modes interleaved, {args.repeats} repeat(s). Modes: "
+             + "; ".join(f"{k}: {v}" for k, v in report["modes"].items()) + ".", "",
+             "| policy | XLA | progress | img/s (median) | per repeat | range over epochs "
+             "| × off | step ms |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['policy']} | {'on' if r['xla'] else 'off'} | {r['progress']} "
+                         f"| {r['error']} | | | | |")
+            continue
+        lo, hi = r["range_images_per_sec"]
+        ratio = f"{r['ratio_vs_off']:.3f}" if r.get("ratio_vs_off") else "–"
+        per_repeat = ", ".join(f"{x:.0f}" for x in r["repeat_images_per_sec"] if x)
+        lines.append(f"| {r['policy']} | {'on' if r['xla'] else 'off'} | {r['progress']} | "
+                     f"{r['images_per_sec']:.1f} | {per_repeat} | {lo:.1f}–{hi:.1f} | {ratio} "
+                     f"| {r['step_ms']:.1f} |")
+    step_ms = next((r["step_ms"] for r in rows if r.get("progress") == "off" and
+                    r.get("step_ms")), None)
+    redraw = update_us["one bar display"]
+    lines += ["", "Host cost of the display, timed alone: per training step (`Progress.update` "
+              "with the loop's values callable, 200,000 calls) " + ", ".join(
+                  f"{mode} {us:.2f} µs" for mode, us in update_us.items()
+                  if not mode.startswith("one "))
+              + f"; one bar redraw {redraw:.0f} µs (at most 1 per "
+              "0.1 s: at most "
+              f"{redraw / 1000:.2f} % of the wall time), one plain line "
+              f"{update_us['one lines display']:.0f} µs (1 per --progress-every-s)"
+              + (f"; a step here takes {step_ms:.1f} ms, so the per-step part is "
+                 f"{update_us['bar'] / (10 * step_ms):.4f} % of it" if step_ms else "") + "."]
+    lines += ["", f"CPU: {cpu['model_name']}, {os.cpu_count()} cores; SIMD flags: "
+              f"{' '.join(report['cpu_simd_flags']) or 'unknown'}; bf16 units: "
+              f"{', '.join(cpu['bf16_units']) or 'none'}; oneDNN ISA: {cpu['onednn_isa']}."]
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
 
 
 def _merge(runs: list[dict]) -> dict:
@@ -303,6 +482,18 @@ def _peak_probe(dtypes=("float32", "bfloat16", "float16")) -> dict:
     done = subprocess.run([sys.executable, "-c", _PEAK_PROBE, *dtypes], capture_output=True,
                           text=True, timeout=600)
     return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
+
+
+def _simd_flags() -> list[str]:
+    """The CPU's vector/matrix flags from /proc/cpuinfo (AVX*, AMX*, FMA, F16C)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return sorted(f for f in line.split(":", 1)[1].split()
+                              if f.startswith(("avx", "amx", "fma", "f16c")))
+    except OSError:
+        pass
+    return []
 
 
 def _cpu_capabilities() -> dict:
