@@ -106,7 +106,8 @@ def servers(tmp_path_factory, pki):
     for name, tls in (("plain", None),
                       ("mtls", TlsConfig(pki["server"], pki["server_key"], pki["ca"]))):
         running[name] = start_local_server(ServerConfig(
-            models=(ModelConfig(MODEL, base),), host="127.0.0.1", port=0, tls=tls,
+            models=(ModelConfig(MODEL, base, version_labels={"stable": 1}),), host="127.0.0.1",
+            port=0, tls=tls,
             rest_api_port=_free_port(), grace_s=1.0, file_system_poll_wait_seconds=0))
     yield running
     for server in running.values():
@@ -143,6 +144,9 @@ with Client(args["grpc"], **tls) as c:
     out["metadata"] = {k: json_format.MessageToDict(v) for k, v in c.metadata("ampflow").items()}
     out["predict"] = arrays(c.predict("ampflow", {"images": images}))
     out["predict_single"] = arrays(c.predict("ampflow", images.astype(np.float64), version=1))
+    out["predict_label"] = arrays(c.predict("ampflow", {"images": images}, version_label="stable"))
+    out["err_label"] = err(lambda: c.predict("ampflow", {"images": images},
+                                             version_label="nope"))
     out["classify"] = c.classify("ampflow", [{"image": i.ravel()} for i in images],
                                  signature="classify").classes
     out["err_model"] = err(lambda: c.predict("nope", {"images": images}))
@@ -154,6 +158,8 @@ with RestClient(args["rest"], **tls) as r:
     out["rest_metadata"] = {k: json_format.MessageToDict(v)
                             for k, v in r.metadata("ampflow").items()}
     out["rest_predict"] = arrays(r.predict("ampflow", {"images": images}))
+    out["rest_predict_label"] = arrays(r.predict("ampflow", {"images": images},
+                                                 version_label="stable"))
     out["rest_classify"] = r.classify("ampflow", [{"image": i.ravel()} for i in images],
                                       signature="classify").classes
     out["rest_err_model"] = err(lambda: r.predict("nope", {"images": images}))
@@ -261,7 +267,7 @@ def _check(got: dict, ref: dict) -> None:
         (v, "AVAILABLE", "OK") for v, s in ref["status"] if s == 30]
     assert got["metadata"] == ref["metadata"]
     assert set(got["metadata"]) >= {"serving_default", "classify"}
-    for key in ("predict", "predict_single"):
+    for key in ("predict", "predict_single", "predict_label"):
         assert set(got[key]) == set(ref["predict"])
         for name, (dtype, values) in got[key].items():
             expected = ref["predict"][name]
@@ -275,10 +281,12 @@ def _check(got: dict, ref: dict) -> None:
     # REST: the same answers (JSON carries float32 as its shortest exact decimal)
     assert got["rest_status"] == got["status"]
     assert got["rest_metadata"] == got["metadata"]
-    for name, (dtype, values) in got["rest_predict"].items():
-        expected = ref["predict"][name]
-        assert np.dtype(dtype) == expected.dtype
-        np.testing.assert_array_equal(np.asarray(values, dtype=expected.dtype), expected)
+    for key in ("rest_predict", "rest_predict_label"):
+        for name, (dtype, values) in got[key].items():
+            expected = ref["predict"][name]
+            assert np.dtype(dtype) == expected.dtype
+            np.testing.assert_array_equal(np.asarray(values, dtype=expected.dtype), expected)
+    assert got["err_label"][0] in ("NOT_FOUND", "INVALID_ARGUMENT")
     assert [[lab for lab, _ in row] for row in got["rest_classify"]] == [
         [lab for lab, _ in row] for row in ref["classify"]]
     np.testing.assert_array_equal(
@@ -325,6 +333,12 @@ def test_cli_predict_in_the_client_venv_prints_top_k(client_venv, servers, tmp_p
     assert lines[0] == "model ampflow version 1 signature serving_default"
     assert re.fullmatch(r"row 0: \d \(\d\) [01]\.\d{4}, \d \(\d\) [01]\.\d{4}", lines[1])
     assert lines[2].startswith("row 1: ") and len(lines) == 3
+    picture = tmp_path / "x.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(32))  # starts like a PNG
+    no_pillow = subprocess.run([str(cli), "predict", "--host", host, "--port", port,
+                                str(picture)], capture_output=True, text=True, timeout=60)
+    assert no_pillow.returncode == 1  # the contract model takes pixels: Pillow is optional
+    assert "needs Pillow (pip install 'ampflow-client[images]')" in no_pillow.stderr
     missing = subprocess.run([str(cli), "status", "--host", host, "--port", port,
                               "--model-name", "nope"], capture_output=True, text=True,
                              timeout=60)
