@@ -159,6 +159,9 @@ def run_training_job(config, settings: TFJobSettings, run_key: str, api_client=N
         launcher_port=None, cpus_per_worker=None,
         checkpoint_dir=config.checkpoint_dir or str(root / "checkpoints"))
     _stage_data(Path(config.data_dir), root / "data")
+    if str(config.model).endswith(".keras"):  # a fine-tune: the workers read it from the claim
+        shared = dataclasses.replace(shared, model=str(_stage_file(Path(config.model),
+                                                                   root / "base_model.keras")))
     api_client = api_client or _in_cluster_client()
     namespace = namespace or _own_namespace()
     job = build_tfjob(name, settings, config_to_argv(shared))
@@ -260,6 +263,15 @@ def _stage_data(source: Path, target: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(source, staging)
     os.replace(staging, target)
+
+
+def _stage_file(source: Path, target: Path) -> Path:
+    """Copy one file onto the claim once (through a temp name: a retry never sees half of it)."""
+    if not target.is_file():
+        staging = target.with_name(target.name + ".staging")
+        shutil.copy2(source, staging)
+        os.replace(staging, target)
+    return target
 
 
 def _create_or_reuse(api_client, namespace: str, job: dict) -> None:

@@ -128,8 +128,9 @@ def test_tfjob_success_publishes_the_chiefs_model_in_the_task_output(
 
     fake = FakeApi(on_create=operator)
     try:
+        # a fine-tune: the .keras file lives in the launcher pod (an importer artifact)
         config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "artifact",
-                             epochs=3, workers=2)
+                             epochs=3, workers=2, model=str(published / "model.keras"))
         result = kj.run_training_job(config, _settings(tmp_path), "run-1/train",
                                      api_client=fake.client(), namespace="ns")
     finally:
@@ -145,6 +146,9 @@ def test_tfjob_success_publishes_the_chiefs_model_in_the_task_output(
     assert args[args.index("--data-dir") + 1] == str(root / "data")
     assert args[args.index("--checkpoint-dir") + 1] == str(root / "checkpoints")
     assert args[args.index("--epochs") + 1] == "3"
+    # the workers read the model to fine-tune from the claim, not from the launcher's disk
+    assert args[args.index("--model") + 1] == str(root / "base_model.keras")
+    assert (root / "base_model.keras").read_bytes() == (published / "model.keras").read_bytes()
 
 
 def test_tfjob_failure_names_the_pod_its_exit_code_and_error(prepared_digits, tmp_path,
