@@ -343,8 +343,8 @@ def test_two_workers_started_by_hand_match_one_process_float32(prepared_digits, 
     assert dist["weights_identical_on_all_workers"] is True
     assert "the chief publishes the model" in outputs[1]
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "epochs.jsonl", "loss_scale_history.json", "metadata.json", "model.keras",
-        "tensorboard"]
+        "amp_report.json", "config.json", "epochs.jsonl", "loss_scale_history.json",
+        "metadata.json", "model.keras", "tensorboard"]
     assert not (out / "backup").exists()
     info = json.loads((Path(prepared_digits) / "dataset_info.json").read_text())
     assert meta["epochs"][-1]["val_examples"] == info["splits"]["test"]  # global, not a shard
