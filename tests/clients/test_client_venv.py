@@ -346,3 +346,61 @@ def test_cli_predict_in_the_client_venv_prints_top_k(client_venv, servers, tmp_p
     assert missing.stderr.startswith("ampflow-client: error: GetModelStatus failed with "
                                      "NOT_FOUND")
     assert "Traceback" not in missing.stderr
+
+
+# A PredictionService in the client venv (grpcio alone) that answers UNAVAILABLE twice, then
+# OK; and one that sleeps past the deadline.
+_FLAKY = r'''
+import json, logging, sys, time
+from concurrent import futures
+import grpc, numpy as np
+from ampflow_client import Client, ServingError, make_tensor_proto
+from ampflow_client._proto.tensorflow_serving.apis import predict_pb2
+
+calls = {"n": 0}
+def predict(request, context):
+    calls["n"] += 1
+    if request.model_spec.name == "slow":
+        time.sleep(1.0)
+    elif calls["n"] <= 2:
+        context.abort(grpc.StatusCode.UNAVAILABLE, "reloading")
+    response = predict_pb2.PredictResponse()
+    response.model_spec.version.value = 7
+    response.outputs["y"].CopyFrom(make_tensor_proto(np.float32([1.5, 2.5])))
+    return response
+
+handler = grpc.method_handlers_generic_handler("tensorflow.serving.PredictionService", {
+    "Predict": grpc.unary_unary_rpc_method_handler(
+        predict, request_deserializer=predict_pb2.PredictRequest.FromString,
+        response_serializer=predict_pb2.PredictResponse.SerializeToString)})
+server = grpc.server(futures.ThreadPoolExecutor(4))
+server.add_generic_rpc_handlers((handler,))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+logging.getLogger("ampflow_client").addHandler(Keep())
+out = {}
+with Client(f"127.0.0.1:{port}", retries=3, backoff_s=0.01, timeout_s=0.3) as c:
+    result = c.predict("m", {"x": np.zeros(1, np.float32)})
+    out["retried"] = [result.version, result.outputs["y"].tolist(), calls["n"], list(records)]
+    records.clear()
+    t = time.monotonic()
+    try:
+        c.predict("slow", {"x": np.zeros(1, np.float32)})
+    except ServingError as e:
+        out["deadline"] = [e.code.name, round(time.monotonic() - t, 2), list(records)]
+server.stop(0)
+print(json.dumps(out))
+'''
+
+
+def test_client_retries_unavailable_then_succeeds_and_deadline_is_not_retried(client_venv):
+    got = _run_in_venv(client_venv, _FLAKY)
+    version, values, calls, log = got["retried"]
+    assert (version, values, calls) == (7, [1.5, 2.5], 3)
+    assert [m.split(", attempt ")[1].split(",")[0] for m in log] == ["1/4", "2/4"]
+    code, seconds, log = got["deadline"]
+    assert code == "DEADLINE_EXCEEDED" and seconds < 0.9 and log == []
