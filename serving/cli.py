@@ -223,8 +223,8 @@ def _client(args: argparse.Namespace):
         raise ConfigError(f"wait_s must be >= 0. Received: wait_s={args.wait_s}")
     if args.protocol == "rest":
         return RestClient(f"{args.host}:{args.port}", timeout_s=args.timeout_s,
-                          tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                          tls_server_name=args.tls_server_name)
+                          retries=args.retries, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
+                          tls_key=args.tls_key, tls_server_name=args.tls_server_name)
     return PredictionClient(f"{args.host}:{args.port}", timeout_s=args.timeout_s,
                             retries=args.retries, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
                             tls_key=args.tls_key, tls_server_name=args.tls_server_name)
