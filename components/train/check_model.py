@@ -18,20 +18,24 @@ from ampflow.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+def _as_train(name: str):
+    """The field `name` of TrainConfig: its default and help, written once (STYLE rule 13)."""
+    from ampflow.components.train.step import TrainConfig
+
+    source = TrainConfig.__dataclass_fields__[name]
+    return field(default=source.default, metadata=source.metadata)
+
+
 @dataclass(frozen=True)
 class CheckModelConfig:
     """What to check: the model as train takes it, the data it will see, the policy."""
 
     data_dir: Path = field(metadata={
         "help": "A prepared dataset dir (from prepare-data): its image shape and classes."})
-    model: str = field(default="small_cnn", metadata={
-        "help": "As train --model: a built-in, 'package.module:function', or a .keras file."})
-    model_path: str | None = field(default=None, metadata={
-        "help": "Directory put first on sys.path to import the --model builder from."})
-    precision: str = field(default="auto", metadata={
-        "choices": POLICIES, "help": "Dtype policy to check under (auto: as train picks it)."})
-    image_size: int | None = field(default=None, metadata={
-        "help": "As train --image-size (built-in models only)."})
+    model: str = _as_train("model")
+    model_path: str | None = _as_train("model_path")
+    precision: str = _as_train("precision")
+    image_size: int | None = _as_train("image_size")
     output_dir: Path | None = field(default=None, metadata={
         "help": "Write amp_report.json here (default: print only)."})
 
@@ -43,6 +47,8 @@ class CheckModelConfig:
         if self.precision not in POLICIES:
             raise ConfigError(f"precision must be one of {POLICIES}. Received: "
                               f"precision={self.precision!r}")
+        if self.image_size is not None and self.image_size < 8:
+            raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
 
 
 def run_check_model(config: CheckModelConfig):
