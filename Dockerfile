@@ -14,6 +14,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /opt/ampflow
+COPY clients/python ./clients/python
 COPY pyproject.toml README.md ./
 COPY core ./core
 COPY components ./components
@@ -22,7 +23,8 @@ COPY serving ./serving
 COPY k8s ./k8s
 # tensorflow is already in the base image at the pinned version; pip keeps it
 # (tensorflow-serving-api depends on the full `tensorflow` wheel, never tensorflow-cpu).
-RUN python3 -m pip install --no-cache-dir . && python3 -m pip check
+# ampflow depends on ampflow-client, the TF-free client in clients/python (not on PyPI).
+RUN python3 -m pip install --no-cache-dir ./clients/python . && python3 -m pip check
 
 # The deploy step renders k8s/ with kubectl (kustomize built in).
 ARG KUBECTL_VERSION=v1.32.4

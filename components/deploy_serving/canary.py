@@ -1,7 +1,8 @@
 """Prove a server serves a version: GetModelStatus says AVAILABLE, then it answers correctly.
 
-Speaks TF Serving's own gRPC API (tensorflow-serving-api), so it checks `tensorflow_model_server`
-in a cluster and `ampflow serve` on a laptop alike. The correctness check sends the real test
+Speaks TF Serving's own gRPC API through ampflow's TensorFlow-free client's protos and tensor
+conversion (`ampflow_client`, clients/python), so it checks `tensorflow_model_server` in a
+cluster and `ampflow serve` on a laptop alike. The correctness check sends the real test
 images that export recorded with the version (export_savedmodel/canary_examples.py) to that
 exact version and compares the answers with the recorded ones: the same classes (except where
 the recorded top two probabilities are closer than the tolerance allows to tell apart) and
@@ -61,7 +62,10 @@ def check_version_served(
     Returns the version the Predict response names; raises `DeployError` naming the address,
     the state or code last seen (or the wrong answers), and the time waited.
     """
-    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+    from ampflow_client._proto.tensorflow_serving.apis import (
+        model_service_pb2_grpc,
+        prediction_service_pb2_grpc,
+    )
 
     if INPUT_KEY not in spec.inputs:
         raise DeployError(f"the signature {SIGNATURE!r} must take {INPUT_KEY!r} (the recorded "
@@ -101,7 +105,7 @@ def compare_answers(outputs: dict[str, np.ndarray], examples: CanaryExamples, at
 
 def _wait_available(stub, address: str, model_name: str, version: int, timeout_s: float) -> None:
     """Poll GetModelStatus for the version until AVAILABLE or the deadline passes."""
-    from tensorflow_serving.apis import get_model_status_pb2
+    from ampflow_client._proto.tensorflow_serving.apis import get_model_status_pb2
 
     request = get_model_status_pb2.GetModelStatusRequest()
     request.model_spec.name = model_name
@@ -141,14 +145,14 @@ def _wait_available(stub, address: str, model_name: str, version: int, timeout_s
 
 def _predict(stub, address: str, model_name: str, version: int, images: np.ndarray):
     """One Predict of `images` on the exact version, retried on transient codes (bounded)."""
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2
+    from ampflow_client._proto.tensorflow_serving.apis import predict_pb2
+    from ampflow_client.tensors import make_ndarray, make_tensor_proto
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model_name
     request.model_spec.signature_name = SIGNATURE
     request.model_spec.version.value = version
-    request.inputs[INPUT_KEY].CopyFrom(tf.make_tensor_proto(images.astype(np.float32)))
+    request.inputs[INPUT_KEY].CopyFrom(make_tensor_proto(images.astype(np.float32)))
     for attempt in range(1, _PREDICT_ATTEMPTS + 1):
         try:
             response = stub.Predict(request, timeout=_CALL_DEADLINE_S)
@@ -165,5 +169,5 @@ def _predict(stub, address: str, model_name: str, version: int, images: np.ndarr
     if served not in (0, version):
         raise DeployError(f"canary Predict at {address}: expected an answer from version "
                           f"{version}. Received: one from version {served}")
-    outputs = {key: tf.make_ndarray(proto) for key, proto in response.outputs.items()}
+    outputs = {key: make_ndarray(proto) for key, proto in response.outputs.items()}
     return outputs, served or version
