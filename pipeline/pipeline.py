@@ -181,7 +181,7 @@ def build_pipeline(options: PipelineOptions | None = None):
     from ampflow.components.export_savedmodel.component import export_savedmodel
     from ampflow.components.prepare_data.component import prepare_data
     from ampflow.components.train.component import train
-    from ampflow.components.train.distributed_task import (
+    from ampflow.pipeline.distributed_task import (
         configure_train_workers_task,
         train_workers_arguments,
     )
@@ -298,6 +298,8 @@ def _train_task(task, options: PipelineOptions) -> None:
                    backoff_factor=2.0)
     from kfp import kubernetes
 
+    from ampflow.pipeline.distributed_task import keep_from_autoscaler
+
     keep_from_autoscaler(task)
     if not options.gpu:
         return
@@ -309,22 +311,6 @@ def _train_task(task, options: PipelineOptions) -> None:
     if options.gpu_toleration_key:
         kubernetes.add_toleration(task, key=options.gpu_toleration_key, operator="Exists",
                                   effect="NoSchedule")
-
-
-# The cluster autoscaler does not scale down a node under a pod with this annotation: a
-# training pod is not evicted for bin-packing (a deleted pod is not retried, see above).
-SAFE_TO_EVICT = ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false")
-# k8s/pipeline's PodDisruptionBudget (maxUnavailable 0) selects pods with this label: a node
-# drain waits for a training pod to finish instead of evicting (deleting) it.
-TRAIN_POD_LABEL = ("ampflow.dev/train-pod", "true")
-
-
-def keep_from_autoscaler(task) -> None:
-    """Keep a long-running task's pod from voluntary eviction: autoscaler and node drains."""
-    from kfp import kubernetes
-
-    kubernetes.add_pod_annotation(task, *SAFE_TO_EVICT)
-    kubernetes.add_pod_label(task, *TRAIN_POD_LABEL)
 
 
 def _serving_client(task) -> None:

@@ -89,7 +89,7 @@ def read_backend(host: str, token: str | None, timeout_s: float) -> Backend:
 def run_needs(options, arguments: dict, namespace: str, multi_user: bool,
               runner_service_account: str | None = None) -> Needs:
     """The claims and permissions a run of `options` with `arguments` needs in `namespace`."""
-    from ampflow.components.train.distributed_task import TRAINING_CLAIM
+    from ampflow.pipeline.distributed_task import TRAINING_CLAIM
 
     runner = (namespace, runner_service_account or (
         PROFILE_RUNNER if multi_user else STANDALONE_RUNNER))

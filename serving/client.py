@@ -23,6 +23,7 @@ import ampflow_client
 import grpc
 import numpy as np
 from ampflow_client import errors as client_errors
+from ampflow_client import images as client_images
 from ampflow_client._common import (
     STATE_NAMES,
     ClassifyResult,
@@ -37,9 +38,7 @@ from ampflow.errors import ConfigError, ServingError
 from ampflow.serving.model_format import (
     CLASSIFY_SIGNATURE,
     DEFAULT_SIGNATURE,
-    ENCODED_IMAGE_MAGIC,
     IMAGE_FEATURE,
-    encoded_image_format,
 )
 
 log = logging.getLogger(__name__)
@@ -191,85 +190,15 @@ class PredictionClient(ampflow_client.Client):
 
 def read_encoded_images(paths: Sequence[str | Path]) -> list[bytes]:
     """Image files' bytes as they are (JPEG/PNG/BMP/GIF, told by content, not by name)."""
-    files = []
-    for path in paths:
-        path = Path(path)
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise ConfigError(f"input file must be readable. Received: {path} "
-                              f"({e.strerror})") from e
-        if encoded_image_format(data) is None:
-            raise ConfigError(f"input must be an image file ({'/'.join(ENCODED_IMAGE_MAGIC)} by "
-                              f"content) to send as encoded bytes. Received: {path}")
-        files.append(data)
-    return files
-
-
-def is_image_file(path: str | Path) -> bool:
-    """Whether `path` is a file that starts like a JPEG/PNG/BMP/GIF image."""
-    try:
-        with open(path, "rb") as f:
-            return encoded_image_format(f.read(16)) is not None
-    except OSError:
-        return False
+    with ampflow_errors():
+        return client_images.read_encoded_images(paths)
 
 
 def load_images(paths: Sequence[str | Path], shape: tuple[int, ...] | None) -> np.ndarray:
-    """Files -> one float32 batch: PNG/JPEG (resized to H,W; C channels) or .npy arrays.
-
-    `shape` is the signature's input shape ([-1, H, W, C]); pixel values stay raw 0..255,
-    as the model contract (docs/ARTIFACTS.md) expects.
-    """
-    arrays = []
-    for path in paths:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"input file must exist. Received: {path}")
-        if path.suffix.lower() == ".npy":
-            array = _load_npy(path)
-            if shape is not None and array.ndim == len(shape) - 1:
-                array = array[None]
-        else:
-            array = _load_picture(path, shape)[None]
-        arrays.append(array)
-    shapes = {a.shape[1:] for a in arrays}
-    if len(shapes) > 1:
-        found = ", ".join(f"{p}: {a.shape[1:]}" for p, a in zip(paths, arrays, strict=True))
-        raise ConfigError(f"input files must all hold images of one shape. Received: {found}")
-    return np.concatenate(arrays)
+    """Files -> one float32 batch of raw 0..255 pixels (.npy arrays, or resized pictures)."""
+    with ampflow_errors():
+        return client_images.load_images(paths, shape)
 
 
-def _load_npy(path: Path) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False).astype(np.float32)
-    except (ValueError, OSError, EOFError) as e:
-        raise ConfigError(f"input must be a readable numeric .npy array. Received: {path} "
-                          f"({e})") from e
-
-
-def _load_picture(path: Path, shape) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        image = Image.open(path)
-    except (UnidentifiedImageError, OSError) as e:
-        raise ConfigError(f"input must be a PNG/JPEG image or .npy file. Received: {path}") from e
-    if shape is not None and len(shape) == 4:
-        _, h, w, c = shape
-        image = image.convert("L" if c == 1 else "RGB")
-        if h > 0 and w > 0:
-            image = image.resize((w, h))
-    array = np.asarray(image, dtype=np.float32)
-    return array[..., None] if array.ndim == 2 else array
-
-
-def top_k(probabilities: np.ndarray, k: int, labels: Sequence[str] | None = None
-          ) -> list[list[tuple[int, str, float]]]:
-    """Per row, the k best (class id, label, probability), best first."""
-    rows = []
-    for row in np.atleast_2d(probabilities):
-        best = np.argsort(-row, kind="stable")[:k]
-        rows.append([(int(i), labels[i] if labels and i < len(labels) else str(int(i)),
-                      float(row[i])) for i in best])
-    return rows
+is_image_file = client_images.is_image_file
+top_k = client_images.top_k

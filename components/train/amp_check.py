@@ -39,7 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ampflow.components.train.user_model import compute_dtype, output_layer
+from ampflow.components.train.user_model import (
+    children as _children,
+)
+from ampflow.components.train.user_model import (
+    compute_dtype,
+    output_layer,
+    walk_layers,
+)
 
 AMP_REPORT_FILE = "amp_report.json"
 HALF_DTYPES = ("float16", "bfloat16")
@@ -321,6 +328,30 @@ def _policy_applied(layers, compute: str, out_layer) -> bool:
         if not _is_model(layer) and layer is not out_layer)
 
 
+def amp_check_of(model: str, info: dict, *, model_path: str | None = None,
+                 image_size: int | None = None):
+    """The AMP report of `model` built under the current global policy on `info`'s shapes.
+
+    The model is checked as the user wrote it (so a half-precision output is named), with the
+    float32 head that ampflow gives every model as its fix; the trace is of that fixed model,
+    the one that trains.
+    """
+    import dataclasses
+
+    import keras
+
+    from ampflow.components.train.models import make_model
+
+    built = make_model(model, tuple(info["image_shape"]), info["num_classes"],
+                       image_size=image_size, model_path=model_path)
+    report = check_amp(built.original, keras.mixed_precision.global_policy().name,
+                       input_shape=tuple(info["image_shape"]),
+                       num_classes=int(info["num_classes"]), fix_output=True)
+    extra = tuple(fix for fix in built.fixes if fix not in report.fixes)
+    # report.model: the model as it trains (with ampflow's head), for the per-layer dtypes
+    return dataclasses.replace(report, fixes=report.fixes + extra, model=built.model)
+
+
 def ensure_float32_output(model) -> tuple[Any, list[str]]:
     """`model` with a float32 output, and what was changed (nothing if it already was float32).
 
@@ -360,32 +391,6 @@ def _io_findings(model, input_shape: tuple[int, ...], num_classes: int) -> list[
         found.append(Finding("no_trainable_variables", "error",
                              "the model has no trainable variables: there is nothing to train"))
     return found
-
-
-def walk_layers(model) -> list[tuple[Any, str]]:
-    """Every layer below `model` (nested models and a custom layer's sublayers), with its path."""
-    found, seen = [], set()
-
-    def visit(layer, path):
-        for child in _children(layer):
-            if id(child) in seen:
-                continue
-            seen.add(id(child))
-            child_path = f"{path}/{child.name}" if path else child.name
-            if type(child).__name__ != "InputLayer":
-                found.append((child, child_path))
-            visit(child, child_path)
-
-    visit(model, "")
-    return found
-
-
-def _children(layer) -> list:
-    """Sublayers (Keras ops such as GetItem in a functional graph are not layers: left out)."""
-    import keras
-
-    children = layer._layers if hasattr(layer, "_layers") else getattr(layer, "layers", [])
-    return [c for c in children or [] if isinstance(c, keras.layers.Layer)]
 
 
 def _is_model(layer) -> bool:

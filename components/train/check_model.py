@@ -56,7 +56,7 @@ def run_check_model(config: CheckModelConfig):
     import keras
 
     from ampflow.components.prepare_data import load_dataset_info
-    from ampflow.components.train.amp_check import write_amp_report
+    from ampflow.components.train.amp_check import amp_check_of, write_amp_report
     from ampflow.components.train.precision import configure_precision
 
     info = load_dataset_info(config.data_dir)
@@ -76,28 +76,3 @@ def run_check_model(config: CheckModelConfig):
         raise ConfigError(f"model {config.model!r} cannot train under {report.policy}: "
                           + "; ".join(report.errors))
     return report
-
-
-def amp_check_of(model: str, info: dict, *, model_path: str | None = None,
-                 image_size: int | None = None):
-    """The AMP report of `model` built under the current global policy on `info`'s shapes.
-
-    The model is checked as the user wrote it (so a half-precision output is named), with the
-    float32 head that ampflow gives every model as its fix; the trace is of that fixed model,
-    the one that trains.
-    """
-    import dataclasses
-
-    import keras
-
-    from ampflow.components.train.amp_check import check_amp
-    from ampflow.components.train.models import make_model
-
-    built = make_model(model, tuple(info["image_shape"]), info["num_classes"],
-                       image_size=image_size, model_path=model_path)
-    report = check_amp(built.original, keras.mixed_precision.global_policy().name,
-                       input_shape=tuple(info["image_shape"]),
-                       num_classes=int(info["num_classes"]), fix_output=True)
-    extra = tuple(fix for fix in built.fixes if fix not in report.fixes)
-    # report.model: the model as it trains (with ampflow's head), for the per-layer dtypes
-    return dataclasses.replace(report, fixes=report.fixes + extra, model=built.model)

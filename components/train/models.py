@@ -8,10 +8,12 @@ overflows and loses the small probabilities that the loss needs.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+# Set the Keras global dtype policy for a block (one home: user_model.py, which rebuilds under it)
+from ampflow.components.train.user_model import policy_scope
 
 ModelBuilder = Callable[[tuple[int, int, int], int, "int | None"], Any]
 _REGISTRY: dict[str, ModelBuilder] = {}
@@ -96,22 +98,6 @@ def make_model(
         user_model.check_io(model, input_shape, num_classes, source)
         standard, head_fixes = user_model.standard_head(model)
         return BuiltModel(standard, spec, tuple(fixes + head_fixes), original=model)
-
-
-@contextlib.contextmanager
-def policy_scope(policy: str | None) -> Iterator[None]:
-    """Temporarily set the Keras global dtype policy (no-op for None)."""
-    import keras
-
-    if policy is None:
-        yield
-        return
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(policy)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
 
 
 def float32_head(x, num_classes: int):

@@ -332,7 +332,7 @@ def preflight_model(config: TrainConfig, info: dict) -> tuple[dict, dict]:
     block of metadata.json (what `--model` was, what ampflow changed, each layer's compute and
     variable dtype) and the AMP report (`amp_report.json`).
     """
-    from ampflow.components.train.check_model import amp_check_of
+    from ampflow.components.train.amp_check import amp_check_of
 
     report = amp_check_of(config.model, info, model_path=config.model_path,
                           image_size=config.image_size)

@@ -27,12 +27,14 @@ float32. The same function builds evaluate's float32 twin, for every kind of mod
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import inspect
 import re
 import sys
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -347,6 +349,23 @@ def _free_head_names(model) -> tuple[Any, list[str]]:
                      for name in sorted(clashing)]
 
 
+@contextlib.contextmanager
+def policy_scope(policy: str | None) -> Iterator[None]:
+    """Temporarily set the Keras global dtype policy (no-op for None)."""
+    import keras
+
+    if policy is None:
+        yield
+        return
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+
 def rebuild_with_policy(model, policy: str, keep_float32: tuple[str, ...] = HEAD_LAYERS):
     """A copy of `model` whose layers compute under `policy` (the head stays float32).
 
@@ -369,8 +388,6 @@ def rebuild_with_policy(model, policy: str, keep_float32: tuple[str, ...] = HEAD
                 f"{policy}: its get_config/from_config must round-trip. Received: "
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
-    from ampflow.components.train.models import policy_scope
-
     with policy_scope(policy):  # layers without a dtype in their config, and custom layers'
         clone = keras.models.clone_model(model, clone_function=convert,  # own sublayers,
                                          recursive=True)  # take the global policy
@@ -384,12 +401,38 @@ def rebuild_with_policy(model, policy: str, keep_float32: tuple[str, ...] = HEAD
 
 def layer_dtypes(model) -> list[dict[str, str]]:
     """Every layer, nested models' and custom layers' sublayers too: compute/variable dtype."""
-    from ampflow.components.train.amp_check import walk_layers
-
     return [{"name": path, "class": type(layer).__name__,
              "compute_dtype": layer.dtype_policy.compute_dtype,
              "variable_dtype": layer.dtype_policy.variable_dtype}
             for layer, path in walk_layers(model)]
+
+
+def walk_layers(model) -> list[tuple[Any, str]]:
+    """Every layer below `model` (nested models and a custom layer's sublayers), with its path."""
+    found, seen = [], set()
+
+    def visit(layer, path):
+        for child in children(layer):
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            child_path = f"{path}/{child.name}" if path else child.name
+            if type(child).__name__ != "InputLayer":
+                found.append((child, child_path))
+            visit(child, child_path)
+
+    visit(model, "")
+    return found
+
+
+
+def children(layer) -> list:
+    """Sublayers (Keras ops such as GetItem in a functional graph are not layers: left out)."""
+    import keras
+
+    children = layer._layers if hasattr(layer, "_layers") else getattr(layer, "layers", [])
+    return [c for c in children or [] if isinstance(c, keras.layers.Layer)]
+
 
 
 def _has_standard_head(model) -> bool:

@@ -380,7 +380,7 @@ def test_checkov_passes_with_only_justified_exceptions(render, tmp_path):
 def test_pipeline_train_pods_are_covered_by_a_disruption_budget(render):
     """A drained node's pods are evicted (deleted), and KFP does not retry a deleted pod: the
     budget (no voluntary disruption) selects the label the pipeline puts on its train pods."""
-    from ampflow.pipeline.pipeline import TRAIN_POD_LABEL
+    from ampflow.pipeline.distributed_task import TRAIN_POD_LABEL
 
     pdb = one(render("pipeline")[1], "PodDisruptionBudget")
     assert pdb["spec"]["maxUnavailable"] == 0

@@ -1,9 +1,9 @@
 """The pipeline side of `train_workers`: the train task's arguments and settings when > 1.
 
-pipeline/pipeline.py calls these two functions and nothing else, so that what a multi-worker
-train task needs (its TFJob's settings, a stable job key, the training claim, no GPU on the
-launching pod) lives beside the training code. The claim must exist in the run's namespace
-before the run starts (a pod that mounts a missing claim stays Pending): `ampflow submit`
+pipeline/pipeline.py calls these functions, so that what a multi-worker train task needs (its
+TFJob's settings, a stable job key, the training claim, no GPU on the launching pod, no
+eviction) stays out of the file that only wires tasks. The claim must exist in the run's
+namespace before the run starts (a pod that mounts a missing claim stays Pending): `ampflow submit`
 checks it (pipeline/preflight.py).
 """
 
@@ -47,7 +47,6 @@ def configure_train_workers_task(task, options) -> None:
     """
     from kfp import kubernetes
 
-    from ampflow.pipeline.pipeline import keep_from_autoscaler
 
     resources = options.default_resources
     task.set_cpu_request(resources.cpu_request).set_cpu_limit(resources.cpu_limit)
@@ -56,3 +55,19 @@ def configure_train_workers_task(task, options) -> None:
     kubernetes.mount_pvc(task, pvc_name=TRAINING_CLAIM, mount_path=TRAINING_MOUNT)
     # a deleted launcher pod is not retried, and it deletes its TFJob on SIGTERM
     keep_from_autoscaler(task)
+
+
+# The cluster autoscaler does not scale down a node under a pod with this annotation: a
+# training pod is not evicted for bin-packing (a deleted pod is not retried, see above).
+SAFE_TO_EVICT = ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false")
+# k8s/pipeline's PodDisruptionBudget (maxUnavailable 0) selects pods with this label: a node
+# drain waits for a training pod to finish instead of evicting (deleting) it.
+TRAIN_POD_LABEL = ("ampflow.dev/train-pod", "true")
+
+
+def keep_from_autoscaler(task) -> None:
+    """Keep a long-running task's pod from voluntary eviction: autoscaler and node drains."""
+    from kfp import kubernetes
+
+    kubernetes.add_pod_annotation(task, *SAFE_TO_EVICT)
+    kubernetes.add_pod_label(task, *TRAIN_POD_LABEL)
