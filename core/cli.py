@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from ampflow import __version__
+from ampflow import __version__, progress
 from ampflow.errors import AmpflowError
 from ampflow.requirements import check_installed_versions
 from ampflow.tf_startup import filter_stderr_for_life
@@ -41,6 +41,11 @@ def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.Argumen
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
+    parser.add_argument("--quiet", action="store_true",
+                        help="No progress display (bars on a terminal, periodic lines elsewhere).")
+    parser.add_argument("--progress-every-s", type=float, default=None, metavar="S",
+                        help="Seconds between progress lines when stderr is not a terminal "
+                             f"(default {progress.DEFAULT_EVERY_S:g}).")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>")
     for module_name in modules:
         importlib.import_module(module_name).register(subparsers)
@@ -74,6 +79,7 @@ def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODUL
     if argv is None:  # the process's own command line: this process is ours to set up
         argv = sys.argv[1:]
         write_whole_lines(sys.stdout, sys.stderr)
+        progress.keep_terminal()  # the bar redraws in place; the filter forwards whole lines
         if not _shows_everything(argv):
             filter_stderr_for_life()  # TensorFlow's C++ lines a CPU-only machine reads as errors
     parser = build_parser(modules)
@@ -87,6 +93,7 @@ def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODUL
         parser.print_help()
         return 2
     try:
+        progress.configure(quiet=args.quiet or None, every_s=args.progress_every_s)
         check_installed_versions()
         return int(args.func(args) or 0)
     except AmpflowError as e:

@@ -225,10 +225,11 @@ class AmpflowImageFolder(OfflineBuilder, skip_registration=True):
         return {split: self._generate_examples(split) for split in splits}
 
     def _generate_examples(self, split: str):
+        from ampflow.progress import track
+
         root, channels = self._scan.listing.root, self._scan.channels
-        for im in self._scan.images:
-            if im.split != split:
-                continue
+        images = [im for im in self._scan.images if im.split == split]
+        for im in track(images, len(images), f"prepare {split}", unit="example"):
             path = root / im.path
             image = path.read_bytes() if im.keep_bytes else _pil_pixels(path, channels)
             yield im.path, {"image": image, "label": im.label}

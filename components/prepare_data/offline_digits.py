@@ -82,7 +82,10 @@ class AmpflowDigits(OfflineBuilder):
         }
 
     def _generate_examples(self, images: np.ndarray, labels: np.ndarray, ids: np.ndarray):
-        for image, label, idx in zip(images, labels, ids, strict=True):
+        from ampflow.progress import track
+
+        rows = zip(images, labels, ids, strict=True)
+        for image, label, idx in track(rows, len(ids), f"prepare {self.name}", unit="example"):
             yield int(idx), {"image": image, "label": int(label)}
 
 
