@@ -246,7 +246,12 @@ def _process_peak() -> int:
 
 @dataclass(frozen=True)
 class BatchAttempt:
-    """One trial of the search: the batch, whether it ran, how long, its measured peak."""
+    """One trial of the search: the batch, whether it ran, how long, its measured peak.
+
+    `peak_bytes` is what the trial itself needed at its peak (`MemoryPeak.region_bytes`: above
+    what the process already held), so a search reads the same in a fresh process and in one
+    that holds other tensors.
+    """
 
     batch_size: int
     ok: bool
@@ -320,13 +325,13 @@ def find_max_batch_size(try_batch: Callable[[int], Any], *, start: int, limit: i
                 raise
             text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             attempts.append(BatchAttempt(batch, False, time.perf_counter() - began,
-                                         getattr(getattr(e, "peak", None), "peak_bytes", None),
+                                         getattr(getattr(e, "peak", None), "region_bytes", None),
                                          text))
             log.info("batch %d: out of memory (%s)", batch, text)
             return False
         attempts.append(BatchAttempt(batch, True, time.perf_counter() - began,
-                                     getattr(peak, "peak_bytes", None)))
-        log.info("batch %d: fits%s", batch, f" (peak {peak.peak_bytes / 2**20:.0f} MiB)"
+                                     getattr(peak, "region_bytes", None)))
+        log.info("batch %d: fits%s", batch, f" (peak {peak.region_bytes / 2**20:.0f} MiB)"
                  if isinstance(peak, MemoryPeak) else "")
         return True
 
@@ -377,7 +382,9 @@ class MemoryLimit:
     For tests and machines without a GPU: the trial really runs, `PeakMemory` measures its peak
     (the probe's own measurement when it returns a `MemoryPeak`), and a peak above the limit
     raises `InjectedOutOfMemory`, as the allocator of a device that small would have. The limit
-    is compared with the real measurement, never with a formula of the batch size.
+    is compared with the real measurement, never with a formula of the batch size — with what
+    the trial itself needed (`region_bytes`), so the answer does not depend on what else the
+    process happens to hold.
     """
 
     limit_bytes: int
@@ -388,9 +395,9 @@ class MemoryLimit:
         with PeakMemory(self.device) as region:
             returned = self.try_batch(batch)
         peak = returned if isinstance(returned, MemoryPeak) else region.result
-        if peak.peak_bytes > self.limit_bytes:
+        if peak.region_bytes > self.limit_bytes:
             raise InjectedOutOfMemory(
-                f"OOM (injected): batch {batch} peaked at {peak.peak_bytes / 2**20:.1f} MiB "
+                f"OOM (injected): batch {batch} needed {peak.region_bytes / 2**20:.1f} MiB "
                 f"({peak.source}), over the {self.limit_bytes / 2**20:.1f} MiB limit", peak)
         return peak
 
