@@ -42,7 +42,7 @@ export KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(CURDIR)/$(TOO
 demo: $(STAMP)
 	$(VENV)/bin/ampflow demo --workdir runs/demo
 
-## test: lint, then the whole test suite (15-20 minutes on 2 cores, the venv included).
+## test: lint, then the whole test suite (about 25 minutes on 2 cores, the venv included).
 test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest
