@@ -200,11 +200,12 @@ def _tiny_model(input_shape, num_classes):
 
 
 def test_auto_batch_size_with_the_real_probe_and_an_injected_limit_finds_the_smaller_batch():
-    """The limit lies between the measured peaks of batches 8 and 16 of a real train step."""
+    """The limit lies between what batches 8 and 16 of a real train step need (their region
+    peaks: what the process held before each does not count, as in MemoryLimit)."""
     import keras
 
     probe = train_step_probe(_tiny_model, (32, 32, 3), 10, "float32")
-    peak_8, peak_16 = probe(8).peak_bytes, probe(16).peak_bytes
+    peak_8, peak_16 = probe(8).region_bytes, probe(16).region_bytes
     assert peak_8 < peak_16
     assert keras.mixed_precision.global_policy().name == "float32"  # restored
     limit = (peak_8 + peak_16) // 2
@@ -221,7 +222,7 @@ def test_auto_batch_size_with_the_real_probe_and_an_injected_limit_finds_the_sma
 
 
 def test_train_step_probe_peak_is_lower_under_mixed_bfloat16():
-    peaks = {policy: train_step_probe(_tiny_model, (32, 32, 3), 10, policy)(16).peak_bytes
+    peaks = {policy: train_step_probe(_tiny_model, (32, 32, 3), 10, policy)(16).region_bytes
              for policy in ("float32", "mixed_bfloat16")}
     assert peaks["mixed_bfloat16"] < peaks["float32"]
 
