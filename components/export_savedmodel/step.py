@@ -263,7 +263,7 @@ def _metadata(config: ExportConfig, meta, model_name, version, input_shape, labe
         "labels_file": f"assets/{LABELS_FILE}",
         "signatures": signatures,
         "source": {"model_dir": os.fspath(Path(config.model_dir).resolve()),
-                   "architecture": meta.get("model_name"),
+                   "architecture": meta.get("architecture"),
                    "trained_policy": meta["precision"]["policy"],
                    "exported_policy": "float32"},
         "parity": parity.as_metadata(),

@@ -133,7 +133,7 @@ def test_check_export_parity_perturbed_reference_raises(mixed_export, trained_mo
     trained, meta = load_trained_model(trained_model("mixed_float16"))
     images, _ = load_arrays(prepared_digits, "test", limit=32)
     loaded = tf.saved_model.load(str(mixed_export.version_dir))
-    twin = build_model(meta["model_name"], (8, 8, 1), 10, policy="float32")
+    twin = build_model(meta["architecture"], (8, 8, 1), 10, policy="float32")
     weights = trained.get_weights()
     twin.set_weights(weights)
     report = check_export_parity(loaded, twin, trained, images, meta["class_names"],

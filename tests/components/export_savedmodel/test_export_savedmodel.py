@@ -44,7 +44,7 @@ def _keras_models(model_dir):
     from ampflow.components.train.models import build_model
 
     trained, meta = load_trained_model(model_dir)
-    twin = build_model(meta["model_name"], tuple(meta["input_shape"]), meta["num_classes"],
+    twin = build_model(meta["architecture"], tuple(meta["input_shape"]), meta["num_classes"],
                        policy="float32")
     twin.set_weights(trained.get_weights())
     assert keras.mixed_precision.global_policy().name == "float32"
