@@ -60,6 +60,44 @@ def check_model_name(name: object, what: str = "model_name") -> str:
     return name
 
 
+# ---- version dirs --------------------------------------------------------------------------
+# A version is a child dir of the model's base path whose name is a number: TF Serving parses
+# it with strings::safe_strto64 (ASCII digits, an int64). Python's str.isdigit() also accepts
+# '²' or '١' (and int('²') raises); a `$` regex also accepts a trailing newline. So the rule
+# is written once, here: ASCII digits only, the whole name, a non-negative int64.
+_VERSION_NAME = re.compile(r"[0-9]+")
+MAX_VERSION = 2**63 - 1
+
+
+def parse_version_name(name: str) -> int | None:
+    """The version number a dir called `name` stands for, or None when it is no version.
+
+    Staging dirs (`.3.incomplete-x`), '²', '1²', '-1', a name ending in a newline and numbers
+    past int64 are None; '0' is version 0, as for TF Serving.
+    """
+    if not _VERSION_NAME.fullmatch(name):
+        return None
+    version = int(name)
+    return version if version <= MAX_VERSION else None
+
+
+def version_dirs(base_path: str | os.PathLike) -> dict[int, Path]:
+    """Every numeric child dir of `base_path` by its version ({} when it cannot be read).
+
+    Of two names for one number ('7' and '007') the canonical one wins.
+    """
+    try:
+        entries = list(os.scandir(base_path))
+    except OSError:
+        return {}
+    found: dict[int, Path] = {}
+    for entry in sorted(entries, key=lambda e: e.name, reverse=True):  # '7' sorts after '007'
+        version = parse_version_name(entry.name)
+        if version is not None and entry.is_dir():
+            found.setdefault(version, Path(entry.path))
+    return found
+
+
 # ---- signatures ---------------------------------------------------------------------------
 
 DEFAULT_SIGNATURE = "serving_default"  # the key TF Serving uses when a request names none

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from ampflow.serving.config import ModelConfig
+from ampflow.serving.model_format import version_dirs
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +34,12 @@ def meant_dir_hint(base: Path) -> str:
 
 
 def discover_versions(base_path: Path) -> dict[int, Path]:
-    """Numeric child dirs of `base_path` (dot-prefixed staging dirs are not numeric)."""
-    try:
-        entries = list(os.scandir(base_path))
-    except OSError:
-        return {}  # logged once per change by the registry
-    versions = {}
-    for entry in entries:
-        if entry.name.isdigit() and entry.is_dir():
-            versions[int(entry.name)] = Path(entry.path)
-    return versions
+    """Numeric child dirs of `base_path`, by `model_format.version_dirs`'s one rule.
+
+    Dot-prefixed staging dirs are not numeric; an unreadable base path holds none (the
+    registry logs that once per change).
+    """
+    return version_dirs(base_path)
 
 
 def aspired_versions(config: ModelConfig, available: list[int]) -> list[int]:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ampflow.components.convert_tflite.config import ConvertConfig
+from ampflow.components.export_savedmodel.versions import list_versions
 from ampflow.errors import ConfigError, GateFailedError, ModelLoadError
 from ampflow.files import ensure_writable_dir, staging_dir, write_json_atomic
 
@@ -98,13 +99,12 @@ def resolve_saved_model_dir(path: str | os.PathLike) -> Path:
     path = Path(path)
     if (path / "saved_model.pb").is_file():
         return path
-    versions = sorted((int(p.name), p) for p in path.glob("*")
-                      if p.name.isdigit() and (p / "saved_model.pb").is_file())
+    versions = list_versions(path)  # the one rule of serving/model_format.py, as a server reads
     if not versions:
         raise ModelLoadError(
             f"saved_model_dir must be a SavedModel version dir (holding saved_model.pb) or a "
             f"model dir with numbered versions. Received: saved_model_dir={str(path)!r}")
-    return versions[-1][1]
+    return path / str(versions[-1])
 
 
 def _convert_and_check(config, variant, saved_model_dir, input_shape, tmp: Path, images, labels,

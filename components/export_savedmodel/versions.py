@@ -12,17 +12,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from ampflow.errors import ExportError, ModelLoadError
+from ampflow.serving.model_format import version_dirs
 
 log = logging.getLogger(__name__)
 
-_VERSION_NAME = re.compile(r"^[0-9]+$")
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 _VERSION_DIR_MODE = 0o755
 
@@ -99,11 +98,8 @@ def _refuse_existing(final: Path) -> None:
 
 
 def _numeric_dirs(model_base: Path) -> Iterator[tuple[int, Path]]:
-    if not model_base.is_dir():
-        return
-    for child in model_base.iterdir():
-        if _VERSION_NAME.match(child.name) and child.is_dir():
-            yield int(child.name), child
+    """(version, dir) of the numeric child dirs, by `model_format.version_dirs`'s one rule."""
+    yield from version_dirs(model_base).items()
 
 
 def _is_complete(path: Path) -> bool:

@@ -123,3 +123,47 @@ def test_corrupt_saved_model_pb_is_model_load_error_chained_to_the_parse_error(t
     with pytest.raises(ModelLoadError, match=r"not a SavedModel protobuf") as info:
         model_format.read_saved_model(tmp_path)
     assert isinstance(info.value.__cause__, DecodeError)
+
+
+# ---- the one numeric-version rule (issue 23: three scanners, three rules) --------------------
+VERSION_NAMES = {"1": 1, "0": 0, "10": 10, "007": 7, str(2**63 - 1): 2**63 - 1}
+NOT_VERSIONS = ["²", "1²", "١", "1\n", " 1", "-1", "+1", "1.0", "", ".3.incomplete-x",
+                str(2**63), "latest"]
+
+
+@pytest.mark.parametrize("name,version", VERSION_NAMES.items())
+def test_parse_version_name_ascii_digits_are_versions(name, version):
+    assert model_format.parse_version_name(name) == version
+
+
+@pytest.mark.parametrize("name", NOT_VERSIONS)
+def test_parse_version_name_anything_else_is_no_version(name):
+    assert model_format.parse_version_name(name) is None
+
+
+def _version_tree(base):
+    """Dirs every scanner must read alike: real versions, look-alikes, a file, a duplicate."""
+    for name in ("1", "3", "007", "7", "²", "1²", "١", "5\n", ".9.incomplete-x", "latest"):
+        (base / name).mkdir(parents=True)
+        (base / name / model_format.SAVED_MODEL_PB).write_bytes(b"\x08\x01")
+    (base / "8").write_text("a file, not a dir")
+    return {1: base / "1", 3: base / "3", 7: base / "7"}
+
+
+def test_version_dirs_reads_only_numeric_dirs_canonical_name_first(tmp_path):
+    expected = _version_tree(tmp_path)
+    assert model_format.version_dirs(tmp_path) == expected
+    assert model_format.version_dirs(tmp_path / "absent") == {}
+
+
+def test_every_version_scanner_follows_the_one_rule(tmp_path):
+    """The server's poller, export's list/next and convert's resolver: one rule, one answer."""
+    from ampflow.components.convert_tflite.step import resolve_saved_model_dir
+    from ampflow.components.export_savedmodel.versions import list_versions, next_version
+    from ampflow.serving.version_source import discover_versions
+
+    expected = _version_tree(tmp_path)
+    assert discover_versions(tmp_path) == expected
+    assert list_versions(tmp_path) == sorted(expected)
+    assert next_version(tmp_path) == max(expected) + 1
+    assert resolve_saved_model_dir(tmp_path) == expected[max(expected)]

@@ -342,3 +342,19 @@ def test_version_copied_in_slowly_is_not_served_until_the_copy_stops(
             shutil.copyfile(rest, target / rest.name)
     _wait_for(lambda: _state(client, 2) == "AVAILABLE", what="version 2 AVAILABLE")
     assert client.predict(MODEL, sample_images(1)).version == 2
+
+
+def test_dir_named_like_a_digit_is_ignored_and_polling_goes_on(
+        model_store, tmp_path, start_server, client_for):
+    """'²'.isdigit() is True and int('²') raises: the old poller failed on every poll."""
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    for name in ("²", "1²", "5\n"):  # a real model under a name that only looks numeric
+        shutil.copytree(model_store / "1", base / name)
+    server = start_server(base)
+    client = client_for(server.address)
+    assert client.wait_until_available(MODEL, timeout=20) == 1
+    install_version(model_store, base, 2)  # the poller still runs: version 2 is picked up
+    _wait_for(lambda: _state(client, 2) == "AVAILABLE", what="version 2 AVAILABLE")
+    assert client.predict(MODEL, sample_images(1)).version == 2
+    assert {r["version"] for r in client.status(MODEL)} <= {1, 2}
