@@ -14,6 +14,7 @@ import os
 import sys
 
 from ampflow import __version__, progress
+from ampflow.cliutil import ArgumentParser
 from ampflow.errors import AmpflowError
 from ampflow.requirements import check_installed_versions
 from ampflow.tf_startup import filter_stderr_for_life
@@ -33,19 +34,20 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.ArgumentParser:
     """Build the top-level parser with the subcommands of `modules`."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="ampflow",
         description="Mixed-precision TensorFlow training to a served endpoint, as a KFP pipeline.",
     )
     parser.add_argument("--version", action="version", version=f"ampflow {__version__}")
     parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        metavar="DEBUG|INFO|WARNING|ERROR", help="Which log lines to show."
     )
     parser.add_argument("--quiet", action="store_true",
                         help="No progress display (bars on a terminal, periodic lines elsewhere).")
     parser.add_argument("--progress-every-s", type=float, default=None, metavar="S",
                         help="Seconds between progress lines when stderr is not a terminal "
-                             f"(default {progress.DEFAULT_EVERY_S:g}).")
+                             f"(default: {progress.DEFAULT_EVERY_S:g} s).")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>")
     for module_name in modules:
         importlib.import_module(module_name).register(subparsers)

@@ -1,39 +1,216 @@
 """Turn a step's frozen dataclass config into CLI flags, so `--help` always lists every option.
 
-Field metadata used: `help` (text), `choices`, `flag` (override the flag name). A `bool | None`
-field becomes `--x/--no-x` with "auto" meaning None; a `tuple[...]` field takes several values.
+Also the one style every `ampflow` command shares (its parser class, help formatter and
+subcommand action come from here): a command's summary is a capitalised sentence with a
+period and is its own `--help` description when it has none; defaults are shown in the user's
+units (`64 MiB`, `a b`, never `(default: )`); a bad flag is one error line, without the usage
+dump, with the closest valid value for a choice list; a config error names the flag
+(`--eval-dir`), not the field; usage and config errors exit 2, runtime errors 1.
+
+Field metadata used: `help` (text), `choices`, `flag` (override the flag name), `tristate`
+(a `bool | None` field taken as `auto|on|off`), `deprecated` (old spellings still accepted,
+each with a one-line note: `((flag, {old value: new value} or None, new value), ...)`).
+A `bool | None` field without `tristate` becomes `--x/--no-x` with "auto" meaning None; a
+`tuple[...]` field takes several values.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
+import re
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from ampflow.errors import ConfigError
+
 _AUTO = "auto"
+TRISTATE = {"auto": None, "on": True, "off": False}
+_MIB = 1024 * 1024
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Show each flag's default once, and only where it says something.
+def closest(value: str, choices: Iterable[str]) -> str | None:
+    """The valid value nearest to a mistyped `value` (difflib), or None when none is close."""
+    names = [str(c) for c in choices]
+    by_lower = {n.lower(): n for n in names}
+    found = difflib.get_close_matches(str(value).lower(), list(by_lower), n=1, cutoff=0.3)
+    return by_lower[found[0]] if found else None
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str:
+    """`"; did you mean X?"` for the closest valid value, or "" (the end of an error line)."""
+    near = closest(value, choices)
+    return f"; did you mean {near}?" if near is not None else ""
+
+
+def invalid_choice(what: str, value: Any, choices: Iterable[Any]) -> str:
+    """One line: `what` must be one of `choices` (words, not a Python tuple); the closest."""
+    names = [str(c) for c in choices]
+    return (f"{what} must be one of {', '.join(names)}. Received: {value!r}"
+            f"{did_you_mean(str(value), names)}")
+
+
+def human_bytes(n: int) -> str:
+    """`67108864` -> `64 MiB`: a byte count in the unit a reader thinks in."""
+    for unit, size in (("GiB", 1024 * _MIB), ("MiB", _MIB), ("KiB", 1024)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"
+
+
+def format_default(dest: str, value: Any) -> str | None:
+    """A default as the user types or reads it; None when there is nothing to show."""
+    if value is None or value is argparse.SUPPRESS or value in ("", [], ()):
+        return None
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, int) and dest.endswith("_bytes"):
+        return human_bytes(value)
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def sentence(text: str | None) -> str | None:
+    """Capitalised, ending with a period: the one style of every summary and flag help."""
+    if not text or text is argparse.SUPPRESS:
+        return text
+    text = text.strip()
+    first_word = text.split(" ", 1)[0]
+    if not any(c.isupper() for c in first_word[1:]):  # gRPC, kubeconfig's own spelling kept
+        text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Each flag's help as a sentence, and its default once, in the user's units.
 
     A help text that already names its default ("(default: the model's own)") keeps its own
-    words, and a None or empty default is left out rather than printed as "None" or "[]".
+    words; a None or empty default is left out rather than printed as "None" or "[]".
     """
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        help_text = action.help or ""
-        if "(default" in help_text or action.default in (None, [], ()):
-            return action.help
-        return super()._get_help_string(action)
+        help_text = sentence((action.help or "").replace(" (default: %(default)s)", ""))
+        if not help_text or help_text is argparse.SUPPRESS or "(default" in help_text \
+                or "default:" in help_text.lower() or not action.option_strings:
+            return help_text
+        shown = format_default(action.dest, action.default)
+        if shown is None:
+            return help_text
+        return f"{help_text} (default: {shown.replace('%', '%%')})"
+
+
+    def _metavar_formatter(self, action: argparse.Action, default_metavar: str):
+        if action.metavar is None and action.choices is not None \
+                and not isinstance(action, argparse._SubParsersAction):
+            action.metavar = "|".join(map(str, action.choices))  # a|b, not {'a','b'}
+        return super()._metavar_formatter(action, default_metavar)
 
 
 class HelpFormatterKeepingEpilog(HelpFormatter, argparse.RawDescriptionHelpFormatter):
     """`HelpFormatter` that prints the description and epilog as written (a table stays one)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """ampflow's parser: one error line (no usage dump), exit 2, the closest valid choice."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", SubcommandsAction)
+
+    def error(self, message: str) -> typing.NoReturn:
+        """Print `prog: error: message` and where help is, then exit 2 (a usage error)."""
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            flag = "/".join(action.option_strings) or action.dest
+            raise argparse.ArgumentError(None, invalid_choice(flag, value, action.choices))
+
+
+class SubcommandsAction(argparse._SubParsersAction):
+    """Each subcommand: a sentence summary, also its description if it has none; our formatter."""
+
+    def add_parser(self, name: str, **kwargs):  # noqa: D102
+        if "help" in kwargs:
+            kwargs["help"] = sentence(kwargs["help"])
+        kwargs["description"] = sentence(kwargs.get("description") or kwargs.get("help"))
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        return super().add_parser(name, **kwargs)
+
+
+class _TriState(argparse.Action):
+    """`--xla auto|on|off` into a `bool | None` field (auto: None)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, TRISTATE[values])
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling of a flag: still works, says once on stderr what to write instead."""
+
+    def __init__(self, option_strings, dest, *, new_flag: str, mapping: dict | None,
+                 new_value: str | None, convert: Callable[[str], Any], **kwargs) -> None:
+        kwargs["nargs"] = None if mapping else 0
+        if mapping:
+            kwargs["choices"] = tuple(mapping)
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.new_flag, self.mapping, self.new_value, self.convert = (
+            new_flag, mapping, new_value, convert)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        new = self.mapping[values] if self.mapping else self.new_value
+        old = f"{option_string} {values}" if self.mapping else option_string
+        print(f"{parser.prog}: note: {old} is deprecated; use {self.new_flag} {new}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, self.convert(new))
+
+
+def flag_of(config_cls: type, name: str) -> str:
+    """The CLI flag of `config_cls`'s field `name` (`eval_dir` -> `--eval-dir`)."""
+    field = config_cls.__dataclass_fields__[name]
+    return field.metadata.get("flag") or "--" + name.replace("_", "-")
+
+
+def name_flags(message: str, config_cls: type | None) -> str:
+    """Say `--eval-dir` where a config error says `eval_dir`: the user typed flags, not fields.
+
+    A field name with an underscore is an identifier wherever it appears; a one-word name
+    (`model`, `epochs`) only where the message uses it as a name (`epochs must`, `epochs=`).
+    """
+    if config_cls is None or not dataclasses.is_dataclass(config_cls):
+        return message
+    for field in sorted(dataclasses.fields(config_cls), key=lambda f: -len(f.name)):
+        if not field.init:
+            continue
+        flag = flag_of(config_cls, field.name)
+        if "_" in field.name:
+            pattern = rf"(?<![\w./-]){re.escape(field.name)}(?![\w/])"
+        else:
+            pattern = rf"(?<![\w./-]){re.escape(field.name)}(?=( must| should|=))"
+        message = re.sub(pattern, flag, message)
+    return message
+
+
+def config_error_with_flags(error: ConfigError, config_cls: type | None) -> ConfigError:
+    """`error` with its field names said as flags (same class, same exit code)."""
+    text = name_flags(str(error), config_cls)
+    if text == str(error):
+        return error
+    try:
+        renamed = type(error)(text)
+    except TypeError:  # a subclass with its own constructor
+        renamed = ConfigError(text)
+    renamed.__cause__ = error
+    return renamed
 
 
 def add_config_arguments(
@@ -48,7 +225,10 @@ def add_config_arguments(
 
 
 def config_from_args(config_cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
-    """Build `config_cls` from parsed flags; its `__post_init__` validates the values."""
+    """Build `config_cls` from parsed flags; its `__post_init__` validates the values.
+
+    A `ConfigError` it raises names the flags, not the fields.
+    """
     hints = typing.get_type_hints(config_cls)
     kwargs: dict[str, Any] = {}
     for field in dataclasses.fields(config_cls):
@@ -61,7 +241,10 @@ def config_from_args(config_cls: type, args: argparse.Namespace, **overrides: An
             value = Path(value)
         kwargs[field.name] = value
     kwargs.update(overrides)
-    return config_cls(**kwargs)
+    try:
+        return config_cls(**kwargs)
+    except ConfigError as e:
+        raise config_error_with_flags(e, config_cls) from e
 
 
 def print_summary(title: str, rows: dict[str, Any], stream=None) -> None:
@@ -98,7 +281,10 @@ def add_step_command(
 
     def _handler(args: argparse.Namespace) -> int:
         config = config_from_args(config_cls, args)
-        result = run(config)
+        try:
+            result = run(config)
+        except ConfigError as e:  # a check the step makes itself: still about a flag
+            raise config_error_with_flags(e, config_cls) from e
         print_summary(f"ampflow {name}: done", summarize(result))
         return 0
 
@@ -120,7 +306,13 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, hint: 
     help_text = meta.get("help", "")
     base = _base_type(hint)
     kwargs: dict[str, Any] = {"dest": field.name, "help": help_text}
-    if base is bool:
+    convert: Callable[[str], Any] = lambda value: value  # noqa: E731
+    if meta.get("tristate"):
+        kwargs.update(action=_TriState, choices=tuple(TRISTATE), metavar="auto|on|off",
+                      default=default, help=f"{help_text} (default: "
+                      f"{next(k for k, v in TRISTATE.items() if v is default)})")
+        convert = TRISTATE.__getitem__
+    elif base is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
         kwargs["default"] = default
         if default is None:
@@ -135,12 +327,17 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, hint: 
         kwargs["default"] = default
     if "choices" in meta:
         kwargs["choices"] = meta["choices"]
+        kwargs.setdefault("metavar", "|".join(map(str, meta["choices"])))
     if not has_default:
         kwargs["required"] = True
         kwargs["default"] = argparse.SUPPRESS  # no misleading "(default: None)" in --help
     if "metavar" in meta:
         kwargs["metavar"] = meta["metavar"]
     parser.add_argument(flag, **kwargs)
+    for old_flag, mapping, new_value in meta.get("deprecated", ()):
+        parser.add_argument(old_flag, action=_Deprecated, dest=field.name, new_flag=flag,
+                            mapping=mapping, new_value=new_value, convert=convert,
+                            default=argparse.SUPPRESS)
 
 
 def _base_type(hint: Any) -> Any:

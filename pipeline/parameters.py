@@ -11,21 +11,29 @@ Names: `model` is the architecture (as `train --model`), `model_name` the served
 
 from __future__ import annotations
 
+from ampflow.cliutil import did_you_mean
 from ampflow.errors import ConfigError
-from ampflow.pipeline.pipeline import AUTO_RELATIVE_LOGIT_DIFF, GATE_DEFAULTS
+from ampflow.pipeline.pipeline import (
+    AUTO_RELATIVE_LOGIT_DIFF,
+    GATE_DEFAULTS,
+    TRAIN_DEFAULTS,
+    XLA_VALUES,
+)
 from ampflow.serving.model_format import DEFAULT_MODEL_NAME, check_model_name
 
+SERVING_TARGETS = ("none", "local", "kubernetes")
 # name -> (type, default, help). Order: the order of `ampflow_pipeline`'s signature.
 PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
     "dataset": (str, "ampflow_digits", "TFDS dataset name (or an offline one)"),
-    "model": (str, "small_cnn", "small_cnn, resnet50, mobilenet_v2, package.module:function "
-                                "or a .keras path"),
-    "epochs": (int, 8, "training epochs"),
-    "batch_size": (int, 32, "training batch size per replica"),
-    "learning_rate": (float, 3e-3, "learning rate"),
-    "precision": (str, "auto", "auto, float32, mixed_float16 or mixed_bfloat16"),
-    "jit_compile": (str, "auto", "XLA for the train step: auto, true or false"),
-    "seed": (int, 42, "seed"),
+    "model": (str, TRAIN_DEFAULTS["model"], "small_cnn, resnet50, mobilenet_v2, "
+                                            "package.module:function or a .keras path"),
+    "epochs": (int, TRAIN_DEFAULTS["epochs"], "training epochs"),
+    "batch_size": (int, TRAIN_DEFAULTS["batch_size"], "training batch size per replica"),
+    "learning_rate": (float, TRAIN_DEFAULTS["learning_rate"], "learning rate"),
+    "precision": (str, TRAIN_DEFAULTS["precision"],
+                  "auto, float32, mixed_float16 or mixed_bfloat16"),
+    "xla": (str, TRAIN_DEFAULTS["xla"], "XLA for the train step: " + ", ".join(XLA_VALUES)),
+    "seed": (int, TRAIN_DEFAULTS["seed"], "seed"),
     "autotune": (bool, False, "time each (policy, XLA) candidate and train with the fastest"),
     "max_accuracy_drop": (float, GATE_DEFAULTS["max_accuracy_drop"],
                           "gate: max AMP-vs-twin accuracy drop (points)"),
@@ -39,7 +47,7 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
                        "gate: significance of the McNemar test"),
     "tflite_variants": (str, "float32,float16,dynamic_range,full_int8", "TFLite variants"),
     "model_name": (str, DEFAULT_MODEL_NAME, "served model name (TF Serving's --model_name)"),
-    "serving_target": (str, "none", "none, local or kubernetes"),
+    "serving_target": (str, SERVING_TARGETS[0], ", ".join(SERVING_TARGETS)),
     "serving_model_store": (str, "/models", "model store the deploy step writes into"),
     "serving_address": (str, "", "host:port of the server the deploy step checks"),
     "model_path": (str, "", "directory to import a `model` builder from (in the image)"),
@@ -48,15 +56,35 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
 }
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+# Parameters whose value is one of a list: checked (with the closest suggested) before sending.
+CHOICES: dict[str, tuple[str, ...]] = {"xla": XLA_VALUES, "serving_target": SERVING_TARGETS}
+# Old names and values still taken, each with a one-line note: name -> (new name, values).
+DEPRECATED: dict[str, tuple[str, dict[str, str]]] = {
+    "jit_compile": ("xla", {"auto": "auto", "true": "on", "false": "off"}),
+}
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    from ampflow.components.train.precision import POLICIES
+
+    return {**CHOICES, "precision": tuple(POLICIES)}
 
 
 def describe_parameters() -> str:
     """A table of the parameters (name, type, default, meaning), for `submit --help`."""
     width = max(map(len, PIPELINE_PARAMETERS))
     lines = ["pipeline parameters (--param NAME=VALUE), with their type and default:"]
-    lines += [f"  {name.ljust(width)}  {text} ({kind.__name__}, {default!r})"
+    lines += [f"  {name.ljust(width)}  {text} ({kind.__name__}, default: {_shown(default)})"
               for name, (kind, default, text) in PIPELINE_PARAMETERS.items()]
     return "\n".join(lines)
+
+
+def _shown(default: object) -> str:
+    if default == "":
+        return "empty"
+    if isinstance(default, bool):
+        return str(default).lower()
+    return f"{default:g}" if isinstance(default, float) else str(default)
 
 
 def parse_param(text: str) -> tuple[str, object]:
@@ -64,9 +92,15 @@ def parse_param(text: str) -> tuple[str, object]:
     name, sep, raw = text.partition("=")
     if not sep or not name:
         raise ConfigError(f"--param must be NAME=VALUE. Received: {text!r}")
+    if name in DEPRECATED:
+        name, raw = _renamed(name, raw)
     if name not in PIPELINE_PARAMETERS:
         raise _unknown([name])
     kind = PIPELINE_PARAMETERS[name][0]
+    choices = _choices().get(name)
+    if choices is not None and raw not in choices:
+        raise ConfigError(f"--param {name} must be one of {', '.join(choices)}. Received: "
+                          f"{raw!r}{did_you_mean(raw, choices)}")
     try:
         if kind is bool:
             if raw.lower() not in _TRUE + _FALSE:
@@ -76,6 +110,17 @@ def parse_param(text: str) -> tuple[str, object]:
     except ValueError as e:
         raise ConfigError(f"--param {name} must be of type {kind.__name__}. Received: {raw!r}"
                           ) from e
+
+
+def _renamed(name: str, raw: str) -> tuple[str, str]:
+    """An old parameter spelling -> the new one, with a one-line note on stderr."""
+    import sys
+
+    new_name, values = DEPRECATED[name]
+    new_raw = values.get(raw.lower(), raw)
+    print(f"note: --param {name}={raw} is deprecated; use --param {new_name}={new_raw}",
+          file=sys.stderr)
+    return new_name, new_raw
 
 
 def check_arguments(arguments: dict[str, object]) -> None:
@@ -108,5 +153,6 @@ def check_model_names(model: str, model_name: str) -> None:
 
 
 def _unknown(names: list[str]) -> ConfigError:
-    return ConfigError(f"--param names must be pipeline parameters {list(PIPELINE_PARAMETERS)}. "
-                       f"Received: {names}")
+    near = did_you_mean(names[0], PIPELINE_PARAMETERS)
+    return ConfigError(f"--param {names[0]} is not a pipeline parameter{near} (`ampflow submit "
+                       f"--help` lists them all). Received: {', '.join(names)}")

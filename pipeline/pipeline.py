@@ -34,7 +34,9 @@ How it behaves on a KFP backend, and why it is wired this way:
 
 from dataclasses import dataclass, field
 
+from ampflow.cliutil import TRISTATE
 from ampflow.components.evaluate_parity.config import EvaluateConfig
+from ampflow.components.train.step import TrainConfig
 from ampflow.errors import ConfigError
 from ampflow.pipeline.settings import DEFAULT_IMAGE, as_component
 
@@ -50,6 +52,17 @@ FLOAT32_CHECKPOINTS = "checkpoints/train-float32"
 AUTO_RELATIVE_LOGIT_DIFF = -1.0
 GATE_DEFAULTS = {name: EvaluateConfig.__dataclass_fields__[name].default for name in (
     "max_accuracy_drop", "min_agreement", "max_baseline_accuracy_drop", "baseline_alpha")}
+# The training parameters' defaults: the train step's own (TrainConfig), read by the pipeline's
+# signature, its parameter table (parameters.py), run-local/demo and tied to the KFP component's
+# spelt-out defaults by tests/pipeline/test_train_defaults.py. XLA is `auto|on|off` everywhere
+# (TrainConfig's None is auto); `model` is train's --model (the architecture).
+XLA_VALUES = tuple(TRISTATE)
+TRAIN_DEFAULTS = {
+    **{name: TrainConfig.__dataclass_fields__[name].default for name in (
+        "model", "epochs", "batch_size", "learning_rate", "precision", "seed")},
+    "xla": next(word for word, value in TRISTATE.items()
+                if value is TrainConfig.__dataclass_fields__["jit_compile"].default),
+}
 
 
 @dataclass(frozen=True)
@@ -195,13 +208,13 @@ def build_pipeline(options: PipelineOptions | None = None):
                   pipeline_config=options.pipeline_config())
     def ampflow_pipeline(
         dataset: str = "ampflow_digits",
-        model: str = "small_cnn",
-        epochs: int = 8,
-        batch_size: int = 32,
-        learning_rate: float = 3e-3,
-        precision: str = "auto",
-        jit_compile: str = "auto",
-        seed: int = 42,
+        model: str = TRAIN_DEFAULTS["model"],
+        epochs: int = TRAIN_DEFAULTS["epochs"],
+        batch_size: int = TRAIN_DEFAULTS["batch_size"],
+        learning_rate: float = TRAIN_DEFAULTS["learning_rate"],
+        precision: str = TRAIN_DEFAULTS["precision"],
+        xla: str = TRAIN_DEFAULTS["xla"],
+        seed: int = TRAIN_DEFAULTS["seed"],
         autotune: bool = False,
         max_accuracy_drop: float = GATE_DEFAULTS["max_accuracy_drop"],
         min_agreement: float = GATE_DEFAULTS["min_agreement"],
@@ -224,7 +237,7 @@ def build_pipeline(options: PipelineOptions | None = None):
 
         train_args = dict(data=data.outputs["data"], architecture=model, epochs=epochs,
                           batch_size=batch_size, learning_rate=learning_rate,
-                          jit_compile=jit_compile, seed=seed, model_path=model_path)
+                          xla=xla, seed=seed, model_path=model_path)
         if options.base_model_uri:
             base = dsl.importer(artifact_uri=options.base_model_uri, artifact_class=dsl.Model,
                                 reimport=False)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
+from ampflow.components.train.precision import POLICIES
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.files import ensure_writable_dir
 from ampflow.pipeline.parameters import check_model_names
@@ -26,6 +27,8 @@ from ampflow.pipeline.pipeline import (
     AUTO_RELATIVE_LOGIT_DIFF,
     GATE_DEFAULTS,
     PIPELINE_NAME,
+    TRAIN_DEFAULTS,
+    XLA_VALUES,
     PipelineOptions,
     build_pipeline,
 )
@@ -49,22 +52,27 @@ class LocalRunConfig:
     image_size: str = field(default="", metadata={
         "help": "Train and serve at this size: 'H W', 'HxW' or one number for a square "
                 "(needed for images of varying size; as prepare-data --image-size)."})
-    model: str = field(default="small_cnn", metadata={
+    model: str = field(default=TRAIN_DEFAULTS["model"], metadata={
         "help": "What to train (as train --model): small_cnn, resnet50, mobilenet_v2, your "
                 "builder package.module:function, or a .keras file to fine-tune (brought in "
                 "with dsl.importer, as on a cluster)."})
     model_path: str = field(default="", metadata={
         "help": "Directory to import a --model builder from (as train --model-path)."})
-    epochs: int = field(default=8, metadata={"help": "Training epochs."})
-    batch_size: int = field(default=32, metadata={"help": "Training batch size."})
-    learning_rate: float = field(default=3e-3, metadata={"help": "Learning rate."})
+    epochs: int = field(default=TRAIN_DEFAULTS["epochs"], metadata={"help": "Training epochs."})
+    batch_size: int = field(default=TRAIN_DEFAULTS["batch_size"], metadata={
+        "help": "Training batch size per replica."})
+    learning_rate: float = field(default=TRAIN_DEFAULTS["learning_rate"], metadata={
+        "help": "Learning rate."})
     precision: str = field(default="mixed_float16", metadata={
-        "choices": ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
+        "choices": POLICIES,
         "help": "Dtype policy. The demo default is mixed_float16 so that dynamic loss scaling "
                 "and its telemetry run even on a CPU."})
-    jit_compile: str = field(default="auto", metadata={"choices": ("auto", "true", "false"),
-                                                       "help": "XLA for the train step."})
-    seed: int = field(default=42, metadata={"help": "Seed."})
+    xla: str = field(default=TRAIN_DEFAULTS["xla"], metadata={
+        "choices": XLA_VALUES,
+        "deprecated": (("--jit-compile", {"auto": "auto", "true": "on", "false": "off"}, None),),
+        "help": "XLA for the train step, as train --xla: auto = the train step's rule."})
+    seed: int = field(default=TRAIN_DEFAULTS["seed"], metadata={
+        "help": "Seed for weights, shuffling and dropout."})
     autotune: bool = field(default=False, metadata={
         "help": "Time each (policy, XLA) candidate before training and use the fastest."})
     max_accuracy_drop: float = field(default=GATE_DEFAULTS["max_accuracy_drop"], metadata={

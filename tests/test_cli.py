@@ -97,7 +97,7 @@ def test_no_flag_shows_its_default_twice(cli):
 def test_train_help_states_the_xla_rule_that_training_applies(cli):
     from ampflow.components.train.precision import HardwareInfo, choose_jit
 
-    text = next(b for b in _option_blocks(cli["help"]["train"]) if b.startswith("--jit-compile"))
+    text = next(b for b in _option_blocks(cli["help"]["train"]) if b.startswith("--xla"))
     on, off = re.search(r"on a CPU on for ([\w/]+) .* off for ([\w/]+)", text).groups()
     for policy in ("float32", "mixed_float16", "mixed_bfloat16"):
         jit, _reason = choose_jit(None, HardwareInfo(), policy)  # a CPU-only machine
@@ -132,8 +132,10 @@ def test_submit_help_lists_every_pipeline_parameter(cli):
 
 
 @pytest.mark.parametrize("param, message", [
-    ("nmae=x", r"--param names must be pipeline parameters \[.*'model_name'.*\]. "
-               r"Received: \['nmae'\]"),
+    ("epoch=3", r"--param epoch is not a pipeline parameter; did you mean epochs\? "
+                r"\(`ampflow submit --help` lists them all\)"),
+    ("xla=of", r"--param xla must be one of auto, on, off. Received: 'of'; did you mean off\?"),
+    ("precision=fp16", r"--param precision must be one of .*; did you mean mixed_float16\?"),
     ("epochs=many", r"--param epochs must be of type int. Received: 'many'"),
     ("autotune=maybe", r"--param autotune must be of type bool"),
     (f"model_name={OTHER}", rf"model_name is the served model name .*did you mean "

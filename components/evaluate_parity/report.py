@@ -189,7 +189,8 @@ def render_markdown(metrics: dict[str, Any], verdict: dict[str, Any]) -> str:
     lines = [
         f"# FP32 parity: {status}",
         "",
-        f"Model `{ctx['model_name']}` trained under `{ctx['policy']}` (compute dtype "
+        f"Model `{ctx.get('architecture', ctx.get('model_name'))}` trained under "
+        f"`{ctx['policy']}` (compute dtype "
         f"`{ctx['compute_dtype']}`), evaluated on {metrics['num_examples']} examples of the "
         f"`{ctx['split']}` split against its float32 twin (same weights, float32 policy)"
         + (" and against a model trained under float32." if "baseline_accuracy" in metrics

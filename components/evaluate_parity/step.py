@@ -250,7 +250,7 @@ def _amp_check(model_dir, metadata: dict) -> dict[str, Any] | None:
 
 def _context(config, metadata, baseline, policy, compute_dtype, bound) -> dict[str, Any]:
     ctx = {
-        "model_name": metadata.get("model_name"),
+        "architecture": metadata.get("architecture"),
         "model_dir": os.fspath(config.model_dir),
         "policy": policy,
         "compute_dtype": compute_dtype,

@@ -208,7 +208,7 @@ def training_checks(metrics: dict[str, Any], max_drop: float, alpha: float,
 def comparability_notes(meta: dict[str, Any], base_meta: dict[str, Any]) -> list[str]:
     """Differences that make the training comparison less fair (same data and seed expected)."""
     notes = []
-    for key in ("seed", "model_name", "image_size"):
+    for key in ("seed", "architecture", "image_size"):
         if meta.get(key) != base_meta.get(key):
             notes.append(f"{key} differs: {meta.get(key)!r} (AMP) vs {base_meta.get(key)!r}")
     for key in ("epochs", "batch_size", "learning_rate", "optimizer"):

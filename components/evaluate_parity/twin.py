@@ -30,7 +30,7 @@ def build_float32_twin(model, metadata: dict[str, Any] | None = None):
     try:
         return rebuild_with_policy(model, "float32")
     except ConfigError as e:
-        name = (metadata or {}).get("model_name", model.name)
+        name = (metadata or {}).get("architecture", model.name)
         raise ModelLoadError(f"could not rebuild model {name!r} under float32: {e}") from e
 
 

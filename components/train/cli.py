@@ -14,7 +14,7 @@ def _summary(result) -> dict:
                 "weights_sha256": meta.get("weights_sha256")}
     final = meta["final_metrics"]
     return {
-        "model": meta["model_name"],
+        "model": meta["architecture"],
         "policy": f"{meta['precision']['policy']} ({meta['precision']['reason']})",
         "xla": f"{meta['xla']['effective']} ({meta['xla']['reason']})",
         "val_accuracy": final.get("val_accuracy"),

@@ -9,7 +9,7 @@ def train(
     metrics: Output[Metrics],
     architecture: str = "small_cnn",
     precision: str = "auto",
-    jit_compile: str = "auto",
+    xla: str = "auto",
     epochs: int = 8,
     batch_size: int = 32,
     learning_rate: float = 3e-3,
@@ -26,7 +26,10 @@ def train(
 ):
     """Train with mixed precision; publish the model and its training metrics.
 
-    `jit_compile` is "auto", "true" or "false" (KFP has no optional booleans).
+    `xla` is "auto", "on" or "off", as train's --xla (KFP has no optional booleans); "true" and
+    "false", its old spelling, are still read. The defaults here are spelt out because KFP copies
+    this function's source into its task; tests/pipeline/test_train_defaults.py ties each to the
+    train step's own (TrainConfig).
     `checkpoint_dir` is durable storage for the resumable checkpoint (empty: inside the output
     artifact, which a retried pod does not get back).
     `workers` > 1 trains on that many workers: inside a cluster, as a TFJob described by
@@ -44,9 +47,10 @@ def train(
     from ampflow.components.train import TrainConfig, run_train
     from ampflow.errors import ConfigError
 
-    jit = {"auto": None, "true": True, "false": False}.get(jit_compile.lower(), "bad")
+    jit = {"auto": None, "on": True, "off": False, "true": True, "false": False}.get(
+        xla.lower(), "bad")
     if jit == "bad":
-        raise ConfigError(f"jit_compile must be auto, true or false. Received: {jit_compile!r}")
+        raise ConfigError(f"xla must be auto, on or off. Received: {xla!r}")
     if checkpoint_dir and "://" not in checkpoint_dir:  # a volume KFP mounts without fsGroup
         from ampflow.components.train.cluster import check_volume_writable
 
@@ -70,7 +74,7 @@ def train(
         result = run_train(config)
     meta = result.metadata
     model.metadata.update({"framework": "keras", "policy": meta["precision"]["policy"],
-                           "xla": meta["xla"]["effective"], "architecture": meta["model_name"],
+                           "xla": meta["xla"]["effective"], "architecture": meta["architecture"],
                            "model_kind": meta["model"]["kind"],
                            "workers": meta.get("distribution", {}).get("num_workers", 1)})
     final = meta["final_metrics"]

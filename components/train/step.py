@@ -2,9 +2,14 @@
 
 Writes into `output_dir` (docs/ARTIFACTS.md): `model.keras`, `loss_scale_history.json`,
 `tensorboard/`, `config.json` (the resolved config) and, LAST, `metadata.json`, whose presence
-marks the model as published. The `backup/` dir (Keras BackupAndRestore, double checkpoint)
-lets a killed run resume; it is kept when the loss-scale guard stops a run and removed by Keras
-after a successful one.
+marks the model as published. The state dir's `backup/` (a `tf.train.Checkpoint` that
+`loop.py`'s CheckpointManager writes at each epoch's end, or every N steps) lets a killed run
+resume; it is kept when the loss-scale guard stops a run and removed once the model is
+published.
+
+`metadata.json`'s `architecture` is what `--model` was (a built-in, a builder, a `.keras` path);
+models written before it was named so hold it as `model_name`, which `load_trained_model` still
+reads.
 """
 
 from __future__ import annotations
@@ -30,14 +35,15 @@ CONFIG_FILE = "config.json"
 MODEL_FILE = "model.keras"
 HISTORY_FILE = "loss_scale_history.json"
 EPOCH_LOG_FILE = "epochs.jsonl"
-BACKUP_DIR = "backup"
 OPTIMIZERS = ("adam", "adamw", "sgd")
 AUTO_BATCH = "auto"
 LR_SCHEDULES = ("constant", "cosine")
 # Architectures made for natural photos, where random crops and flips are the usual training.
 AUGMENTED_BY_DEFAULT = ("resnet50", "mobilenet_v2")
 # What later steps read from metadata.json to rebuild, evaluate and export the model.
-_REQUIRED_METADATA = ("model_name", "input_shape", "num_classes", "precision")
+_REQUIRED_METADATA = ("architecture", "input_shape", "num_classes", "precision")
+# The key older models kept the architecture under (now the served name's, everywhere else).
+_OLD_ARCHITECTURE_KEY = "model_name"
 
 
 def _model_choices() -> tuple[str, ...]:
@@ -68,6 +74,8 @@ class TrainConfig:
         "help": "Dtype policy; auto picks mixed_float16 on NVIDIA GPUs with compute capability "
                 ">= 7.0, mixed_bfloat16 on TPUs and CPUs with AVX512_BF16/AMX, else float32."})
     jit_compile: bool | None = field(default=None, metadata={
+        "flag": "--xla", "tristate": True,
+        "deprecated": (("--jit-compile", None, "on"), ("--no-jit-compile", None, "off")),
         "help": "XLA-compile the train step; auto = on with a GPU/TPU; on a CPU on for "
                 "mixed_float16 (float16 kernels without XLA are far slower there) and off for "
                 "float32/mixed_bfloat16 (measured slower)."})
@@ -136,7 +144,7 @@ class TrainConfig:
     autotune: bool = field(default=False, metadata={
         "help": "Before training, time each (policy, XLA) candidate the hardware supports on the "
                 "real model, batch and input pipeline, and train with the fastest; overrides "
-                "--precision/--jit-compile (the rule-based auto stays the default)."})
+                "--precision/--xla (the rule-based auto stays the default)."})
     autotune_budget_s: float = field(default=600.0, metadata={
         "help": "Time budget of --autotune; candidates not started within it are skipped."})
     autotune_policies: str | None = field(default=None, metadata={
@@ -416,6 +424,9 @@ def load_trained_model(model_dir: str | os.PathLike):
         metadata = read_json(metadata_path)
     except ValueError as e:
         raise ModelLoadError(f"{metadata_path} is corrupt: {e}") from e
+    if isinstance(metadata, dict) and "architecture" not in metadata \
+            and _OLD_ARCHITECTURE_KEY in metadata:  # a model published before the rename
+        metadata["architecture"] = metadata[_OLD_ARCHITECTURE_KEY]
     missing = [k for k in _REQUIRED_METADATA if not isinstance(metadata, dict) or k not in metadata]
     if missing:
         raise ModelLoadError(f"{metadata_path} must hold {list(_REQUIRED_METADATA)}. "
@@ -598,13 +609,6 @@ def _makedirs(path: str) -> None:
                           f"checkpoint_dir={path!r} ({e})") from e
 
 
-def _exists(path: str) -> bool:
-    """Whether `path` exists; tf.io.gfile also reads gs:// and TF's other file systems."""
-    import tensorflow as tf
-
-    return tf.io.gfile.exists(path)
-
-
 def _save_model(model, output_dir: Path) -> None:
     """Save through a hidden temp file so a crash never leaves a truncated model.keras."""
     staging = output_dir / ".staging"
@@ -624,7 +628,7 @@ def _metadata(config, info, setup, epochs, loss_scale, train_seconds, resumed_at
         timed = [e["examples_per_sec"] for e in epochs if e.get("examples_per_sec")]
     final = epochs[-1] if epochs else {}
     meta = {
-        "model_name": config.model,
+        "architecture": config.model,
         "input_shape": info["image_shape"],
         "num_classes": info["num_classes"],
         "class_names": info["class_names"],
