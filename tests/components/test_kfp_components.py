@@ -31,10 +31,10 @@ def test_prepare_data_component_fills_the_dataset_artifact(tmp_path):
 
 
 def test_train_component_rejects_a_bad_jit_setting(tmp_path, prepared_digits):
-    with pytest.raises(ConfigError, match="jit_compile must be auto, true or false"):
+    with pytest.raises(ConfigError, match="xla must be auto, on or off"):
         train(data=_artifact(dsl.Dataset, prepared_digits),
               model=_artifact(dsl.Model, tmp_path / "m"),
-              metrics=_artifact(dsl.Metrics, tmp_path / "metrics"), jit_compile="maybe")
+              metrics=_artifact(dsl.Metrics, tmp_path / "metrics"), xla="maybe")
 
 
 def _evaluate(tmp_path, prepared_digits, model_dir, **thresholds):
