@@ -129,7 +129,7 @@ def choose_jit(
         )
     return False, (
         "CPU only: XLA measured slower than plain TF on a CPU for float32 and bfloat16 "
-        "(benchmarks/results/train_throughput_small_cnn.md); pass --jit-compile to force it"
+        "(benchmarks/results/train_throughput_small_cnn.md); pass --xla on to force it"
     )
 
 
