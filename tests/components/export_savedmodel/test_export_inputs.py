@@ -75,4 +75,4 @@ def test_export_cli_no_eval_dir_config_error_exit_2(tmp_path, capsys):
     code = main(["export", "--model-dir", str(tmp_path), "--data-dir", str(tmp_path),
                  "--export-base", str(tmp_path)])
     assert code == 2
-    assert "eval_dir must be given" in capsys.readouterr().err
+    assert "--eval-dir must be given" in capsys.readouterr().err
