@@ -278,5 +278,5 @@ def test_prepare_data_cli_bad_image_size_is_one_line_and_exit_2(folder, tmp_path
     code = main(["prepare-data", "--image-folder", str(folder), "--image-size", "0",
                  "--output-dir", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "Received: image_size=(0,)" in err[0]
+    assert code == 2 and len(err) == 1 and "Received: --image-size=(0,)" in err[0]
     assert not (tmp_path / "out").exists()
