@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ampflow.components.train import checkpoints
 from ampflow.components.train.cluster import ClusterSpec
 from ampflow.errors import ConfigError
 from ampflow.progress import Progress
@@ -335,11 +336,8 @@ class TrainLoop:
 
     def _restore(self, checkpoint, backup: str) -> int:
         """Restore the chief's latest checkpoint on every worker; the agreed step to resume at."""
-        import tensorflow as tf
-
-        latest = tf.train.latest_checkpoint(backup)
+        latest = checkpoints.restore(checkpoint, backup)  # past unreadable ones, saying so
         if latest:
-            checkpoint.restore(latest).assert_existing_objects_matched()
             log.info("restored %s (step %d)", latest, int(self._step_var.numpy()))
         step = int(self._step_var.numpy())
         total = self.runtime.agree(step) * self.runtime.num_workers
@@ -473,7 +471,7 @@ class TrainLoop:
     def _save(self, manager, step: int) -> None:
         self.sync_replica_state()
         self._step_var.assign(step)
-        manager.save(checkpoint_number=step)
+        checkpoints.save(manager, step)  # a full disk: one clear line, the last one kept
 
     def _cleanup_private_dir(self) -> None:
         if getattr(self, "_private_dir", None):

@@ -1,0 +1,106 @@
+"""Checkpoints that survive a full disk and a kill at the wrong moment.
+
+TF's `CheckpointManager.save` writes `<prefix>-<step>.data-*` and `.index` (SaveV2 writes them
+under a temp name and renames them when merged) and then rewrites the `checkpoint` state file.
+So a save that fails part-way (a full disk, a file-size limit) leaves the previous checkpoint
+and the state file as they were: `save` turns that failure into one clear line that names the
+checkpoint a rerun resumes from.
+
+A checkpoint can still be unreadable: a kill or a disk fault after its files were renamed, a
+copy to or from a volume cut short, a bit flipped on a disk. TF would raise on it at restore,
+or worse, restore the variables it can read and let the training go on from a mix. `restore`
+reads every tensor of a checkpoint first (each is checked against its CRC32C in the index), and
+an unreadable one makes it fall back to the previous one, saying so in the log. If checkpoints
+exist and none can be read it refuses: starting from scratch over a run's checkpoints must be
+the user's choice (remove the directory), never a silent one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from ampflow.errors import AmpflowError
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(AmpflowError):
+    """A checkpoint could not be written, or none of those on disk can be read."""
+
+
+def save(manager, step: int) -> str:
+    """`manager.save(checkpoint_number=step)`; a failed write is one CheckpointError line."""
+    import tensorflow as tf
+
+    previous = manager.latest_checkpoint
+    try:
+        return manager.save(checkpoint_number=step)
+    except (OSError, tf.errors.OpError) as e:
+        raise CheckpointError(
+            f"could not write the checkpoint of step {step} to {manager.directory} "
+            f"({_reason(e)}); the previous checkpoint is untouched "
+            f"({previous or 'none yet'}): free space and rerun to resume from it") from e
+
+
+def restore(checkpoint, directory: str) -> str | None:
+    """Restore the newest readable checkpoint in `directory`; its path, or None if it has none.
+
+    Newer unreadable checkpoints are skipped with a warning each; CheckpointError when there
+    are checkpoints and none of them can be read.
+    """
+    candidates = checkpoint_paths(directory)
+    for number, path in enumerate(candidates):
+        problem = unreadable_reason(path)
+        if problem is None:
+            checkpoint.restore(path).assert_existing_objects_matched()
+            if number:
+                log.warning("resumed from %s, the newest readable checkpoint: the %d newer "
+                            "one(s) could not be read (see above)", path, number)
+            return path
+        following = candidates[number + 1] if number + 1 < len(candidates) else None
+        log.warning("checkpoint %s is unreadable (%s); %s", path, problem,
+                    f"falling back to {following}" if following else "no older one is left")
+    if candidates:
+        raise CheckpointError(
+            f"none of the {len(candidates)} checkpoint(s) in {directory} can be read "
+            f"(newest: {candidates[0]}); refusing to start over from scratch: remove "
+            f"{directory} to train afresh")
+    return None
+
+
+def checkpoint_paths(directory: str) -> list[str]:
+    """Checkpoint prefixes in `directory`, newest (highest number) first.
+
+    Found from the `.index` files rather than TF's `checkpoint` state file alone, which lists
+    only the newest `max_to_keep` and may itself be the damaged file.
+    """
+    import tensorflow as tf
+
+    numbered = []
+    for index in tf.io.gfile.glob(f"{directory.rstrip('/')}/*.index"):
+        prefix = index[: -len(".index")]
+        found = re.search(r"-(\d+)$", prefix)
+        if found and "_temp" not in Path(prefix).name:
+            numbered.append((int(found.group(1)), prefix))
+    return [prefix for _, prefix in sorted(numbered, reverse=True)]
+
+
+def unreadable_reason(path: str) -> str | None:
+    """Why the checkpoint at `path` cannot be restored, or None: every tensor is read."""
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(path)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except Exception as e:  # OpError, OSError, and IndexError for a truncated data file
+        return _reason(e) or type(e).__name__
+    return None
+
+
+def _reason(error: Exception) -> str:
+    """The first line of a TF or OS error, without TF's long op context."""
+    text = str(getattr(error, "message", None) or getattr(error, "strerror", None) or error)
+    return text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__

@@ -1,0 +1,156 @@
+"""Checkpoints against a full disk and torn files (issue 24, item 2).
+
+The full disk is simulated with RLIMIT_FSIZE set in the writing process itself (a child
+process: `resource.setrlimit` there, SIGXFSZ ignored so that the write fails with EFBIG as
+on a full disk instead of killing the process). A tiny filesystem would need root (mount,
+losetup) or FUSE, neither of which this machine or CI's runners grant to tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ampflow.components.train import checkpoints
+
+pytestmark = pytest.mark.timeout(300)
+
+FILE_SIZE_LIMIT = 16 * 1024  # bytes: the logs fit, no checkpoint of the test model does
+
+
+def _state(seed: int):
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256), keras.layers.Dense(3)])
+    step = tf.Variable(0, dtype=tf.int64)
+    return tf.train.Checkpoint(model=model, step=step), model, step
+
+
+def _save_two(directory: Path):
+    import tensorflow as tf
+
+    checkpoint, model, step = _state(1)
+    manager = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=2,
+                                         checkpoint_name="ckpt")
+    saved = {}
+    for number in (1, 2):
+        model.layers[0].kernel.assign(np.full((64, 256), number, np.float32))
+        step.assign(number)
+        checkpoints.save(manager, number)
+        saved[number] = f"{directory}/ckpt-{number}"
+    return saved
+
+
+def _restored(directory: Path):
+    checkpoint, model, step = _state(7)
+    path = checkpoints.restore(checkpoint, str(directory))
+    return path, int(step.numpy()), float(model.layers[0].kernel.numpy()[0, 0])
+
+
+@pytest.mark.parametrize("damage", ["truncated index", "truncated data", "missing data",
+                                    "flipped byte in data"])
+def test_unreadable_latest_checkpoint_falls_back_to_the_previous_and_says_so(
+        tmp_path, caplog, damage):
+    saved = _save_two(tmp_path)
+    index = Path(saved[2] + ".index")
+    (data,) = Path(tmp_path).glob("ckpt-2.data-*")
+    if damage == "truncated index":
+        index.write_bytes(index.read_bytes()[: index.stat().st_size // 2])
+    elif damage == "truncated data":
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    elif damage == "missing data":
+        data.unlink()
+    else:
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING, logger=checkpoints.__name__):
+        path, step, weight = _restored(tmp_path)
+    assert (path, step, weight) == (saved[1], 1, 1.0)
+    assert f"checkpoint {saved[2]} is unreadable" in caplog.text
+    assert f"falling back to {saved[1]}" in caplog.text
+
+
+def test_readable_latest_checkpoint_is_restored_without_a_warning(tmp_path, caplog):
+    saved = _save_two(tmp_path)
+    with caplog.at_level(logging.WARNING, logger=checkpoints.__name__):
+        assert _restored(tmp_path) == (saved[2], 2, 2.0)
+    assert not caplog.records
+
+
+def test_every_checkpoint_unreadable_refuses_instead_of_starting_from_scratch(tmp_path):
+    _save_two(tmp_path)
+    for index in tmp_path.glob("*.index"):
+        index.write_bytes(b"\x00" * 10)
+    with pytest.raises(checkpoints.CheckpointError, match="refusing to start over"):
+        _restored(tmp_path)
+
+
+def test_no_checkpoint_starts_from_scratch(tmp_path):
+    assert _restored(tmp_path) == (None, 0, _restored(tmp_path)[2])
+
+
+def _file_size_limited():
+    """preexec_fn: a full disk for the child (writes past the limit fail with EFBIG)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # kept across exec: EFBIG, not a kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
+
+
+def test_checkpoint_write_on_a_full_disk_fails_clearly_and_keeps_the_previous_one(tmp_path):
+    """The child saves checkpoint 1, its disk fills up, and the save of 2 fails."""
+    script = textwrap.dedent(f"""
+        import resource, signal, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import numpy as np, tensorflow as tf
+        from ampflow.components.train import checkpoints
+        from test_checkpoint_faults import _state
+        checkpoint, model, step = _state(1)
+        manager = tf.train.CheckpointManager(checkpoint, {str(tmp_path)!r}, max_to_keep=2,
+                                             checkpoint_name="ckpt")
+        step.assign(1)
+        model.layers[0].kernel.assign(np.full((64, 256), 1, np.float32))
+        checkpoints.save(manager, 1)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({FILE_SIZE_LIMIT}, {FILE_SIZE_LIMIT}))
+        step.assign(2)
+        model.layers[0].kernel.assign(np.full((64, 256), 2, np.float32))
+        try:
+            checkpoints.save(manager, 2)
+        except checkpoints.CheckpointError as e:
+            print(e)
+            sys.exit(1)
+    """)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    (line,) = done.stdout.splitlines()
+    assert line.startswith("could not write the checkpoint of step 2")
+    assert "ckpt-1" in line and "free space and rerun" in line
+    assert _restored(tmp_path) == (f"{tmp_path}/ckpt-1", 1, 1.0)
+
+
+def test_train_on_a_full_disk_exits_1_with_one_line(prepared_digits, tmp_path):
+    """`ampflow train` whose process cannot write its first checkpoint: one line, exit 1."""
+    cmd = [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(prepared_digits),
+           "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt"),
+           "--epochs", "1", "--precision", "float32"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240,
+                          preexec_fn=_file_size_limited)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "could not write the checkpoint" in line]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert "none yet" in errors[0]
