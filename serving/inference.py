@@ -9,10 +9,12 @@ SignatureDefs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 
@@ -338,6 +340,57 @@ class InferenceCore:
         if choice == "version" and self.registry.knows_version(spec.name, spec.version.value):
             return spec.name, str(spec.version.value)
         return spec.name, UNKNOWN_LABEL if choice else ""
+
+
+@dataclasses.dataclass
+class CallRecord:
+    """What a transport learns of one call for the metrics, filled in as the call goes.
+
+    `method`: the label ("Predict", "ModelInfer"; "" = not counted); `request`: anything with
+    a `model_spec` (the model/version labels come from it); `answered`: the version that
+    answered, when one did.
+    """
+
+    method: str = ""
+    request: object = None
+    answered: str = ""
+    code: grpc.StatusCode = grpc.StatusCode.OK
+
+
+class CallObserver:
+    """The one call wrapper of every transport (gRPC, REST, V2): code, labels, seconds.
+
+    Every transport labels a call by the version that *answered* it (a request for the latest
+    version counts under the number that ran), so REST and gRPC report the same series.
+    """
+
+    def __init__(self, core: InferenceCore, observe: Observer | None) -> None:
+        self.core = core
+        self.observe = observe
+
+    @contextlib.contextmanager
+    def call(self, method: str = "") -> Iterator[CallRecord]:
+        """Time the block; a ServingStatusError's code (INTERNAL for others) is recorded."""
+        record, started = CallRecord(method), time.perf_counter()
+        try:
+            yield record
+        except ServingStatusError as e:
+            record.code = e.code
+            raise
+        except Exception:
+            record.code = grpc.StatusCode.INTERNAL
+            raise
+        finally:
+            if self.observe is not None and record.method:
+                model, version = self.core.metric_labels(record.request, record.answered)
+                self.observe(model, version, record.method, record.code,
+                             time.perf_counter() - started)
+
+
+def answered_version(response) -> str:
+    """The version in a response's ModelSpec ("" when it has none)."""
+    spec = getattr(response, "model_spec", None)
+    return str(spec.version.value) if spec is not None and spec.HasField("version") else ""
 
 
 def _fill_spec(spec, servable: ServableVersion, signature: str) -> None:

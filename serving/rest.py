@@ -39,7 +39,14 @@ from tensorflow_serving.apis import (
 
 from ampflow.errors import ServingError
 from ampflow.serving import json_tensor, tensors
-from ampflow.serving.inference import InferenceCore, Observer
+from ampflow.serving.connection_limits import ConnectionLimits, guarded_h11_protocol
+from ampflow.serving.inference import (
+    CallObserver,
+    CallRecord,
+    InferenceCore,
+    Observer,
+    answered_version,
+)
 from ampflow.serving.model_format import DEFAULT_SIGNATURE
 from ampflow.serving.status import ServingStatusError, clip
 from ampflow.serving.status import invalid_argument as _invalid
@@ -73,29 +80,24 @@ class RestHandler:
 
     def __init__(self, core: InferenceCore, observe: Observer | None = None) -> None:
         self.core = core
-        self.observe = observe
+        self.calls = CallObserver(core, observe)
 
     def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, bytes]:
         """Answer one request: (HTTP status, JSON body). Never raises."""
-        started, api, request = time.perf_counter(), "", None
-        code, version = grpc.StatusCode.OK, ""
         try:
-            api, request, payload = self._dispatch(method, raw_path, body)
-            version = str(request.model_spec.version.value) if request is not None and \
-                request.model_spec.HasField("version") else ""
+            with self.calls.call() as record:
+                payload = self._dispatch(method, raw_path, body, record)
+            code = grpc.StatusCode.OK
         except ServingStatusError as e:
             code, payload = e.code, {"error": clip(e.message, 1024)}
         except Exception as e:  # a server bug must not end the process: INTERNAL
             log.exception("REST %s %s failed", method, clip(raw_path, 200))
             code = grpc.StatusCode.INTERNAL
             payload = {"error": f"internal error ({type(e).__name__}); see the server log"}
-        if self.observe is not None and api:
-            model, version = self.core.metric_labels(request, version) if request is not None \
-                else ("", "")
-            self.observe(model, version, api, code, time.perf_counter() - started)
         return HTTP_STATUS.get(code, 500), _dumps(payload)
 
-    def _dispatch(self, method: str, raw_path: str, body: bytes):
+    def _dispatch(self, method: str, raw_path: str, body: bytes, record: CallRecord):
+        """Route one request; `record` learns the API, the request and the version that ran."""
         path = raw_path.split("?", 1)[0]
         malformed = _invalid(f"Malformed request: {method} {clip(path, 200)}")
         if method == "POST":
@@ -105,9 +107,11 @@ class RestHandler:
             spec = _model_spec(*match.groups()[:3])
             verb = match.group(4).lower()
             if verb == "predict":
-                return ("Predict", *self._predict(spec, body))
+                record.method = "Predict"
+                return self._predict(spec, body, record)
             if verb == "classify":
-                return ("Classify", *self._classify(spec, body))
+                record.method = "Classify"
+                return self._classify(spec, body, record)
             raise ServingStatusError(grpc.StatusCode.UNIMPLEMENTED,
                                      "Regress is not supported by ampflow serve")
         if method == "GET":
@@ -119,16 +123,17 @@ class RestHandler:
                 raise _invalid("Missing model name in request.")
             spec = _model_spec(*match.groups()[:3])
             if match.group(4):
-                return ("GetModelMetadata", *self._metadata(spec))
-            return ("GetModelStatus", *self._status(spec))
+                record.method = "GetModelMetadata"
+                return self._metadata(spec, record)
+            record.method = "GetModelStatus"
+            return self._status(spec, record)
         raise malformed
 
     # ---- APIs -------------------------------------------------------------------------------
 
-    def _predict(self, spec, body: bytes):
+    def _predict(self, spec, body: bytes, record: CallRecord):
+        request = record.request = predict_pb2.PredictRequest(model_spec=spec)
         doc = json_tensor.parse_object(body)
-        request = predict_pb2.PredictRequest()
-        request.model_spec.CopyFrom(spec)
         request.model_spec.signature_name = json_tensor.signature_name(doc)
         servable = self.core.resolve(request)
         sig_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
@@ -138,36 +143,37 @@ class RestHandler:
         infos = dict(servable.signature_defs[sig_name].inputs)
         row_format = json_tensor.fill_inputs(doc, infos, request)
         response = self.core.predict(request, REST_TIMEOUT_S, servable=servable)
+        record.answered = answered_version(response)
         outputs = {k: tensors.to_ndarray(k, v) for k, v in response.outputs.items()}
-        payload = (json_tensor.row_json if row_format else json_tensor.columnar_json)(outputs)
-        return request, payload
+        return (json_tensor.row_json if row_format else json_tensor.columnar_json)(outputs)
 
-    def _classify(self, spec, body: bytes):
+    def _classify(self, spec, body: bytes, record: CallRecord):
+        request = record.request = classification_pb2.ClassificationRequest(model_spec=spec)
         doc = json_tensor.parse_object(body)
-        request = classification_pb2.ClassificationRequest()
-        request.model_spec.CopyFrom(spec)
         request.model_spec.signature_name = json_tensor.signature_name(doc)
         json_tensor.fill_examples(doc, request, self.core.limits.max_rows)
         response = self.core.classify(request, REST_TIMEOUT_S)
+        record.answered = answered_version(response)
         results = [[[c.label, json_tensor.float32_json(c.score)] for c in row.classes]
                    for row in response.result.classifications]
-        return request, {"results": results}
+        return {"results": results}
 
-    def _status(self, spec):
-        request = get_model_status_pb2.GetModelStatusRequest(model_spec=spec)
+    def _status(self, spec, record: CallRecord):
+        request = record.request = get_model_status_pb2.GetModelStatusRequest(model_spec=spec)
         response = self.core.status(request)
-        return request, json_format.MessageToDict(
+        return json_format.MessageToDict(
             response, always_print_fields_with_no_presence=True)
 
-    def _metadata(self, spec):
-        request = get_model_metadata_pb2.GetModelMetadataRequest(model_spec=spec)
-        request.metadata_field.append("signature_def")
+    def _metadata(self, spec, record: CallRecord):
+        request = record.request = get_model_metadata_pb2.GetModelMetadataRequest(
+            model_spec=spec, metadata_field=["signature_def"])
         response = self.core.metadata(request)
+        record.answered = answered_version(response)
         sig_map = get_model_metadata_pb2.SignatureDefMap()
         response.metadata["signature_def"].Unpack(sig_map)
         options = {"preserving_proto_field_name": True,
                    "always_print_fields_with_no_presence": True}
-        return request, {"model_spec": json_format.MessageToDict(response.model_spec, **options),
+        return {"model_spec": json_format.MessageToDict(response.model_spec, **options),
                          "metadata": {"signature_def": json_format.MessageToDict(sig_map,
                                                                                  **options)}}
 
@@ -196,8 +202,9 @@ class RestApp:
     """A minimal ASGI app: bounded body, one worker thread per request, JSON out."""
 
     def __init__(self, handler: RestHandler, max_body_bytes: int, workers: int,
-                 metrics=None) -> None:
+                 metrics=None, v2=None) -> None:
         self.handler = handler
+        self.v2 = v2  # a v2_rest.V2RestHandler answering /v2/..., or None
         self.max_body_bytes = max_body_bytes
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ampflow-rest")
         self.metrics = metrics  # a prometheus CollectorRegistry served at /metrics, or None
@@ -219,6 +226,14 @@ class RestApp:
             return
         raw_path = scope.get("raw_path") or scope["path"].encode()
         loop = asyncio.get_running_loop()
+        if self.v2 is not None and (scope["path"] == "/v2" or scope["path"].startswith("/v2/")):
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                       for k, v in scope.get("headers", [])}
+            status, payload, extra = await loop.run_in_executor(
+                self.pool, self.v2.handle, scope["method"], raw_path.decode("latin-1"), headers,
+                body)
+            await _send(send, status, payload, extra)
+            return
         status, payload = await loop.run_in_executor(
             self.pool, self.handler.handle, scope["method"], raw_path.decode("latin-1"), body)
         await _reply(send, status, payload)
@@ -271,16 +286,21 @@ def _content_length(scope) -> int | None:
 
 
 async def _reply(send, status: int, body: bytes, content_type: str = "application/json"):
+    await _send(send, status, body, [(b"content-type", content_type.encode())])
+
+
+async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]):
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type.encode()),
-                            (b"content-length", str(len(body)).encode())]})
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
 
 class RestServer:
     """uvicorn serving a `RestApp` on its own thread and event loop."""
 
-    def __init__(self, app: RestApp, host: str, port: int, tls=None) -> None:
+    def __init__(self, app: RestApp, host: str, port: int, tls=None,
+                 limits: ConnectionLimits | None = None) -> None:
+        limits = limits or ConnectionLimits()
         import uvicorn
 
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -302,8 +322,9 @@ class RestServer:
                 ssl_options.update(ssl_ca_certs=str(tls.client_ca_file),
                                    ssl_cert_reqs=ssl.CERT_REQUIRED)
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", http="h11",
-            ws="none", interface="asgi3", timeout_keep_alive=5, limit_concurrency=256,
+            app, log_level="warning", access_log=False, lifespan="off",
+            ws="none", interface="asgi3", timeout_keep_alive=limits.keepalive_timeout_s,
+            limit_concurrency=None, http=guarded_h11_protocol(limits),
             h11_max_incomplete_event_size=64 * 1024, **ssl_options)
         self._server = uvicorn.Server(config)
         self._app = app

@@ -3,8 +3,10 @@
 `start_local_server(config)` returns a `RunningServer` in this process (tests, the demo, the
 pipeline); `serve_forever(config)` is `ampflow serve`: it blocks, and on SIGTERM/SIGINT stops
 accepting calls, lets in-flight ones finish (up to `grace_s`), and returns 0.
-Besides the two TF Serving services it registers `grpc.health.v1` (SERVING once every model
-has a version loaded) and server reflection, and optionally serves Prometheus metrics.
+Besides the two TF Serving services it registers the Open Inference Protocol's
+`inference.GRPCInferenceService` (KServe V2, always on; v2_grpc.py), `grpc.health.v1`
+(SERVING once every model has a version loaded) and server reflection, and optionally serves
+Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ from ampflow.errors import ConfigError, ServingError
 from ampflow.serving import model_registry
 from ampflow.serving.batching import Batcher
 from ampflow.serving.config import ServerConfig
+from ampflow.serving.connection_limits import grpc_server_options
 from ampflow.serving.grpc_guard import UndecodableRequestInterceptor
 from ampflow.serving.inference import InferenceCore, ReloadPolicy, RequestLimits
 from ampflow.serving.service import ModelServicer, PredictionServicer
+from ampflow.serving.v2_grpc import SERVICE as V2_SERVICE
+from ampflow.serving.v2_grpc import V2Servicer
+from ampflow.serving.v2_protocol import V2Core
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +43,7 @@ MODEL_SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
 # grpc.health.v1 names: the overall server, ours (full names), and the short names that
 # tensorflow_model_server registers (server.cc), so the same probes work against both servers.
 HEALTH_SERVICE_NAMES = ("", PREDICTION_SERVICE.full_name, MODEL_SERVICE.full_name,
-                        "PredictionService", "ModelService")
+                        "PredictionService", "ModelService", V2_SERVICE.full_name)
 
 
 @dataclasses.dataclass
@@ -138,11 +144,14 @@ def start_local_server(config: ServerConfig) -> RunningServer:
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 0),
+            *grpc_server_options(config.connection_limits),
         ],
         maximum_concurrent_rpcs=config.max_workers * 8,
         interceptors=(UndecodableRequestInterceptor(),),
     )
     prediction_service_pb2_grpc_add(server, core, observe)
+    v2 = V2Core(core)
+    server.add_generic_rpc_handlers((V2Servicer(v2, observe).handler(),))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -156,7 +165,7 @@ def start_local_server(config: ServerConfig) -> RunningServer:
     _on_change(registry, health_servicer, batcher)
     server.start()
     try:
-        rest = _start_rest(config, core, metrics)
+        rest = _start_rest(config, v2, metrics)
         metrics_http, metrics_port = _start_metrics(config, metrics)
     except Exception:
         server.stop(0)
@@ -171,20 +180,23 @@ def start_local_server(config: ServerConfig) -> RunningServer:
                          batcher, metrics_http, rest.port if rest else None, rest)
 
 
-def _start_rest(config: ServerConfig, core: InferenceCore, metrics: _Metrics | None):
-    """TF Serving's REST API on --rest-api-port, with the gRPC port's host and TLS.
+def _start_rest(config: ServerConfig, v2: V2Core, metrics: _Metrics | None):
+    """TF Serving's REST API and the V2 REST API on --rest-api-port (gRPC's host and TLS).
 
     Metrics are served there too when --metrics-port names the same port (as the binary does).
     """
     if not config.rest_api_port:
         return None
-    from ampflow.serving import rest
+    from ampflow.serving import rest, v2_rest
 
     shared = metrics is not None and config.metrics_port == config.rest_api_port
-    handler = rest.RestHandler(core, metrics.observe if metrics else None)
+    observe = metrics.observe if metrics else None
+    handler = rest.RestHandler(v2.core, observe)
     app = rest.RestApp(handler, config.max_message_bytes, workers=min(8, config.max_workers),
-                       metrics=metrics.registry if shared else None)
-    return rest.RestServer(app, config.host, config.rest_api_port, config.tls)
+                       metrics=metrics.registry if shared else None,
+                       v2=v2_rest.V2RestHandler(v2, observe))
+    return rest.RestServer(app, config.host, config.rest_api_port, config.tls,
+                           config.connection_limits)
 
 
 def prediction_service_pb2_grpc_add(server: grpc.Server, core: InferenceCore, observe) -> None:

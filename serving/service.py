@@ -8,12 +8,11 @@ becomes INTERNAL without its details (they are logged): one bad request never es
 from __future__ import annotations
 
 import logging
-import time
 
 import grpc
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-from ampflow.serving.inference import InferenceCore, Observer
+from ampflow.serving.inference import CallObserver, InferenceCore, Observer, answered_version
 from ampflow.serving.status import ServingStatusError, clip
 
 log = logging.getLogger(__name__)
@@ -26,27 +25,21 @@ class _Handler:
 
     def __init__(self, core: InferenceCore, observe: Observer | None) -> None:
         self.core = core
-        self.observe = observe
+        self.calls = CallObserver(core, observe)
 
     def call(self, method: str, request, context, fn):
-        started = time.perf_counter()
-        code, version = grpc.StatusCode.OK, ""
         try:
-            response = fn(request, _remaining(context))
-            version = str(response.model_spec.version.value) if hasattr(
-                response, "model_spec") else ""
-            return response
+            with self.calls.call(method) as record:
+                record.request = request
+                response = fn(request, _remaining(context))
+                record.answered = answered_version(response)
+                return response
         except ServingStatusError as e:
-            code = e.code
             context.abort(e.code, clip(e.message, MAX_ERROR_MESSAGE))
         except Exception as e:  # a server bug must not kill the process: report INTERNAL
             log.exception("%s failed", method)
-            code = grpc.StatusCode.INTERNAL
-            context.abort(code, f"internal error ({type(e).__name__}); see the server log")
-        finally:
-            if self.observe is not None:
-                model, version = self.core.metric_labels(request, version)
-                self.observe(model, version, method, code, time.perf_counter() - started)
+            context.abort(grpc.StatusCode.INTERNAL,
+                          f"internal error ({type(e).__name__}); see the server log")
 
 
 def _remaining(context) -> float | None:
