@@ -121,7 +121,7 @@ def test_cli_help_lists_every_option_with_default(capsys, monkeypatch):
         "--connect-timeout-s",
     ):
         assert flag in out
-    assert "(default: 3.0)" in out and "(default: ampflow)" in out
+    assert "(default: 3)" in out and "(default: ampflow)" in out  # seconds, as given
 
 
 def test_local_canary_failure_takes_the_new_version_away(export_base, tmp_path):
