@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from ampflow.cliutil import (
-    HelpFormatter,
     HelpFormatterKeepingEpilog,
     add_config_arguments,
     config_from_args,
@@ -21,68 +20,66 @@ def register(subparsers) -> None:
     _register_demo(subparsers)
 
 
-def _register_compile(subparsers) -> None:
-    from ampflow.pipeline.settings import DEFAULT_IMAGE
+def _non_flag_fields() -> tuple[str, ...]:
+    """PipelineOptions fields that are Python-only (no help), and the image (added apart)."""
+    import dataclasses
 
-    p = subparsers.add_parser("compile", help="Compile the pipeline to KFP IR YAML.",
-                              formatter_class=HelpFormatter)
-    p.add_argument("--output", default="ampflow_pipeline.yaml", help="IR YAML path to write.")
-    p.add_argument("--image", default=DEFAULT_IMAGE, help="Image every step runs in.")
-    p.add_argument("--gpu", action=argparse.BooleanOptionalAction, default=True,
-                   help="Request a GPU (accelerator, node selector, toleration) for training.")
-    p.add_argument("--accelerator-type", default="nvidia.com/gpu", help="GPU resource name.")
-    p.add_argument("--with-float32-baseline", action=argparse.BooleanOptionalAction,
-                   default=True, help="Train a float32 baseline in parallel with the AMP model: "
-                   "the gate then also compares AMP-trained with float32-trained accuracy.")
-    p.add_argument("--checkpoints", choices=("workspace", "none"), default="workspace",
-                   help="Where a train task keeps its resumable checkpoint: the run's KFP "
-                   "workspace PVC (a retried pod resumes; KFP backend >= 2.15) or none.")
-    p.add_argument("--workspace-size", default="20Gi", help="Size of the run's workspace PVC.")
-    p.add_argument("--workspace-storage-class", default=None,
-                   help="Storage class of the workspace PVC (default: the cluster's default "
-                   "class; a KFP 2.15/2.16 backend refuses the run without one named).")
-    p.add_argument("--workspace-access-mode", default="ReadWriteOnce",
-                   choices=("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"),
-                   help="Access mode of the workspace PVC (a KFP backend refuses the run "
-                   "without one); ReadWriteMany lets the two train tasks run on different "
-                   "nodes at once.")
-    p.add_argument("--serving-namespace", default=None,
-                   help="Namespace the deploy task deploys TF Serving into (default: the "
-                   "run's own, with the model-store claim there; another namespace mounts no "
-                   "claim and needs serving_model_store=gs://...).")
+    from ampflow.pipeline.pipeline import PipelineOptions, cli_fields
+
+    return ("image", *(f.name for f in dataclasses.fields(PipelineOptions)
+                       if f.name not in cli_fields()))
+
+
+def _add_image_flag(parser: argparse.ArgumentParser) -> None:
+    """`--image`: required unless $AMPFLOW_IMAGE names one (there is no public default)."""
+    from ampflow.pipeline.pipeline import PipelineOptions
+    from ampflow.pipeline.settings import IMAGE_ENV, configured_image
+
+    text = PipelineOptions.__dataclass_fields__["image"].metadata["help"]
+    configured = configured_image()
+    parser.add_argument("--image", default=configured, metavar="REF",
+                        help=text + (f" (default: ${IMAGE_ENV}, {configured})" if configured
+                                     else ""))
+
+
+def _image_of(args) -> str:
+    from ampflow.errors import ConfigError
+    from ampflow.pipeline.settings import IMAGE_ENV
+
+    if not args.image:
+        raise ConfigError(
+            "--image is required: the image every step runs in, built from the Dockerfile "
+            "and pushed where the cluster pulls from (docker build -t REGISTRY/ampflow:TAG . "
+            f"&& docker push REGISTRY/ampflow:TAG), or set ${IMAGE_ENV}")
+    return args.image
+
+
+def _register_compile(subparsers) -> None:
+    from ampflow.pipeline.pipeline import PipelineOptions
+
+    p = subparsers.add_parser(
+        "compile", help="Compile the pipeline to KFP IR YAML.",
+        description="Compile the pipeline to KFP IR YAML for a cluster: its image, GPUs, node "
+                    "placement and resources are fixed here; what changes per run (dataset, "
+                    "model, epochs, ...) is a pipeline parameter (see `ampflow submit --help`).")
+    p.add_argument("--output", default="ampflow_pipeline.yaml", metavar="PATH",
+                   help="IR YAML file to write.")
+    _add_image_flag(p)
+    add_config_arguments(p, PipelineOptions, exclude=_non_flag_fields())
     p.add_argument("--kfp-backend", default="2.17", choices=("2.15", "2.16", "2.17"),
                    help="The KFP backend version the file is for: its rules are checked "
                    "(2.15 and 2.16 need --workspace-storage-class, or --checkpoints none).")
-    p.add_argument("--train-workers", type=int, default=1,
-                   help="> 1: the AMP train task runs a TFJob with this many workers "
-                   "(checkpoints on the training claim, not the workspace).")
-    p.add_argument("--base-model-uri", default=None,
-                   help="Fine-tune this trained .keras file (or model dir) instead of building "
-                   "`model`: a URI the cluster's launcher fetches (gs://, s3://, minio://), "
-                   "brought in with dsl.importer.")
 
     def run(args) -> int:
-        from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
+        from ampflow.pipeline.pipeline import compile_pipeline
 
-        options = PipelineOptions(image=args.image, gpu=args.gpu,
-                                  accelerator_type=args.accelerator_type,
-                                  with_float32_baseline=args.with_float32_baseline,
-                                  checkpoints=args.checkpoints,
-                                  workspace_size=args.workspace_size,
-                                  workspace_storage_class=args.workspace_storage_class,
-                                  workspace_access_mode=args.workspace_access_mode,
-                                  train_workers=args.train_workers,
-                                  base_model_uri=args.base_model_uri,
-                                  serving_namespace=args.serving_namespace,
-                                  # another namespace's claim cannot be mounted: gs:// there
-                                  **({"model_store_pvc": None} if args.serving_namespace
-                                     else {}))
+        options = config_from_args(PipelineOptions, args, image=_image_of(args))
         path = compile_pipeline(args.output, options)
         _check_for_backend(path, args.kfp_backend)
         print_summary("ampflow compile: done", {
-            "pipeline": path, "image": args.image, "gpu": args.gpu,
-            "float32_baseline": args.with_float32_baseline, "checkpoints": args.checkpoints,
-            "train_workers": args.train_workers})
+            "pipeline": path, "image": options.image, "gpu": options.gpu,
+            "float32_baseline": options.with_float32_baseline,
+            "checkpoints": options.checkpoints, "train_workers": options.train_workers})
         return 0
 
     p.set_defaults(func=run)
@@ -115,10 +112,13 @@ def _register_submit(subparsers) -> None:
     from ampflow.pipeline.submit import SubmitConfig
 
     p = subparsers.add_parser("submit", help="Compile and submit the pipeline to a KFP endpoint.",
-                              description="Compile and submit the pipeline to a KFP endpoint.",
+                              description="Compile the pipeline (the same flags as `ampflow "
+                              "compile`) and submit a run of it to a KFP endpoint, after "
+                              "checking the endpoint and the cluster's prerequisites.",
                               formatter_class=HelpFormatterKeepingEpilog,
                               epilog=describe_parameters())
-    add_config_arguments(p, SubmitConfig)
+    _add_image_flag(p)
+    add_config_arguments(p, SubmitConfig, exclude=_non_flag_fields())
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="A pipeline parameter (repeatable, listed below), e.g. --param "
                    "epochs=20; an unknown name or a value of the wrong type is refused before "
@@ -129,7 +129,7 @@ def _register_submit(subparsers) -> None:
         from ampflow.pipeline.submit import submit
 
         arguments = dict(parse_param(text) for text in args.param)
-        result = submit(config_from_args(SubmitConfig, args), arguments)
+        result = submit(config_from_args(SubmitConfig, args, image=_image_of(args)), arguments)
         print_summary("ampflow submit: done", {"run_id": result.run_id, "url": result.url})
         return 0
 
@@ -139,8 +139,11 @@ def _register_submit(subparsers) -> None:
 def _register_run_local(subparsers) -> None:
     from ampflow.pipeline.run_local import LocalRunConfig
 
-    p = subparsers.add_parser("run-local", help="Run the whole pipeline with the kfp local runner.",
-                              formatter_class=HelpFormatter)
+    p = subparsers.add_parser(
+        "run-local", help="Run the whole pipeline with the kfp local runner.",
+        description="Run the whole pipeline on this machine with the kfp local runner (each "
+                    "step a subprocess, no image, no cluster): one line per step as it starts "
+                    "and ends, each step's log in <workdir>/logs/, the results table at the end.")
     add_config_arguments(p, LocalRunConfig)
     _add_verbose(p)
 
@@ -163,8 +166,10 @@ def _register_demo(subparsers) -> None:
     from ampflow.pipeline.demo import DemoConfig
 
     p = subparsers.add_parser(
-        "demo", formatter_class=HelpFormatter,
-        help="The whole mission locally: pipeline, then serve and query over gRPC.")
+        "demo", help="The whole mission locally: pipeline, then serve and query over gRPC.",
+        description="Run the whole pipeline locally (as run-local), then serve the exported "
+                    "model with `ampflow serve` and query it over gRPC: predictions and a "
+                    "results table (<workdir>/results.txt and .json).")
     add_config_arguments(p, DemoConfig)
     _add_verbose(p)
 

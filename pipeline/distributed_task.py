@@ -27,8 +27,8 @@ def train_workers_arguments(options) -> dict[str, Any]:
     settings = TFJobSettings(
         image=options.image, workers=options.train_workers, claim=TRAINING_CLAIM,
         mount=TRAINING_MOUNT, gpu=options.gpu, accelerator_type=options.accelerator_type,
-        accelerator_count=options.accelerator_count, node_selector=options.gpu_node_selector,
-        toleration_key=options.gpu_toleration_key, cpu_request=resources.cpu_request,
+        accelerator_count=options.accelerator_count, node_selector=options.node_selector,
+        toleration=options.toleration, cpu_request=resources.cpu_request,
         memory_request=resources.memory_request, cpu_limit=resources.cpu_limit,
         memory_limit=resources.memory_limit)
     # The run id as the whole value: KFP's driver resolves `{{$.pipeline_job_uuid}}` only when

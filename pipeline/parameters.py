@@ -15,7 +15,9 @@ from ampflow.cliutil import did_you_mean
 from ampflow.errors import ConfigError
 from ampflow.pipeline.pipeline import (
     AUTO_RELATIVE_LOGIT_DIFF,
+    DEFAULT_SERVING_OVERLAY,
     GATE_DEFAULTS,
+    SERVING_OVERLAYS,
     TRAIN_DEFAULTS,
     XLA_VALUES,
 )
@@ -50,6 +52,9 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
     "serving_target": (str, SERVING_TARGETS[0], ", ".join(SERVING_TARGETS)),
     "serving_model_store": (str, "/models", "model store the deploy step writes into"),
     "serving_address": (str, "", "host:port of the server the deploy step checks"),
+    "serving_overlay": (str, DEFAULT_SERVING_OVERLAY,
+                        "k8s overlay serving_target=kubernetes deploys: "
+                        + ", ".join(SERVING_OVERLAYS)),
     "model_path": (str, "", "directory to import a `model` builder from (in the image)"),
     "image_size": (str, "", "H W, HxW or one number: the size to train and serve at"),
     "image_folder": (str, "", "a folder of class sub-folders, read instead of `dataset`"),
@@ -57,7 +62,8 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 # Parameters whose value is one of a list: checked (with the closest suggested) before sending.
-CHOICES: dict[str, tuple[str, ...]] = {"xla": XLA_VALUES, "serving_target": SERVING_TARGETS}
+CHOICES: dict[str, tuple[str, ...]] = {"xla": XLA_VALUES, "serving_target": SERVING_TARGETS,
+                                        "serving_overlay": SERVING_OVERLAYS}
 # Old names and values still taken, each with a one-line note: name -> (new name, values).
 DEPRECATED: dict[str, tuple[str, dict[str, str]]] = {
     "jit_compile": ("xla", {"auto": "auto", "true": "on", "false": "off"}),

@@ -12,12 +12,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-# Override with AMPFLOW_IMAGE or `ampflow compile --image ...` after you build and push the
-# Dockerfile at the repository root (see README "Going to a real cluster").
-DEFAULT_IMAGE = os.environ.get("AMPFLOW_IMAGE", "ghcr.io/ampflow/ampflow:0.1.0")
+# There is no published image to default to: `ampflow compile/submit` need `--image` (the one
+# you built from the Dockerfile and pushed) unless $AMPFLOW_IMAGE names it. LOCAL_IMAGE is the
+# tag `docker build -t ampflow:local .` gives, what the local runner's components name (it
+# pulls nothing) and the Python API's default; a cluster can run it only where it was loaded
+# (`kind load docker-image ampflow:local`).
+IMAGE_ENV = "AMPFLOW_IMAGE"
+LOCAL_IMAGE = "ampflow:local"
 
 
-def as_component(func: Callable, image: str = DEFAULT_IMAGE):
+def configured_image() -> str | None:
+    """The image $AMPFLOW_IMAGE names, or None (then `--image` is required)."""
+    return os.environ.get(IMAGE_ENV) or None
+
+
+def as_component(func: Callable, image: str = LOCAL_IMAGE):
     """Turn a plain typed function into a KFP component that runs in `image`."""
     from kfp import dsl
 

@@ -21,41 +21,22 @@ from urllib.parse import urlparse
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.pipeline import preflight
 from ampflow.pipeline.parameters import check_arguments
-from ampflow.pipeline.settings import DEFAULT_IMAGE
+from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline, options_from
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "KFP_TOKEN"
 
 
-@dataclass(frozen=True)
-class SubmitConfig:
-    """Where to submit, and as what run."""
+@dataclass(frozen=True, kw_only=True)
+class SubmitConfig(PipelineOptions):
+    """Where to submit, and as what run; the compile-time options are PipelineOptions' own."""
 
     host: str = field(metadata={"help": "KFP API endpoint, e.g. http://localhost:8080 after "
                                         "`kubectl port-forward svc/ml-pipeline-ui 8080:80`."})
     namespace: str | None = field(default=None, metadata={
-        "help": "Kubeflow profile namespace (multi-user installs)."})
+        "help": "Kubeflow profile namespace the run goes into (multi-user installs)."})
     experiment: str = field(default="ampflow", metadata={"help": "Experiment name."})
     run_name: str | None = field(default=None, metadata={"help": "Run name (default: KFP's)."})
-    image: str = field(default=DEFAULT_IMAGE, metadata={"help": "Image every step runs in."})
-    gpu: bool = field(default=True, metadata={"help": "Request a GPU for training."})
-    with_float32_baseline: bool = field(default=True, metadata={
-        "help": "Train a float32 baseline in parallel (training parity in the gate)."})
-    checkpoints: str = field(default="workspace", metadata={
-        "choices": ("workspace", "none"),
-        "help": "Train checkpoints on the run's KFP workspace PVC (retries resume), or none."})
-    workspace_storage_class: str | None = field(default=None, metadata={
-        "help": "Storage class of the workspace PVC (default: the cluster's default class; "
-                "KFP 2.15/2.16 need one named, which submit reads from the cluster)."})
-    workspace_access_mode: str = field(default="ReadWriteOnce", metadata={
-        "choices": ("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"),
-        "help": "Access mode of the workspace PVC; ReadWriteMany lets the two train tasks "
-                "run on different nodes at once."})
-    train_workers: int = field(default=1, metadata={
-        "help": "> 1: the AMP train task runs a TFJob with this many workers."})
-    serving_namespace: str | None = field(default=None, metadata={
-        "help": "Namespace the deploy task deploys TF Serving into (default: the run's own, "
-                "with the model-store claim there; another one needs a gs:// store)."})
     kubeconfig: str | None = field(default=None, metadata={
         "help": "kubeconfig of the KFP cluster, to check the run's prerequisites (namespace, "
                 "claims, RBAC) first; default $KUBECONFIG or ~/.kube/config."})
@@ -66,9 +47,10 @@ class SubmitConfig:
     check_cluster: bool = field(default=True, metadata={
         "help": "Check the run's prerequisites in the cluster before submitting."})
     connect_timeout_s: float = field(default=5.0, metadata={
-        "help": "Give up reaching the endpoint after this long."})
+        "help": "Give up reaching the endpoint after this many seconds."})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         parsed = urlparse(self.host)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ConfigError(f"host must be an http(s) URL. Received: host={self.host!r}")
@@ -90,17 +72,7 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
     """
     arguments = dict(arguments or {})
     check_arguments(arguments)  # a misspelt --param fails here, before anything is sent
-    from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
-
-    options = PipelineOptions(image=config.image, gpu=config.gpu,
-                              with_float32_baseline=config.with_float32_baseline,
-                              checkpoints=config.checkpoints,
-                              workspace_storage_class=config.workspace_storage_class,
-                              workspace_access_mode=config.workspace_access_mode,
-                              train_workers=config.train_workers,
-                              serving_namespace=config.serving_namespace,
-                              # another namespace's claim cannot be mounted: gs:// there
-                              **({"model_store_pvc": None} if config.serving_namespace else {}))
+    options = options_from(config)
     _probe(config)
     backend = preflight.read_backend(config.host, os.environ.get(TOKEN_ENV),
                                      config.connect_timeout_s)

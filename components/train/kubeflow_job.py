@@ -30,9 +30,8 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -66,7 +65,9 @@ class TFJobSettings:
     accelerator_type: str = "nvidia.com/gpu"
     accelerator_count: int = 1
     node_selector: tuple[str, str] | None = ("nvidia.com/gpu.present", "true")
-    toleration_key: str | None = "nvidia.com/gpu"
+    # A Kubernetes toleration (key, operator, value?, effect): PipelineOptions.toleration.
+    toleration: dict[str, str] | None = field(default_factory=lambda: {
+        "key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
     cpu_request: str = "4"
     memory_request: str = "16G"
     cpu_limit: str = "8"
@@ -120,8 +121,7 @@ def build_tfjob(name: str, settings: TFJobSettings, train_argv: list[str],
         for part in resources.values():
             part[settings.accelerator_type] = str(settings.accelerator_count)
         pod["nodeSelector"] = dict([settings.node_selector]) if settings.node_selector else {}
-        pod["tolerations"] = ([{"key": settings.toleration_key, "operator": "Exists",
-                                "effect": "NoSchedule"}] if settings.toleration_key else [])
+        pod["tolerations"] = [dict(settings.toleration)] if settings.toleration else []
     else:
         pod.pop("nodeSelector", None)
         pod.pop("tolerations", None)
@@ -427,8 +427,3 @@ def _own_namespace() -> str:
         return Path(_NAMESPACE_FILE).read_text().strip()
     except OSError:
         return "default"
-
-
-def run_key_from(parts: Any) -> str:
-    """The stable key of a KFP task: its run id and task name (placeholders resolved by KFP)."""
-    return "/".join(str(p) for p in parts)
