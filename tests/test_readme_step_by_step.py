@@ -1,7 +1,8 @@
-"""README's "Step by step" runs as written: every command exits 0 and predict prints a class.
+"""The tutorial's "Step by step" runs as written: every command exits 0 and predict prints a class.
 
-The commands are read from README.md between the `step-by-step` markers and run by bash in a
-scratch dir, so the walkthrough cannot drift from the real flags. The only change is the
+The commands are read from docs/tutorial/step-by-step.md (the docs site's tutorial, which the
+README links to) between the `step-by-step` markers and run by bash in a scratch dir, so the
+walkthrough cannot drift from the real flags. The only change is the
 server port: 8500 becomes a free one, so the test does not collide with a server already
 running here.
 """
@@ -18,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+STEP_BY_STEP = Path(__file__).resolve().parents[1] / "docs" / "tutorial" / "step-by-step.md"
 
 
 def readme_steps() -> str:
     """The bash block between `<!-- step-by-step:begin -->` and `<!-- step-by-step:end -->`."""
-    text = README.read_text()
+    text = STEP_BY_STEP.read_text()
     block = re.search(r"<!-- step-by-step:begin -->\s*```bash\n(.*?)```\s*"
                       r"<!-- step-by-step:end -->", text, flags=re.DOTALL)
-    assert block, "README.md lost its step-by-step markers"
+    assert block, f"{STEP_BY_STEP.name} lost its step-by-step markers"
     return block.group(1)
 
 

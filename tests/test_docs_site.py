@@ -1,0 +1,146 @@
+"""The README and the docs site stay true to the code.
+
+- `mkdocs build --strict` passes: no broken link or anchor, no nav entry to a missing page, and
+  the generated pages (the CLI reference from the argparse parsers, the pipeline parameters from
+  `pipeline/parameters.py`) hold every command and parameter the code has now.
+- Every `ampflow <command> --flag` in a shell block of the README or a docs page names a command
+  and flags that the real parser accepts, so a renamed flag cannot linger in the docs.
+- The README stays a first screen: short, its links resolve, its `make` targets exist.
+The step-by-step block itself is run by tests/test_readme_step_by_step.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+SHELL_BLOCK = re.compile(r"^[ \t]*```(?:bash|sh|shell)\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _documents() -> list[Path]:
+    return [README, *sorted(p for p in DOCS.rglob("*.md")
+                            if "examples" not in p.relative_to(DOCS).parts)]
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:  # argparse has no public accessor for its subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    raise AssertionError("ampflow's parser has no subcommands")
+
+
+def ampflow_command_lines(text: str) -> list[str]:
+    """Each `ampflow …` command in the shell blocks of `text`, continuation lines joined."""
+    commands = []
+    for block in SHELL_BLOCK.findall(text):
+        joined = re.sub(r"\\\n", " ", block)
+        for line in joined.splitlines():
+            for part in re.split(r"&&|\|\||;|\||&(?!\S)", line.split(" #", 1)[0]):
+                words = part.strip().split()
+                while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # VAR=value ampflow …
+                    words = words[1:]
+                if words and words[0] == "ampflow":
+                    commands.append(" ".join(words))
+    return commands
+
+
+def unknown_flags(command: str, parser: argparse.ArgumentParser) -> list[str]:
+    """The command or flags in `command` (`ampflow [global flags] <command> …`) the parser lacks."""
+    commands = _subcommands(parser)
+    words = shlex.split(command.replace("[", " ").replace("]", " "), posix=True)[1:]
+    global_flags = set(parser._option_string_actions)
+    while words and words[0].startswith("-"):  # ampflow --quiet train …
+        flag = words.pop(0).split("=", 1)[0]
+        if flag not in global_flags:
+            return [flag]
+        if parser._option_string_actions[flag].nargs != 0 and words and "=" not in flag:
+            words.pop(0)
+    if not words or words[0] in ("<command>", "…"):
+        return []
+    if words[0] not in commands:
+        return [words[0]]
+    accepted = set(commands[words[0]]._option_string_actions)
+    flags = [flag.split("=", 1)[0] for word in words[1:] for flag in word.split("|")
+             if flag.startswith("--")]
+    return [flag for flag in flags if flag not in accepted]
+
+
+def test_command_line_check_catches_a_misspelt_flag_and_command():
+    from ampflow.cli import build_parser
+
+    parser = build_parser()
+    text = ("```bash\nampflow train --data-dir D \\\n  --epoch 3\n"
+            "ampflow --quiet trian --x 1 && ampflow serve --port 8500 &\n```\n")
+    lines = ampflow_command_lines(text)
+    assert lines == ["ampflow train --data-dir D --epoch 3", "ampflow --quiet trian --x 1",
+                     "ampflow serve --port 8500"]
+    assert [unknown_flags(line, parser) for line in lines] == [["--epoch"], ["trian"], []]
+
+
+def test_every_documented_ampflow_command_uses_real_flags():
+    from ampflow.cli import build_parser
+
+    parser = build_parser()
+    wrong = {}
+    for path in _documents():
+        for command in ampflow_command_lines(path.read_text()):
+            if bad := unknown_flags(command, parser):
+                wrong.setdefault(str(path.relative_to(ROOT)), []).append((command, bad))
+    assert not wrong, wrong
+
+
+def test_docs_site_builds_strict_with_every_command_and_parameter(tmp_path):
+    from ampflow.cli import build_parser
+    from ampflow.pipeline.parameters import PIPELINE_PARAMETERS
+
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
+                           "--site-dir", str(site)], cwd=ROOT, capture_output=True, text=True,
+                          env={"PATH": str(Path(sys.executable).parent), "NO_MKDOCS_2_WARNING": "1",
+                               "HOME": str(tmp_path)}, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert "WARNING" not in output, output[-4000:]
+    cli_page = (site / "reference" / "cli" / "index.html").read_text()
+    for name in _subcommands(build_parser()):
+        assert f"usage: ampflow {name} " in cli_page, name
+    parameters_page = (site / "reference" / "pipeline-parameters" / "index.html").read_text()
+    for name in PIPELINE_PARAMETERS:
+        assert f"<code>{name}</code>" in parameters_page, name
+    assert "generated:" not in cli_page + parameters_page  # every marker was replaced
+
+
+def test_readme_is_a_first_screen_with_links_that_resolve():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150
+    for target in MARKDOWN_LINK.findall(text):
+        if target.startswith(("http://", "https://")):
+            continue
+        path = (ROOT / target.split("#", 1)[0]).resolve()
+        assert path.exists(), target
+        if "#" in target and path.suffix == ".md":
+            anchor = target.split("#", 1)[1]
+            headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.MULTILINE)
+            slugs = {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-")
+                     for h in headings}
+            assert anchor in slugs, target
+
+
+@pytest.mark.parametrize("document", [README, DOCS / "tutorial" / "install.md"],
+                         ids=lambda p: p.name)
+def test_documented_make_targets_exist(document):
+    targets = set(re.findall(r"^([\w.-]+):", (ROOT / "Makefile").read_text(), flags=re.MULTILINE))
+    documented = re.findall(r"^\s*make ([\w-]+)", "\n".join(SHELL_BLOCK.findall(
+        document.read_text())), flags=re.MULTILINE)
+    assert documented
+    assert set(documented) <= targets, set(documented) - targets
