@@ -32,10 +32,11 @@ def deploy_serving(
     version = int(version_dir.name)
     if target == "local":
         # Every run of the pipeline exports version 1 into its own artifact dir; in a shared
-        # local store the run becomes the next version, which a running server hot-loads.
-        from ampflow.components.export_savedmodel.versions import next_version
+        # local store the run becomes the next version, which a running server hot-loads
+        # (claimed under a lock: two runs deploying at once get two numbers).
+        from ampflow.components.deploy_serving.model_store import claim_version
 
-        version = max(version, next_version(Path(model_store) / version_dir.parent.name))
+        version = claim_version(Path(model_store) / version_dir.parent.name, at_least=version)
     result = run_deploy(
         DeployConfig(
             saved_model_dir=version_dir,

@@ -4,13 +4,22 @@ TF Serving (and `ampflow serve`) poll `<base_path>/` for numbered version dirs a
 highest. A server must never see half a version: on a local filesystem we copy into a hidden
 dir beside it and rename it into place; an object store has no rename, so we upload every other
 file first and `saved_model.pb` last (what TFX's Pusher does), since a loader needs that file.
+
+Two deploys into one local store at once (two pipeline runs) must not pick the same number:
+`claim_version` picks the next free one under an fcntl lock on `<model_base>/.versions.lock`
+and leaves a hidden `.<version>.claimed` file that later claims count, so the second deploy
+takes the number after the first one's even while the first is still copying. The claim is
+removed once the version is published (or its copy failed). A deploy killed in between leaves
+its claim behind: that number is skipped, never reused for another model.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +37,8 @@ log = logging.getLogger(__name__)
 
 SIGNATURE = DEFAULT_SIGNATURE  # the signature the canary checks
 DEPLOY_RECORD = "ampflow_deploy.json"
+VERSIONS_LOCK = ".versions.lock"
+_CLAIM = re.compile(r"\.([0-9]+)\.claimed")
 _URI_SCHEMES = ("gs://",)
 # Object stores neither side can read with this TensorFlow (checked on TF 2.21): TF moved S3 to
 # tensorflow-io, whose last release (0.37.1) requires tensorflow<2.17 and whose file-system
@@ -100,12 +111,45 @@ def dir_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def claim_version(model_base: str | os.PathLike, at_least: int = 1) -> int:
+    """Reserve a new version number under `model_base` for one deploy's `push_local`.
+
+    It is >= `at_least`, above every version dir (complete or not) and above every claim of a
+    deploy still copying; see the module docstring.
+    """
+    from ampflow.components.export_savedmodel.versions import next_version
+
+    model_base = Path(model_base)
+    try:
+        model_base.mkdir(parents=True, exist_ok=True)
+        with open(model_base / VERSIONS_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            claimed = [int(m.group(1)) for name in os.listdir(model_base)
+                       if (m := _CLAIM.fullmatch(name))]
+            version = max([at_least, next_version(model_base), *(c + 1 for c in claimed)])
+            _claim_file(model_base, version).touch()
+    except OSError as e:
+        raise DeployError(f"could not reserve a version under {model_base}: {e}") from e
+    return version
+
+
+def _claim_file(model_base: Path, version: int | str) -> Path:
+    return Path(model_base) / f".{version}.claimed"
+
+
 def push_local(src: Path, dest: Path, record: dict[str, Any]) -> tuple[Path, bool]:
     """Copy `src` to `dest` atomically; returns (dest, already_present).
 
     The same content already at `dest` is a no-op (a re-run of the step); different content
     is refused: a server may be serving that version, and a version is immutable.
     """
+    try:
+        return _push_local(src, dest, record)
+    finally:  # published or failed: the number is a dir now, or free again
+        _claim_file(dest.parent, dest.name).unlink(missing_ok=True)
+
+
+def _push_local(src: Path, dest: Path, record: dict[str, Any]) -> tuple[Path, bool]:
     if dest.exists():
         if dir_digest(dest) == dir_digest(src):
             log.info("version already present with the same content: %s", dest)
