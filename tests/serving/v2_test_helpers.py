@@ -22,16 +22,17 @@ ECHO_DTYPES = {
 }
 
 
-def write_echo_model(base: Path, version: int = 1) -> Path:
+def write_echo_model(base: Path, version: int = 1, skip: tuple[str, ...] = ()) -> Path:
     """`<base>/<version>`: serving_default takes one [-1, 2] input per datatype, returns each.
 
-    Input `fp32` comes back as output `fp32_out`, and so on, unchanged (tf.identity).
+    Input `fp32` comes back as output `fp32_out`, and so on, unchanged (tf.identity); the
+    datatypes in `skip` are left out.
     """
     import tensorflow as tf
 
     specs = [tf.TensorSpec([None, 2], tf.as_dtype(np.dtype(dt)) if dt is not np.object_
                            else tf.string, name.lower())
-             for name, dt in ECHO_DTYPES.items()]
+             for name, dt in ECHO_DTYPES.items() if name not in skip]
 
     class Echo(tf.Module):
         @tf.function(input_signature=specs)
@@ -45,10 +46,12 @@ def write_echo_model(base: Path, version: int = 1) -> Path:
     return path
 
 
-def echo_values(rows: int = 2) -> dict[str, np.ndarray]:
-    """One [rows, 2] array per datatype, with values near each type's edges."""
+def echo_values(rows: int = 2, skip: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """One [rows, 2] array per datatype, with values at each integer type's edges."""
     out = {}
     for name, dt in ECHO_DTYPES.items():
+        if name in skip:
+            continue
         if dt is np.object_:
             array = np.array([[b"a", "\u00e9t\u00e9".encode()]] * rows, dtype=object)
         elif dt is np.bool_:
