@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import copy
 import gzip
+import os
+import subprocess
 from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from k8s_helpers import K8S_DIR
 from test_manifests import security_context_problems
 
 pytestmark = pytest.mark.k8s
@@ -248,3 +251,40 @@ def test_tfjob_workers_are_kept_from_the_cluster_autoscaler(render):
     template = tfjob["spec"]["tfReplicaSpecs"]["Worker"]["template"]
     assert template["metadata"]["annotations"][
         "cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+
+
+@pytest.mark.parametrize("target", ["training/tfjob", "training/trainer-v2"])
+def test_training_pods_take_their_image_from_the_kustomization(render, kubectl, target,
+                                                                tmp_path):
+    """The image is set in one place, kustomize `images:`; no unpullable placeholder is baked in.
+
+    It was `ghcr.io/ampflow/ampflow:0.1.0` in each manifest, an image nobody can pull.
+    """
+    def images(objects):
+        return sorted({c["image"] for o in objects for c in _containers(o)})
+
+    assert images(render(target)[1]) == ["ampflow:local"]  # `docker build -t ampflow:local .`
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(K8S_DIR / target, overlay)],
+        "images": [{"name": "ampflow", "newName": "registry.example/ampflow",
+                    "newTag": "1.2.3"}]}))
+    proc = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert images([d for d in yaml.safe_load_all(proc.stdout) if d]) == [
+        "registry.example/ampflow:1.2.3"]
+
+
+def _containers(obj):
+    """Every container spec anywhere in `obj` (a TFJob's, a runtime's nested pod template)."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key in ("containers", "initContainers") and isinstance(value, list):
+                yield from (c for c in value if isinstance(c, dict) and "image" in c)
+            else:
+                yield from _containers(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            yield from _containers(item)
