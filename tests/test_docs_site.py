@@ -5,6 +5,7 @@
   `pipeline/parameters.py`) hold every command and parameter the code has now.
 - Every `ampflow <command> --flag` in a shell block of the README or a docs page names a command
   and flags that the real parser accepts, so a renamed flag cannot linger in the docs.
+- A shell block marked `<!-- runs-in-tests -->` runs as written (offline, in a scratch dir).
 - The README stays a first screen: short, its links resolve, its `make` targets exist.
 The step-by-step block itself is run by tests/test_readme_step_by_step.py.
 """
@@ -12,6 +13,7 @@ The step-by-step block itself is run by tests/test_readme_step_by_step.py.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import subprocess
@@ -23,6 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
+RUNNABLE_BLOCK = re.compile(r"<!-- runs-in-tests -->\s*```bash\n(.*?)```", re.DOTALL)
 SHELL_BLOCK = re.compile(r"^[ \t]*```(?:bash|sh|shell)\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 
@@ -118,6 +121,26 @@ def test_docs_site_builds_strict_with_every_command_and_parameter(tmp_path):
     for name in PIPELINE_PARAMETERS:
         assert f"<code>{name}</code>" in parameters_page, name
     assert "generated:" not in cli_page + parameters_page  # every marker was replaced
+
+
+def _runnable_blocks() -> list[tuple[str, str]]:
+    return [(f"{path.relative_to(DOCS)}#{i}", block) for path in _documents()
+            for i, block in enumerate(RUNNABLE_BLOCK.findall(path.read_text()))]
+
+
+def test_the_docs_have_runnable_blocks():
+    assert any(name.startswith("how-to/gpu-node-pools.md") for name, _ in _runnable_blocks())
+
+
+@pytest.mark.parametrize("block", [b for _, b in _runnable_blocks()],
+                         ids=[name for name, _ in _runnable_blocks()])
+def test_marked_docs_block_runs_as_written(block, tmp_path):
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("AMPFLOW_IMAGE", None)
+    done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
 
 
 def test_readme_is_a_first_screen_with_links_that_resolve():
