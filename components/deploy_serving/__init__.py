@@ -1,4 +1,4 @@
-"""The deploy step: a SavedModel version to a local model server or to TF Serving on Kubernetes."""
+"""The deploy step: a SavedModel version to a local server, TF Serving on Kubernetes or KServe."""
 
 from ampflow.components.deploy_serving.config import DeployConfig, DeployResult
 from ampflow.components.deploy_serving.step import run_deploy

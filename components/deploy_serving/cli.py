@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         config_cls=DeployConfig,
         run=run_deploy,
         summarize=DeployResult.summary,
-        help="push a SavedModel version to a local model server or to Kubernetes",
+        help="push a SavedModel version to a local model server, Kubernetes or KServe",
         description=(
             "Deploy one exported SavedModel version. --target local copies it atomically into "
             "<model-store>/<model_name>/<version>/, where a running `ampflow serve` or "
@@ -26,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "same Service (a small share of the traffic), checks its answers on the real "
             "examples export recorded, promotes it to the stable Deployment (kubectl rollout "
             "status) and records the release; a failure removes the canary and re-applies the "
-            "recorded previous release."
+            "recorded previous release. --target kserve copies the version to the model store, "
+            "applies the `ampflow` ServingRuntime and an InferenceService serving the version "
+            "(its new revision gets --canary-traffic-percent of the traffic), and waits until "
+            "KServe reports it Ready; it prints the InferenceService's URL."
         ),
     )

@@ -14,6 +14,8 @@ def deploy_serving(
 ):
     """Push the exported version to the serving model store; on Kubernetes, roll out + canary.
 
+    `target`: local, kubernetes (TF Serving Deployments) or kserve (an InferenceService on
+    the `ampflow` ServingRuntime; its endpoint is the InferenceService's URL).
     `target="none"` skips deployment (the task then records nothing to serve).
     `namespace` empty: the namespace this pod runs in (the KFP run's), where the model-store
     PVC it mounts lives; outside a pod, "ampflow".

@@ -16,9 +16,13 @@ from ampflow.components.deploy_serving import model_store
 from ampflow.errors import ConfigError
 from ampflow.serving.model_format import check_model_name
 
-TARGETS = ("local", "kubernetes")
+TARGETS = ("local", "kubernetes", "kserve")
 OVERLAYS = ("cpu", "gpu")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# KServe's InferenceService name rule (IsvcNameFmt, pkg/apis/serving/v1beta1 at v0.19.0); its
+# Knative service "<name>-predictor" must stay a 63-character DNS label
+_ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_ISVC_NAME_MAX = 63 - len("-predictor")
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,22 @@ class DeployConfig:
     rollout_timeout_s: float = field(
         default=600.0, metadata={"help": "seconds to wait for the rollout to complete"}
     )
+    # --- kserve target ---
+    canary_traffic_percent: int = field(
+        default=10,
+        metadata={
+            "help": "kserve target: percent of the InferenceService's traffic the new revision "
+            "gets while the previous ready revision keeps the rest (100: promote at once; a "
+            "first deploy gets all of it)"
+        },
+    )
+    model_store_claim: str = field(
+        default="tf-serving-models",
+        metadata={
+            "help": "kserve target with a directory model store: the PVC that holds it (mounted "
+            "at model_store here); the InferenceService reads pvc://<claim>/<model_name>"
+        },
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "saved_model_dir", Path(self.saved_model_dir))
@@ -134,8 +154,8 @@ class DeployConfig:
             self._check_local_store()
         elif not self.model_store:
             raise ConfigError(
-                "model_store is required for target='kubernetes' (a dir on the PVC mounted here, "
-                "or gs://bucket/path). Received: model_store=None"
+                f"model_store is required for target={self.target!r} (a dir on the PVC mounted "
+                "here, or gs://bucket/path). Received: model_store=None"
             )
         if self.model_name is not None:
             check_model_name(self.model_name)
@@ -167,6 +187,30 @@ class DeployConfig:
                 f"canary_replicas must be >= 1. Received: canary_replicas={self.canary_replicas}"
             )
         model_store.refuse_unsupported_uri(self.model_store)
+        if self.target == "kserve":
+            self._check_kserve()
+
+    def _check_kserve(self) -> None:
+        """The InferenceService name and the canary share KServe's webhook would refuse."""
+        if not 0 <= self.canary_traffic_percent <= 100:
+            raise ConfigError("canary_traffic_percent must be in 0..100. Received: "
+                              f"canary_traffic_percent={self.canary_traffic_percent}")
+        name = self.inference_service_name
+        if not _ISVC_NAME.match(name) or len(name) > _ISVC_NAME_MAX:
+            raise ConfigError(
+                "for target='kserve' the InferenceService is named <name_prefix><model_name>, "
+                "which must start with a lower-case letter, hold only lower-case letters, digits "
+                f"and '-', and be at most {_ISVC_NAME_MAX} characters (KServe's rule); pass "
+                f"--model-name. Received: {name!r}"
+            )
+        if not _DNS_LABEL.match(self.model_store_claim):
+            raise ConfigError("model_store_claim must be a PVC name (lower-case letters, digits, "
+                              f"'-'). Received: model_store_claim={self.model_store_claim!r}")
+
+    @property
+    def inference_service_name(self) -> str:
+        """The kserve target's InferenceService: `<name_prefix><model_name>`."""
+        return f"{self.name_prefix}{self.resolved_model_name}"
 
     def _check_local_store(self) -> None:
         """The local target writes with a rename, which only a local dir gives."""

@@ -10,6 +10,9 @@ Two targets share one config:
   to the model store, run it as a canary Deployment that serves a small share of the traffic,
   check its answers on the recorded real examples, then promote it to the stable Deployment;
   a failure rolls back to the recorded previous release (kubernetes_target.py).
+- `kserve`: check the API server and that KServe's kinds are served there, copy the version to
+  the model store, server-side apply the `ampflow` ServingRuntime and an InferenceService that
+  pins the version with a canary traffic percent, and wait for it to be Ready (kserve_target.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ def run_deploy(config: DeployConfig) -> DeployResult:
     spec = model_store.check_saved_model(config.saved_model_dir)
     if config.target == "local":
         return _deploy_local(config, model_name, version, spec)
+    if config.target == "kserve":
+        from ampflow.components.deploy_serving import kserve_target
+
+        return kserve_target.deploy(config, model_name, version, spec)
     from ampflow.components.deploy_serving import kubernetes_target
 
     return kubernetes_target.deploy(config, model_name, version, spec)

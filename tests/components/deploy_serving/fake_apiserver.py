@@ -8,6 +8,16 @@ and keeps one ReplicaSet per distinct pod template (as `kubectl rollout undo` re
 applied Deployment reports its rollout as complete at once (its `spec.replicas`, or 2 where
 the HPA owns it), except a Deployment whose (name, model-version annotation) is in `stall`:
 its rollout is past its progress deadline (pods that never become Ready).
+
+With `kserve=True` it also serves KServe's kinds (serving.kserve.io/v1beta1 InferenceService,
+v1alpha1 ServingRuntime) and stands in for the KServe controller: an applied InferenceService
+whose spec changed gets the next generation and a new predictor revision, Ready at once (status
+observedGeneration, url, the revisions' traffic split by canaryTrafficPercent), except one whose
+(name, model-version annotation) is in `isvc_stall`: that revision never becomes ready and the
+traffic stays on the previous ready one. With `isvc_lag=n` the controller sees a new spec
+only after n reads: until then the status is the previous generation's. Without `kserve`,
+KServe's paths answer 404, as a cluster without the CRDs does. `forbid` holds (method,
+resource plural) pairs answered 403 Forbidden.
 It is not Kubernetes: it checks nothing a real API server would (schemas, RBAC, conflicts).
 """
 
@@ -48,13 +58,25 @@ RESOURCES = {
     "autoscaling/v2": [("horizontalpodautoscalers", "HorizontalPodAutoscaler", True)],
     "networking.k8s.io/v1": [("networkpolicies", "NetworkPolicy", True)],
 }
+KSERVE_RESOURCES = {
+    "serving.kserve.io/v1beta1": [("inferenceservices", "InferenceService", True)],
+    "serving.kserve.io/v1alpha1": [("servingruntimes", "ServingRuntime", True)],
+}
 
 
 class FakeApiServer:
     """`with FakeApiServer() as api:` -> api.url, api.patches, api.objects."""
 
-    def __init__(self, stall: set[tuple[str, str]] = frozenset()) -> None:
+    def __init__(self, stall: set[tuple[str, str]] = frozenset(), kserve: bool = False,
+                 isvc_stall: set[tuple[str, str]] = frozenset(),
+                 forbid: set[tuple[str, str]] = frozenset(), isvc_lag: int = 0) -> None:
         self.stall = set(stall)  # (Deployment name, model version) whose rollout never completes
+        self.resources = {**RESOURCES, **(KSERVE_RESOURCES if kserve else {})}
+        self.isvc_stall = set(isvc_stall)  # (InferenceService name, model version) never ready
+        self.forbid = set(forbid)  # (method, plural) answered 403
+        self.revisions: dict[str, list[dict]] = {}  # InferenceService path -> its revisions
+        self.isvc_lag = isvc_lag
+        self.unobserved: dict[str, int] = {}  # InferenceService path -> reads before observed
         self.patches: list[dict] = []  # {"path", "query", "content_type", "body"}
         self.objects: dict[str, dict] = {}  # object path -> stored object
         self.requests: list[tuple[str, str]] = []  # (method, path?query)
@@ -153,6 +175,72 @@ class FakeApiServer:
         match["metadata"]["annotations"] = {**annotations, _REVISION: str(current)}
         meta["annotations"] = {**annotations, _REVISION: str(current)}
 
+    def _serves(self, path: str) -> bool:
+        """Whether `path` lies in a group/version this server serves."""
+        parts = path.split("/")
+        gv = "v1" if parts[1] == "api" else "/".join(parts[2:4])
+        return gv in self.resources
+
+    def _forbidden(self, method: str, path: str) -> bool:
+        parts = path.split("/")
+        plural = parts[parts.index("namespaces") + 2] if "namespaces" in parts[:-2] else ""
+        return (method, plural) in self.forbid
+
+    def _kserve_controller(self, path: str, previous: dict | None) -> None:
+        """A changed InferenceService spec: the next generation and a new predictor revision."""
+        isvc = self.objects[path]
+        revisions = self.revisions.setdefault(path, [])
+        generation = (previous or {}).get("metadata", {}).get("generation", 0)
+        if previous is None or previous.get("spec") != isvc.get("spec"):
+            generation += 1
+            name = isvc["metadata"]["name"]
+            version = (isvc["metadata"].get("annotations") or {}).get("ampflow.dev/model-version")
+            revisions.append({"name": f"{name}-predictor-{len(revisions) + 1:05d}",
+                              "ready": (name, version) not in self.isvc_stall})
+            self.unobserved[path] = self.isvc_lag
+        isvc["metadata"]["generation"] = generation
+
+    def _isvc_with_status(self, path: str) -> dict:
+        """The stored InferenceService with the status KServe would give it now."""
+        isvc = copy.deepcopy(self.objects[path])
+        meta, revisions = isvc["metadata"], self.revisions.get(path, [])
+        observed = meta["generation"]
+        if self.unobserved.get(path):  # the controller has not reconciled the new spec yet
+            self.unobserved[path] -= 1
+            revisions, observed = revisions[:-1], observed - 1
+        if not revisions:
+            return isvc
+        latest, ready = revisions[-1], [r for r in revisions if r["ready"]]
+        canary = isvc["spec"]["predictor"].get("canaryTrafficPercent", 100)
+        if latest["ready"] and len(ready) > 1 and canary < 100:
+            traffic = [{"revisionName": latest["name"], "percent": canary,
+                        "latestRevision": True, "tag": "latest"},
+                       {"revisionName": ready[-2]["name"], "percent": 100 - canary,
+                        "latestRevision": False, "tag": "prev"}]
+        elif latest["ready"]:
+            traffic = [{"revisionName": latest["name"], "percent": 100, "latestRevision": True}]
+        else:
+            traffic = ([{"revisionName": ready[-1]["name"], "percent": 100,
+                         "latestRevision": False}] if ready else [])
+        url = f"http://{meta['name']}.{meta['namespace']}.example.com"
+        ok = "True" if latest["ready"] else "False"
+        why = {} if latest["ready"] else {
+            "reason": "RevisionMissing",
+            "message": f"Revision \"{latest['name']}\" failed with message: "
+                       "Container failed with: model not found."}
+        isvc["status"] = {
+            "observedGeneration": observed, "url": url,
+            "address": {"url": f"http://{meta['name']}-predictor.{meta['namespace']}"
+                               ".svc.cluster.local"},
+            "conditions": [{"type": "PredictorReady", "status": ok, **why},
+                           {"type": "Ready", "status": ok, **why}],
+            "components": {"predictor": {
+                "latestCreatedRevision": latest["name"],
+                **({"latestReadyRevision": ready[-1]["name"]} if ready else {}),
+                "traffic": traffic}},
+        }
+        return isvc
+
     def _list(self, path: str, query: dict) -> dict | None:
         """A List of the stored objects of one namespaced collection (field/label selector)."""
         parts = path.split("/")
@@ -200,10 +288,15 @@ class FakeApiServer:
                 if path == "/api":
                     return self._send(200, {"kind": "APIVersions", "versions": ["v1"]})
                 if path == "/apis":
-                    return self._send(200, _group_list())
-                discovery = _resource_list(path)
+                    return self._send(200, _group_list(server.resources))
+                discovery = _resource_list(path, server.resources)
                 if discovery is not None:
                     return self._send(200, discovery)
+                if not server._serves(path):
+                    return self._send(404, _status(404, "NotFound", "the server could not "
+                                                   "find the requested resource"))
+                if server._forbidden("GET", path):
+                    return self._send(403, _status(403, "Forbidden", f"GET {path} forbidden"))
                 if query.get("watch", [""])[0] in ("true", "1"):
                     return self._watch()
                 key = path.removesuffix("/status")
@@ -216,6 +309,9 @@ class FakeApiServer:
                     return self._send(404, _status(404, "NotFound", f"{key} not found"))
                 if obj.get("kind") == "Deployment":
                     obj = server._deployment_with_status(obj)
+                if obj.get("kind") == "InferenceService":
+                    with server.lock:
+                        obj = server._isvc_with_status(key)
                 return self._send(200, obj)
 
             def _watch(self) -> None:
@@ -231,6 +327,12 @@ class FakeApiServer:
                 content_type = self.headers.get("Content-Type", "")
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append(("PATCH", self.path))
+                if not server._serves(url.path):
+                    return self._send(404, _status(404, "NotFound", "the server could not "
+                                                   "find the requested resource"))
+                if server._forbidden("PATCH", url.path):
+                    return self._send(403, _status(403, "Forbidden", f"PATCH {url.path} is "
+                                                   "forbidden: the user may not patch it"))
                 with server.lock:
                     server.patches.append(
                         {
@@ -245,10 +347,13 @@ class FakeApiServer:
                             return self._send(404, _status(404, "NotFound", url.path))
                         _json_patch(server.objects[url.path], body)
                     else:
-                        previous = server.objects.get(url.path, {}).get("metadata", {})
+                        before = server.objects.get(url.path)
+                        previous = (before or {}).get("metadata", {})
                         if "uid" in previous:  # an object keeps its identity across applies
                             body["metadata"]["uid"] = previous["uid"]
                         server.objects[url.path] = body
+                        if body.get("kind") == "InferenceService":
+                            server._kserve_controller(url.path, before)
                     if "/deployments/" in url.path:
                         server._control(url.path)
                     stored = server.objects[url.path]
@@ -282,19 +387,21 @@ def _json_patch(obj: dict, ops: list[dict]) -> None:
             raise ValueError(f"unsupported JSON patch op {op['op']}")
 
 
-def _group_list() -> dict:
-    groups = []
-    for gv in RESOURCES:
+def _group_list(resources: dict) -> dict:
+    groups: dict[str, dict] = {}
+    for gv in resources:
         if "/" in gv:
             group, version = gv.split("/")
             entry = {"groupVersion": gv, "version": version}
-            groups.append({"name": group, "versions": [entry], "preferredVersion": entry})
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+            found = groups.setdefault(group, {"name": group, "versions": [],
+                                              "preferredVersion": entry})
+            found["versions"].append(entry)
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": list(groups.values())}
 
 
-def _resource_list(path: str) -> dict | None:
+def _resource_list(path: str, resources: dict) -> dict | None:
     gv = "v1" if path == "/api/v1" else path.removeprefix("/apis/")
-    if gv not in RESOURCES or (gv != "v1" and not path.startswith("/apis/")):
+    if gv not in resources or (gv != "v1" and not path.startswith("/apis/")):
         return None
     resources = [
         {
@@ -304,7 +411,7 @@ def _resource_list(path: str) -> dict | None:
             "kind": kind,
             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
         }
-        for plural, kind, namespaced in RESOURCES[gv]
+        for plural, kind, namespaced in resources[gv]
     ]
     return {
         "kind": "APIResourceList",

@@ -1,0 +1,201 @@
+"""`deploy --target kserve` on the wire: the fake API server (fake_apiserver.py, `kserve=True`
+stands for KServe's CRDs and controller), real kubectl kustomize of k8s/kserve, a real model
+store. What is tested is our side: the two server-side applies as the API server receives them,
+the canary percent and the pinned version, waiting for Ready for *this* spec, the URL reported,
+and the clear errors (no KServe, RBAC, a revision that never gets ready)."""
+
+from __future__ import annotations
+
+import pytest
+from fake_apiserver import FakeApiServer
+
+from ampflow.cli import main
+from ampflow.components.deploy_serving import DeployConfig, run_deploy
+from ampflow.errors import ConfigError, DeployError
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(120)]
+
+MODEL_NAME = "digits"  # as in conftest.py
+NAMESPACE = "team-a"
+ISVC_PATH = f"/apis/serving.kserve.io/v1beta1/namespaces/{NAMESPACE}/inferenceservices/digits"
+RUNTIME_PATH = f"/apis/serving.kserve.io/v1alpha1/namespaces/{NAMESPACE}/servingruntimes/ampflow"
+NOT_INSTALLED = ("KServe is not installed in the cluster (serving.kserve.io/v1beta1 "
+                 "InferenceService not found)")
+
+
+def _config(api: FakeApiServer, tmp_path, export_base, version: int = 1, **kwargs):
+    api.kubeconfig(tmp_path / "kubeconfig")
+    return DeployConfig(saved_model_dir=export_base / MODEL_NAME / str(version), target="kserve",
+                        model_store=str(tmp_path / "store"), kubeconfig=tmp_path / "kubeconfig",
+                        namespace=NAMESPACE, **kwargs)
+
+
+def _isvc(api: FakeApiServer) -> dict:
+    return api.objects[ISVC_PATH]
+
+
+def test_first_deploy_applies_the_runtime_and_the_inference_service_and_reports_its_url(
+        export_base, tmp_path):
+    with FakeApiServer(kserve=True) as api:
+        result = run_deploy(_config(api, tmp_path, export_base, canary_traffic_percent=10))
+        patches = list(api.patches)
+    assert [p["path"] for p in patches] == [RUNTIME_PATH, ISVC_PATH]
+    for patch in patches:  # server-side apply, as the Deployment target does it
+        assert patch["content_type"] == "application/apply-patch+yaml"
+        assert patch["query"]["fieldManager"] == ["ampflow-deploy"]
+        assert patch["query"]["force"] == ["true"]
+    isvc = patches[1]["body"]
+    predictor = isvc["spec"]["predictor"]
+    assert predictor["canaryTrafficPercent"] == 10
+    assert predictor["model"]["runtime"] == "ampflow"
+    assert predictor["model"]["storageUri"] == "pvc://tf-serving-models/digits"
+    assert predictor["model"]["args"] == ["--model-name=digits", "--version-policy=specific",
+                                          "--versions=1"]
+    assert isvc["metadata"]["annotations"]["ampflow.dev/model-version"] == "1"
+    assert result.endpoint == f"http://digits.{NAMESPACE}.example.com"
+    assert (result.target, result.served_version, result.previous_version) == ("kserve", 1, None)
+    assert result.canary_share == 1.0 and result.promoted  # nothing before it: all the traffic
+    assert (tmp_path / "store" / MODEL_NAME / "1" / "saved_model.pb").is_file()
+
+
+def test_new_version_is_a_canary_revision_with_the_percent_and_reports_the_previous(
+        export_base, tmp_path):
+    with FakeApiServer(kserve=True) as api:
+        run_deploy(_config(api, tmp_path, export_base, 1))
+        result = run_deploy(_config(api, tmp_path, export_base, 2, canary_traffic_percent=25))
+        generation = _isvc(api)["metadata"]["generation"]
+    assert (result.served_version, result.previous_version) == (2, 1)
+    assert result.canary_share == 0.25 and result.promoted is False
+    assert generation == 2  # a second spec: a second revision
+    assert (tmp_path / "store" / MODEL_NAME / "2" / "saved_model.pb").is_file()
+
+
+def test_a_ready_condition_left_from_the_previous_spec_is_not_taken_for_the_new_one(
+        export_base, tmp_path):
+    """Right after the apply, the status still says Ready (for version 1's spec): the step
+    waits until the controller has observed the new generation."""
+    with FakeApiServer(kserve=True, isvc_lag=2) as api:
+        run_deploy(_config(api, tmp_path, export_base, 1))
+        result = run_deploy(_config(api, tmp_path, export_base, 2, canary_traffic_percent=25))
+    assert result.canary_share == 0.25  # the new revision's share, not the old status's 100 %
+
+
+def test_name_prefix_and_image_reach_both_objects(export_base, tmp_path):
+    with FakeApiServer(kserve=True) as api:
+        run_deploy(_config(api, tmp_path, export_base, name_prefix="exp-",
+                           image="registry.example/ampflow:9.9"))
+        runtime, isvc = (p["body"] for p in api.patches)
+    assert runtime["metadata"]["name"] == "exp-ampflow"
+    assert runtime["spec"]["containers"][0]["image"] == "registry.example/ampflow:9.9"
+    assert isvc["metadata"]["name"] == "exp-digits"
+    assert isvc["spec"]["predictor"]["model"]["runtime"] == "exp-ampflow"
+
+
+def test_cluster_without_kserve_is_one_line_and_nothing_changes(export_base, tmp_path, capsys):
+    with FakeApiServer() as api:  # no serving.kserve.io group: the CRDs are not installed
+        config = _config(api, tmp_path, export_base)
+        with pytest.raises(DeployError) as info:
+            run_deploy(config)
+        code = main(["deploy", "--target", "kserve", "--saved-model-dir",
+                     str(config.saved_model_dir), "--model-store", str(config.model_store),
+                     "--kubeconfig", str(config.kubeconfig), "--namespace", NAMESPACE])
+        assert api.patches == []
+    assert str(info.value).startswith(NOT_INSTALLED)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1].startswith(f"ampflow deploy: error: {NOT_INSTALLED}")
+    assert "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "store").exists()  # the version was not copied either
+
+
+def test_forbidden_apply_names_the_missing_permission_and_the_fix(export_base, tmp_path):
+    with FakeApiServer(kserve=True, forbid={("PATCH", "inferenceservices")}) as api:
+        with pytest.raises(DeployError) as info:
+            run_deploy(_config(api, tmp_path, export_base))
+    message = str(info.value)
+    assert message.startswith(f"applying InferenceService {NAMESPACE}/digits failed: 403 "
+                              "Forbidden: this identity may not patch "
+                              f"inferenceservices.serving.kserve.io in namespace {NAMESPACE}")
+    assert f"kubectl apply -n {NAMESPACE} -k k8s/kserve/rbac" in message
+
+
+def test_forbidden_read_names_the_get_permission(export_base, tmp_path):
+    with FakeApiServer(kserve=True, forbid={("GET", "inferenceservices")}) as api:
+        with pytest.raises(DeployError, match=r"may not get inferenceservices\.serving\.kserve"):
+            run_deploy(_config(api, tmp_path, export_base))
+        assert api.patches == []  # read before anything is applied
+
+
+def test_revision_never_ready_times_out_and_re_applies_the_previous_version(
+        export_base, tmp_path):
+    with FakeApiServer(kserve=True, isvc_stall={("digits", "2")}) as api:
+        run_deploy(_config(api, tmp_path, export_base, 1))
+        with pytest.raises(DeployError) as info:
+            run_deploy(_config(api, tmp_path, export_base, 2, rollout_timeout_s=3))
+        isvc = _isvc(api)
+    message = str(info.value)
+    assert message.startswith(f"InferenceService {NAMESPACE}/digits was not Ready within 3s: "
+                              "RevisionMissing: ")
+    assert "rolled back: the spec of version 1 was re-applied" in message
+    assert isvc["metadata"]["annotations"]["ampflow.dev/model-version"] == "1"
+    assert isvc["spec"]["predictor"]["model"]["args"][-1] == "--versions=1"
+
+
+def test_first_deploy_never_ready_says_nothing_served_before(export_base, tmp_path):
+    with FakeApiServer(kserve=True, isvc_stall={("digits", "1")}) as api:
+        with pytest.raises(DeployError, match=r"not Ready within 2s.*this was its first deploy"):
+            run_deploy(_config(api, tmp_path, export_base, 1, rollout_timeout_s=2))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"canary_traffic_percent": 101}, r"canary_traffic_percent must be in 0\.\.100"),
+    ({"model_name": "my_model"}, r"InferenceService is named <name_prefix><model_name>.*"
+                                 r"Received: 'my_model'"),
+    ({"name_prefix": "9-"}, r"must start with a lower-case letter.*Received: '9-digits'"),
+    ({"model_store_claim": "Models"}, r"model_store_claim must be a PVC name"),
+])
+def test_kserve_config_refuses_what_kserve_would(export_base, tmp_path, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        DeployConfig(saved_model_dir=export_base / MODEL_NAME / "1", target="kserve",
+                     model_store=str(tmp_path), **kwargs)
+
+
+def test_kserve_target_with_a_bucket_reads_the_bucket(export_base, tmp_path):
+    from ampflow.components.deploy_serving import kserve_target
+
+    config = DeployConfig(saved_model_dir=export_base / MODEL_NAME / "1", target="kserve",
+                          model_store="gs://bucket/models/")
+    assert kserve_target.storage_uri(config, "digits") == "gs://bucket/models/digits"
+
+
+def test_every_request_of_a_deploy_is_granted_by_k8s_kserve_rbac(export_base, tmp_path):
+    """The Role in k8s/kserve/rbac grants exactly the API requests a deploy (and its rollback)
+    makes: each one is allowed, and nothing is granted that no request uses."""
+    import subprocess
+    from urllib.parse import urlparse
+
+    import yaml
+
+    from ampflow.components.deploy_serving.kubernetes_render import kubectl_path
+    from ampflow.files import k8s_manifests_dir
+
+    with FakeApiServer(kserve=True, isvc_stall={("digits", "2")}) as api:
+        run_deploy(_config(api, tmp_path, export_base, 1))
+        with pytest.raises(DeployError):
+            run_deploy(_config(api, tmp_path, export_base, 2, rollout_timeout_s=2))
+        requests = list(api.requests)
+    verbs = {"GET": {"get"}, "PATCH": {"patch", "create"}}  # an apply of a new object creates
+    needed = set()
+    for method, url in requests:
+        parts = urlparse(url).path.split("/")
+        if "namespaces" in parts[:-2]:
+            plural = parts[parts.index("namespaces") + 2]
+            needed |= {(parts[2], plural, verb) for verb in verbs[method]}
+    assert ("serving.kserve.io", "inferenceservices", "get") in needed  # the Ready wait
+    rendered = subprocess.run([kubectl_path(), "kustomize", str(k8s_manifests_dir() / "kserve"
+                                                                 / "rbac")],
+                              capture_output=True, text=True, check=True, timeout=60).stdout
+    (role,) = [o for o in yaml.safe_load_all(rendered) if o and o["kind"] == "Role"]
+    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    assert needed == granted

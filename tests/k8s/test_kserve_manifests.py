@@ -1,0 +1,265 @@
+"""k8s/kserve: the ServingRuntime and InferenceService render, validate strictly against KServe's
+CRD schemas (tests/k8s/crds/kserve, version and source in its SOURCES.md), run flags `ampflow
+serve` accepts, probe the Open Inference Protocol's health endpoints, and give a predictor pod
+that meets the restricted Pod Security Standard (checked on the pod KServe builds from the two,
+since checkov does not read KServe's kinds).
+
+Strict as the training manifests' test is: KServe's CRDs are structural schemas, so the API
+server would silently prune an unknown (misspelt) field; here it is an error instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from k8s_helpers import one, require_tool
+from test_manifests import _checkov, security_context_problems
+from test_training_manifests import _strict
+
+from ampflow.components.deploy_serving import kserve_target
+from ampflow.components.deploy_serving.config import DeployConfig
+
+pytestmark = pytest.mark.k8s
+
+TARGET = "kserve"
+CRDS = Path(__file__).with_name("crds") / "kserve"
+SCHEMAS = {  # (apiVersion, kind) -> CRD file (KServe v0.19.0, config/crd/full/)
+    (kserve_target.RUNTIME_API, kserve_target.RUNTIME_KIND):
+        "serving.kserve.io_servingruntimes.yaml.gz",
+    (kserve_target.ISVC_API, kserve_target.ISVC_KIND):
+        "serving.kserve.io_inferenceservices.yaml.gz",
+}
+# KServe v0.19.0 pkg/constants/constants.go: InferenceServiceProtocol values
+KSERVE_PROTOCOLS = {"v1", "v2", "grpc-v1", "grpc-v2"}
+# the container KServe merges the InferenceService's model spec into (constants.go)
+KSERVE_CONTAINER = "kserve-container"
+V2_LIVE, V2_READY = "/v2/health/live", "/v2/health/ready"  # Open Inference Protocol REST
+
+_VALIDATORS: dict = {}
+
+
+def crd_validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
+    key = (api_version, kind)
+    if key not in _VALIDATORS:
+        crd = yaml.safe_load(gzip.decompress((CRDS / SCHEMAS[key]).read_bytes()))
+        (entry,) = [v for v in crd["spec"]["versions"] if v["name"] == api_version.split("/")[1]]
+        assert crd["spec"]["names"]["kind"] == kind and entry["served"]
+        _VALIDATORS[key] = jsonschema.Draft7Validator(_strict(entry["schema"]["openAPIV3Schema"]))
+    return _VALIDATORS[key]
+
+
+def validate(obj: dict) -> None:
+    """KServe kinds against the stored CRDs; built-in kinds against Kubernetes' own schema."""
+    key = (obj["apiVersion"], obj["kind"])
+    if key in SCHEMAS:
+        errors = sorted(crd_validator(*key).iter_errors(obj), key=lambda e: list(e.path))
+        assert not errors, "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
+    else:
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+
+def predictor_pod(objects: list[dict]) -> dict:
+    """The predictor pod KServe builds, as a Deployment (for the shared policy checks).
+
+    As KServe v0.19.0 does it (pkg/controller/v1beta1/inferenceservice/utils/utils.go): the
+    runtime container strategic-merged with spec.predictor.model, args concatenated, `{{.Name}}`
+    replaced; the pod takes the runtime's volumes and the predictor's pod fields; the storage
+    URI is mounted read-only at /mnt/models (storage_initializer_injector.go).
+    """
+    runtime, isvc = one(objects, "ServingRuntime"), one(objects, "InferenceService")
+    predictor = isvc["spec"]["predictor"]
+    model = predictor["model"]
+    (container,) = copy.deepcopy(runtime["spec"]["containers"])
+    for field, value in model.items():
+        if field not in ("modelFormat", "runtime", "storageUri", "protocolVersion", "args"):
+            container[field] = value
+    container["args"] = container["args"] + model.get("args", [])
+    container = json.loads(json.dumps(container).replace("{{.Name}}", isvc["metadata"]["name"]))
+    container.setdefault("volumeMounts", []).append(
+        {"name": "kserve-pvc-source", "mountPath": kserve_target.SERVER_MODEL_DIR,
+         "readOnly": True})
+    pod = {k: v for k, v in predictor.items()
+           if k not in ("model", "canaryTrafficPercent", "minReplicas", "maxReplicas")}
+    pod["containers"] = [container]
+    pod["volumes"] = copy.deepcopy(runtime["spec"].get("volumes", []))
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": isvc["metadata"]["name"] + "-predictor",
+                         "namespace": isvc["metadata"]["namespace"]},
+            "spec": {"selector": {"matchLabels": {"app": "isvc"}},
+                     "template": {"metadata": {"labels": {"app": "isvc"}}, "spec": pod}}}
+
+
+def serve_config(container: dict):
+    """The `ampflow serve` config the container's command line gives (real flags only)."""
+    from ampflow.cli import build_parser
+    from ampflow.serving.cli import serve_config_from_args
+
+    assert container["command"] == ["ampflow"] and container["args"][0] == "serve"
+    args = build_parser(("ampflow.serving.cli",)).parse_args(container["args"])
+    return serve_config_from_args(args)
+
+
+def test_kserve_kustomization_renders_and_validates_against_the_crds(render):
+    _, objects = render(TARGET)
+    assert sorted(o["kind"] for o in objects) == [
+        "InferenceService", "PersistentVolumeClaim", "ServingRuntime"]
+    for obj in objects:
+        validate(obj)
+
+
+def test_crd_validation_catches_misspelt_fields(render):
+    objects = render(TARGET)[1]
+    isvc = copy.deepcopy(one(objects, "InferenceService"))
+    isvc["spec"]["predictor"]["canaryTrafficPercnt"] = 10
+    with pytest.raises(AssertionError, match="canaryTrafficPercnt"):
+        validate(isvc)
+    runtime = copy.deepcopy(one(objects, "ServingRuntime"))
+    runtime["spec"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] = V2_READY
+    with pytest.raises(AssertionError, match="paht"):
+        validate(runtime)
+    runtime = copy.deepcopy(one(objects, "ServingRuntime"))
+    runtime["spec"]["protocolVersion"] = ["v2"]  # the field is protocolVersions
+    with pytest.raises(AssertionError, match="protocolVersion"):
+        validate(runtime)
+
+
+def test_runtime_serves_both_protocols_and_both_formats_and_is_never_auto_selected(render):
+    runtime = one(render(TARGET)[1], "ServingRuntime")
+    protocols = runtime["spec"]["protocolVersions"]
+    assert {"v2", "grpc-v2"} <= set(protocols) <= KSERVE_PROTOCOLS
+    formats = {f["name"]: f for f in runtime["spec"]["supportedModelFormats"]}
+    assert set(formats) == {"tensorflow", "tflite"}
+    assert not any(f.get("autoSelect") for f in formats.values())
+    (container,) = runtime["spec"]["containers"]
+    assert container["name"] == KSERVE_CONTAINER
+
+
+def test_predictor_runs_real_ampflow_serve_flags_on_kserves_ports(render):
+    objects = render(TARGET)[1]
+    container = predictor_pod(objects)["spec"]["template"]["spec"]["containers"][0]
+    config = serve_config(container)
+    isvc = one(objects, "InferenceService")
+    (model,) = config.models
+    assert model.name == isvc["metadata"]["annotations"]["ampflow.dev/model-name"]
+    assert str(model.base_path) == kserve_target.SERVER_MODEL_DIR
+    assert model.version_policy == "specific"
+    pinned = int(isvc["metadata"]["annotations"]["ampflow.dev/model-version"])
+    assert list(model.versions) == [pinned]
+    assert config.host == "0.0.0.0"
+    assert config.rest_api_port == container["ports"][0]["containerPort"] == 8080
+    assert config.port == 9000  # gRPC, KServe's usual grpc port (its TF Serving runtime's)
+
+
+def test_probes_use_the_v2_health_endpoints_on_the_rest_port(render):
+    runtime = one(render(TARGET)[1], "ServingRuntime")
+    (container,) = runtime["spec"]["containers"]
+    rest_port = container["ports"][0]["containerPort"]
+    assert container["readinessProbe"]["httpGet"] == {"path": V2_READY, "port": rest_port}
+    assert container["livenessProbe"]["httpGet"] == {"path": V2_LIVE, "port": rest_port}
+
+
+def test_storage_uri_is_the_model_store_claim_and_the_served_model(render):
+    objects = render(TARGET)[1]
+    claim = one(objects, "PersistentVolumeClaim")
+    assert claim["metadata"]["name"] == DeployConfig.__dataclass_fields__[
+        "model_store_claim"].default  # the deploy step's default claim is this one
+    isvc = one(objects, "InferenceService")
+    model_name = isvc["metadata"]["annotations"]["ampflow.dev/model-name"]
+    assert isvc["spec"]["predictor"]["model"]["storageUri"] == \
+        f"pvc://{claim['metadata']['name']}/{model_name}"
+    assert isvc["spec"]["predictor"]["model"]["runtime"] == \
+        one(objects, "ServingRuntime")["metadata"]["name"]
+    assert 0 <= isvc["spec"]["predictor"]["canaryTrafficPercent"] <= 100
+
+
+def test_predictor_pod_meets_the_restricted_profile_and_has_resources(render):
+    pod = predictor_pod(render(TARGET)[1])
+    validate(pod)  # the merged pod is a valid Kubernetes pod spec
+    assert security_context_problems([pod]) == []
+    (container,) = pod["spec"]["template"]["spec"]["containers"]
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(container["resources"][kind])
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/tmp" in mounts  # the root filesystem is read-only
+
+
+def test_the_security_check_sees_what_the_runtime_alone_would_miss(render):
+    """Pod-level settings in a ServingRuntime never reach the pod (KServe's MergePodSpec):
+    without the InferenceService's pod securityContext the pod is not restricted."""
+    objects = copy.deepcopy(render(TARGET)[1])
+    predictor = one(objects, "InferenceService")["spec"]["predictor"]
+    del predictor["securityContext"], predictor["automountServiceAccountToken"]
+    del one(objects, "ServingRuntime")["spec"]["containers"][0]["securityContext"]["runAsUser"]
+    problems = security_context_problems([predictor_pod(objects)])
+    assert "ampflow-predictor: service account token mounted" in problems
+    assert "ampflow-predictor/kserve-container: runAsUser > 0" in problems
+
+
+def test_deploy_step_release_validates_and_keeps_the_policies(render):
+    """What `ampflow deploy --target kserve` applies, built from the same render."""
+    objects = render(TARGET)[1]
+    config = DeployConfig(saved_model_dir=Path("/x/digits/3"), target="kserve",
+                          model_store="/models", namespace="team-a", name_prefix="exp-",
+                          image="registry.example/ampflow:1.2.3", canary_traffic_percent=20)
+    released = kserve_target.release(objects, config, "digits", 3)
+    assert [o["kind"] for o in released] == ["ServingRuntime", "InferenceService"]
+    for obj in released:
+        validate(obj)
+        assert obj["metadata"]["namespace"] == "team-a"
+    pod = predictor_pod(released)
+    assert security_context_problems([pod]) == []
+    model = serve_config(pod["spec"]["template"]["spec"]["containers"][0]).models[0]
+    assert (model.name, list(model.versions)) == ("digits", [3])
+
+
+def test_checkov_passes_on_the_predictor_pod(render, tmp_path):
+    """checkov reads no KServe kind (it finds 0 resources in the render), so it checks the pod
+    KServe builds from them, with the base Deployment's two justified exceptions and one more:
+    no NetworkPolicy ships here, because a KServe predictor's traffic comes through the
+    cluster's Knative activator and ingress gateway (their namespaces and queue-proxy port
+    depend on the install); docs/how-to/kserve.md says what to admit."""
+    checkov = require_tool(_checkov(), "checkov", "make .venv-tools (pip install checkov)")
+    pod = predictor_pod(render(TARGET)[1])
+    pod["metadata"]["annotations"] = {
+        "checkov.io/skip1": "CKV_K8S_43=The image is pinned to a release tag; pin a digest at "
+                            "release time with kustomize edit set image.",
+        "checkov.io/skip2": "CKV_K8S_15=The tag is immutable by policy, so IfNotPresent gives "
+                            "the same image as Always.",
+        "checkov.io/skip3": "CKV2_K8S_6=Traffic arrives through Knative's activator and ingress "
+                            "gateway, whose namespaces depend on the install (docs/how-to).",
+    }
+    (tmp_path / "predictor.yaml").write_text(yaml.safe_dump(pod))
+    proc = subprocess.run([checkov, "-d", str(tmp_path), "--framework", "kubernetes", "--output",
+                           "json", "--skip-download"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    report = json.loads(proc.stdout)
+    failed = [(c["check_id"], c["check_name"]) for c in report["results"]["failed_checks"]]
+    assert report["summary"]["failed"] == 0, failed
+    assert report["summary"]["passed"] > 30
+    skipped = {c["check_id"] for c in report["results"]["skipped_checks"]}
+    assert skipped == {"CKV_K8S_43", "CKV_K8S_15", "CKV2_K8S_6"}
+
+
+def test_kserve_rbac_is_least_privilege_and_bound_like_k8s_rbac(render):
+    objects = render("kserve/rbac")[1]
+    for obj in objects:
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    assert sorted(o["kind"] for o in objects) == ["Role", "RoleBinding", "ServiceAccount"]
+    # exactly the deploy step's requests (test_deploy_kserve.py checks them on the wire)
+    assert one(objects, "Role")["rules"] == [
+        {"apiGroups": [kserve_target.GROUP], "resources": [kserve_target.ISVC_PLURAL],
+         "verbs": ["get", "create", "patch"]},
+        {"apiGroups": [kserve_target.GROUP], "resources": [kserve_target.RUNTIME_PLURAL],
+         "verbs": ["create", "patch"]}]
+    binding = one(objects, "RoleBinding")
+    assert binding["roleRef"]["name"] == one(objects, "Role")["metadata"]["name"]
+    assert binding["subjects"] == one(render("rbac")[1], "RoleBinding")["subjects"]
+    assert one(objects, "ServiceAccount") == one(render("rbac")[1], "ServiceAccount")
