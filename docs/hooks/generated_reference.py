@@ -10,6 +10,7 @@ to a command's anchor that no longer exists fails `mkdocs build --strict`.
 from __future__ import annotations
 
 import argparse
+import html
 import os
 
 from mkdocs.exceptions import PluginError
@@ -61,7 +62,8 @@ def cli_reference() -> str:
         commands = _subcommands(parser)
         summaries = _summaries(parser)
         lines = ["| command | what it does |", "|---|---|"]
-        lines += [f"| [`{name}`](#{name}) | {summaries.get(name, '')} |" for name in commands]
+        lines += [f"| [`{name}`](#{name}) | {_cell(summaries.get(name, ''))} |"
+                  for name in commands]
         lines += ["", "## ampflow", "", "```text", parser.format_help().rstrip(), "```", ""]
         for name, sub in commands.items():
             lines += [f"## {name}", "", "```text", sub.format_help().rstrip(), "```", ""]
@@ -85,5 +87,5 @@ def parameters_reference() -> str:
 
 
 def _cell(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text safe inside a Markdown table cell (`<base>` is text, not an HTML tag)."""
+    return html.escape(text, quote=False).replace("|", "\\|").replace("\n", " ")
