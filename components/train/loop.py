@@ -14,6 +14,15 @@ the steps it records (issue 13, item 3). The progress display (`ampflow.progress
 counts steps on the host and shows the values telemetry last read: the packed per-step tensor
 carries the epoch's running sums too, so the running loss and accuracy cost no extra read.
 
+Input-bound or not: each step timestamps, inside its graph, the wait for its batch (`next` on
+the iterator: `tf.timestamp` before and after it, ordered by control dependencies) and adds it
+to a device counter read once per epoch, like the sums. The epoch's log line then says what
+share of its training time went to waiting on the input pipeline, and warns when that share
+reaches INPUT_BOUND_FRACTION (`input_wait_fraction` goes to the epoch's logs: epochs.jsonl,
+TensorBoard). No host sync per step, and nothing else changes in the step. The run's first step
+is left out of the share (one extra read, once per run): it holds the tracing, any XLA
+compilation and the pipeline's start-up (the shuffle buffer's first fill), not the steady state.
+
 Distribution details that the code below handles, each measured on TF 2.21 / Keras 3.15:
 - Gradients are all-reduced by Keras's optimizer (`_all_reduce_sum_gradients`), but
   `LossScaleOptimizer` decides "finite or skip" on each worker's *local* gradients before that.
@@ -65,6 +74,12 @@ _SCALE = ("loss_scale", "iterations")
 _EPOCH_SUMS = ("epoch_loss_sum", "epoch_correct", "epoch_examples", "epoch_steps")
 _LAYOUTS = {1: ("loss",), 3: ("loss", *_SCALE), 5: ("loss", *_EPOCH_SUMS),
             7: ("loss", *_SCALE, *_EPOCH_SUMS)}
+# An epoch that spent this share of its training time waiting for batches is input-bound: the
+# accelerator (or the CPU's training threads) idled that long; a faster model would not help.
+INPUT_BOUND_FRACTION = 0.2
+INPUT_BOUND_ADVICE = ("the input pipeline is the bottleneck: see docs/explanation/performance.md "
+                      "(smaller --image-size, a dataset that fits in memory so it is cached "
+                      "after decoding, --augment off, more CPU cores for the input)")
 
 
 def unpack_step_telemetry(values: list[float]) -> dict[str, float]:
@@ -174,6 +189,9 @@ class TrainLoop:
             self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         # Per-epoch sums of (global loss per step, correct, examples, steps), on the device.
         self._sums = tf.Variable(tf.zeros(4, tf.float64), trainable=False, name="epoch_sums")
+        # Seconds the steps waited for their batch (summed on the device, read per epoch).
+        self._input_wait = tf.Variable(tf.zeros([], tf.float64), trainable=False,
+                                       name="input_wait_seconds")
         self._synced_state = [v for v in model.non_trainable_variables
                               if v.dtype in ("float32", "float16", "bfloat16", "float64")]
         self.jit_scope = self._jit_scope()
@@ -246,7 +264,7 @@ class TrainLoop:
 
         if not hasattr(self, "_replica_fn"):
             self._replica_fn = self._build_replica_fn()
-        images, labels = next(iterator)
+        images, labels = self._timed_next(iterator)
         per_replica = self.strategy.run(self._replica_fn, args=(images, labels))
         stats = self.strategy.reduce("SUM", per_replica, axis=None)
         sums = self._sums.assign_add(tf.concat([tf.cast(stats, tf.float64), [1.0]], 0))
@@ -258,6 +276,22 @@ class TrainLoop:
         return tf.concat([tf.stack([tf.cast(stats[0], tf.float64),
                                     tf.cast(self.optimizer.dynamic_scale, tf.float64),
                                     tf.cast(self.optimizer.iterations, tf.float64)]), sums], 0)
+
+    def _timed_next(self, iterator):
+        """`next(iterator)` in the graph, its wait added to the input-wait counter."""
+        import tensorflow as tf
+
+        began = tf.timestamp()
+        with tf.control_dependencies([began]):
+            batch = next(iterator)
+        with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+            self._input_wait.assign_add(tf.timestamp() - began)
+        return batch
+
+    @property
+    def input_wait_seconds(self) -> float:
+        """Seconds the train steps waited for batches so far (one host read)."""
+        return float(self._input_wait.numpy())
 
     def _distributed_eval_step(self, batch):
         images, labels = batch
@@ -368,7 +402,8 @@ class TrainLoop:
         callback_list.on_train_begin()
         try:
             for epoch in range(start // cfg.steps_per_epoch, cfg.epochs):
-                step = self._run_epoch(epoch, step, iterator, eval_dataset, callback_list, manager)
+                step = self._run_epoch(epoch, step, iterator, eval_dataset, callback_list, manager,
+                                       start_epoch=start // cfg.steps_per_epoch)
                 result.epochs.append(epoch)
             callback_list.on_train_end()
         except BaseException:
@@ -380,12 +415,15 @@ class TrainLoop:
         self._cleanup_private_dir()
         return result
 
-    def _run_epoch(self, epoch, step, iterator, eval_dataset, callback_list, manager) -> int:
+    def _run_epoch(self, epoch, step, iterator, eval_dataset, callback_list, manager,
+                   start_epoch: int = 0) -> int:
         import tensorflow as tf
 
         cfg = self.config
         self._sums.assign(tf.zeros(4, tf.float64))
+        waited_before = self.input_wait_seconds
         callback_list.on_epoch_begin(epoch)
+        began = time.perf_counter()
         first = step - epoch * cfg.steps_per_epoch
         sums = None
         # Batch hooks are called directly, not through CallbackList, which converts every
@@ -398,8 +436,11 @@ class TrainLoop:
                 callback.on_train_batch_begin(batch)
             packed = self._train_step(iterator)
             step += 1
+            if batch == first and epoch == start_epoch:  # the run's first step: see the top
+                waited_before, began = self.input_wait_seconds, time.perf_counter()
             if batch + 1 == cfg.steps_per_epoch:
                 sums = self._sums.numpy()  # the epoch's one host sync, before its clock stops
+                train_seconds = time.perf_counter() - began
             for callback in callbacks:
                 callback.on_train_batch_end(batch, {TELEMETRY_KEY: packed} if getattr(
                     callback, "reads_step_telemetry", False) else None)
@@ -407,8 +448,12 @@ class TrainLoop:
             every = cfg.checkpoint_every_n_steps
             if every and step % every == 0 and batch + 1 < cfg.steps_per_epoch:
                 self._save(manager, step)
-        loss_total, correct, count, steps = sums if sums is not None else self._sums.numpy()
-        logs = {"loss": loss_total / max(steps, 1), "accuracy": correct / max(count, 1)}
+        if sums is None:
+            sums, train_seconds = self._sums.numpy(), time.perf_counter() - began
+        loss_total, correct, count, steps = sums
+        logs = {"loss": loss_total / max(steps, 1), "accuracy": correct / max(count, 1),
+                "input_wait_fraction": input_wait_fraction(
+                    self.input_wait_seconds - waited_before, train_seconds)}
         progress.close(values={**shown(), **logs})
         self.sync_replica_state()
         if eval_dataset is not None:
@@ -422,6 +467,7 @@ class TrainLoop:
         if self.runtime.is_chief:
             log.info("epoch %d/%d: %s", epoch + 1, cfg.epochs,
                      " ".join(f"{k} {v:.4f}" for k, v in logs.items()))
+            log_input_wait(epoch, cfg.epochs, logs["input_wait_fraction"], train_seconds)
         return step
 
     def _progress(self, epoch: int, first: int, callbacks: list) -> tuple[Progress, Callable]:
@@ -498,6 +544,29 @@ def distribute_datasets(runtime: Runtime, train_ds, eval_ds):
     evaluation = (runtime.strategy.experimental_distribute_dataset(eval_ds.with_options(options))
                   if eval_ds is not None else None)
     return train, evaluation
+
+
+def input_wait_fraction(waited_seconds: float, train_seconds: float) -> float:
+    """The share of an epoch's training time spent waiting for batches, 0..1."""
+    if train_seconds <= 0:
+        return 0.0
+    return min(max(waited_seconds / train_seconds, 0.0), 1.0)
+
+
+def is_input_bound(fraction: float) -> bool:
+    """Whether an epoch with this input-wait share was held back by its input pipeline."""
+    return fraction >= INPUT_BOUND_FRACTION
+
+
+def log_input_wait(epoch: int, epochs: int, fraction: float, train_seconds: float) -> None:
+    """The epoch's input verdict: a warning when input-bound, an info line otherwise."""
+    if is_input_bound(fraction):
+        log.warning("epoch %d/%d was input-bound: %.0f%% of its %.1f s of training waited for "
+                    "the next batch; %s", epoch + 1, epochs, 100 * fraction, train_seconds,
+                    INPUT_BOUND_ADVICE)
+    else:
+        log.info("epoch %d/%d: not input-bound (%.0f%% of %.1f s waited for batches)",
+                 epoch + 1, epochs, 100 * fraction, train_seconds)
 
 
 def progress_values(read: dict[str, float]) -> dict[str, float]:
