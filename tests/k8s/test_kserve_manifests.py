@@ -263,3 +263,59 @@ def test_kserve_rbac_is_least_privilege_and_bound_like_k8s_rbac(render):
     assert binding["roleRef"]["name"] == one(objects, "Role")["metadata"]["name"]
     assert binding["subjects"] == one(render("rbac")[1], "RoleBinding")["subjects"]
     assert one(objects, "ServiceAccount") == one(render("rbac")[1], "ServiceAccount")
+
+
+@pytest.mark.serving
+@pytest.mark.timeout(300)
+def test_the_predictor_command_line_serves_and_its_probes_answer(render, tmp_path):
+    """The predictor's own command line (the runtime's args plus the InferenceService's), run
+    as `ampflow serve` over a store holding the pinned version: the readiness and liveness
+    probes' paths answer 200 on the port the probes use. Only what cannot run here is changed:
+    loopback instead of 0.0.0.0, free ports, the store's path instead of /mnt/models."""
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    from ampflow.serving.testing import ServeProcess, write_model_version
+
+    objects = render(TARGET)[1]
+    container = predictor_pod(objects)["spec"]["template"]["spec"]["containers"][0]
+    isvc = one(objects, "InferenceService")
+    model_name = isvc["metadata"]["annotations"]["ampflow.dev/model-name"]
+    store = tmp_path / "mnt-models"
+    write_model_version(store, int(isvc["metadata"]["annotations"]["ampflow.dev/model-version"]),
+                        model_name=model_name)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        rest_port = s.getsockname()[1]
+    probe_port = container["readinessProbe"]["httpGet"]["port"]
+    local = {"--host=0.0.0.0": "--host=127.0.0.1", "--port=9000": "--port=0",
+             f"--rest-api-port={probe_port}": f"--rest-api-port={rest_port}",
+             f"--model-base-path={kserve_target.SERVER_MODEL_DIR}": f"--model-base-path={store}"}
+    flags = [local.get(a, a) for a in container["args"][1:]]
+    assert len(set(flags) - set(container["args"])) == len(local)  # each one was there
+    with ServeProcess(model_name, store, tmp_path / "server.log", *flags):
+        answers = {}
+        for probe in ("readinessProbe", "livenessProbe"):
+            url = f"http://127.0.0.1:{rest_port}{container[probe]['httpGet']['path']}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as response:
+                        answers[probe] = response.status
+                        break
+                except urllib.error.HTTPError as e:
+                    if e.code != 503 or time.monotonic() > deadline:  # 503: not ready yet
+                        answers[probe] = e.code
+                        break
+                    time.sleep(0.5)
+                except (urllib.error.URLError, ConnectionError):  # not listening yet
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{rest_port}/v2/models/{model_name}",
+                                    timeout=5) as response:
+            metadata = json.loads(response.read())
+    assert answers == {"readinessProbe": 200, "livenessProbe": 200}
+    assert metadata["name"] == model_name and metadata["versions"] == ["1"]
