@@ -1,7 +1,7 @@
 """The suite's own rules, checked statically so they cannot quietly regress.
 
-- A test that trains a model (through a training fixture) or builds ResNet-50/MobileNetV2 is
-  marked `slow`, so `pytest -m "not slow"` stays the fast tier.
+- A test that trains a model (through a training fixture), builds ResNet-50/MobileNetV2 or runs
+  the serving soak/fuzz is marked `slow`, so `make test-fast` (`-m "not slow"`) stays fast.
 - No test carries the same marker twice.
 """
 
@@ -13,7 +13,9 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 # Words in a fixture's or test's source that mean "trains or builds a large model".
-HEAVY = re.compile(r"\b(resnet50|mobilenet_v2|trained_model|run_demo|run_local)\b")
+# The soak and the fuzz run a server under load for tens of seconds: slow too.
+HEAVY = re.compile(r"\b(resnet50|mobilenet_v2|trained_model|run_demo|run_local|serving_soak"
+                   r"|serving_fuzz)\b")
 
 
 def _functions(path: Path):
