@@ -17,6 +17,7 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from ampflow.errors import ConfigError
+from ampflow.serving.connection_limits import ConnectionLimits
 from ampflow.serving.model_format import check_model_name
 
 VERSION_POLICIES = ("latest", "all", "specific")
@@ -129,6 +130,7 @@ class ServerConfig:
     allow_reload_config: bool = False
     reload_config_roots: tuple[Path, ...] = ()
     wait_for_base_path: bool = False
+    connection_limits: ConnectionLimits = dataclasses.field(default_factory=ConnectionLimits)
 
     def __post_init__(self) -> None:
         if not self.models:

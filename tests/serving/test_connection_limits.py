@@ -1,0 +1,206 @@
+"""Many connections at once: slow and half-sent requests, idle connections, floods (REST, gRPC).
+
+The attacker's connections come from 127.0.0.2 and the real client from 127.0.0.1 (both are
+loopback on Linux), so the per-address bound is what keeps the real client served, as it would
+for two hosts. Before these bounds, 500 half-sent requests from one client made every REST
+request answer 503 for as long as they were held (uvicorn's `limit_concurrency` counted them).
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from serving_helpers import MODEL, free_port, install_version
+
+from ampflow.errors import ConfigError
+from ampflow.serving.connection_limits import ConnectionLimits
+from ampflow.serving.testing import sample_images
+
+pytestmark = pytest.mark.serving
+
+ATTACKER = "127.0.0.2"
+HALF_SENT = (b"POST /v1/models/ampflow:predict HTTP/1.1\r\nHost: server\r\n"
+             b"Content-Type: application/json\r\n")  # the head never ends
+
+
+def _connect(port: int, source: str = ATTACKER) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    return sock
+
+
+def _read_until_closed(sock: socket.socket, timeout_s: float) -> bytes:
+    """Everything the server sends until it closes; raises socket.timeout if it does not."""
+    sock.settimeout(timeout_s)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def _status_of(rest_address: str) -> int:
+    with urllib.request.urlopen(f"http://{rest_address}/v1/models/{MODEL}", timeout=5) as reply:
+        json.load(reply)
+        return reply.status
+
+
+@pytest.fixture
+def rest_server(start_server, model_store, tmp_path):
+    def _start(**limits):
+        base = tmp_path / MODEL
+        install_version(model_store, base, 1)
+        return start_server(base, rest_api_port=free_port(),
+                            connection_limits=ConnectionLimits(**limits))
+    return _start
+
+
+def test_500_half_sent_requests_from_one_address_leave_the_rest_api_answering(rest_server):
+    server = rest_server(header_timeout_s=3.0, max_connections_per_address=32)
+    port = int(server.rest_address.rsplit(":", 1)[1])
+    held = []
+    try:
+        for _ in range(500):
+            sock = _connect(port)
+            sock.sendall(HALF_SENT)
+            held.append(sock)
+        assert _status_of(server.rest_address) == 200  # a real client, another address
+
+        replies = [_read_until_closed(sock, timeout_s=15) for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+    refused = [r for r in replies if r.startswith(b"HTTP/1.1 503")]
+    timed_out = [r for r in replies if r.startswith(b"HTTP/1.1 408")]
+    assert len(refused) == 500 - 32 and len(timed_out) == 32, (len(refused), len(timed_out))
+    assert b"per client address" in refused[0] and b"request head" in timed_out[0]
+
+
+def test_a_head_trickled_one_byte_at_a_time_is_cut_at_the_header_timeout(rest_server):
+    """The head's time is a total (nginx's client_header_timeout), not a pause between bytes."""
+    server = rest_server(header_timeout_s=1.5)
+    sock = _connect(int(server.rest_address.rsplit(":", 1)[1]))
+    started = time.monotonic()
+    try:
+        for byte in HALF_SENT:  # one byte per 0.1 s: never a pause near the timeout
+            sock.sendall(bytes([byte]))
+            time.sleep(0.1)
+            sock.settimeout(0.001)
+            try:
+                if sock.recv(65536):
+                    break
+            except (BlockingIOError, TimeoutError):
+                continue
+        else:
+            pytest.fail("the server let a trickled head run longer than the whole head takes")
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        sock.close()
+    assert time.monotonic() - started < len(HALF_SENT) * 0.1
+
+
+def test_a_body_that_stops_arriving_is_cut_and_the_connection_freed(rest_server):
+    server = rest_server(body_timeout_s=1.0, max_connections_per_address=1)
+    port = int(server.rest_address.rsplit(":", 1)[1])
+    sock = _connect(port)
+    sock.sendall(HALF_SENT + b"Content-Length: 100\r\n\r\n{\"instances\": ")
+    reply = _read_until_closed(sock, timeout_s=10)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 408") and b"request body" in reply
+    # its slot is free again: the same address may connect and be answered
+    again = _connect(port)
+    again.sendall(f"GET /v1/models/{MODEL} HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n"
+                  .encode())
+    assert _read_until_closed(again, timeout_s=10).startswith(b"HTTP/1.1 200")
+    again.close()
+
+
+def test_a_connection_that_never_sends_is_closed_and_keep_alive_idles_out(rest_server):
+    server = rest_server(header_timeout_s=1.0, keepalive_timeout_s=1.0)
+    port = int(server.rest_address.rsplit(":", 1)[1])
+    silent = _connect(port)
+    assert _read_until_closed(silent, timeout_s=10).startswith(b"HTTP/1.1 408")
+    silent.close()
+    kept = _connect(port)
+    kept.sendall(f"GET /v1/models/{MODEL} HTTP/1.1\r\nHost: s\r\n\r\n".encode())
+    reply = _read_until_closed(kept, timeout_s=10)  # answered, then closed when idle
+    kept.close()
+    assert reply.startswith(b"HTTP/1.1 200") and reply.count(b"HTTP/1.1") == 1
+
+
+def test_the_total_connection_bound_refuses_with_503_and_frees_on_close(rest_server):
+    server = rest_server(max_connections=4, max_connections_per_address=4)
+    port = int(server.rest_address.rsplit(":", 1)[1])
+    held = [_connect(port) for _ in range(4)]
+    try:
+        for sock in held:
+            sock.sendall(b"GET ")  # begun, so each one is surely accepted and counted
+        time.sleep(0.2)
+        extra = _connect(port, source="127.0.0.3")
+        assert _read_until_closed(extra, timeout_s=10).startswith(b"HTTP/1.1 503")
+        extra.close()
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:  # the server sees the closes asynchronously
+        try:
+            assert _status_of(server.rest_address) == 200
+            break
+        except (urllib.error.HTTPError, ConnectionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_many_idle_grpc_connections_leave_predict_answering_and_idle_ones_are_closed(
+        start_server, model_store, tmp_path, client_for):
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    server = start_server(base, connection_limits=ConnectionLimits(grpc_max_connection_idle_s=1.0))
+    port = server.port
+    # the HTTP/2 preface, an empty SETTINGS, and the ACK of the server's SETTINGS (without
+    # it, gRPC drops the connection at its handshake timeout: idleness would not be tested)
+    preface = (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+               + b"\x00\x00\x00\x04\x01\x00\x00\x00\x00")
+    idle = []
+    try:
+        for _ in range(200):
+            sock = _connect(port)
+            sock.sendall(preface)  # an HTTP/2 connection that never opens a stream
+            idle.append(sock)
+        client = client_for(server.address)
+        assert client.predict(MODEL, sample_images(1)).version == 1
+        closed = _count_closed_within(idle, timeout_s=15)
+    finally:
+        for sock in idle:
+            sock.close()
+    assert closed == len(idle)
+
+
+def _count_closed_within(sockets: list[socket.socket], timeout_s: float) -> int:
+    """How many of `sockets` the server closes (after whatever it sends) within `timeout_s`."""
+    open_ = {sock.fileno(): sock for sock in sockets}
+    deadline = time.monotonic() + timeout_s
+    while open_ and (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select(list(open_.values()), [], [], left)
+        for sock in readable:
+            try:
+                if not sock.recv(65536):
+                    del open_[sock.fileno()]
+            except ConnectionResetError:
+                del open_[sock.fileno()]
+    return len(sockets) - len(open_)
+
+
+@pytest.mark.parametrize("field,value", [("header_timeout_s", 0), ("max_connections", 0),
+                                         ("max_connections_per_address", 10**6),
+                                         ("grpc_max_concurrent_streams", 0)])
+def test_limits_out_of_range_are_refused_with_the_field_named(field, value):
+    with pytest.raises(ConfigError, match=field):
+        ConnectionLimits(**{field: value})
