@@ -55,7 +55,8 @@ class DeployConfig:
         metadata={
             "help": "gRPC host:port of the server that must answer for the version (local "
             "target: optional, unset = no check; kubernetes: the promoted Service, unset = "
-            "<prefix>tf-serving.<namespace>.svc:8500)"
+            "<prefix>tf-serving.<namespace>.svc:8500; kserve: optional, a predictor pod's gRPC "
+            "port 9000, e.g. through kubectl port-forward)"
         },
     )
     canary_timeout_s: float = field(

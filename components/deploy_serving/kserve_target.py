@@ -13,8 +13,11 @@ model in the store, the version the revision serves and the canary percent.
    traffic while the previous ready revision keeps the rest.
 4. Wait until the InferenceService is Ready *for this spec* (`status.observedGeneration` equal
    to `metadata.generation`: a Ready condition left from the previous spec does not count), and
-   report its URL. A timeout re-applies the spec that was live before (the previous version), so
-   the InferenceService does not stay pointed at a version that never became ready.
+   report its URL. With `server_address` (the gRPC port of a predictor pod, e.g. through
+   `kubectl port-forward`), that server must then give the answers export recorded for this
+   exact version (canary.py, as the other targets check). A timeout or wrong answers re-apply
+   the spec that was live before (the previous version), so the InferenceService does not stay
+   pointed at a version that never became ready or answers wrongly.
 """
 
 from __future__ import annotations
@@ -58,7 +61,11 @@ _KUSTOMIZE_TIMEOUT_S = 60
 def deploy(config: DeployConfig, model_name: str, version: int,
            spec: model_store.SignatureSpec) -> DeployResult:
     """The kserve target of `run_deploy` (see the module docstring for the order)."""
-    del spec  # the InferenceService serves whatever signature the version has
+    examples = None
+    if config.server_address:  # read before anything changes: a missing file is one line
+        from ampflow.components.deploy_serving import canary
+
+        examples = canary.recorded_examples(config.saved_model_dir)
     cluster = Cluster(config)
     try:
         cluster.check_reachable()
@@ -78,6 +85,11 @@ def deploy(config: DeployConfig, model_name: str, version: int,
         try:
             status = wait_ready(cluster.api_client, config.namespace, isvc["metadata"]["name"],
                                 config.rollout_timeout_s)
+            served = version
+            if examples is not None:
+                served = canary.check_version_served(
+                    config.server_address, model_name, version, spec, examples,
+                    timeout_s=config.canary_timeout_s, atol=config.canary_atol)
         except DeployError as e:
             _restore(cluster.api_client, config.namespace, before, e)
             raise
@@ -91,7 +103,7 @@ def deploy(config: DeployConfig, model_name: str, version: int,
              "an unknown share" if share is None else f"{100 * share:.0f}%")
     return DeployResult(
         target="kserve", model_name=model_name, version=version, model_path=dest,
-        endpoint=url, served_version=version, previous_version=previous, canary_share=share,
+        endpoint=url, served_version=served, previous_version=previous, canary_share=share,
         promoted=share is not None and share >= 1.0)
 
 

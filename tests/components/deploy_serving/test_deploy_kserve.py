@@ -12,6 +12,7 @@ from fake_apiserver import FakeApiServer
 from ampflow.cli import main
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
 from ampflow.errors import ConfigError, DeployError
+from ampflow.serving.testing import ServeProcess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(120)]
 
@@ -199,3 +200,57 @@ def test_every_request_of_a_deploy_is_granted_by_k8s_kserve_rbac(export_base, tm
     granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
     assert needed == granted
+
+
+@pytest.fixture
+def predictor(tmp_path):
+    """(model store, gRPC address): `ampflow serve` over the store, as a predictor pod serves
+    the version its args pin (here every version, so the check's exact-version ask decides)."""
+    store = tmp_path / "store"
+    (store / MODEL_NAME).mkdir(parents=True)
+    with ServeProcess(MODEL_NAME, store / MODEL_NAME, tmp_path / "predictor.log",
+                      "--version-policy", "all",
+                      "--file-system-poll-wait-seconds", "0.5") as served:
+        yield store, served.address
+
+
+@pytest.mark.serving
+def test_with_a_server_address_the_new_version_must_give_the_recorded_answers(
+        export_base, tmp_path, predictor):
+    store, address = predictor
+    with FakeApiServer(kserve=True) as api:
+        result = run_deploy(_config(api, tmp_path, export_base, 1, server_address=address,
+                                    canary_timeout_s=60))
+    assert result.served_version == 1  # the version the server's Predict answer names
+    assert (store / MODEL_NAME / "1" / "saved_model.pb").is_file()
+
+
+@pytest.mark.serving
+def test_wrong_answers_re_apply_the_previous_version(export_base, tmp_path, predictor):
+    import shutil
+
+    import numpy as np
+
+    store, address = predictor
+    wrong = tmp_path / "x" / MODEL_NAME / "2"  # version 2 whose recorded answers are not its own
+    shutil.copytree(export_base / MODEL_NAME / "2", wrong)
+    with np.load(wrong / "ampflow_canary.npz") as data:
+        arrays = dict(data)
+    arrays["class_ids"] = (arrays["class_ids"] + 1) % 10
+    arrays["probabilities"] = np.roll(arrays["probabilities"], 1, axis=1)
+    with open(wrong / "ampflow_canary.npz", "wb") as f:
+        np.savez(f, **arrays)
+    with FakeApiServer(kserve=True) as api:
+        run_deploy(_config(api, tmp_path, export_base, 1, server_address=address,
+                           canary_timeout_s=60))
+        api.kubeconfig(tmp_path / "kubeconfig")
+        with pytest.raises(DeployError) as info:
+            run_deploy(DeployConfig(saved_model_dir=wrong, target="kserve",
+                                    model_store=str(store), kubeconfig=tmp_path / "kubeconfig",
+                                    namespace=NAMESPACE, server_address=address,
+                                    canary_timeout_s=60))
+        isvc = _isvc(api)
+    message = str(info.value)
+    assert "does not give the recorded answers on 6 real examples" in message
+    assert "rolled back: the spec of version 1 was re-applied" in message
+    assert isvc["metadata"]["annotations"]["ampflow.dev/model-version"] == "1"
