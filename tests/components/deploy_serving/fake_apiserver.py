@@ -18,7 +18,9 @@ traffic stays on the previous ready one. With `isvc_lag=n` the controller sees a
 only after n reads: until then the status is the previous generation's. Without `kserve`,
 KServe's paths answer 404, as a cluster without the CRDs does. `forbid` holds (method,
 resource plural) pairs answered 403 Forbidden.
-It is not Kubernetes: it checks nothing a real API server would (schemas, RBAC, conflicts).
+POST creates an object (409 AlreadyExists if it exists) and DELETE removes one, honouring
+uid/resourceVersion preconditions (409 Conflict), as the rollout lock needs.
+It is not Kubernetes: it checks nothing else a real API server would (schemas, RBAC, conflicts).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class FakeApiServer:
         self.patches: list[dict] = []  # {"path", "query", "content_type", "body"}
         self.objects: dict[str, dict] = {}  # object path -> stored object
         self.requests: list[tuple[str, str]] = []  # (method, path?query)
+        self.version_counter = 0  # resourceVersion of objects created with POST
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -358,6 +361,37 @@ class FakeApiServer:
                         server._control(url.path)
                     stored = server.objects[url.path]
                 self._send(200, stored)
+
+            def do_POST(self) -> None:  # noqa: N802 - create: 409 AlreadyExists if it does
+                url = urlparse(self.path)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(("POST", self.path))
+                key = f"{url.path.rstrip('/')}/{body['metadata']['name']}"
+                with server.lock:
+                    if key in server.objects:
+                        return self._send(409, _status(409, "AlreadyExists", f"{key} exists"))
+                    server.version_counter += 1
+                    body["metadata"].update(uid=str(uuid.uuid4()),
+                                            resourceVersion=str(server.version_counter))
+                    server.objects[key] = body
+                self._send(201, body)
+
+            def do_DELETE(self) -> None:  # noqa: N802 - with uid/resourceVersion preconditions
+                url = urlparse(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                options = json.loads(self.rfile.read(length)) if length else {}
+                server.requests.append(("DELETE", self.path))
+                wanted = (options or {}).get("preconditions") or {}
+                with server.lock:
+                    obj = server.objects.get(url.path)
+                    if obj is None:
+                        return self._send(404, _status(404, "NotFound", f"{url.path} not found"))
+                    meta = obj["metadata"]
+                    if any(wanted.get(k) not in (None, meta.get(k))
+                           for k in ("uid", "resourceVersion")):
+                        return self._send(409, _status(409, "Conflict", "precondition failed"))
+                    del server.objects[url.path]
+                self._send(200, _status(200, "Success", "deleted") | {"status": "Success"})
 
         return Handler
 
