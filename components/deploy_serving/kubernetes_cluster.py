@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from ampflow.errors import DeployError
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "ampflow-deploy"
+ROLLOUT_LOCK_SUFFIX = "-rollout-lock"  # ConfigMap <stable Deployment>-rollout-lock
 _API_DEADLINE_S = 15.0
 _NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -62,6 +65,86 @@ class Cluster:
                                         cache_file=os.path.join(cache, "discovery.json"))
             for obj in objects:
                 _apply_one(dyn, obj, self.namespace)
+
+    def lock_rollout(self, deployment: str, version: int, ttl_s: float) -> None:
+        """Hold the rollout of `deployment`: create ConfigMap `<deployment>-rollout-lock`.
+
+        Creating an object that exists is refused by the API server (409 AlreadyExists), so of
+        two deploys that start at the same moment one holds the lock and the other fails here,
+        naming the holder, before it changes anything. A lock left by a deploy that died is
+        taken over once past its `expires_at`: deleted with its uid and resourceVersion as
+        preconditions (of two takers only one delete succeeds), then created again.
+        """
+        from kubernetes import client
+
+        name = deployment + ROLLOUT_LOCK_SUFFIX
+        core = client.CoreV1Api(self.api_client)
+        holder = {"holder": f"{socket.gethostname()}:{os.getpid()}", "version": str(version),
+                  "expires_at": str(int(time.time() + ttl_s))}
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "data": holder,
+                "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by":
+                                                      FIELD_MANAGER}}}
+        for _attempt in range(2):
+            try:
+                core.create_namespaced_config_map(self.namespace, body,
+                                                  _request_timeout=_API_DEADLINE_S)
+                self._lock = name
+                log.info("holding the rollout of %s/%s (ConfigMap %s)", self.namespace,
+                         deployment, name)
+                return
+            except client.ApiException as e:
+                if e.status != 409:
+                    raise _api_error(f"creating ConfigMap {self.namespace}/{name}", e) from e
+            if not self._take_over_expired(core, name):
+                break
+        raise DeployError(self._lock_held_message(core, name, deployment))
+
+    def unlock_rollout(self) -> None:
+        """Release the lock `lock_rollout` took (best effort: it expires anyway)."""
+        from kubernetes import client
+
+        name, self._lock = getattr(self, "_lock", None), None
+        if name is None:
+            return
+        try:
+            client.CoreV1Api(self.api_client).delete_namespaced_config_map(
+                name, self.namespace, _request_timeout=_API_DEADLINE_S)
+        except Exception as e:  # noqa: BLE001 - the lock expires; keep the deploy's own result
+            log.warning("could not delete the rollout lock %s/%s (%s); it expires on its own",
+                        self.namespace, name, e)
+
+    def _take_over_expired(self, core, name: str) -> bool:
+        """Delete an expired lock, preconditioned on its uid + resourceVersion; True if gone."""
+        from kubernetes import client
+
+        found = self._read("ConfigMap", name, core.read_namespaced_config_map)
+        if found is None:
+            return True  # released meanwhile
+        expires = (found.data or {}).get("expires_at", "")
+        if not expires.isdigit() or int(expires) > time.time():
+            return False
+        preconditions = client.V1Preconditions(uid=found.metadata.uid,
+                                               resource_version=found.metadata.resource_version)
+        try:
+            core.delete_namespaced_config_map(
+                name, self.namespace, body=client.V1DeleteOptions(preconditions=preconditions),
+                _request_timeout=_API_DEADLINE_S)
+        except client.ApiException as e:
+            if e.status in (404, 409):  # another deploy took it over first
+                return e.status == 404
+            raise _api_error(f"deleting the expired lock {self.namespace}/{name}", e) from e
+        log.warning("took over the expired rollout lock %s/%s of %s", self.namespace, name,
+                    (found.data or {}).get("holder"))
+        return True
+
+    def _lock_held_message(self, core, name: str, deployment: str) -> str:
+        found = self._read("ConfigMap", name, core.read_namespaced_config_map)
+        data = (found.data or {}) if found is not None else {}
+        return (f"another deploy is rolling out Deployment {self.namespace}/{deployment} right "
+                f"now (version {data.get('version', '?')}, by {data.get('holder', '?')}; lock "
+                f"ConfigMap {name} until {data.get('expires_at', '?')} epoch s). Nothing was "
+                f"changed: rerun when it is done (if no deploy is running: kubectl delete "
+                f"configmap {name} -n {self.namespace})")
 
     def read_config_map(self, name: str) -> dict[str, Any] | None:
         """The ConfigMap as a dict, or None if it does not exist."""

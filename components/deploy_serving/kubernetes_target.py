@@ -2,7 +2,9 @@
 
 1. Before anything changes: the API server answers, a model store that is a directory (the
    claim mounted in the KFP deploy task) is writable by this user, the version's recorded
-   expected answers are readable, the overlay renders, the release record is read.
+   expected answers are readable, the overlay renders; this deploy takes the rollout lock
+   (ConfigMap `<stable>-rollout-lock`, created exclusively: of two deploys of one Deployment
+   at once, the second fails here, naming the first) and reads the release record.
 2. The version is copied to the model store.
 3. Canary: the new model ConfigMap and a `<stable>-canary` Deployment (a few replicas, same pod
    template as the new release) are applied. Behind the same Service as the stable pods, it
@@ -85,6 +87,19 @@ class _Rollout:
         self.release = render(self.config, self.model_name, self.version)
         self.canary = canary_objects(self.release, self.config.canary_replicas)
         self.stable_name = one(self.release, "Deployment")["metadata"]["name"]
+        self.cluster.lock_rollout(self.stable_name, self.version, self._lock_ttl_s())
+        try:
+            return self._locked_run()
+        finally:
+            self.cluster.unlock_rollout()
+
+    def _lock_ttl_s(self) -> float:
+        """How long the rollout lock holds: longer than any rollout of this config can take."""
+        cfg = self.config
+        return 3 * cfg.rollout_timeout_s + 3 * cfg.canary_timeout_s + cfg.canary_soak_s + 300
+
+    def _locked_run(self) -> DeployResult:
+        """Everything after the lock: read what is live, push, canary, promote or roll back."""
         self.record = parse_record(self.cluster.read_config_map(record_name(self.release)))
         live = self.cluster.deployment_annotations(self.stable_name)
         self.stable_existed = live is not None

@@ -93,6 +93,8 @@ def test_first_deploy_runs_a_canary_then_promotes_and_records_the_release(
     for patch in api.patches:
         assert patch["content_type"] == "application/apply-patch+yaml"
         assert patch["query"]["fieldManager"] == ["ampflow-deploy"]
+        # force: we own the fields we set, even after someone's `kubectl edit` took them
+        assert [v.lower() for v in patch["query"]["force"]] == ["true"]  # Go ParseBool: True
         assert f"/namespaces/{NAMESPACE}/" in patch["path"]
     # kubectl rollout status watched both Deployments (list + watch by name)
     assert _kubectl_calls(api, f"fieldSelector=metadata.name%3D{CANARY}") >= 1
