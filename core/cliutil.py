@@ -51,7 +51,7 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str:
 def invalid_choice(what: str, value: Any, choices: Iterable[Any]) -> str:
     """One line: `what` must be one of `choices` (words, not a Python tuple); the closest."""
     names = [str(c) for c in choices]
-    return (f"{what} must be one of {', '.join(names)}. Received: {value!r}"
+    return (f"{what} must be one of {', '.join(names)}. Received: {what}={value!r}"
             f"{did_you_mean(str(value), names)}")
 
 

@@ -125,10 +125,11 @@ def _register_submit(subparsers) -> None:
                    "anything is compiled or sent.")
 
     def run(args) -> int:
-        from ampflow.pipeline.parameters import parse_param
+        from ampflow.pipeline.parameters import check_arguments, parse_param
         from ampflow.pipeline.submit import submit
 
         arguments = dict(parse_param(text) for text in args.param)
+        check_arguments(arguments)  # before anything else: a misspelt run is refused first
         result = submit(config_from_args(SubmitConfig, args, image=_image_of(args)), arguments)
         print_summary("ampflow submit: done", {"run_id": result.run_id, "url": result.url})
         return 0

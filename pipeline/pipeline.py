@@ -36,7 +36,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from ampflow.cliutil import TRISTATE
+from ampflow.cliutil import TRISTATE, invalid_choice
 from ampflow.components.deploy_serving.config import OVERLAYS, DeployConfig
 from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.components.train.step import TrainConfig
@@ -194,12 +194,11 @@ class PipelineOptions:
         if self.train_retries < 0:
             raise ConfigError(f"train_retries must be >= 0. Received: {self.train_retries}")
         if self.checkpoints not in CHECKPOINT_STORES:
-            raise ConfigError(f"checkpoints must be one of {CHECKPOINT_STORES}. "
-                              f"Received: checkpoints={self.checkpoints!r}")
+            raise ConfigError(invalid_choice("checkpoints", self.checkpoints, CHECKPOINT_STORES))
         if self.workspace_access_mode not in ACCESS_MODES:
-            raise ConfigError(f"workspace_access_mode must be one of {ACCESS_MODES} (a KFP "
-                              "backend refuses a workspace without one). "
-                              f"Received: workspace_access_mode={self.workspace_access_mode!r}")
+            raise ConfigError(invalid_choice("workspace_access_mode", self.workspace_access_mode,
+                                             ACCESS_MODES) + " (a KFP backend refuses a "
+                              "workspace without one)")
         if self.workspace_storage_class == "":
             raise ConfigError("workspace_storage_class must be a class name, or None for the "
                               "cluster's default. Received: workspace_storage_class=''")

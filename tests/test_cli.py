@@ -237,3 +237,147 @@ def test_the_console_script_without_a_command_prints_help_and_exits_2():
                           timeout=60)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stdout.startswith("usage: ampflow") and "Traceback" not in done.stderr
+
+
+# --- one style of help and errors in every command (issue 27 part 4) ---------------------------
+
+def _summaries(cli) -> dict[str, str]:
+    sub = next(a for a in cli["parser"]._actions if isinstance(a, argparse._SubParsersAction))
+    return {choice.dest: choice.help for choice in sub._choices_actions}
+
+
+def test_every_command_summary_is_a_capitalised_sentence_and_its_own_description(cli):
+    summaries = _summaries(cli)
+    assert set(summaries) == set(cli["commands"])
+    for name, text in summaries.items():
+        assert text[0].isupper() and text.endswith("."), (name, text)
+        description = cli["commands"][name].description
+        assert description and description[0].isupper(), name  # `ampflow X --help` says what
+        assert " ".join(description.split()[:6]) in " ".join(cli["help"][name].split()), name
+
+
+def test_flag_help_is_sentences_with_defaults_in_the_users_units(cli):
+    for command, text in cli["help"].items():
+        for block in _option_blocks(text):
+            assert "(default: )" not in block and "(default: [" not in block, (command, block)
+            assert "(default: True)" not in block and "(default: False)" not in block, block
+            assert "{" not in block.split(" ", 1)[0], block  # choices as a|b, not {a,b}
+    serve = next(b for b in _option_blocks(cli["help"]["serve"])
+                 if b.startswith("--max-message-bytes"))
+    assert "(default: 64 MiB)" in serve and "67108864" not in serve
+
+
+@pytest.mark.parametrize("command", ["train", "run-local", "demo"])
+def test_xla_is_set_one_way_everywhere(cli, command):
+    (xla,) = [a for a in cli["commands"][command]._actions if "--xla" in a.option_strings]
+    assert tuple(xla.choices) == ("auto", "on", "off")
+    blocks = [b for b in _option_blocks(cli["help"][command]) if b.startswith("--xla")]
+    assert len(blocks) == 1 and "(default: auto)" in blocks[0]
+    assert "jit-compile" not in cli["help"][command]  # the old spellings work, unadvertised
+
+
+@pytest.mark.parametrize("argv, dest, value, note", [
+    (["train", "--xla", "on"], "jit_compile", True, None),
+    (["train", "--xla", "auto"], "jit_compile", None, None),
+    (["train", "--jit-compile"], "jit_compile", True, "--jit-compile is deprecated; use --xla on"),
+    (["train", "--no-jit-compile"], "jit_compile", False,
+     "--no-jit-compile is deprecated; use --xla off"),
+    (["run-local", "--jit-compile", "false"], "xla", "off",
+     "--jit-compile false is deprecated; use --xla off"),
+    (["demo", "--xla", "off"], "xla", "off", None),
+])
+def test_old_xla_spellings_still_work_with_a_one_line_note(argv, dest, value, note, capsys):
+    from ampflow.cli import build_parser
+
+    required = {"train": ["--data-dir", "d", "--output-dir", "o"], "run-local": ["--workdir", "w"],
+                "demo": []}[argv[0]]
+    args = build_parser().parse_args([*argv, *required])
+    assert getattr(args, dest) == value
+    err = capsys.readouterr().err
+    assert (note in err and len(err.splitlines()) == 1) if note else err == ""
+
+
+def _usage_error(argv, capsys) -> str:
+    from ampflow.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "usage:" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--data-dir", "d", "--output-dir", "o", "--precision", "fp16"],
+     "ampflow train: error: --precision must be one of auto, float32, mixed_float16, "
+     "mixed_bfloat16. Received: --precision='fp16'; did you mean mixed_float16?"),
+    (["train", "--data-dir", "d", "--output-dir", "o", "--xla", "of"],
+     "--xla must be one of auto, on, off. Received: --xla='of'; did you mean off?"),
+    (["run-local", "--workdir", "w", "--precision", "bf16"], "did you mean mixed_bfloat16?"),
+    (["compile", "--checkpoints", "workspaces"], "did you mean workspace?"),
+    (["serve", "--version-policy", "lastest"], "did you mean latest?"),
+    (["train", "--data-dir", "d", "--output-dir", "o", "--epochs", "many"],
+     "argument --epochs: invalid int value: 'many'"),
+])
+def test_a_bad_flag_is_one_line_with_the_closest_choice_and_no_usage_dump(argv, message, capsys):
+    err = _usage_error(argv, capsys)
+    assert message in err and f"(see `ampflow {argv[0]} --help`)" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--data-dir", "{tmp}", "--output-dir", "{tmp}/m", "--epochs", "0"],
+     "ampflow train: error: --epochs must be > 0. Received: --epochs=0"),
+    (["train", "--data-dir", "{tmp}", "--output-dir", "{tmp}/m", "--label-smoothing", "1"],
+     "--label-smoothing must be in [0, 1). Received: --label-smoothing=1.0"),
+    (["train", "--data-dir", "{tmp}", "--output-dir", "{tmp}/m", "--model", "resnet"],
+     "--model must be a built-in name"),
+    (["compile", "--image", "r/a:1", "--gpu-toleration", "nvidia.com/gpu:NoSchedul"],
+     "--gpu-toleration must be KEY[=VALUE]:EFFECT"),
+    (["compile", "--image", "r/a:1", "--gpu-node-selector", "gke-accelerator"],
+     "--gpu-node-selector must be KEY=VALUE"),
+    (["compile", "--image", "r/a:1", "--train-memory", "lots"],
+     "--train-memory must be REQUEST or REQUEST:LIMIT"),
+    (["compile", "--image", "r/a:1", "--train-gpus", "0"], "--train-gpus must be >= 1"),
+    (["compile", "--image", "latest"], "--image must be a pinned image reference"),
+    (["submit", "--host", "localhost:8080", "--image", "r/a:1"],
+     "--host must be an http(s) URL"),
+])
+def test_config_errors_name_the_flag_and_exit_2(argv, message, tmp_path, capsys):
+    from ampflow.cli import main
+
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "_" not in err.split(" error: ", 1)[1].split(" ", 1)[0], err  # a flag, not a field
+
+
+def test_the_same_kind_of_error_has_the_same_exit_code_in_every_command(tmp_path, capsys):
+    """2: usage or config (nothing ran); 1: the command ran and failed."""
+    from ampflow.cli import main
+
+    missing = str(tmp_path / "nope")
+    runtime = {  # a missing input found while running
+        "evaluate": ["evaluate", "--model-dir", missing, "--data-dir", missing,
+                     "--output-dir", str(tmp_path / "e")],
+        "check-model": ["check-model", "--data-dir", missing],
+    }
+    for name, argv in runtime.items():
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == 1 and err.startswith(f"ampflow {name}: error: "), (name, err)
+    code = main(["submit", "--host", "http://127.0.0.1:9", "--image", "r/a:1", "--param",
+                 "epoch=3"])
+    assert code == 2
+
+
+def test_compile_without_an_image_says_how_to_get_one(tmp_path, capsys, monkeypatch):
+    from ampflow.cli import main
+
+    monkeypatch.delenv("AMPFLOW_IMAGE", raising=False)
+    out = tmp_path / "p.yaml"
+    code = main(["compile", "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--image is required" in err and "$AMPFLOW_IMAGE" in err, err
+    assert not out.exists()  # the unpullable placeholder is never compiled in silently

@@ -109,7 +109,7 @@ def _builder(name: str, data_dir: Path):
         close = difflib.get_close_matches(base_name, sorted(known), n=3, cutoff=0.6)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise ConfigError(
-            f"dataset must be a TFDS catalog name or one of {OFFLINE_DATASETS}. "
+            f"dataset must be a TFDS catalog name or one of {', '.join(OFFLINE_DATASETS)}. "
             f"Received: dataset={name!r}.{hint}"
         )
     try:

@@ -45,8 +45,9 @@ class CheckModelConfig:
 
         parse_model_spec(self.model, model_names())
         if self.precision not in POLICIES:
-            raise ConfigError(f"precision must be one of {POLICIES}. Received: "
-                              f"precision={self.precision!r}")
+            from ampflow.cliutil import invalid_choice
+
+            raise ConfigError(invalid_choice("precision", self.precision, POLICIES))
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ampflow.cliutil import invalid_choice
 from ampflow.components.train.cluster import PEER_LOST_EXIT_CODE, STRATEGIES
 from ampflow.components.train.precision import POLICIES, HardwareInfo, PrecisionSetup
 from ampflow.errors import AmpflowError, ConfigError, ModelLoadError, TrainingDivergedError
@@ -175,18 +176,14 @@ class TrainConfig:
                 f"learning_rate must be > 0. Received: learning_rate={self.learning_rate}"
             )
         if self.precision not in POLICIES:
-            raise ConfigError(
-                f"precision must be one of {POLICIES}. Received: precision={self.precision!r}"
-            )
+            raise ConfigError(invalid_choice("precision", self.precision, POLICIES))
         from ampflow.components.train.user_model import parse_model_spec
 
         parse_model_spec(self.model, _model_choices())
         if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(
-                f"optimizer must be one of {OPTIMIZERS}. Received: optimizer={self.optimizer!r}")
+            raise ConfigError(invalid_choice("optimizer", self.optimizer, OPTIMIZERS))
         if self.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"lr_schedule must be one of {LR_SCHEDULES}. Received: "
-                              f"lr_schedule={self.lr_schedule!r}")
+            raise ConfigError(invalid_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES))
         for name in ("weight_decay", "warmup_epochs"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name} must be >= 0. Received: {name}={getattr(self, name)}")
@@ -212,8 +209,7 @@ class TrainConfig:
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be > 0. Received: {name}={value}")
         if self.strategy not in STRATEGIES:
-            raise ConfigError(
-                f"strategy must be one of {STRATEGIES}. Received: strategy={self.strategy!r}")
+            raise ConfigError(invalid_choice("strategy", self.strategy, STRATEGIES))
         if self.launcher_port is not None and not 0 < self.launcher_port < 65536:
             raise ConfigError("launcher_port must be in [1, 65535]. "
                               f"Received: launcher_port={self.launcher_port}")
