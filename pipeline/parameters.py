@@ -23,7 +23,7 @@ from ampflow.pipeline.pipeline import (
 )
 from ampflow.serving.model_format import DEFAULT_MODEL_NAME, check_model_name
 
-SERVING_TARGETS = ("none", "local", "kubernetes")
+SERVING_TARGETS = ("none", "local", "kubernetes", "kserve")  # "none" + deploy_serving TARGETS
 # name -> (type, default, help). Order: the order of `ampflow_pipeline`'s signature.
 PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
     "dataset": (str, "ampflow_digits", "TFDS dataset name (or an offline one)"),
