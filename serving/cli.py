@@ -7,6 +7,7 @@ Thin shells: flags -> a validated config -> the library call. `serve` runs the r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -114,9 +115,28 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait-for-base-path", action="store_true",
                    help="start even if a model base path does not exist yet, and load it once "
                         "it appears (default: fail at start)")
+    _add_connection_limit_flags(p)
     p.add_argument("--server", default="auto", choices=["auto", "local", "tf-serving"],
                    help="auto: tensorflow_model_server if on PATH and it can honour every flag "
                         "(it listens on all interfaces), else the local server")
+
+
+def _add_connection_limit_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per ConnectionLimits field, its default and help read from the field."""
+    from ampflow.serving.connection_limits import ConnectionLimits, flag_name
+
+    group = p.add_argument_group("connection limits (slow clients, idle connections, floods)")
+    for f in dataclasses.fields(ConnectionLimits):
+        group.add_argument(flag_name(f.name), dest=f.name, type=type(f.default),
+                           default=f.default, metavar="S" if f.name.endswith("_s") else "N",
+                           help=f.metadata["help"] + " (default: %(default)s)")
+
+
+def _connection_limits(args: argparse.Namespace):
+    from ampflow.serving.connection_limits import ConnectionLimits
+
+    return ConnectionLimits(**{f.name: getattr(args, f.name)
+                               for f in dataclasses.fields(ConnectionLimits)})
 
 
 def serve_config_from_args(args: argparse.Namespace):
@@ -153,6 +173,7 @@ def serve_config_from_args(args: argparse.Namespace):
         allow_reload_config=args.allow_reload_config,
         reload_config_roots=tuple(Path(r) for r in args.reload_config_root),
         wait_for_base_path=args.wait_for_base_path,
+        connection_limits=_connection_limits(args),
     )
 
 

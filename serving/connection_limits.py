@@ -32,18 +32,27 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ampflow.errors import ConfigError
 
 
+def _limit(default, help_text: str):
+    return dataclasses.field(default=default, metadata={"help": help_text})
+
+
 @dataclasses.dataclass(frozen=True)
 class ConnectionLimits:
     """The connection bounds of `ampflow serve`; the defaults are nginx's where it has one."""
 
-    header_timeout_s: float = 20.0
-    body_timeout_s: float = 60.0
-    keepalive_timeout_s: float = 5.0
-    max_connections: int = 512  # nginx worker_connections; also below a 1024 fd limit
-    max_connections_per_address: int = 128
-    grpc_max_concurrent_streams: int = 100
-    grpc_max_connection_idle_s: float = 300.0
-    grpc_min_ping_interval_s: float = 10.0
+    header_timeout_s: float = _limit(20.0, "REST: seconds a request head may take from its "
+                                     "first byte (and a new connection to send one)")
+    body_timeout_s: float = _limit(60.0, "REST: seconds a request body may pause between reads")
+    keepalive_timeout_s: float = _limit(5.0, "REST: seconds an idle keep-alive connection is kept")
+    max_connections: int = _limit(512, "REST: connections held at once, in all")
+    max_connections_per_address: int = _limit(128, "REST: connections held at once per client "
+                                              "address (raise it behind a proxy or sidecar, "
+                                              "whose connections share one address)")
+    grpc_max_concurrent_streams: int = _limit(100, "gRPC: calls at once on one connection")
+    grpc_max_connection_idle_s: float = _limit(300.0, "gRPC: seconds a connection with no call "
+                                               "is kept before a GOAWAY")
+    grpc_min_ping_interval_s: float = _limit(10.0, "gRPC: the fastest keepalive ping rate a "
+                                             "client may use (seconds between pings)")
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s",
@@ -60,6 +69,12 @@ class ConnectionLimits:
                 "max_connections_per_address must be <= max_connections. Received: "
                 f"max_connections_per_address={self.max_connections_per_address}, "
                 f"max_connections={self.max_connections}")
+
+
+def flag_name(field_name: str) -> str:
+    """`ampflow serve`'s flag for a field: REST fields get a `rest-` prefix (`grpc_` has one)."""
+    name = field_name if field_name.startswith("grpc_") else f"rest_{field_name}"
+    return "--" + name.replace("_", "-")
 
 
 def grpc_server_options(limits: ConnectionLimits) -> list[tuple[str, int]]:

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ampflow.serving.config import ServerConfig, to_model_server_config_text
+from ampflow.serving.connection_limits import ConnectionLimits
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,9 @@ def cannot_honour(config: ServerConfig) -> list[str]:
         reasons.append("it accepts HandleReloadConfigRequest from any client for any path "
                        "(pass --allow-reload-config without --reload-config-root to accept "
                        "that)")
+    if config.connection_limits != ConnectionLimits():
+        reasons.append("it has none of the --rest-*/--grpc-* connection limits asked for (its "
+                       "own servers' limits apply; leave them at their defaults to accept that)")
     return reasons
 
 

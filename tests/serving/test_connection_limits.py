@@ -204,3 +204,26 @@ def _count_closed_within(sockets: list[socket.socket], timeout_s: float) -> int:
 def test_limits_out_of_range_are_refused_with_the_field_named(field, value):
     with pytest.raises(ConfigError, match=field):
         ConnectionLimits(**{field: value})
+
+
+def test_serve_flags_set_every_limit_and_the_real_binary_is_not_chosen_for_them(tmp_path):
+    import dataclasses
+
+    from ampflow.cli import build_parser
+    from ampflow.serving.cli import serve_config_from_args
+    from ampflow.serving.tf_serving_binary import cannot_honour
+
+    argv = ["serve", "--model-base-path", str(tmp_path), "--host", "0.0.0.0",
+            "--allow-reload-config"]
+    default = serve_config_from_args(build_parser().parse_args(argv))
+    assert default.connection_limits == ConnectionLimits() and cannot_honour(default) == []
+    changed = {"--rest-header-timeout-s": "3", "--rest-body-timeout-s": "4",
+               "--rest-keepalive-timeout-s": "2", "--rest-max-connections": "99",
+               "--rest-max-connections-per-address": "7", "--grpc-max-concurrent-streams": "5",
+               "--grpc-max-connection-idle-s": "30", "--grpc-min-ping-interval-s": "1"}
+    config = serve_config_from_args(build_parser().parse_args(
+        argv + [x for pair in changed.items() for x in pair]))
+    assert [float(v) for v in changed.values()] == [
+        float(getattr(config.connection_limits, f.name))
+        for f in dataclasses.fields(ConnectionLimits)]
+    assert any("connection limits" in reason for reason in cannot_honour(config))
