@@ -11,11 +11,15 @@ def deploy_serving(
     server_address: str = "",
     namespace: str = "",
     overlay: str = "cpu",
+    canary_traffic_percent: int = 10,
+    model_store_claim: str = "tf-serving-models",
 ):
     """Push the exported version to the serving model store; on Kubernetes, roll out + canary.
 
     `target`: local, kubernetes (TF Serving Deployments) or kserve (an InferenceService on
-    the `ampflow` ServingRuntime; its endpoint is the InferenceService's URL).
+    the `ampflow` ServingRuntime; its endpoint is the InferenceService's URL, and its new
+    revision gets `canary_traffic_percent` of the traffic; `model_store_claim` is the PVC
+    mounted at `model_store`, which the InferenceService reads).
     `target="none"` skips deployment (the task then records nothing to serve).
     `namespace` empty: the namespace this pod runs in (the KFP run's), where the model-store
     PVC it mounts lives; outside a pod, "ampflow".
@@ -48,6 +52,8 @@ def deploy_serving(
             server_address=server_address or None,
             namespace=namespace or own_namespace("ampflow"),
             overlay=overlay,
+            canary_traffic_percent=canary_traffic_percent,
+            model_store_claim=model_store_claim,
         )
     )
     payload = {

@@ -254,3 +254,45 @@ def test_wrong_answers_re_apply_the_previous_version(export_base, tmp_path, pred
     assert "does not give the recorded answers on 6 real examples" in message
     assert "rolled back: the spec of version 1 was re-applied" in message
     assert isvc["metadata"]["annotations"]["ampflow.dev/model-version"] == "1"
+
+
+def test_kfp_component_deploys_to_kserve_and_records_the_url(export_base, tmp_path, monkeypatch):
+    """The KFP component (called as the local runner calls it) with target="kserve"."""
+    import json
+    import shutil
+
+    from kfp import dsl
+
+    from ampflow.components.deploy_serving.component import deploy_serving
+
+    artifact = tmp_path / "exported"
+    shutil.copytree(export_base / MODEL_NAME / "1", artifact / MODEL_NAME / "1")
+    with FakeApiServer(kserve=True) as api:
+        api.kubeconfig(tmp_path / "kubeconfig")
+        monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+        endpoint = dsl.Artifact(uri=str(tmp_path / "endpoint"))
+        deploy_serving(saved_model=dsl.Model(uri=str(artifact)), endpoint=endpoint,
+                       target="kserve", model_store=str(tmp_path / "store"), namespace=NAMESPACE,
+                       canary_traffic_percent=30)
+        isvc = _isvc(api)
+    recorded = json.loads((tmp_path / "endpoint").read_text())
+    assert recorded["target"] == "kserve" and recorded["version"] == 1
+    assert recorded["endpoint"] == f"http://digits.{NAMESPACE}.example.com"
+    assert isvc["spec"]["predictor"]["canaryTrafficPercent"] == 30
+
+
+def test_component_and_pipeline_defaults_are_the_configs():
+    """One home: the component's kserve defaults are DeployConfig's; the pipeline's
+    serving_target takes every deploy target."""
+    import dataclasses
+    import inspect
+
+    from ampflow.components.deploy_serving.component import deploy_serving
+    from ampflow.components.deploy_serving.config import TARGETS
+    from ampflow.pipeline.parameters import SERVING_TARGETS
+
+    fields = {f.name: f.default for f in dataclasses.fields(DeployConfig)}
+    signature = inspect.signature(deploy_serving).parameters
+    for name in ("canary_traffic_percent", "model_store_claim", "overlay"):
+        assert signature[name].default == fields[name], name
+    assert SERVING_TARGETS == ("none", *TARGETS)
