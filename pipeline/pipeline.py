@@ -434,6 +434,23 @@ def build_pipeline(options: PipelineOptions | None = None):
     return ampflow_pipeline
 
 
+def step_names(pipeline) -> dict[str, str]:
+    """`{task name: step name}` of a built pipeline: the name KFP shows for each task.
+
+    A task's name is its component's (`train`, `train-2`); where the pipeline gives it a
+    display name (`train-amp`, `train-float32`), KFP's UI shows that, and so do the local run's
+    lines and log files, so that a step has one name wherever it is read.
+    """
+    spec = pipeline.pipeline_spec
+    names: dict[str, str] = {}
+    dags = [spec.root.dag, *(c.dag for c in spec.components.values() if c.HasField("dag"))]
+    for dag in dags:
+        for name, task in dag.tasks.items():
+            if not name.startswith("condition-"):
+                names[name] = task.task_info.name or name
+    return names
+
+
 def _train_task(task, options: PipelineOptions) -> None:
     """GPU request, node placement and retries for a training task."""
     _resources(task, options.train_resources)

@@ -31,6 +31,7 @@ from ampflow.pipeline.pipeline import (
     XLA_VALUES,
     PipelineOptions,
     build_pipeline,
+    step_names,
 )
 from ampflow.pipeline.task_logs import TaskLogRouter, plain, routed_output
 from ampflow.serving.model_format import DEFAULT_MODEL_NAME
@@ -181,10 +182,11 @@ def run_local(config: LocalRunConfig, *, verbose: bool = False,
                               model_store_pvc=None, train_workers=config.train_workers,
                               base_model_uri=config.base_model_uri)
     pipeline = build_pipeline(options)
+    names = step_names(pipeline)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    progress = _Progress(console, lambda: _new_run_dir(root, before))
+    progress = _Progress(console, lambda: _new_run_dir(root, before), names)
     router = TaskLogRouter(config.log_dir, on_start=progress.started, on_end=progress.ended,
-                           echo=console if verbose else None)
+                           echo=console if verbose else None, step_names=names)
     print(f"ampflow: running pipeline '{PIPELINE_NAME}' with the kfp local runner; each "
           f"step's full log goes to {config.log_dir}/<step>.log", file=console, flush=True)
     try:
@@ -196,10 +198,11 @@ def run_local(config: LocalRunConfig, *, verbose: bool = False,
             progress.ended(router.running, False)
         raise PipelineError(_failure_message(config, root, before, task, router,
                                              show_log_tail=not verbose)) from e
+    # The artifacts stay under the runner's task names (its dirs); logs go by the step's name.
     run_dir = _new_run_dir(root, before)
     return LocalRunResult(run_dir=run_dir, artifacts=_artifacts(run_dir),
                           serving_base=config.serving_base,
-                          logs={t: router.log_path(t) for t in progress.tasks})
+                          logs={names.get(t, t): router.log_path(t) for t in progress.tasks})
 
 
 def _forget_latest_run(config: LocalRunConfig) -> None:
@@ -214,28 +217,31 @@ def _forget_latest_run(config: LocalRunConfig) -> None:
 class _Progress:
     """Prints one line as a task starts and one as it ends (time, headline number)."""
 
-    def __init__(self, console: TextIO, run_dir: Callable[[], Path]) -> None:
+    def __init__(self, console: TextIO, run_dir: Callable[[], Path],
+                 names: dict[str, str] | None = None) -> None:
         self._console, self._run_dir = console, run_dir
+        self._names = dict(names or {})  # task -> the step name KFP shows
         self._started: dict[str, float] = {}
         self.tasks: list[str] = []
 
     def started(self, task: str) -> None:
         self._started[task] = time.monotonic()
         self.tasks.append(task)
-        self._say(f"  {task:<18} started")
+        self._say(f"  {self._names.get(task, task):<18} started")
 
     def ended(self, task: str, succeeded: bool) -> None:
         from ampflow.pipeline.report import step_headline
 
         elapsed = time.monotonic() - self._started.get(task, time.monotonic())
+        step = self._names.get(task, task)
         if not succeeded:
-            self._say(f"  {task:<18} FAILED after {elapsed:.1f} s")
+            self._say(f"  {step:<18} FAILED after {elapsed:.1f} s")
             return
         try:
             headline = step_headline(task, self._run_dir() / task)
         except PipelineError:
             headline = ""
-        self._say(f"  {task:<18} done in {elapsed:5.1f} s  {headline}".rstrip())
+        self._say(f"  {step:<18} done in {elapsed:5.1f} s  {headline}".rstrip())
 
     def _say(self, line: str) -> None:
         print(line, file=self._console, flush=True)
@@ -256,7 +262,8 @@ def _failure_message(config: LocalRunConfig, root: Path, before: set[Path], task
     """
     from ampflow.pipeline.report import gate_failure
 
-    lines = [f"the local pipeline run stopped at task '{task or '?'}'."]
+    step = router.step_names.get(task, task) if task else None
+    lines = [f"the local pipeline run stopped at step '{step or '?'}'."]
     try:
         run_dir: Path | None = _new_run_dir(root, before)
     except PipelineError:

@@ -39,8 +39,10 @@ class TaskLogRouter(io.TextIOBase):
     """A text stream that files each line of a local run under the task that printed it."""
 
     def __init__(self, log_dir: Path, *, on_start: Callable[[str], None],
-                 on_end: Callable[[str, bool], None], echo: TextIO | None = None) -> None:
+                 on_end: Callable[[str, bool], None], echo: TextIO | None = None,
+                 step_names: dict[str, str] | None = None) -> None:
         self.log_dir = Path(log_dir)
+        self.step_names = dict(step_names or {})  # the runner's task name -> the step's name
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._on_start, self._on_end, self._echo = on_start, on_end, echo
         self._files: dict[str, TextIO] = {}
@@ -49,8 +51,8 @@ class TaskLogRouter(io.TextIOBase):
         self.running: str | None = None  # started, not yet announced finished
 
     def log_path(self, task: str) -> Path:
-        """Where the lines of `task` go (`pipeline` for the runner's own)."""
-        return self.log_dir / f"{task}.log"
+        """Where the lines of `task` go (`pipeline` for the runner's own), named by its step."""
+        return self.log_dir / f"{self.step_names.get(task, task)}.log"
 
     def writable(self) -> bool:
         return True

@@ -28,7 +28,7 @@ def test_run_local_failing_parity_gate_stops_before_export_and_says_why(tmp_path
     # the error ends the run's output: the failed task, each failed check measured against
     # its threshold, and where the evaluate report and log are
     message = str(info.value)
-    assert message.startswith("the local pipeline run stopped at task 'parity-gate'.")
+    assert message.startswith("the local pipeline run stopped at step 'parity-gate'.")
     assert "The FP32-parity gate failed 1 check(s), so nothing was exported:" in message
     assert re.search(r"^  - max_relative_logit_diff: measured \S+ vs threshold <= 0$", message,
                      re.M)
