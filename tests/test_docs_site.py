@@ -5,7 +5,9 @@
   `pipeline/parameters.py`) hold every command and parameter the code has now.
 - Every `ampflow <command> --flag` in a shell block of the README or a docs page names a command
   and flags that the real parser accepts, so a renamed flag cannot linger in the docs.
-- A shell block marked `<!-- runs-in-tests -->` runs as written (offline, in a scratch dir).
+- A shell block marked `<!-- runs-in-tests -->` runs as written (offline, in a scratch dir), and
+  the serving how-to's `--model-config-file` example serves a model (the README's earlier one,
+  `k8s/base/models.config`, pointed at the TF Serving pod's /models and failed locally).
 - The README stays a first screen: short, its links resolve, its `make` targets exist.
 The step-by-step block itself is run by tests/test_readme_step_by_step.py.
 """
@@ -16,8 +18,10 @@ import argparse
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,6 +145,51 @@ def test_marked_docs_block_runs_as_written(block, tmp_path):
     done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.serving
+@pytest.mark.timeout(300)
+def test_serve_model_config_example_serves_the_demo_model(tmp_path):
+    page = (DOCS / "how-to" / "serve-and-query.md").read_text()
+    block = re.search(r"<!-- serve-config-example[^>]*-->\s*```bash\n(.*?)```", page,
+                      flags=re.DOTALL)
+    assert block, "serve-and-query.md lost its serve-config-example marker"
+    port, metrics_port = _free_port(), _free_port()
+    script = block.group(1)
+    assert "ampflow serve --model-config-file" in script and "--metrics-port 9100" in script
+    script = (script.replace("ampflow serve ", f"exec ampflow serve --port {port} ")
+              .replace("--metrics-port 9100", f"--metrics-port {metrics_port}"))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # the model the example names: a tiny real SavedModel where `make demo` deploys its own
+    subprocess.run([sys.executable, "-m", "ampflow.serving.testing", "--base-path",
+                    "runs/demo/serving/ampflow"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=120)
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until the model answers, the server exits, or the deadline passes
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            status = subprocess.run(["ampflow", "model-status", "--port", str(port),
+                                     "--model-name", "ampflow", "--wait-s", "5"], cwd=tmp_path,
+                                    env=env, capture_output=True, text=True, timeout=60)
+            if status.returncode == 0 or time.monotonic() > deadline:
+                break
+        assert status.returncode == 0, (status.stdout, status.stderr,
+                                        (tmp_path / "serve.log").read_text()[-3000:])
+        assert "AVAILABLE" in status.stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        log.close()
 
 
 def test_readme_is_a_first_screen_with_links_that_resolve():
