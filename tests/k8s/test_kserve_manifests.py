@@ -43,6 +43,19 @@ KSERVE_PROTOCOLS = {"v1", "v2", "grpc-v1", "grpc-v2"}
 KSERVE_CONTAINER = "kserve-container"
 V2_LIVE, V2_READY = "/v2/health/live", "/v2/health/ready"  # Open Inference Protocol REST
 
+# What Knative Serving (KServe's Serverless mode) accepts in a pod with its default features,
+# knative/serving tag knative-v1.23.0: pkg/apis/serving/fieldmask.go (PodSpecMask,
+# SecurityContextMask, PodSecurityContextMask), pkg/apis/config/features.go (defaults: emptyDir
+# volumes on; pod securityContext, PVCs, node selector, tolerations ... off) and
+# k8s_validation.go (one port, reserved ports). A field outside these is a rejected revision.
+KNATIVE_POD_FIELDS = {"serviceAccountName", "containers", "volumes", "imagePullSecrets",
+                      "enableServiceLinks", "automountServiceAccountToken"}
+KNATIVE_CONTAINER_SECURITY = {"capabilities", "readOnlyRootFilesystem", "runAsUser", "runAsGroup",
+                              "runAsNonRoot", "allowPrivilegeEscalation", "seccompProfile",
+                              "privileged"}
+KNATIVE_VOLUME_SOURCES = {"secret", "configMap", "projected", "emptyDir"}
+KNATIVE_RESERVED_PORTS = {8012, 8013, 8022, 9090, 9091, 8008}  # queue-proxy, metrics, profiling
+
 _VALIDATORS: dict = {}
 
 
@@ -95,6 +108,29 @@ def predictor_pod(objects: list[dict]) -> dict:
                          "namespace": isvc["metadata"]["namespace"]},
             "spec": {"selector": {"matchLabels": {"app": "isvc"}},
                      "template": {"metadata": {"labels": {"app": "isvc"}}, "spec": pod}}}
+
+
+def knative_problems(deployment: dict) -> list[str]:
+    """What Knative's default features would reject in the predictor pod ([] when none)."""
+    spec = deployment["spec"]["template"]["spec"]
+    problems = [f"pod field {k}" for k in sorted(set(spec) - KNATIVE_POD_FIELDS)]
+    if spec.get("automountServiceAccountToken", False) is not False:
+        problems.append("automountServiceAccountToken may only be false")
+    for volume in spec.get("volumes", []):
+        problems += [f"volume source {k}" for k in set(volume) - {"name"} - KNATIVE_VOLUME_SOURCES]
+    (container,) = spec["containers"]
+    security = container.get("securityContext", {})
+    problems += [f"container securityContext.{k}"
+                 for k in sorted(set(security) - KNATIVE_CONTAINER_SECURITY)]
+    if security.get("privileged", False) is not False or security.get("capabilities", {}).get(
+            "add"):
+        problems.append("privileged or added capabilities")
+    ports = container.get("ports", [])
+    if len(ports) > 1:
+        problems.append("more than one container port")
+    problems += [f"reserved port {p['containerPort']}" for p in ports
+                 if p["containerPort"] in KNATIVE_RESERVED_PORTS]
+    return problems
 
 
 def serve_config(container: dict):
@@ -191,16 +227,34 @@ def test_predictor_pod_meets_the_restricted_profile_and_has_resources(render):
     assert "/tmp" in mounts  # the root filesystem is read-only
 
 
-def test_the_security_check_sees_what_the_runtime_alone_would_miss(render):
-    """Pod-level settings in a ServingRuntime never reach the pod (KServe's MergePodSpec):
-    without the InferenceService's pod securityContext the pod is not restricted."""
+def test_the_security_check_catches_a_token_and_a_root_user(render):
     objects = copy.deepcopy(render(TARGET)[1])
-    predictor = one(objects, "InferenceService")["spec"]["predictor"]
-    del predictor["securityContext"], predictor["automountServiceAccountToken"]
+    del one(objects, "InferenceService")["spec"]["predictor"]["automountServiceAccountToken"]
     del one(objects, "ServingRuntime")["spec"]["containers"][0]["securityContext"]["runAsUser"]
-    problems = security_context_problems([predictor_pod(objects)])
-    assert "ampflow-predictor: service account token mounted" in problems
-    assert "ampflow-predictor/kserve-container: runAsUser > 0" in problems
+    assert security_context_problems([predictor_pod(objects)]) == [
+        "ampflow-predictor: service account token mounted",
+        "ampflow-predictor/kserve-container: runAsUser > 0"]
+
+
+@pytest.mark.parametrize("target", [TARGET, "deploy step"])
+def test_predictor_pod_is_one_knative_accepts_with_its_default_features(render, target):
+    objects = render(TARGET)[1]
+    if target == "deploy step":
+        config = DeployConfig(saved_model_dir=Path("/x/digits/3"), target="kserve",
+                              model_store="/models")
+        objects = kserve_target.release(objects, config, "digits", 3)
+    assert knative_problems(predictor_pod(objects)) == []
+
+
+def test_knative_check_catches_a_pod_security_context_and_a_second_port(render):
+    """A pod-level securityContext (what a Deployment would carry) is a rejected revision."""
+    objects = copy.deepcopy(render(TARGET)[1])
+    one(objects, "InferenceService")["spec"]["predictor"]["securityContext"] = {
+        "runAsNonRoot": True}
+    container = one(objects, "ServingRuntime")["spec"]["containers"][0]
+    container["ports"].append({"name": "h2c", "containerPort": 9000, "protocol": "TCP"})
+    assert knative_problems(predictor_pod(objects)) == [
+        "pod field securityContext", "more than one container port"]
 
 
 def test_deploy_step_release_validates_and_keeps_the_policies(render):
@@ -222,10 +276,11 @@ def test_deploy_step_release_validates_and_keeps_the_policies(render):
 
 def test_checkov_passes_on_the_predictor_pod(render, tmp_path):
     """checkov reads no KServe kind (it finds 0 resources in the render), so it checks the pod
-    KServe builds from them, with the base Deployment's two justified exceptions and one more:
+    KServe builds from them, with the base Deployment's two justified exceptions and two more:
     no NetworkPolicy ships here, because a KServe predictor's traffic comes through the
     cluster's Knative activator and ingress gateway (their namespaces and queue-proxy port
-    depend on the install); docs/how-to/kserve.md says what to admit."""
+    depend on the install; docs/how-to/kserve.md says what to admit), and the security context
+    is the container's alone, because Knative refuses a pod-level one by default."""
     checkov = require_tool(_checkov(), "checkov", "make .venv-tools (pip install checkov)")
     pod = predictor_pod(render(TARGET)[1])
     pod["metadata"]["annotations"] = {
@@ -235,6 +290,8 @@ def test_checkov_passes_on_the_predictor_pod(render, tmp_path):
                             "the same image as Always.",
         "checkov.io/skip3": "CKV2_K8S_6=Traffic arrives through Knative's activator and ingress "
                             "gateway, whose namespaces depend on the install (docs/how-to).",
+        "checkov.io/skip4": "CKV_K8S_29=Knative rejects a pod-level securityContext by default "
+                            "(kubernetes.podspec-securitycontext); the container sets it all.",
     }
     (tmp_path / "predictor.yaml").write_text(yaml.safe_dump(pod))
     proc = subprocess.run([checkov, "-d", str(tmp_path), "--framework", "kubernetes", "--output",
@@ -245,7 +302,7 @@ def test_checkov_passes_on_the_predictor_pod(render, tmp_path):
     assert report["summary"]["failed"] == 0, failed
     assert report["summary"]["passed"] > 30
     skipped = {c["check_id"] for c in report["results"]["skipped_checks"]}
-    assert skipped == {"CKV_K8S_43", "CKV_K8S_15", "CKV2_K8S_6"}
+    assert skipped == {"CKV_K8S_43", "CKV_K8S_15", "CKV2_K8S_6", "CKV_K8S_29"}
 
 
 def test_kserve_rbac_is_least_privilege_and_bound_like_k8s_rbac(render):
