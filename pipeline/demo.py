@@ -31,6 +31,7 @@ import numpy as np
 
 from ampflow.errors import ServingError
 from ampflow.pipeline.run_local import LocalRunConfig
+from ampflow.serving.model_format import DEFAULT_SIGNATURE
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def _query(address: str, config: DemoConfig, result) -> dict:
             version = client.wait_until_available(config.model_name, timeout=120)
         except ServingError as e:
             raise ServingError(f"{e}; see the server log in {config.log_dir}/serve.log") from e
-        sig = client.metadata(config.model_name)["serving_default"]
+        sig = client.metadata(config.model_name)[DEFAULT_SIGNATURE]
         _step("serve", f"done in {time.monotonic() - started:5.1f} s  version {version} "
                        f"AVAILABLE: serving_default {', '.join(sorted(sig.inputs))} → "
                        f"{', '.join(sorted(sig.outputs))}")

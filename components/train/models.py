@@ -14,6 +14,7 @@ from typing import Any
 
 # Set the Keras global dtype policy for a block (one home: user_model.py, which rebuilds under it)
 from ampflow.components.train.user_model import policy_scope
+from ampflow.serving.model_format import IMAGES_INPUT  # the served signature's input name
 
 ModelBuilder = Callable[[tuple[int, int, int], int, "int | None"], Any]
 _REGISTRY: dict[str, ModelBuilder] = {}
@@ -124,7 +125,7 @@ def _small_cnn(input_shape, num_classes, image_size):
     import keras
     from keras import layers
 
-    inputs = keras.Input(shape=input_shape, dtype="float32", name="images")
+    inputs = keras.Input(shape=input_shape, dtype="float32", name=IMAGES_INPUT)
     x = _preprocess(inputs, image_size)
     x = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
     x = layers.Conv2D(64, 3, padding="same", activation="relu")(x)
@@ -140,7 +141,7 @@ def _application(constructor_name: str):
     def build(input_shape, num_classes, image_size):
         import keras
 
-        inputs = keras.Input(shape=input_shape, dtype="float32", name="images")
+        inputs = keras.Input(shape=input_shape, dtype="float32", name=IMAGES_INPUT)
         x = _preprocess(inputs, image_size, channels_out=3)
         backbone = getattr(keras.applications, constructor_name)(
             include_top=False,
