@@ -172,7 +172,13 @@ def test_runtime_serves_both_protocols_and_both_formats_and_is_never_auto_select
     protocols = runtime["spec"]["protocolVersions"]
     assert {"v2", "grpc-v2"} <= set(protocols) <= KSERVE_PROTOCOLS
     formats = {f["name"]: f for f in runtime["spec"]["supportedModelFormats"]}
-    assert set(formats) == {"tensorflow", "tflite"}
+    # KServe's format names for what `ampflow serve --model-format auto` loads (a version dir
+    # holding a SavedModel or a .tflite file): every format the server knows, and only those
+    from ampflow.serving.servable import MODEL_FORMATS
+
+    kserve_names = {"saved_model": "tensorflow", "tflite": "tflite"}
+    assert set(formats) == {kserve_names[f] for f in MODEL_FORMATS if f != "auto"}
+    assert "--model-format" not in " ".join(runtime["spec"]["containers"][0]["args"])  # auto
     assert not any(f.get("autoSelect") for f in formats.values())
     (container,) = runtime["spec"]["containers"]
     assert container["name"] == KSERVE_CONTAINER
