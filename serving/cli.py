@@ -19,6 +19,7 @@ from ampflow.serving.model_format import (
     DEFAULT_SIGNATURE,
     IMAGE_BYTES_SIGNATURE,
 )
+from ampflow.serving.servable import MODEL_FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-config-file", default=None,
                    help="TF Serving ModelServerConfig text proto (several models); replaces "
                         "--model-name/--model-base-path/version flags")
+    p.add_argument("--model-format", default="auto", choices=list(MODEL_FORMATS),
+                   help="what each version dir holds: auto = saved_model.pb if there, else one "
+                        ".tflite file (a converter variant, run by LiteRT); applies to every model")
     p.add_argument("--host", default="127.0.0.1",
                    help="bind address; use 0.0.0.0 explicitly to listen on every interface")
     p.add_argument("--port", type=int, default=8500, help="gRPC port (0 = pick a free one)")
@@ -144,12 +148,14 @@ def serve_config_from_args(args: argparse.Namespace):
     from ampflow.serving import config as cfg
 
     if args.model_config_file:
-        models = cfg.load_model_config_file(args.model_config_file)
+        models = tuple(dataclasses.replace(m, model_format=args.model_format)
+                       for m in cfg.load_model_config_file(args.model_config_file))
     elif args.model_base_path:
         models = (cfg.ModelConfig(
             name=args.model_name, base_path=Path(args.model_base_path),
             version_policy=args.version_policy, num_latest=args.num_latest,
-            versions=tuple(args.versions), version_labels=_parse_labels(args.version_label)),)
+            versions=tuple(args.versions), version_labels=_parse_labels(args.version_label),
+            model_format=args.model_format),)
     else:
         raise ConfigError("give --model-base-path or --model-config-file. Received: neither")
     tls = None

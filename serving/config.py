@@ -19,6 +19,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from ampflow.errors import ConfigError
 from ampflow.serving.connection_limits import ConnectionLimits
 from ampflow.serving.model_format import check_model_name
+from ampflow.serving.servable import MODEL_FORMATS
 
 VERSION_POLICIES = ("latest", "all", "specific")
 DEFAULT_MAX_REQUEST_BATCH = 1024  # rows per request when server-side batching is off
@@ -30,6 +31,7 @@ class ModelConfig:
 
     `version_labels` maps a label (`stable`, `canary`) to a version number, as TF Serving's
     `ModelConfig.version_labels` does; a request may name a label instead of a version.
+    `model_format`: what each version dir holds (`auto`: saved_model.pb, else a .tflite file).
     """
 
     name: str
@@ -38,9 +40,13 @@ class ModelConfig:
     num_latest: int = 1
     versions: tuple[int, ...] = ()
     version_labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    model_format: str = "auto"
 
     def __post_init__(self) -> None:
         check_model_name(self.name, "name")
+        if self.model_format not in MODEL_FORMATS:
+            raise ConfigError(f"model_format must be one of {MODEL_FORMATS}. Received: "
+                              f"model_format={self.model_format!r}")
         object.__setattr__(self, "base_path", Path(self.base_path))
         if self.version_policy not in VERSION_POLICIES:
             raise ConfigError(

@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 
 from ampflow.serving.config import ModelConfig
-from ampflow.serving.servable import ServableVersion
+from ampflow.serving.servable import ServableVersion, load_servable
 from ampflow.serving.status import (
     ServingStatusError,
     VersionState,
@@ -225,7 +225,7 @@ class ModelRegistry:
         state.status[version] = VersionStatus(VersionState.LOADING)
         started = time.perf_counter()
         try:
-            servable = ServableVersion(name, version, path)
+            servable = load_servable(name, version, path, state.config.model_format)
             replayed = self._warmup(servable) if self._warmup else 0
         except Exception as e:  # a corrupt or partial dir: log, mark, never serve
             state.failed[version] = fingerprint

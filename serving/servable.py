@@ -12,6 +12,18 @@ from ampflow.errors import ModelLoadError
 from ampflow.serving.model_format import SERVE_TAG, serving_signature_defs
 
 INIT_OP_SIGNATURE = "__saved_model_init_op"
+# --model-format: what a version dir holds (auto: saved_model.pb, else one .tflite file)
+MODEL_FORMATS = ("auto", "saved_model", "tflite")
+
+
+def load_servable(model: str, version: int, path: Path, model_format: str = "auto"):
+    """Load one version dir as a SavedModel or a TFLite flatbuffer (tflite_servable.py)."""
+    from ampflow.serving.tflite_servable import TFLiteServable, detect_format
+
+    chosen = detect_format(path) if model_format == "auto" else model_format
+    if chosen == "tflite":
+        return TFLiteServable(model, version, path)
+    return ServableVersion(model, version, path)
 
 
 class ServableVersion:
