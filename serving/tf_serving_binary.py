@@ -79,6 +79,9 @@ def cannot_honour(config: ServerConfig) -> list[str]:
         reasons.append("it accepts HandleReloadConfigRequest from any client for any path "
                        "(pass --allow-reload-config without --reload-config-root to accept "
                        "that)")
+    if any(m.model_format == "tflite" for m in config.models):
+        reasons.append("it does not load a version dir holding only a .tflite file "
+                       "(--model-format tflite; use --server local)")
     if config.connection_limits != ConnectionLimits():
         reasons.append("it has none of the --rest-*/--grpc-* connection limits asked for (its "
                        "own servers' limits apply; leave them at their defaults to accept that)")

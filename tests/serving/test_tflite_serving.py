@@ -177,3 +177,14 @@ def test_model_format_is_validated_by_the_config_and_the_cli(tmp_path, capsys):
         main(["serve", "--model-base-path", str(tmp_path), "--model-format", "onnx"])
     assert exit_.value.code == 2
     assert "--model-format" in capsys.readouterr().err
+
+
+def test_the_real_tf_serving_binary_is_not_chosen_for_tflite_versions(tmp_path):
+    from ampflow.serving.tf_serving_binary import cannot_honour
+
+    def reasons(model_format):
+        config = ServerConfig(models=(ModelConfig(MODEL, tmp_path, model_format=model_format),),
+                              host="0.0.0.0", allow_reload_config=True)
+        return [r for r in cannot_honour(config) if ".tflite" in r]
+
+    assert reasons("tflite") and not reasons("auto")
