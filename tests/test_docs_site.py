@@ -8,6 +8,8 @@
 - A shell block marked `<!-- runs-in-tests -->` runs as written (offline, in a scratch dir), and
   the serving how-to's `--model-config-file` example serves a model (the README's earlier one,
   `k8s/base/models.config`, pointed at the TF Serving pod's /models and failed locally).
+- The demo output shown in the README and the tutorial names the pipeline's real tasks (a renamed
+  step shows there as a stale line).
 - The README stays a first screen: short, its links resolve, its `make` targets exist.
 The step-by-step block itself is run by tests/test_readme_step_by_step.py.
 """
@@ -190,6 +192,26 @@ def test_serve_model_config_example_serves_the_demo_model(tmp_path):
         server.terminate()
         server.wait(timeout=60)
         log.close()
+
+
+DEMO_LINE = re.compile(r"^  ([\w-]+) +(?:started|done in)", re.MULTILINE)
+DEMO_OWN_LINES = {"serve", "gRPC"}  # the demo's serving lines, not pipeline tasks
+
+
+@pytest.mark.parametrize("document", [README, DOCS / "tutorial" / "demo.md"],
+                         ids=lambda p: p.name)
+def test_demo_output_shown_names_the_pipelines_tasks(document, tmp_path):
+    import yaml
+
+    from ampflow.pipeline.pipeline import compile_pipeline
+
+    ir = next(yaml.safe_load_all(Path(compile_pipeline(tmp_path / "p.yaml")).read_text()))
+    tasks = set(ir["root"]["dag"]["tasks"])
+    for component in ir["components"].values():
+        tasks |= set(component.get("dag", {}).get("tasks", {}))
+    shown = set(DEMO_LINE.findall(document.read_text())) - DEMO_OWN_LINES
+    assert shown, f"{document.name} shows no demo output"
+    assert shown <= tasks, (shown - tasks, sorted(tasks))
 
 
 def test_readme_is_a_first_screen_with_links_that_resolve():
