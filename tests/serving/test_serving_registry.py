@@ -358,3 +358,31 @@ def test_dir_named_like_a_digit_is_ignored_and_polling_goes_on(
     _wait_for(lambda: _state(client, 2) == "AVAILABLE", what="version 2 AVAILABLE")
     assert client.predict(MODEL, sample_images(1)).version == 2
     assert {r["version"] for r in client.status(MODEL)} <= {1, 2}
+
+
+def test_settle_rule_alone_holds_back_a_complete_looking_dir_still_being_written(
+        model_store, tmp_path, start_server, client_for):
+    """Issue 23: every entry the served version has is there from the start (so the layout
+    check passes); only "unchanged since the last poll" keeps the warm-up file, still growing,
+    from being loaded (without the rule the version is tried and fails, or serves, half-copied).
+    """
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    server = start_server(base, file_system_poll_wait_seconds=1.0)
+    client = client_for(server.address)
+    assert client.wait_until_available(MODEL, timeout=20) == 1
+    source, target = model_store / "2", base / "2"
+    warmup = (source / WARMUP_FILE).read_bytes()
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(WARMUP_FILE.name))
+    assert {p.name for p in target.iterdir()} == {p.name for p in (base / "1").iterdir()}
+    chunks = 200  # one every 20 ms: ~4 s, four poll intervals, never a pause as long as one
+    with open(target / WARMUP_FILE, "ab") as f:
+        for i in range(chunks):
+            f.write(warmup[i * len(warmup) // chunks:(i + 1) * len(warmup) // chunks])
+            f.flush()
+            if i % 20 == 0:
+                assert _state(client, 2) is None, "a dir still being written was tried"
+            time.sleep(0.02)
+    assert _state(client, 2) is None
+    _wait_for(lambda: _state(client, 2) == "AVAILABLE", what="version 2 AVAILABLE")
+    assert client.predict(MODEL, sample_images(1)).version == 2
