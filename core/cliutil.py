@@ -97,7 +97,11 @@ class HelpFormatter(argparse.HelpFormatter):
     """
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        help_text = sentence((action.help or "").replace(" (default: %(default)s)", ""))
+        raw = (action.help or "").replace(" (default: %(default)s)", "")
+        own_default = re.search(r"\s*\(default[^()]*(\([^()]*\)[^()]*)*\)$", raw)
+        if own_default:  # "... (default: auto)": the sentence's period goes before it
+            return f"{sentence(raw[:own_default.start()])} {own_default.group().strip()}"
+        help_text = sentence(raw)
         if not help_text or help_text is argparse.SUPPRESS or "(default" in help_text \
                 or "default:" in help_text.lower() or not action.option_strings:
             return help_text
@@ -325,6 +329,8 @@ def _add_field(parser: argparse.ArgumentParser, field: dataclasses.Field, hint: 
     else:
         kwargs["type"] = base if base in (int, float, str) else str
         kwargs["default"] = default
+        if base in (int, float):
+            kwargs["metavar"] = "N" if base is int else "X"
     if "choices" in meta:
         kwargs["choices"] = meta["choices"]
         kwargs.setdefault("metavar", "|".join(map(str, meta["choices"])))
