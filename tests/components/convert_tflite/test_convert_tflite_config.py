@@ -48,7 +48,7 @@ def test_convert_help_lists_every_option_with_its_default(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for field in dataclasses.fields(ConvertConfig):
         assert "--" + field.name.replace("_", "-") in text
-    assert "(default: 0.999)" in text and "(default: ['float32', 'float16', 'dynamic_range'" in text
+    assert "(default: 0.999)" in text and "(default: float32 float16 dynamic_range" in text
 
 
 @pytest.mark.slow
@@ -65,5 +65,5 @@ def test_convert_cli_bad_flag_value_prints_one_line_and_exits_2(capsys):
                  "--representative-size", "0"])
     assert code == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("ampflow convert: error: representative_size must be > 0. "
-                   "Received: representative_size=0")
+    assert err == ("ampflow convert: error: --representative-size must be > 0. "
+                   "Received: --representative-size=0")
