@@ -154,3 +154,46 @@ def test_train_on_a_full_disk_exits_1_with_one_line(prepared_digits, tmp_path):
     errors = [line for line in done.stderr.splitlines() if "could not write the checkpoint" in line]
     assert len(errors) == 1, done.stderr[-3000:]
     assert "none yet" in errors[0]
+
+
+def test_train_killed_then_latest_checkpoint_torn_resumes_from_the_previous_one(
+        prepared_digits, tmp_path):
+    """A kill, then the newest checkpoint's data file cut short (a copy or disk fault): the
+    rerun says so, resumes from the one before, and finishes the planned epochs."""
+    import json
+    import time
+
+    durable = tmp_path / "durable"
+
+    def cmd(out):
+        return [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(prepared_digits),
+                "--output-dir", str(out), "--checkpoint-dir", str(durable), "--epochs", "30",
+                "--precision", "float32"]
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    first = subprocess.Popen(cmd(tmp_path / "pod1"), env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and first.poll() is None:
+            saved = list((durable / "backup").glob("*.index"))
+            if len(saved) >= 2:
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)  # let the second save finish its rename before the kill
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.wait(timeout=30)
+    assert first.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    backup = str(durable / "backup")
+    newest, previous = checkpoints.checkpoint_paths(backup)[:2]
+    for data in Path(backup).glob(Path(newest).name + ".data-*"):
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 3])
+    second = subprocess.run(cmd(tmp_path / "pod2"), env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"checkpoint {newest} is unreadable" in second.stderr
+    assert f"falling back to {previous}" in second.stderr
+    assert f"restored {previous}" in second.stderr
+    meta = json.loads((tmp_path / "pod2" / "metadata.json").read_text())
+    assert meta["resumed"] and [e["epoch"] for e in meta["epochs"]] == list(range(1, 31))
