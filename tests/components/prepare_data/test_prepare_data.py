@@ -158,7 +158,7 @@ def test_prepare_data_cli_three_image_sizes_is_a_config_error():
     parser = argparse.ArgumentParser()
     add_config_arguments(parser, PrepareDataConfig)
     args = parser.parse_args(["--output-dir", "x", "--image-size", "1", "2", "3"])
-    with pytest.raises(ConfigError, match=r"Received: image_size=\(1, 2, 3\)"):
+    with pytest.raises(ConfigError, match=r"Received: --image-size=\(1, 2, 3\)"):
         config_from_args(PrepareDataConfig, args)
 
 
