@@ -33,6 +33,7 @@ from ampflow.serving.status import (
     not_found,
     scrub_paths,
 )
+from ampflow.serving.tflite_servable import TFLiteServable, detect_format
 from ampflow.serving.version_source import (
     aspired_versions,
     dir_fingerprint,
@@ -190,7 +191,7 @@ class ModelRegistry:
                 return False
         elif previous != fingerprint:
             return False
-        missing = missing_entries(path, self._reference_layout(state))
+        missing = missing_entries(path, self._reference_layout(state, path))
         if not missing:
             return True
         if time.monotonic() - since < INCOMPLETE_GRACE_S:
@@ -203,11 +204,15 @@ class ModelRegistry:
                     state.config.name, version, missing, INCOMPLETE_GRACE_S)
         return True
 
-    def _reference_layout(self, state: _ModelState) -> set[str]:
+    def _reference_layout(self, state: _ModelState, path: Path) -> set[str]:
+        """Top-level entries of the newest served version, if it has `path`'s format.
+
+        A TFLite version dir (one .tflite file) is never "missing" a SavedModel's variables/.
+        """
         with self._lock:
             served = state.served
             newest = served[max(served)] if served else None
-        if newest is None:
+        if newest is None or _format_of(newest) != detect_format(path):
             return set()
         try:
             return {p.name for p in Path(newest.path).iterdir() if not p.name.startswith(".")}
@@ -389,6 +394,10 @@ class ModelRegistry:
         self._changed()
         if problems:
             raise ServingStatusError(grpc.StatusCode.FAILED_PRECONDITION, "; ".join(problems))
+
+
+def _format_of(servable) -> str:
+    return "tflite" if isinstance(servable, TFLiteServable) else "saved_model"
 
 
 def _label_problems(models: tuple[ModelConfig, ...], states: dict[str, _ModelState]) -> list[str]:

@@ -27,13 +27,17 @@ TFLITE_SUFFIX = ".tflite"
 _QUANTIZED = (np.int8, np.uint8, np.int16)
 
 
+def _tflite_files(path: Path) -> list[Path]:
+    try:
+        return sorted(p for p in path.iterdir()
+                      if p.suffix == TFLITE_SUFFIX and p.is_file() and not p.name.startswith("."))
+    except OSError:
+        return []
+
+
 def tflite_file(path: Path) -> Path | None:
     """The one `.tflite` file of a version dir (None: there is none; several: an error)."""
-    try:
-        found = sorted(p for p in path.iterdir()
-                       if p.suffix == TFLITE_SUFFIX and p.is_file() and not p.name.startswith("."))
-    except OSError:
-        return None
+    found = _tflite_files(path)
     if len(found) > 1:
         raise ModelLoadError(f"a TFLite version dir must hold one .tflite file. Received: "
                              f"{[p.name for p in found]}")
@@ -41,10 +45,10 @@ def tflite_file(path: Path) -> Path | None:
 
 
 def detect_format(path: Path) -> str:
-    """`saved_model` when the dir has saved_model.pb, else `tflite` when it has a .tflite file."""
+    """`saved_model` when the dir has saved_model.pb, else `tflite` when it has .tflite files."""
     if (path / SAVED_MODEL_PB).exists():
         return "saved_model"
-    return "tflite" if tflite_file(path) is not None else "saved_model"
+    return "tflite" if _tflite_files(path) else "saved_model"
 
 
 class TFLiteServable:

@@ -188,3 +188,45 @@ def test_the_real_tf_serving_binary_is_not_chosen_for_tflite_versions(tmp_path):
         return [r for r in cannot_honour(config) if ".tflite" in r]
 
     assert reasons("tflite") and not reasons("auto")
+
+
+def test_a_tflite_version_beside_a_served_savedmodel_loads_at_the_next_poll(
+        model_store, tflite_store, tmp_path):
+    """The completeness rule compares a new dir with the served version of its own format.
+
+    Before, a .tflite dir next to a served SavedModel 'lacked' assets/, variables/... and
+    waited INCOMPLETE_GRACE_S (60 s) before it was loaded.
+    """
+    import os
+    import shutil
+
+    from ampflow.serving.model_registry import ModelRegistry
+
+    base = tmp_path / MODEL
+    shutil.copytree(model_store / "1", base / "1")
+    registry = ModelRegistry((ModelConfig(MODEL, base, version_policy="all"),), settle_s=0.01)
+    registry.poll_once()
+    shutil.copytree(tflite_store / "tflite" / "2", base / "2")
+    old = 1_000_000_000
+    for path in (base / "2", *(base / "2").iterdir()):
+        os.utime(path, (old, old))  # written long ago: settled at first sight
+    registry.poll_once()
+    registry.poll_once()
+    assert registry.resolve(MODEL, 2, None).version == 2
+
+
+def test_a_version_dir_with_two_tflite_files_fails_its_load_with_one_line(tflite_store,
+                                                                         tmp_path):
+    import shutil
+
+    from ampflow.serving.model_registry import ModelRegistry
+
+    base = tmp_path / MODEL
+    (base / "1").mkdir(parents=True)
+    for name in ("a.tflite", "b.tflite"):
+        shutil.copy(tflite_store / "tflite" / "1" / "float32.tflite", base / "1" / name)
+    registry = ModelRegistry((ModelConfig(MODEL, base),), settle_s=0.0)
+    registry.poll_once()
+    ((_version, status),) = registry.status(MODEL, None)
+    assert status.state == 50
+    assert "must hold one .tflite file" in status.error and "a.tflite" in status.error
