@@ -24,7 +24,7 @@ It prints the ratios pipeline/step (the goal: >= 2x for ResNet-50) and fed/alone
 JSON + Markdown to benchmarks/results/ with the host's CPU flags. The machine may be shared:
 timings are noisy, which is why everything is interleaved and reported as medians with ranges.
 
-    .venv/bin/python benchmarks/input_pipeline.py              # ~4 min on 2 cores
+    .venv/bin/python benchmarks/input_pipeline.py              # ~5 min on 2 busy cores
     .venv/bin/python benchmarks/input_pipeline.py --smoke      # seconds: the plumbing only
 """
 
@@ -251,7 +251,7 @@ def _write(report: dict, out: Path, args) -> None:
         f"bytes, {args.classes} classes), prepared with `ampflow prepare-data --image-folder`; "
         f"{args.repeats} interleaved sweep(s); {host['cores']} cores shared with other jobs "
         f"(load average at the end {host['load_average'][0]:.1f}): noisy, compare ratios.",
-        f"Host: {host['cpu'].get('model', '')}; CPU flags: {' '.join(host['cpu']['flags'])}.",
+        f"Host: {host['cpu'].get('model_name', '')}; CPU flags: {' '.join(host['cpu']['flags'])}.",
         "",
         "| measured | img/s (median) | range |",
         "|---|---:|---:|",
@@ -272,8 +272,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--images", type=int, default=400)
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=3, help="timed training steps per sample")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=2, help="timed training steps per sample")
     p.add_argument("--pipeline-batches", type=int, default=12, help="timed pipeline batches")
     p.add_argument("--repeats", type=int, default=3, help="interleaved sweeps")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))

@@ -23,6 +23,16 @@ timed epochs' training steps, validation excluded), and it is GLOBAL (all worker
     python benchmarks/train_scaling.py --out benchmarks/results            # small_cnn
     python benchmarks/train_scaling.py --model resnet50 --image-size 32 --steps 10
     python benchmarks/train_scaling.py --smoke                             # a quick check
+    python benchmarks/train_scaling.py --loop-vs-fit-ci --pairs 20         # the 95 % interval
+
+4. `--loop-vs-fit-ci`: the loop vs `fit` with a confidence interval. Separate processes and
+   epoch medians (group 2) could not tell a 0.82x loss from noise (per sweep 1.20, 0.99, 0.55
+   on this shared machine). Here both run in ONE process on twin models (same seed, model,
+   policy, XLA, optimizer, batch, input pipeline, callbacks: loss-scale telemetry every step
+   and the epoch log), in `--pairs` alternating chunks of one epoch of `--steps` steps (order
+   ABBA, so that a drift hits both alike) after one warm-up chunk each. Each pair gives a ratio
+   of the epoch logs' img/s; the report is their geometric mean with a 95 % t-interval over the
+   pairs' log-ratios (the goal: >= 1.0x, the interval not below 0.95).
 """
 
 from __future__ import annotations
@@ -51,6 +61,9 @@ def main() -> int:
         print(json.dumps(_telemetry_epochs(args)))
         return 0
     data_dir = _prepare(args)
+    if args.loop_vs_fit_ci:
+        _write_ci(_loop_vs_fit_paired(args, data_dir), Path(args.out))
+        return 0
     groups = set(args.groups.split(","))
     unknown = groups - set(ALL_GROUPS)
     if unknown:
@@ -98,6 +111,9 @@ def _parse() -> argparse.Namespace:
                    help="which measurements (comma-separated)")
     p.add_argument("--telemetry-epochs", type=int, default=16,
                    help="epochs of the telemetry on/off measurement (alternating)")
+    p.add_argument("--loop-vs-fit-ci", action="store_true",
+                   help="the loop vs fit in one process, alternating, with a 95 %% interval")
+    p.add_argument("--pairs", type=int, default=20, help="alternating pairs (--loop-vs-fit-ci)")
     p.add_argument("--fit-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--telemetry-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--output-dir", default=None, help=argparse.SUPPRESS)
@@ -356,6 +372,120 @@ def _fit_path(args) -> dict:
     (out / "metadata.json").write_text(json.dumps({"epochs": epochs, "xla": {
         "effective": setup.jit_compile}}))
     return {"epochs": len(epochs)}
+
+
+def _loop_vs_fit_paired(args, data_dir: str) -> dict:
+    """Twin models, one trained by run_train's loop, one by `fit`, in alternating epochs."""
+    import dataclasses
+
+    import keras
+    import tensorflow as tf
+
+    from ampflow.components.prepare_data import load_dataset_info
+    from ampflow.components.train.build import build_compiled_model, training_data
+    from ampflow.components.train.loop import LoopConfig, Runtime, TrainLoop, distribute_datasets
+    from ampflow.components.train.precision import configure_precision
+    from ampflow.components.train.step import TrainConfig
+    from ampflow.components.train.telemetry import EpochLog, GuardLimits, LossScaleTelemetry
+
+    tmp = Path(tempfile.mkdtemp(prefix="ampflow-loop-vs-fit-"))
+    config = TrainConfig(data_dir=Path(data_dir), output_dir=tmp, model=args.model,
+                         image_size=args.image_size, precision=args.policy,
+                         batch_size=args.batch_size, epochs=1, steps_per_epoch=args.steps,
+                         seed=1)
+    info = load_dataset_info(config.data_dir)
+    setup = configure_precision(config.precision, None)
+    runtime = Runtime(tf.distribute.get_strategy(), "default", "loop vs fit benchmark")
+    train_ds, _, steps = training_data(config, info, config.batch_size)
+    models = {}
+    for name in ("loop", "fit"):
+        keras.utils.set_random_seed(config.seed)
+        models[name] = build_compiled_model(config, info, setup, runtime, config.learning_rate)
+    loop_config = LoopConfig(epochs=1, steps_per_epoch=steps, global_batch_size=args.batch_size,
+                             jit_compile=setup.jit_compile, loss_scaling=setup.loss_scaling,
+                             state_dir=str(tmp / "loop"), progress=False)
+    loop = TrainLoop(runtime, models["loop"], loop_config)
+    train_dist, _ = distribute_datasets(runtime, train_ds, None)
+    chunks = {"loop": 0, "fit": 0}
+
+    def callbacks(name):
+        log = EpochLog(tmp / f"{name}.jsonl", args.batch_size)
+        return log, [LossScaleTelemetry(GuardLimits(), every_n=1), log]
+
+    def run(name) -> float:
+        chunks[name] += 1
+        epoch_log, cbs = callbacks(name)
+        if name == "loop":  # a fresh state dir: each chunk is one whole epoch from step 0
+            loop.config = dataclasses.replace(loop_config,
+                                              state_dir=str(tmp / f"loop{chunks[name]}"))
+            loop._step_var.assign(0)  # restored from no checkpoint: the run starts at step 0
+            loop.fit(train_dist, None, cbs)
+        else:
+            models["fit"].fit(train_ds, epochs=1, steps_per_epoch=steps, verbose=0,
+                              callbacks=cbs)
+        return epoch_log._entries[-1]["examples_per_sec"]
+
+    warmup = {name: run(name) for name in ("loop", "fit")}
+    samples: dict[str, list[float]] = {"loop": [], "fit": []}
+    for pair in range(args.pairs):
+        for name in (("loop", "fit") if pair % 2 == 0 else ("fit", "loop")):
+            samples[name].append(run(name))
+        print(f"pair {pair + 1}/{args.pairs}: loop {samples['loop'][-1]:.1f} img/s, fit "
+              f"{samples['fit'][-1]:.1f} img/s", flush=True)
+    ratios = [a / b for a, b in zip(samples["loop"], samples["fit"], strict=True)]
+    return {"model": args.model, "image_size": args.image_size, "policy": setup.policy,
+            "xla": setup.jit_compile, "batch": args.batch_size, "steps_per_chunk": steps,
+            "pairs": args.pairs, "warmup_images_per_sec": warmup, "samples": samples,
+            "ratios": ratios, **_ratio_interval(ratios), "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(), "cpu_flags": _cpu_flags()}
+
+
+def _ratio_interval(ratios: list[float]) -> dict:
+    """Geometric mean of paired ratios and its 95 % t-interval (on the log scale)."""
+    import math
+
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return {"ratio": math.exp(mean), "ci95": [None, None]}
+    try:
+        from scipy.stats import t
+
+        quantile = float(t.ppf(0.975, len(logs) - 1))
+    except ImportError:  # scipy is optional: the normal quantile, a little narrow for few pairs
+        quantile = 1.96
+    half = quantile * statistics.stdev(logs) / math.sqrt(len(logs))
+    return {"ratio": math.exp(mean), "ci95": [math.exp(mean - half), math.exp(mean + half)]}
+
+
+def _cpu_flags() -> list[str]:
+    from train_memory import _cpu_flags as flags
+
+    return flags()
+
+
+def _write_ci(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    size = f"_{report['image_size']}" if report["image_size"] else ""
+    stem = out / f"loop_vs_fit_ci_{report['model']}{size}_{report['policy']}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    low, high = report["ci95"]
+    med = {k: statistics.median(v) for k, v in report["samples"].items()}
+    text = (
+        f"# The loop vs Keras fit: {report['model']}"
+        f"{' at ' + str(report['image_size']) + '²' if report['image_size'] else ''}, "
+        f"{report['policy']}, XLA {'on' if report['xla'] else 'off'}, batch {report['batch']}\n\n"
+        f"One process, twin models, {report['pairs']} alternating pairs (ABBA) of one epoch of "
+        f"{report['steps_per_chunk']} steps each, after a warm-up epoch each; img/s from the "
+        f"epoch log (training steps only). {report['cpus']} cores shared with other jobs "
+        f"(load average {report['load_average'][0]:.1f}). CPU flags: "
+        f"{' '.join(report['cpu_flags'])}.\n\n"
+        f"- loop / fit: **{report['ratio']:.3f}×** (geometric mean of the pairs), 95 % interval "
+        + (f"{low:.3f}–{high:.3f}" if low else "n/a") + "\n"
+        f"- median img/s: loop {med['loop']:.1f}, fit {med['fit']:.1f}\n"
+        f"- per pair: {', '.join(f'{r:.2f}' for r in report['ratios'])}\n")
+    stem.with_suffix(".md").write_text(text)
+    print(text)
 
 
 def _write(report: dict, out: Path) -> None:
