@@ -15,6 +15,7 @@ from ampflow.cliutil import did_you_mean
 from ampflow.errors import ConfigError
 from ampflow.pipeline.pipeline import (
     AUTO_RELATIVE_LOGIT_DIFF,
+    DATA_DEFAULTS,
     DEFAULT_SERVING_OVERLAY,
     GATE_DEFAULTS,
     SERVING_OVERLAYS,
@@ -26,7 +27,7 @@ from ampflow.serving.model_format import DEFAULT_MODEL_NAME, check_model_name
 SERVING_TARGETS = ("none", "local", "kubernetes", "kserve")  # "none" + deploy_serving TARGETS
 # name -> (type, default, help). Order: the order of `ampflow_pipeline`'s signature.
 PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
-    "dataset": (str, "ampflow_digits", "TFDS dataset name (or an offline one)"),
+    "dataset": (str, DATA_DEFAULTS["dataset"], "TFDS dataset name (or an offline one)"),
     "model": (str, TRAIN_DEFAULTS["model"], "small_cnn, resnet50, mobilenet_v2, "
                                             "package.module:function or a .keras path"),
     "epochs": (int, TRAIN_DEFAULTS["epochs"], "training epochs"),
@@ -47,7 +48,7 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
                                    "gate: max drop vs float32-trained (points)"),
     "baseline_alpha": (float, GATE_DEFAULTS["baseline_alpha"],
                        "gate: significance of the McNemar test"),
-    "tflite_variants": (str, "float32,float16,dynamic_range,full_int8", "TFLite variants"),
+    "tflite_variants": (str, DATA_DEFAULTS["tflite_variants"], "TFLite variants"),
     "model_name": (str, DEFAULT_MODEL_NAME, "served model name (TF Serving's --model_name)"),
     "serving_target": (str, SERVING_TARGETS[0], ", ".join(SERVING_TARGETS)),
     "serving_model_store": (str, "/models", "model store the deploy step writes into"),

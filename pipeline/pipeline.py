@@ -37,8 +37,10 @@ import re
 from dataclasses import dataclass, field
 
 from ampflow.cliutil import TRISTATE, invalid_choice
+from ampflow.components.convert_tflite.config import ConvertConfig
 from ampflow.components.deploy_serving.config import OVERLAYS, DeployConfig
 from ampflow.components.evaluate_parity.config import EvaluateConfig
+from ampflow.components.prepare_data.config import PrepareDataConfig
 from ampflow.components.train.step import TrainConfig
 from ampflow.errors import ConfigError
 from ampflow.pipeline.settings import LOCAL_IMAGE, as_component
@@ -62,6 +64,11 @@ GATE_DEFAULTS = {name: EvaluateConfig.__dataclass_fields__[name].default for nam
 # spelt-out defaults by tests/pipeline/test_train_defaults.py. XLA is `auto|on|off` everywhere
 # (TrainConfig's None is auto); `model` is train's --model (the architecture).
 XLA_VALUES = tuple(TRISTATE)
+# The data and TFLite parameters' defaults: prepare-data's and convert's own.
+DATA_DEFAULTS = {
+    "dataset": PrepareDataConfig.__dataclass_fields__["dataset"].default,
+    "tflite_variants": ",".join(ConvertConfig.__dataclass_fields__["variants"].default),
+}
 # The k8s overlay the deploy step renders (a run-time parameter): the deploy step's own default.
 SERVING_OVERLAYS = OVERLAYS
 DEFAULT_SERVING_OVERLAY = DeployConfig.__dataclass_fields__["overlay"].default
@@ -336,7 +343,7 @@ def build_pipeline(options: PipelineOptions | None = None):
     @dsl.pipeline(name=PIPELINE_NAME, description=__doc__.splitlines()[0],
                   pipeline_config=options.pipeline_config())
     def ampflow_pipeline(
-        dataset: str = "ampflow_digits",
+        dataset: str = DATA_DEFAULTS["dataset"],
         model: str = TRAIN_DEFAULTS["model"],
         epochs: int = TRAIN_DEFAULTS["epochs"],
         batch_size: int = TRAIN_DEFAULTS["batch_size"],
@@ -350,7 +357,7 @@ def build_pipeline(options: PipelineOptions | None = None):
         max_relative_logit_diff: float = AUTO_RELATIVE_LOGIT_DIFF,
         max_baseline_accuracy_drop: float = GATE_DEFAULTS["max_baseline_accuracy_drop"],
         baseline_alpha: float = GATE_DEFAULTS["baseline_alpha"],
-        tflite_variants: str = "float32,float16,dynamic_range,full_int8",
+        tflite_variants: str = DATA_DEFAULTS["tflite_variants"],
         model_name: str = "ampflow",
         serving_target: str = "none",
         serving_model_store: str = "/models",

@@ -25,6 +25,7 @@ from ampflow.files import ensure_writable_dir
 from ampflow.pipeline.parameters import check_model_names
 from ampflow.pipeline.pipeline import (
     AUTO_RELATIVE_LOGIT_DIFF,
+    DATA_DEFAULTS,
     GATE_DEFAULTS,
     PIPELINE_NAME,
     TRAIN_DEFAULTS,
@@ -46,7 +47,8 @@ class LocalRunConfig:
     """Pipeline parameters for a local run, plus where to put it."""
 
     workdir: Path = field(metadata={"help": "Holds pipeline_root/ and serving/ of the run."})
-    dataset: str = field(default="ampflow_digits", metadata={"help": "TFDS dataset name."})
+    dataset: str = field(default=DATA_DEFAULTS["dataset"], metadata={
+        "help": "TFDS dataset name, or an offline one (as prepare-data --dataset)."})
     image_folder: str = field(default="", metadata={
         "help": "A folder of images, one sub-folder per class (optional train/ and test/ "
                 "level), read instead of --dataset (as prepare-data --image-folder)."})
@@ -89,7 +91,7 @@ class LocalRunConfig:
     baseline_alpha: float = field(default=GATE_DEFAULTS["baseline_alpha"], metadata={
         "help": "Parity gate: significance level of the one-sided paired (McNemar) test of "
                 "AMP-trained vs float32-trained correctness."})
-    tflite_variants: str = field(default="float32,float16,dynamic_range,full_int8", metadata={
+    tflite_variants: str = field(default=DATA_DEFAULTS["tflite_variants"], metadata={
         "help": "Comma-separated TFLite variants to convert and check."})
     model_name: str = field(default=DEFAULT_MODEL_NAME, metadata={
         "help": "Served model name (as export/serve/predict --model-name)."})

@@ -90,3 +90,20 @@ def test_compile_and_submit_flags_take_their_defaults_from_pipeline_options(comm
         if name == "image":
             continue  # required unless $AMPFLOW_IMAGE: tests/test_cli.py
         assert actions[name].default == fields[name].default, name
+
+
+def test_the_data_and_tflite_parameters_take_their_steps_defaults(tmp_path):
+    from ampflow.components.convert_tflite.component import convert_tflite
+    from ampflow.components.convert_tflite.config import ConvertConfig
+    from ampflow.components.prepare_data.config import PrepareDataConfig
+
+    homes = {"dataset": PrepareDataConfig.__dataclass_fields__["dataset"].default,
+             "tflite_variants": ",".join(ConvertConfig.__dataclass_fields__["variants"].default)}
+    path = compile_pipeline(tmp_path / "p.yaml", PipelineOptions(gpu=False))
+    params = next(yaml.safe_load_all(open(path)))["root"]["inputDefinitions"]["parameters"]
+    local = {f.name: f.default for f in dataclasses.fields(LocalRunConfig)}
+    for name, home in homes.items():
+        assert params[name]["defaultValue"] == PIPELINE_PARAMETERS[name][1] == local[name] == home
+    # prepare_data's component has no default dataset: the pipeline always passes one
+    assert inspect.signature(convert_tflite).parameters["variants"].default == homes[
+        "tflite_variants"]
