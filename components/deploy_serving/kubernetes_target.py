@@ -43,6 +43,7 @@ from ampflow.components.deploy_serving.kubernetes_render import (
     shared_objects,
 )
 from ampflow.errors import DeployError
+from ampflow.serving.model_format import parse_version_name
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,7 @@ class _Rollout:
         self.stable_existed = live is not None
         self.revision_before = (live or {}).get(REVISION_ANNOTATION)
         live_version = (live or {}).get(VERSION_ANNOTATION, "")
-        previous = (self.record[1] if self.record
-                    else int(live_version) if live_version.isdigit() else None)
+        previous = self.record[1] if self.record else parse_version_name(live_version)
         dest = f"{self.config.model_store.rstrip('/')}/{self.model_name}/{self.version}"
         _push(self.config, dest)
         try:
