@@ -381,3 +381,24 @@ def test_compile_without_an_image_says_how_to_get_one(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err
     assert code == 2 and "--image is required" in err and "$AMPFLOW_IMAGE" in err, err
     assert not out.exists()  # the unpullable placeholder is never compiled in silently
+
+
+@pytest.mark.parametrize("dataset, code, message", [
+    ("mnistt", 2, "--dataset must be a TFDS catalog name"),
+    ("mnist", 1, "needs a download"),
+])
+def test_a_failed_prepare_data_leaves_nothing_behind(dataset, code, message, tmp_path, capsys,
+                                                     monkeypatch):
+    import socket
+
+    from ampflow.cli import main
+    from ampflow.components.prepare_data import step
+
+    with socket.socket() as s:  # "no network" on any machine: a closed loopback port
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setattr(step, "_DOWNLOAD_PROBE", ("127.0.0.1", s.getsockname()[1]))
+    out = tmp_path / "out"
+    assert main(["prepare-data", "--dataset", dataset, "--output-dir", str(out)]) == code
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()  # no empty <out>/tfds/
