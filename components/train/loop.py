@@ -78,8 +78,8 @@ _LAYOUTS = {1: ("loss",), 3: ("loss", *_SCALE), 5: ("loss", *_EPOCH_SUMS),
 # accelerator (or the CPU's training threads) idled that long; a faster model would not help.
 INPUT_BOUND_FRACTION = 0.2
 INPUT_BOUND_ADVICE = ("the input pipeline is the bottleneck: see docs/explanation/performance.md "
-                      "(smaller --image-size, a dataset that fits in memory so it is cached "
-                      "after decoding, --augment off, more CPU cores for the input)")
+                      "(prepare-data at a smaller --image-size so that the decoded images fit "
+                      "in memory and are cached, --no-augment, more CPU cores for the input)")
 
 
 def unpack_step_telemetry(values: list[float]) -> dict[str, float]:
