@@ -41,6 +41,13 @@ from ampflow.components.convert_tflite.config import ConvertConfig
 from ampflow.components.deploy_serving.config import OVERLAYS, DeployConfig
 from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.components.prepare_data.config import PrepareDataConfig
+from ampflow.components.train.kubeflow_job import (
+    GPU_NODE_LABEL,
+    GPU_RESOURCE,
+    GPU_TOLERATION,
+    TRAIN_CPU,
+    TRAIN_MEMORY,
+)
 from ampflow.components.train.step import TrainConfig
 from ampflow.errors import ConfigError
 from ampflow.pipeline.settings import LOCAL_IMAGE, as_component
@@ -103,28 +110,29 @@ class PipelineOptions:
                 "from the Dockerfile and pushed. Required unless $AMPFLOW_IMAGE names it."})
     gpu: bool = field(default=True, metadata={
         "help": "Request GPUs for the train tasks (resource, node selector, toleration)."})
-    accelerator_type: str = field(default="nvidia.com/gpu", metadata={
+    accelerator_type: str = field(default=GPU_RESOURCE, metadata={
         "help": "GPU resource name the train tasks request."})
     accelerator_count: int = field(default=1, metadata={
         "flag": "--train-gpus", "metavar": "N",
         "help": "GPUs per train task (per worker with --train-workers)."})
     # Label set by NVIDIA GPU feature discovery on GPU nodes; GKE sets its own (see the help).
-    gpu_node_selector: str | None = field(default="nvidia.com/gpu.present=true", metadata={
+    gpu_node_selector: str | None = field(default="=".join(GPU_NODE_LABEL), metadata={
         "metavar": "K=V",
         "help": "Node label the train tasks' nodes must have, KEY=VALUE, or none. The default "
                 "is NVIDIA GPU feature discovery's; on GKE use "
                 "cloud.google.com/gke-accelerator=<type> (e.g. nvidia-l4), the label GKE puts "
                 "on its GPU nodes."})
-    gpu_toleration: str | None = field(default="nvidia.com/gpu:NoSchedule", metadata={
+    gpu_toleration: str | None = field(default=f"{GPU_TOLERATION['key']}:"
+                                               f"{GPU_TOLERATION['effect']}", metadata={
         "metavar": "KEY[=VALUE]:EFFECT",
         "help": "Taint of the GPU nodes the train tasks tolerate, KEY[=VALUE]:EFFECT (EFFECT: "
                 "NoSchedule, PreferNoSchedule or NoExecute; without =VALUE any value), or none. "
                 "GKE taints its GPU nodes nvidia.com/gpu=present:NoSchedule."})
-    train_cpu: str = field(default="4:8", metadata={
+    train_cpu: str = field(default=":".join(TRAIN_CPU), metadata={
         "metavar": "REQUEST[:LIMIT]",
         "help": "CPU of each train task (per worker with --train-workers), as Kubernetes "
                 "quantities: request, or request:limit."})
-    train_memory: str = field(default="16G:32G", metadata={
+    train_memory: str = field(default=":".join(TRAIN_MEMORY), metadata={
         "metavar": "REQUEST[:LIMIT]",
         "help": "Memory of each train task, as Kubernetes quantities (16G, 12Gi): request, or "
                 "request:limit."})

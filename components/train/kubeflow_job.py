@@ -41,6 +41,14 @@ from ampflow.errors import AmpflowError, ConfigError
 log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
+# Where and with what a train pod runs by default; the one home of these defaults, which
+# PipelineOptions (the compile/submit flags) spells as text: GPU feature discovery's node
+# label, the usual GPU taint, and the requests/limits of one train task or TFJob worker.
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_NODE_LABEL = ("nvidia.com/gpu.present", "true")
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+TRAIN_CPU = ("4", "8")  # request, limit
+TRAIN_MEMORY = ("16G", "32G")
 _NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 _POLL_S = 10.0
 
@@ -62,16 +70,15 @@ class TFJobSettings:
     claim: str = "ampflow-training"
     mount: str = "/mnt/ampflow"
     gpu: bool = True
-    accelerator_type: str = "nvidia.com/gpu"
+    accelerator_type: str = GPU_RESOURCE
     accelerator_count: int = 1
-    node_selector: tuple[str, str] | None = ("nvidia.com/gpu.present", "true")
+    node_selector: tuple[str, str] | None = GPU_NODE_LABEL
     # A Kubernetes toleration (key, operator, value?, effect): PipelineOptions.toleration.
-    toleration: dict[str, str] | None = field(default_factory=lambda: {
-        "key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
-    cpu_request: str = "4"
-    memory_request: str = "16G"
-    cpu_limit: str = "8"
-    memory_limit: str = "32G"
+    toleration: dict[str, str] | None = field(default_factory=lambda: dict(GPU_TOLERATION))
+    cpu_request: str = TRAIN_CPU[0]
+    memory_request: str = TRAIN_MEMORY[0]
+    cpu_limit: str = TRAIN_CPU[1]
+    memory_limit: str = TRAIN_MEMORY[1]
     timeout_s: float = 7 * 24 * 3600.0
 
     def __post_init__(self) -> None:

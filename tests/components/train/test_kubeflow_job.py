@@ -397,3 +397,14 @@ def test_float32_baseline_of_a_multi_worker_task_trains_at_the_same_global_batch
                         if name != "train" and name.startswith("train"))
         multiplier = baseline["inputs"]["parameters"]["batch_size_multiplier"]
         assert multiplier["runtimeValue"]["constant"] == workers
+
+
+def test_the_pipelines_default_tfjob_is_the_tfjob_settings_default():
+    """One home for where a train pod runs: PipelineOptions' defaults (the compile flags) and
+    TFJobSettings' own are the same constants (kubeflow_job.GPU_NODE_LABEL, ...)."""
+    from ampflow.pipeline.distributed_task import train_workers_arguments
+    from ampflow.pipeline.pipeline import PipelineOptions
+
+    options = PipelineOptions(train_workers=2)
+    sent = kj.TFJobSettings.from_json(train_workers_arguments(options)["tfjob_settings"])
+    assert sent == kj.TFJobSettings(image=options.image, workers=2)
