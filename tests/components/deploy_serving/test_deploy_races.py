@@ -39,6 +39,7 @@ _DEPLOY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # three processes that each import TensorFlow
 def test_concurrent_deploys_get_distinct_versions_each_whole(tmp_path):
     store = tmp_path / "store"
     write_model_version(store / "ampflow", 1, seed=100)  # what the server serves today

@@ -142,6 +142,7 @@ def test_checkpoint_write_on_a_full_disk_fails_clearly_and_keeps_the_previous_on
     assert _restored(tmp_path) == (f"{tmp_path}/ckpt-1", 1, 1.0)
 
 
+@pytest.mark.slow  # trains through the ampflow CLI in a child process
 def test_train_on_a_full_disk_exits_1_with_one_line(prepared_digits, tmp_path):
     """`ampflow train` whose process cannot write its first checkpoint: one line, exit 1."""
     cmd = [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(prepared_digits),
@@ -157,6 +158,7 @@ def test_train_on_a_full_disk_exits_1_with_one_line(prepared_digits, tmp_path):
     assert "none yet" in errors[0]
 
 
+@pytest.mark.slow  # trains through the ampflow CLI in a child process
 def test_train_killed_then_latest_checkpoint_torn_resumes_from_the_previous_one(
         prepared_digits, tmp_path):
     """A kill, then the newest checkpoint's data file cut short (a copy or disk fault): the
