@@ -205,14 +205,15 @@ class ModelRegistry:
         return True
 
     def _reference_layout(self, state: _ModelState, path: Path) -> set[str]:
-        """Top-level entries of the newest served version, if it has `path`'s format.
+        """Top-level entries of the newest served version, when both are SavedModels.
 
-        A TFLite version dir (one .tflite file) is never "missing" a SavedModel's variables/.
+        A TFLite version dir holds one file, named after its variant (`full_int8.tflite` beside
+        a served `float32.tflite`): it is never "missing" another version's entries.
         """
         with self._lock:
             served = state.served
             newest = served[max(served)] if served else None
-        if newest is None or _format_of(newest) != detect_format(path):
+        if newest is None or "tflite" in (_format_of(newest), detect_format(path)):
             return set()
         try:
             return {p.name for p in Path(newest.path).iterdir() if not p.name.startswith(".")}

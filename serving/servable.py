@@ -29,6 +29,8 @@ def load_servable(model: str, version: int, path: Path, model_format: str = "aut
 class ServableVersion:
     """One loaded SavedModel version: its signature defs (protos) and callable signatures."""
 
+    platform = "tensorflow_savedmodel"  # what V2 model metadata calls this format
+
     def __init__(self, model: str, version: int, path: Path) -> None:
         import tensorflow as tf  # heavy: imported where a model is actually loaded
 

@@ -54,6 +54,8 @@ def detect_format(path: Path) -> str:
 class TFLiteServable:
     """A loaded TFLite version with the interface of `servable.ServableVersion`."""
 
+    platform = "tflite"  # what V2 model metadata calls this format
+
     def __init__(self, model: str, version: int, path: Path) -> None:
         self.model = model
         self.version = version

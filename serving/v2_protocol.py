@@ -45,7 +45,6 @@ DATATYPES: dict[str, int] = {
     "BYTES": types_pb2.DT_STRING,
 }
 DATATYPE_OF: dict[int, str] = {dt: name for name, dt in DATATYPES.items()}
-PLATFORM = "tensorflow_savedmodel"
 SIGNATURE_PARAMETER = "signature_name"  # a request parameter: which SignatureDef to run
 BYTES_LENGTH = struct.Struct("<I")  # raw BYTES: each element is a 4-byte length, then bytes
 SERVER_NAME = "ampflow"
@@ -135,7 +134,7 @@ class V2Core:
         else:
             versions = [str(v) for v, status in self.core.registry.status(name, None)
                         if status.state == VersionState.AVAILABLE]
-        return {"name": servable.model, "versions": versions, "platform": PLATFORM,
+        return {"name": servable.model, "versions": versions, "platform": servable.platform,
                 "inputs": _tensor_metadata(sig.inputs), "outputs": _tensor_metadata(sig.outputs)}
 
     # ---- inference ----------------------------------------------------------------------

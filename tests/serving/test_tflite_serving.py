@@ -136,6 +136,10 @@ def test_tflite_rest_and_v2_answer_what_grpc_predict_answers(server, stub, versi
     np.testing.assert_array_equal(np.array(outputs["probabilities"], np.float32).reshape(2, 10),
                                   expected["probabilities"])
     assert outputs["class_ids"] == expected["class_ids"].tolist()
+    status, _, body = http(base, "GET", f"/v2/models/{MODEL}/versions/{version}")
+    meta = json.loads(body)
+    assert (meta["platform"], meta["inputs"]) == ("tflite", [
+        {"name": "images", "datatype": "FP32", "shape": [-1, 8, 8, 1]}])
 
 
 def test_tflite_versions_report_available_and_classify_is_a_missing_signature(stub, server):
@@ -213,6 +217,14 @@ def test_a_tflite_version_beside_a_served_savedmodel_loads_at_the_next_poll(
     registry.poll_once()
     registry.poll_once()
     assert registry.resolve(MODEL, 2, None).version == 2
+    shutil.copytree(tflite_store / "tflite" / "2", base / "3")  # full_int8 beside float32...
+    shutil.copytree(tflite_store / "tflite" / "1", base / "4")  # ...and the other way round
+    for version in (3, 4):
+        for path in (base / str(version), *(base / str(version)).iterdir()):
+            os.utime(path, (old, old))
+        registry.poll_once()
+        registry.poll_once()
+        assert registry.resolve(MODEL, version, None).version == version
 
 
 def test_a_version_dir_with_two_tflite_files_fails_its_load_with_one_line(tflite_store,
