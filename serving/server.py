@@ -318,6 +318,9 @@ def serve_forever(config: ServerConfig) -> int:
             scheme = "https" if config.tls else "http"
             print(f"ampflow serve: REST API on {scheme}://{running.rest_address}/v1/models/",
                   flush=True)
+            print(f"ampflow serve: Open Inference Protocol (V2) on {scheme}://"
+                  f"{running.rest_address}/v2/ and inference.GRPCInferenceService on "
+                  f"{running.address}", flush=True)
         while not stop.wait(0.5):
             pass
         running.stop(config.grace_s)
