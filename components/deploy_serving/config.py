@@ -14,7 +14,7 @@ from typing import Any
 
 from ampflow.components.deploy_serving import model_store
 from ampflow.errors import ConfigError
-from ampflow.serving.model_format import check_model_name
+from ampflow.serving.model_format import check_model_name, parse_version_name
 
 TARGETS = ("local", "kubernetes", "kserve")
 OVERLAYS = ("cpu", "gpu")
@@ -236,14 +236,14 @@ class DeployConfig:
         """The version: given, or the export layout's numbered `<version>` dir."""
         if self.version is not None:
             return self.version
-        name = self.saved_model_dir.name
-        if not name.isdigit() or int(name) <= 0:
+        version = parse_version_name(self.saved_model_dir.name)
+        if version is None or version <= 0:
             raise ConfigError(
                 "saved_model_dir must end in a positive version number "
                 "(<export_base>/<model_name>/<version>), or pass version. "
                 f"Received: saved_model_dir={str(self.saved_model_dir)!r}"
             )
-        return int(name)
+        return version
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config, JSON-ready (written next to the deployed version)."""

@@ -42,6 +42,7 @@ from ampflow.components.deploy_serving.kubernetes_render import (
 )
 from ampflow.errors import ConfigError, DeployError
 from ampflow.files import k8s_manifests_dir
+from ampflow.serving.model_format import parse_version_name
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ def _restore(api_client, namespace: str, before: dict[str, Any] | None,
 
 def _version_of(isvc: dict[str, Any] | None) -> int | None:
     value = ((isvc or {}).get("metadata", {}).get("annotations") or {}).get(VERSION_ANNOTATION)
-    return int(value) if value and value.isdigit() else None
+    return parse_version_name(value) if value else None
 
 
 def _push(config: DeployConfig, dest: str) -> None:

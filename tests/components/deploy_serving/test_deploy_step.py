@@ -155,3 +155,12 @@ def test_the_kfp_deploy_task_deploys_into_its_own_pods_namespace(tmp_path):
     namespace_file.write_text("kubeflow-user-example-com\n")
     assert own_namespace("ampflow", str(namespace_file)) == "kubeflow-user-example-com"
     assert own_namespace("ampflow", str(tmp_path / "absent")) == "ampflow"
+
+
+@pytest.mark.parametrize("name", ["1²", "0", "-1", "5\n", "99999999999999999999"])
+def test_a_version_dir_name_that_is_no_version_is_a_config_error(tmp_path, name):
+    """The one version rule (model_format.parse_version_name); str.isdigit() took '1²'."""
+    config = DeployConfig(saved_model_dir=tmp_path / "ampflow" / name,
+                          model_store=str(tmp_path / "store"))
+    with pytest.raises(ConfigError, match="positive version number"):
+        _ = config.resolved_version
