@@ -83,10 +83,11 @@ def _ampflow_commands(script: str) -> list[list[str]]:
     return commands
 
 
-def test_there_are_workflows_for_the_suite_the_real_server_the_image_and_the_clusters():
+def test_there_are_workflows_for_the_suite_the_real_server_the_image_the_lock_and_clusters():
     text = "\n".join(p.read_text() for p in WORKFLOWS)
     for needle in ("bash .ci/run", "tensorflow/serving", "docker build", "helm/kind-action",
-                   "ampflow deploy", "ampflow submit", "wait_for_run_completion"):
+                   "ampflow deploy", "ampflow submit", "wait_for_run_completion",
+                   "pip-audit --strict -r requirements/image.lock"):
         assert needle in text, needle
 
 
