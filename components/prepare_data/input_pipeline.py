@@ -39,7 +39,7 @@ from ampflow.components.prepare_data import (  # noqa: F401  (register the build
     offline_mnist,
 )
 from ampflow.components.prepare_data.holdout import holdout_mask
-from ampflow.components.prepare_data.images import to_model_input
+from ampflow.components.prepare_data.images import RESIZE_METHOD, to_model_input
 from ampflow.components.prepare_data.step import load_dataset_info
 from ampflow.errors import ConfigError, DatasetError
 
@@ -217,8 +217,21 @@ def _crop_and_flip(image: tf.Tensor, seeds: tf.Tensor) -> tf.Tensor:
     sides = tf.maximum(sides, 1)
     crop = tf.image.stateless_random_crop(
         image, tf.concat([sides, [shape[2]]], axis=0), seed=seeds[1])
-    image = to_model_input(crop, shape)
+    image = resize_crop_back(crop, shape)
     return tf.image.stateless_random_flip_left_right(image, seed=seeds[1][::-1])
+
+
+def resize_crop_back(crop: tf.Tensor, shape: tuple[int, int, int]) -> tf.Tensor:
+    """A crop (no side larger than `shape`'s) enlarged back to `shape`: bilinear, no antialias.
+
+    Antialiasing only matters when an image shrinks; enlarging, images.py's antialiased resize
+    gives the same pixels (within 0.005 of 0..255, float rounding: tested) at several times
+    the cost, and this resize ran once per image per epoch: augmentation's largest cost
+    (benchmarks/input_pipeline.py).
+    """
+    resized = tf.image.resize(tf.cast(crop, tf.float32), shape[:2], method=RESIZE_METHOD,
+                              antialias=False)
+    return tf.ensure_shape(resized, shape)
 
 
 def _read(info: dict[str, Any], spec: str) -> tf.data.Dataset:

@@ -53,3 +53,15 @@ def test_to_model_input_same_size_is_the_plain_cast():
 @pytest.mark.parametrize(("source", "expected"), [(1, 1), (2, 1), (3, 3), (4, 3), (None, 3)])
 def test_model_channels_rgba_and_unknown_train_as_rgb(source, expected):
     assert model_channels(source) == expected
+
+
+@pytest.mark.parametrize("crop_size", [(180, 200), (224, 190), (200, 224), (224, 224), (9, 7)])
+def test_augmentation_enlarges_its_crop_with_the_pixels_of_the_antialiased_rule(crop_size):
+    """resize_crop_back skips antialiasing (enlarging: it changes nothing but the cost)."""
+    from ampflow.components.prepare_data.input_pipeline import resize_crop_back
+
+    crop = np.random.default_rng(0).uniform(0, 255, (*crop_size, 3)).astype(np.float32)
+    rule = to_model_input(crop, (224, 224, 3)).numpy()
+    fast = resize_crop_back(crop, (224, 224, 3)).numpy()
+    assert fast.shape == rule.shape == (224, 224, 3)
+    np.testing.assert_allclose(fast, rule, atol=0.005)
