@@ -402,3 +402,14 @@ def test_a_failed_prepare_data_leaves_nothing_behind(dataset, code, message, tmp
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()  # no empty <out>/tfds/
+
+
+def test_the_old_xla_pipeline_parameter_still_works_with_a_note(capsys):
+    from ampflow.pipeline.parameters import parse_param
+
+    assert parse_param("jit_compile=true") == ("xla", "on")
+    assert parse_param("jit_compile=false") == ("xla", "off")
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["note: --param jit_compile=true is deprecated; use --param xla=on",
+                   "note: --param jit_compile=false is deprecated; use --param xla=off"]
+    assert parse_param("xla=auto") == ("xla", "auto") and capsys.readouterr().err == ""
