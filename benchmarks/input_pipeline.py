@@ -26,6 +26,11 @@ timings are noisy, which is why everything is interleaved and reported as median
 
     .venv/bin/python benchmarks/input_pipeline.py              # ~5 min on 2 busy cores
     .venv/bin/python benchmarks/input_pipeline.py --smoke      # seconds: the plumbing only
+    .venv/bin/python benchmarks/input_pipeline.py --augment-ab # ~2 min
+
+`--augment-ab` measures one change side by side: augmentation enlarging its crop back with
+images.py's antialiased resize (before) vs the plain bilinear one (`resize_crop_back`, now; the
+same pixels within 0.005), the pipeline cached and decoding every epoch, in alternating rounds.
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ def main() -> int:
     if not (data_dir / "dataset_info.json").exists():
         _prepare(folder, data_dir, args.image_size)
     info = json.loads((data_dir / "dataset_info.json").read_text())
+    if args.augment_ab:
+        _write_ab(_augment_ab(str(data_dir), args), Path(args.out), args)
+        return 0
 
     steps = {m: _StepBench(m, info, args) for m in args.models}
     samples: dict[str, list[float]] = {}
@@ -197,6 +205,54 @@ class _StepBench:
                 (self.loop.input_wait_seconds - waited) / seconds)
 
 
+def _augment_ab(data_dir: str, args) -> dict:
+    """Augmentation's resize before (antialiased, images.py) and now, in alternating rounds."""
+    from ampflow.components.prepare_data import input_pipeline
+    from ampflow.components.prepare_data.images import to_model_input
+
+    now = input_pipeline.resize_crop_back
+    resizes = {"antialiased (before)": lambda crop, shape: to_model_input(crop, shape),
+               "plain bilinear (now)": now}
+    samples: dict[str, list[float]] = {}
+    try:
+        for round_ in range(args.repeats + 1):
+            order = list(resizes) if round_ % 2 == 0 else list(reversed(resizes))
+            for variant in ("cached", "decode each epoch"):
+                for name in order:
+                    input_pipeline.resize_crop_back = resizes[name]
+                    samples.setdefault(f"{variant}, {name}", []).append(
+                        _time_pipeline(data_dir, variant, args))
+    finally:
+        input_pipeline.resize_crop_back = now
+    ratios = {variant: _summary([n / b for n, b in zip(
+        samples[f"{variant}, plain bilinear (now)"], samples[f"{variant}, antialiased (before)"],
+        strict=True)]) for variant in ("cached", "decode each epoch")}
+    return {"benchmark": "input_pipeline_augment_ab", "args": vars(args),
+            "rows": {k: _summary(v) for k, v in samples.items()}, "ratios_now_over_before": ratios,
+            "host": _host()}
+
+
+def _write_ab(report: dict, out: Path, args) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"input_pipeline_augment_ab{args.tag}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    host = report["host"]
+    lines = [f"# Augmentation's resize, before vs now: {args.image_size}² JPEG folder, batch "
+             f"{args.batch_size}", "",
+             f"The training pipeline (augment on) alone, {args.repeats + 1} alternating rounds; "
+             f"{host['cores']} cores shared with other jobs (load average "
+             f"{host['load_average'][0]:.1f}). Host: {host['cpu'].get('model_name', '')}; CPU "
+             f"flags: {' '.join(host['cpu']['flags'])}.", "",
+             "| pipeline | img/s (median) | range |", "|---|---:|---:|"]
+    lines += [f"| {k} | {r['median']:.0f} | {r['min']:.0f}–{r['max']:.0f} |"
+              for k, r in report["rows"].items()]
+    lines += ["", "| now / before | median | per round |", "|---|---:|---|"]
+    lines += [f"| {k} | {r['median']:.2f}× | {', '.join(f'{v:.2f}' for v in r['samples'])} |"
+              for k, r in report["ratios_now_over_before"].items()]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def _summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "samples": values}
@@ -282,6 +338,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--work-dir", default=None, help="reuse a folder made by an earlier run")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--tag", default="", help="suffix of the result files")
+    p.add_argument("--augment-ab", action="store_true",
+                   help="augmentation's resize before vs now, side by side (pipeline only)")
     p.add_argument("--smoke", action="store_true", help="tiny: 48 images at 64 px, 1 sweep")
     args = p.parse_args()
     if args.smoke:
