@@ -20,7 +20,8 @@ memory available (the container's limit counts). A larger dataset is decoded aga
 instead of filling the memory until the run is killed; the log says which was chosen. Measured
 (benchmarks/results/input_pipeline*.md): on 2 cores the pipeline, cached or not, delivers
 tens of times what ResNet-50's or MobileNetV2's training step takes at 224 px; augmentation
-(a crop resized back) costs more than the decode. Why the crop is not fused into the decode
+(a crop resized back) cost more than the decode until its resize skipped the antialiasing that
+enlarging does not need (`resize_crop_back`). Why the crop is not fused into the decode
 (`decode_and_crop_jpeg`): it crops the *resized* image, so that it can run after the cache.
 """
 
