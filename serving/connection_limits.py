@@ -16,7 +16,7 @@ module bounds the *connections*, which a client holds without sending a whole re
   call closed after `grpc_max_connection_idle_s` (GOAWAY), keepalive pings from clients no more
   often than `grpc_min_ping_interval_s`.
 Why not a proxy in front: `ampflow serve` is reached directly in the demo, in KServe and from
-the README; a server that faces clients must hold these bounds itself.
+the docs; a server that faces clients must hold these bounds itself.
 """
 
 from __future__ import annotations

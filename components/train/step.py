@@ -62,8 +62,8 @@ class TrainConfig:
     model: str = field(default="small_cnn", metadata={
         "help": "A built-in (small_cnn: fast on a CPU; resnet50, mobilenet_v2: keras.applications, "
                 "weights=None), your builder 'package.module:function' called as "
-                "function(input_shape, num_classes), or a .keras file to fine-tune (README: "
-                "'Your own model and data')."})
+                "function(input_shape, num_classes), or a .keras file to fine-tune "
+                "(docs/how-to/own-model.md)."})
     model_path: str | None = field(default=None, metadata={
         "help": "Directory put first on sys.path to import the --model builder (and the custom "
                 "layers of a model) from, here and in every later step that loads the model."})
