@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from ampflow.cliutil import TRISTATE, invalid_choice
 from ampflow.components.convert_tflite.config import ConvertConfig
-from ampflow.components.deploy_serving.config import OVERLAYS, DeployConfig
+from ampflow.components.deploy_serving.config import MODEL_STORE_MOUNT, OVERLAYS, DeployConfig
 from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.components.prepare_data.config import PrepareDataConfig
 from ampflow.components.train.kubeflow_job import (
@@ -142,7 +142,7 @@ class PipelineOptions:
     # only when serving_target != "none") mounts it at `model_store_mount`, so that
     # `serving_model_store` (a pipeline parameter) can point there. None: no mount (gs://).
     model_store_pvc: str | None = MODEL_STORE_PVC
-    model_store_mount: str = "/models"
+    model_store_mount: str = MODEL_STORE_MOUNT
     # The float32-trained baseline: a second train task in parallel with the AMP one, so that
     # the gate also compares AMP-trained with float32-trained accuracy (training parity).
     with_float32_baseline: bool = field(default=True, metadata={
@@ -368,7 +368,7 @@ def build_pipeline(options: PipelineOptions | None = None):
         tflite_variants: str = DATA_DEFAULTS["tflite_variants"],
         model_name: str = "ampflow",
         serving_target: str = "none",
-        serving_model_store: str = "/models",
+        serving_model_store: str = MODEL_STORE_MOUNT,
         serving_address: str = "",
         serving_overlay: str = DEFAULT_SERVING_OVERLAY,
         model_path: str = "",

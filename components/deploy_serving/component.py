@@ -7,7 +7,7 @@ def deploy_serving(
     saved_model: Input[Model],
     endpoint: Output[Artifact],
     target: str = "local",
-    model_store: str = "/models",
+    model_store: str = "/models",  # config.MODEL_STORE_MOUNT (the source runs alone in the pod)
     server_address: str = "",
     namespace: str = "",
     overlay: str = "cpu",

@@ -17,6 +17,10 @@ from ampflow.errors import ConfigError
 from ampflow.serving.model_format import check_model_name, parse_version_name
 
 TARGETS = ("local", "kubernetes", "kserve")
+# Where the pipeline's deploy task mounts the model-store claim, and so the default model store
+# of a pipeline run (pipeline.py, parameters.py, preflight.py; component.py's default repeats it
+# because a KFP component's source runs alone in its pod: tests/pipeline/test_model_store_mount.py)
+MODEL_STORE_MOUNT = "/models"
 OVERLAYS = ("cpu", "gpu")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # KServe's InferenceService name rule (IsvcNameFmt, pkg/apis/serving/v1beta1 at v0.19.0); its
