@@ -18,6 +18,7 @@ from ampflow.pipeline.pipeline import (
     DATA_DEFAULTS,
     DEFAULT_SERVING_OVERLAY,
     GATE_DEFAULTS,
+    MODEL_STORE_MOUNT,
     SERVING_OVERLAYS,
     TRAIN_DEFAULTS,
     XLA_VALUES,
@@ -51,7 +52,7 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
     "tflite_variants": (str, DATA_DEFAULTS["tflite_variants"], "TFLite variants"),
     "model_name": (str, DEFAULT_MODEL_NAME, "served model name (TF Serving's --model_name)"),
     "serving_target": (str, SERVING_TARGETS[0], ", ".join(SERVING_TARGETS)),
-    "serving_model_store": (str, "/models", "model store the deploy step writes into"),
+    "serving_model_store": (str, MODEL_STORE_MOUNT, "model store the deploy step writes into"),
     "serving_address": (str, "", "host:port of the server the deploy step checks"),
     "serving_overlay": (str, DEFAULT_SERVING_OVERLAY,
                         "k8s overlay serving_target=kubernetes deploys: "
