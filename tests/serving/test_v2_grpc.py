@@ -300,13 +300,27 @@ def test_v2_grpc_infer_goes_through_server_side_batching(model_store, tmp_path, 
 
     base = tmp_path / MODEL
     install_version(model_store, base, 1)
-    running = start_server(base, batching=BatchingConfig(max_batch_size=16,
-                                                         batch_timeout_ms=200))
+    import re
+    import urllib.request
+
+    from serving_helpers import free_port
+
+    port = free_port()
+    running = start_server(base, metrics_port=port,
+                           batching=BatchingConfig(max_batch_size=16, batch_timeout_ms=200))
+
+    def batched_requests() -> float:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        match = re.search(rb"^ampflow_serving_batch_requests_sum (\S+)$", body, re.MULTILINE)
+        return float(match.group(1)) if match else 0.0
+
+    before = batched_requests()  # the warm-up records ran through the batcher too
     inputs = [sample_images(1 + i % 3, seed=i) for i in range(8)]
     with grpc.insecure_channel(running.address) as chan:
         infer = v2_stub(chan, "ModelInfer")
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda x: infer(_raw_request(x), timeout=30), inputs))
+        assert batched_requests() - before == 8  # every V2 call went through the batcher
         for images, answer in zip(inputs, answers, strict=True):
             expected = _predict(chan, images)
             # a merged batch may round differently from a run of its own rows (oneDNN)
