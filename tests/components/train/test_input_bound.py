@@ -109,3 +109,16 @@ def test_input_wait_fraction_is_a_share_of_the_epoch(waited, seconds, fraction):
 def test_the_threshold_is_the_documented_one():
     assert is_input_bound(INPUT_BOUND_FRACTION)
     assert not is_input_bound(INPUT_BOUND_FRACTION / 2)
+
+
+def test_the_epoch_log_records_the_input_wait(tmp_path):
+    from ampflow.components.train.telemetry import EpochLog, read_epoch_log
+
+    runtime = Runtime(tf.distribute.get_strategy(), "default", "test")
+    loop = TrainLoop(runtime, _model(8, 1), LoopConfig(
+        epochs=2, steps_per_epoch=3, global_batch_size=BATCH, jit_compile=False,
+        loss_scaling=False, state_dir=str(tmp_path), progress=False))
+    loop.fit(_slowed(_batches(BATCH), 0.2), None, [EpochLog(tmp_path / "epochs.jsonl", BATCH)])
+    entries = read_epoch_log(tmp_path / "epochs.jsonl")
+    assert [e["epoch"] for e in entries] == [1, 2]
+    assert all(is_input_bound(e["input_wait_fraction"]) for e in entries)
