@@ -33,6 +33,8 @@ PROFILE_RUNNER = "default-editor"
 DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 SERVING_CLIENTS_LABEL = "ampflow.dev/serving-clients"  # k8s/base/networkpolicy.yaml
 TRAIN_BUDGET = "ampflow-train"  # k8s/pipeline/pdb.yaml
+KSERVE_RBAC_FILE = "kserve/rbac/rbac.yaml"  # under k8s/: what the kserve target's deploy needs
+KSERVE_ROLE = "ampflow-kserve-deployer"
 _DEADLINE_S = 10.0
 
 
@@ -69,6 +71,7 @@ class Needs:
     claims: tuple[tuple[str, str], ...] = ()  # (claim, how to create it)
     access: tuple[Access, ...] = ()
     problems: tuple[str, ...] = field(default=())  # found without asking the cluster
+    served: tuple[tuple[str, str, str], ...] = ()  # (apiVersion, plural, how to get it served)
 
 
 def read_backend(host: str, token: str | None, timeout_s: float) -> Backend:
@@ -102,32 +105,95 @@ def run_needs(options, arguments: dict, namespace: str, multi_user: bool,
         for verb in ("create", "get", "delete"):
             access.append(Access(namespace, verb, "kubeflow.org", "tfjobs", fix))
         access.append(Access(namespace, "get", "", "pods", fix))
-    if arguments.get("serving_target") == "kubernetes":
+    target = arguments.get("serving_target")
+    if target in ("kubernetes", "kserve"):
         serving = options.serving_namespace or namespace
-        store = str(arguments.get("serving_model_store", "/models"))
-        if options.model_store_pvc:
-            claims.append((options.model_store_pvc,
-                           f"kubectl apply -n {namespace} -k k8s/model-store"))
-        elif not store.startswith("gs://"):
-            problems.append(
-                f"serving_model_store={store!r} is a directory, but the deploy task mounts no "
-                "model-store claim (model_store_pvc=None): use gs://bucket/path")
-        fix = {STANDALONE_NAMESPACE: "kubectl apply -k k8s/rbac-kubeflow",
-               "ampflow": "kubectl apply -k k8s/rbac"}.get(  # k8s/rbac sets namespace ampflow
-            serving, f"kubectl kustomize k8s/rbac | sed 's/namespace: ampflow$/namespace: "
-                     f"{serving}/' | kubectl apply -f -")
-        if runner not in ((STANDALONE_NAMESPACE, STANDALONE_RUNNER), (serving, "ampflow-deployer")):
-            fix += (f" and kubectl -n {serving} create rolebinding ampflow-deployer-kfp "
-                    f"--role=ampflow-deployer --serviceaccount={runner[0]}:{runner[1]}")
-        for verb, group, resource in (("patch", "apps", "deployments"),
-                                      ("create", "apps", "deployments"),
-                                      ("watch", "apps", "deployments"),
-                                      ("patch", "", "configmaps"),
-                                      ("patch", "", "services"),
-                                      ("patch", "networking.k8s.io", "networkpolicies")):
-            access.append(Access(serving, verb, group, resource, fix))
+        _model_store_needs(options, arguments, serving, claims, problems)
+        needs = _kserve_access if target == "kserve" else _kubernetes_access
+        access += needs(serving, runner)
     return Needs(namespace=namespace, runner=runner, claims=tuple(claims),
-                 access=tuple(access), problems=tuple(problems))
+                 access=tuple(access), problems=tuple(problems),
+                 served=_kserve_kinds() if target == "kserve" else ())
+
+
+def _model_store_needs(options, arguments: dict, serving: str, claims: list,
+                       problems: list) -> None:
+    """The model-store claim the deploy task mounts, or a gs:// store when it mounts none.
+
+    A mounted claim is in the serving namespace: pipeline.py mounts none for another one.
+    """
+    from ampflow.components.deploy_serving.config import MODEL_STORE_MOUNT
+
+    store = str(arguments.get("serving_model_store", MODEL_STORE_MOUNT))
+    if options.model_store_pvc:
+        claims.append((options.model_store_pvc,
+                       f"kubectl apply -n {serving} -k k8s/model-store"))
+    elif not store.startswith("gs://"):
+        problems.append(
+            f"serving_model_store={store!r} is a directory, but the deploy task mounts no "
+            "model-store claim (model_store_pvc=None): use gs://bucket/path")
+
+
+def _kubernetes_access(serving: str, runner: tuple[str, str]) -> list[Access]:
+    """What the kubernetes target's deploy does: k8s/rbac's Role `ampflow-deployer`."""
+    fix = {STANDALONE_NAMESPACE: "kubectl apply -k k8s/rbac-kubeflow",
+           "ampflow": "kubectl apply -k k8s/rbac"}.get(  # k8s/rbac sets namespace ampflow
+        serving, f"kubectl kustomize k8s/rbac | sed 's/namespace: ampflow$/namespace: "
+                 f"{serving}/' | kubectl apply -f -")
+    if runner not in ((STANDALONE_NAMESPACE, STANDALONE_RUNNER), (serving, "ampflow-deployer")):
+        fix += (f" and kubectl -n {serving} create rolebinding ampflow-deployer-kfp "
+                f"--role=ampflow-deployer --serviceaccount={runner[0]}:{runner[1]}")
+    return [Access(serving, verb, group, resource, fix)
+            for verb, group, resource in (("patch", "apps", "deployments"),
+                                          ("create", "apps", "deployments"),
+                                          ("watch", "apps", "deployments"),
+                                          ("patch", "", "configmaps"),
+                                          ("patch", "", "services"),
+                                          ("patch", "networking.k8s.io", "networkpolicies"))]
+
+
+def _kserve_access(serving: str, runner: tuple[str, str]) -> list[Access]:
+    """What the kserve target's deploy does: every grant of k8s/kserve/rbac's Role.
+
+    Read from the file itself, one source: tests/components/deploy_serving ties that Role to
+    the requests the deploy makes.
+    """
+    from ampflow.components.deploy_serving.kserve_target import RBAC_FIX
+
+    fix = RBAC_FIX.format(ns=serving)
+    if runner not in ((STANDALONE_NAMESPACE, STANDALONE_RUNNER), (serving, "ampflow-deployer")):
+        fix += (f" and kubectl -n {serving} create rolebinding {KSERVE_ROLE}-kfp "
+                f"--role={KSERVE_ROLE} --serviceaccount={runner[0]}:{runner[1]}")
+    return [Access(serving, verb, group, resource, fix)
+            for group, resource, verb in kserve_role_rules()]
+
+
+def _kserve_kinds() -> tuple[tuple[str, str, str], ...]:
+    """KServe's two kinds the deploy applies, each served under its own API version."""
+    from ampflow.components.deploy_serving.kserve_target import KIND_PLURALS
+
+    return tuple((api_version, plural, f"install KServe in the cluster, whose CRDs define {kind} "
+                                       "(docs/how-to/kserve.md)")
+                 for kind, (api_version, plural) in KIND_PLURALS.items())
+
+
+def kserve_role_rules() -> list[tuple[str, str, str]]:
+    """(group, resource, verb) of each grant of k8s/kserve/rbac's Role, in the file's order."""
+    import yaml
+
+    from ampflow.errors import ConfigError
+    from ampflow.files import k8s_manifests_dir
+
+    path = k8s_manifests_dir() / KSERVE_RBAC_FILE
+    try:
+        documents = list(yaml.safe_load_all(path.read_text()))
+        (role,) = [d for d in documents if d and d.get("kind") == "Role"
+                   and d["metadata"]["name"] == KSERVE_ROLE]
+    except (OSError, yaml.YAMLError, ValueError, KeyError) as e:
+        raise ConfigError(f"$AMPFLOW_K8S_DIR (or the repo's k8s/) must hold {KSERVE_RBAC_FILE} "
+                          f"with Role {KSERVE_ROLE}. Received: {path} ({e})") from e
+    return [(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]]
 
 
 def kube_client(kubeconfig: str | os.PathLike | None = None, context: str | None = None):
@@ -173,7 +239,7 @@ def default_storage_class(api_client) -> str | None:
 
 
 def check_cluster(api_client, needs: Needs) -> list[str]:
-    """One line per missing prerequisite of `needs` (namespace, claims, the runner's RBAC)."""
+    """One line per missing prerequisite of `needs` (namespace, claims, kinds, runner's RBAC)."""
     from kubernetes import client
 
     problems = list(needs.problems)
@@ -189,9 +255,46 @@ def check_cluster(api_client, needs: Needs) -> list[str]:
                 f"claim {needs.namespace}/{claim}") is False:
             problems.append(f"claim {claim} does not exist in namespace {needs.namespace} (a "
                             f"pod that mounts it would stay Pending): {fix}")
+    problems += _served_problems(api_client, needs)
     problems += _access_problems(api_client, needs)
     _warn_without_disruption_budget(api_client, needs.namespace)
     return problems
+
+
+def _served_problems(api_client, needs: Needs) -> list[str]:
+    """One line per kind the API server does not serve.
+
+    Read from discovery (/apis/<group>/<version>), which every authenticated user may read.
+    """
+    problems = []
+    for api_version, plural, fix in needs.served:
+        listed = _discovered(api_client, api_version)
+        if listed is not None and plural not in listed:
+            problems.append(f"the API server does not serve {plural} ({api_version}): {fix}")
+    return problems
+
+
+def _discovered(api_client, api_version: str) -> set[str] | None:
+    """The resources the API server lists under `api_version`; None when we may not look."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        response = api_client.call_api(
+            f"/apis/{api_version}", "GET", header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"], _preload_content=False, _request_timeout=_DEADLINE_S)
+    except ApiException as e:
+        if e.status == 404:
+            return set()
+        if e.status in (401, 403):
+            log.warning("the API server's %s kinds not checked: you may not read them (HTTP %s)",
+                        api_version, e.status)
+            return None
+        raise
+    try:
+        body = json.loads(response[0].data or b"{}")
+    except ValueError:
+        body = {}
+    return {r.get("name") for r in body.get("resources") or [] if isinstance(r, dict)}
 
 
 def _warn_without_disruption_budget(api_client, namespace: str) -> None:

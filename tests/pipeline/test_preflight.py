@@ -23,18 +23,24 @@ from ampflow.pipeline.submit import SubmitConfig, SubmitResult, submit
 
 IMAGE = "registry.example/ampflow:1.2.3"
 RUNNER = "system:serviceaccount:kubeflow:pipeline-runner"
+KSERVE_SERVED = {"serving.kserve.io/v1beta1": ["inferenceservices", "inferenceservices/status"],
+                 "serving.kserve.io/v1alpha1": ["servingruntimes", "inferencegraphs"]}
 
 
 class FakeCluster:
-    """KFP healthz + namespaces, claims, storage classes and SelfSubjectAccessReviews."""
+    """KFP healthz + namespaces, claims, storage classes, API discovery and
+    SelfSubjectAccessReviews."""
 
     def __init__(self, tag="2.17.0", multi_user=False, namespaces=("kubeflow",), claims=(),
-                 allowed=None, default_class=None, impersonation=True, read_namespaces=True):
+                 allowed=None, default_class=None, impersonation=True, read_namespaces=True,
+                 served=None):
         self.tag, self.multi_user = tag, multi_user
         self.namespaces, self.claims = set(namespaces), set(claims)  # claims: (ns, name)
         self.allowed = allowed  # None: everything; else {(user, ns, verb, resource)}
         self.default_class, self.impersonation = default_class, impersonation
         self.read_namespaces = read_namespaces  # False: GET namespace is 403 (a profile user)
+        # discovery: {"group/version": [resource names]}; None: KServe's two kinds are served
+        self.served = KSERVE_SERVED if served is None else served
         self.requests: list[tuple[str, str]] = []
         self.reviews: list[tuple[str, dict]] = []
         cluster = self
@@ -75,6 +81,13 @@ class FakeCluster:
                                                 "apiVersion": "v1",
                                                 "metadata": {"name": parts[5]}})
                     return self._missing()
+                if len(parts) == 3 and parts[0] == "apis" and f"{parts[1]}/{parts[2]}" in (
+                        cluster.served):
+                    return self._send(200, {"kind": "APIResourceList", "apiVersion": "v1",
+                                            "groupVersion": f"{parts[1]}/{parts[2]}",
+                                            "resources": [{"name": n, "namespaced": True}
+                                                          for n in cluster.served[
+                                                              f"{parts[1]}/{parts[2]}"]]})
                 if self.path.startswith("/apis/storage.k8s.io/v1/storageclasses"):
                     items = [{"metadata": {"name": "slow"}, "provisioner": "p"}]
                     if cluster.default_class:
@@ -278,3 +291,114 @@ def test_submit_by_a_user_who_may_not_read_namespaces_still_checks_the_claims(fa
             PipelineError, match="claim ampflow-training does not exist in namespace team-a"):
         submit(_config(cluster, tmp_path, namespace="team-a", train_workers=2))
     assert "namespace team-a not checked: you may not read it (HTTP 403)" in caplog.text
+
+
+# ---- serving_target=kserve ---------------------------------------------------------------
+
+
+def _kserve_role_grants() -> set[tuple[str, str, str]]:
+    """(group, resource, verb) the Role of `kubectl kustomize k8s/kserve/rbac` grants."""
+    import subprocess
+
+    from ampflow.components.deploy_serving.kubernetes_render import kubectl_path
+    from ampflow.files import k8s_manifests_dir
+
+    rendered = subprocess.run([kubectl_path(), "kustomize", str(k8s_manifests_dir() / "kserve"
+                                                                 / "rbac")],
+                              capture_output=True, text=True, check=True, timeout=60).stdout
+    (role,) = [o for o in yaml.safe_load_all(rendered) if o and o["kind"] == "Role"]
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def test_submit_kserve_without_claim_role_or_kserve_is_one_line_each_and_nothing_is_sent(
+        fake, tmp_path, sent):
+    cluster = fake(allowed=set(), served={})
+    with pytest.raises(PipelineError) as raised:
+        submit(_config(cluster, tmp_path), {"serving_target": "kserve"})
+    assert str(raised.value).splitlines()[1:] == [
+        "  - claim tf-serving-models does not exist in namespace kubeflow (a pod that mounts it "
+        "would stay Pending): kubectl apply -n kubeflow -k k8s/model-store",
+        "  - the API server does not serve inferenceservices (serving.kserve.io/v1beta1): install "
+        "KServe in the cluster, whose CRDs define InferenceService (docs/how-to/kserve.md)",
+        "  - the API server does not serve servingruntimes (serving.kserve.io/v1alpha1): install "
+        "KServe in the cluster, whose CRDs define ServingRuntime (docs/how-to/kserve.md)",
+        "  - kubeflow:pipeline-runner (the service account the run's pods use) may not get "
+        "inferenceservices.serving.kserve.io, create inferenceservices.serving.kserve.io, patch "
+        "inferenceservices.serving.kserve.io, create servingruntimes.serving.kserve.io, patch "
+        "servingruntimes.serving.kserve.io in namespace kubeflow: "
+        "kubectl apply -n kubeflow -k k8s/kserve/rbac",
+    ]
+    assert sent == []
+
+
+def test_submit_kserve_checks_exactly_what_k8s_kserve_rbac_grants_and_sends(fake, tmp_path,
+                                                                            sent):
+    """The runner is asked for each grant of the Role (which tests/components/deploy_serving
+    ties to the requests a kserve deploy makes), as itself, in the serving namespace; none of
+    the kubernetes target's permissions are asked for."""
+    cluster = fake(claims={("kubeflow", "tf-serving-models")})
+    submit(_config(cluster, tmp_path), {"serving_target": "kserve"})
+    assert len(sent) == 1
+    asked = {(a["group"], a["resource"], a["verb"]) for _, a in cluster.reviews}
+    assert asked == _kserve_role_grants() == {
+        ("serving.kserve.io", "inferenceservices", verb) for verb in ("get", "create", "patch")
+    } | {("serving.kserve.io", "servingruntimes", verb) for verb in ("create", "patch")}
+    assert {(user, a["namespace"]) for user, a in cluster.reviews} == {(RUNNER, "kubeflow")}
+    assert ("GET", "/apis/serving.kserve.io/v1beta1") in cluster.requests
+    assert ("GET", "/apis/serving.kserve.io/v1alpha1") in cluster.requests
+
+
+@pytest.mark.parametrize("served, missing", [
+    ({"serving.kserve.io/v1beta1": ["inferenceservices"]}, "servingruntimes"),  # no v1alpha1
+    ({"serving.kserve.io/v1beta1": ["inferenceservices"],
+      "serving.kserve.io/v1alpha1": ["inferencegraphs"]}, "servingruntimes"),  # kind not listed
+    ({"serving.kserve.io/v1alpha1": ["servingruntimes"]}, "inferenceservices"),
+])
+def test_submit_kserve_names_the_one_kind_the_api_server_does_not_serve(fake, tmp_path, sent,
+                                                                         served, missing):
+    cluster = fake(claims={("kubeflow", "tf-serving-models")}, served=served)
+    with pytest.raises(PipelineError) as raised:
+        submit(_config(cluster, tmp_path), {"serving_target": "kserve"})
+    (line,) = str(raised.value).splitlines()[1:]
+    assert line.startswith(f"  - the API server does not serve {missing} (serving.kserve.io/")
+    assert "install KServe" in line and sent == []
+
+
+def test_submit_kserve_multi_user_says_how_to_bind_the_role_to_the_profiles_runner(
+        fake, tmp_path, sent):
+    cluster = fake(multi_user=True, namespaces={"team-a"}, claims={("team-a", "tf-serving-models")},
+                   allowed=set())
+    with pytest.raises(PipelineError) as raised:
+        submit(_config(cluster, tmp_path, namespace="team-a"), {"serving_target": "kserve"})
+    (line,) = str(raised.value).splitlines()[1:]
+    assert line.startswith("  - team-a:default-editor (the service account the run's pods use) "
+                           "may not get inferenceservices.serving.kserve.io")
+    assert line.endswith("in namespace team-a: kubectl apply -n team-a -k k8s/kserve/rbac and "
+                         "kubectl -n team-a create rolebinding ampflow-kserve-deployer-kfp "
+                         "--role=ampflow-kserve-deployer --serviceaccount=team-a:default-editor")
+
+
+def test_submit_kserve_in_another_namespace_needs_an_object_store_and_its_role_there(
+        fake, tmp_path, sent):
+    cluster = fake(namespaces={"kubeflow", "serving"})
+    with pytest.raises(PipelineError, match=r"serving_model_store='/models' is a directory, but "
+                                            r"the deploy task mounts no model-store claim"):
+        submit(_config(cluster, tmp_path, serving_namespace="serving"),
+               {"serving_target": "kserve"})
+    submit(_config(cluster, tmp_path, serving_namespace="serving"),
+           {"serving_target": "kserve", "serving_model_store": "gs://bucket/models"})
+    assert {a["namespace"] for _, a in cluster.reviews} == {"serving"}
+    assert len(sent) == 1
+
+
+def test_submit_kserve_without_the_rbac_manifest_is_one_config_line(fake, tmp_path, sent,
+                                                                    monkeypatch):
+    from ampflow.errors import ConfigError
+
+    cluster = fake(claims={("kubeflow", "tf-serving-models")})
+    monkeypatch.setenv("AMPFLOW_K8S_DIR", str(tmp_path / "no-k8s"))
+    with pytest.raises(ConfigError, match=r"must hold kserve/rbac/rbac.yaml with Role "
+                                          r"ampflow-kserve-deployer\. Received: "):
+        submit(_config(cluster, tmp_path), {"serving_target": "kserve"})
+    assert sent == []
