@@ -7,6 +7,7 @@ Thin shells: flags -> a validated config -> the library call. `serve` runs the r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -238,7 +239,7 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
                    help="name to check in the server certificate (default: --host)")
 
 
-def _client(args: argparse.Namespace):
+def _make_client(args: argparse.Namespace):
     from ampflow.serving.client import PredictionClient
     from ampflow.serving.rest_client import RestClient
 
@@ -255,6 +256,28 @@ def _client(args: argparse.Namespace):
     return PredictionClient(f"{args.host}:{args.port}", timeout_s=args.timeout_s,
                             retries=args.retries, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
                             tls_key=args.tls_key, tls_server_name=args.tls_server_name)
+
+
+_PROTOCOL_NAMES = {"grpc": "gRPC", "rest": "REST"}
+
+
+@contextlib.contextmanager
+def _client(args: argparse.Namespace):
+    """The client for the flags; a server that cannot be reached is said in words."""
+    from ampflow.serving.client import RpcError
+
+    client = _make_client(args)
+    try:
+        with client:
+            yield client
+    except RpcError as e:
+        if e.code.name != "UNAVAILABLE" or "connect" not in e.details.lower():
+            raise
+        port_flag = "--rest-api-port" if args.protocol == "rest" else "--port"
+        raise ServingError(
+            f"nothing answers at {args.host}:{args.port} over {_PROTOCOL_NAMES[args.protocol]}: is "
+            f"`ampflow serve` running there (its {port_flag} {args.port})? ({e.details})"
+        ) from e
 
 
 def _predict(args: argparse.Namespace) -> int:
