@@ -5,7 +5,8 @@
    model → SavedModel export → TFLite variants → deploy into a local TF Serving model base
    path). The results table shows the AMP-vs-float32 trained accuracy and the AMP speedup.
 2. Serve that base path with `ampflow serve` (a separate process speaking TF Serving's gRPC API;
-   the real `tensorflow_model_server` is used instead when it is on PATH).
+   `--server auto`: the real `tensorflow_model_server` only where it can honour every flag,
+   which with the demo's flags it cannot).
 3. Query it over gRPC with the tensorflow-serving-api client, print predictions and a results
    table (saved as `<workdir>/results.txt` and `results.json`), and stop the server it started.
 
@@ -89,7 +90,7 @@ def _server(model_name: str, base: Path, port: int, log_path: Path) -> Iterator[
     """Start `ampflow serve` as its own process; SIGTERM it (drain, exit 0) on the way out.
 
     Not `serving.testing.ServeProcess`: that one always runs `--server local` on a free port,
-    while the demo serves with the real `tensorflow_model_server` when it is on PATH.
+    while the demo's server is `--server auto` on the demo's port.
     """
     cmd = [sys.executable, "-m", "ampflow.cli", "serve", "--model-name", model_name,
            "--model-base-path", str(base), "--port", str(port)]

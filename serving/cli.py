@@ -1,7 +1,9 @@
 """`ampflow serve`, `ampflow predict`, `ampflow model-metadata`, `ampflow model-status`.
 
-Thin shells: flags -> a validated config -> the library call. `serve` runs the real
-`tensorflow_model_server` when it is on PATH (`--server auto`), else the local server.
+Thin shells: flags -> a validated config -> the library call. `serve` runs the local server,
+or the real `tensorflow_model_server` when it is on PATH *and* can honour every flag given
+(`--server auto`; with the default flags it cannot: it listens on every interface and accepts
+config reloads from anyone), or always with `--server tf-serving`.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ _FMT = HelpFormatter
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the serving commands to the top-level `ampflow` parser."""
     serve = subparsers.add_parser(
-        "serve", help="serve SavedModels over TF Serving's gRPC API", formatter_class=_FMT,
-        description="Serve SavedModels in TF Serving's layout (<base>/<version>/) over TF "
-                    "Serving's gRPC API (PredictionService, ModelService, health, reflection). "
-                    "Runs tensorflow_model_server when it is on PATH, else the local server.")
+        "serve", help="Serve SavedModels and TFLite models over TF Serving's and KServe V2's "
+        "gRPC and REST APIs.", formatter_class=_FMT,
+        description="Serve models in TF Serving's layout (<base>/<version>/) over TF Serving's "
+                    "gRPC API (PredictionService, ModelService, health, reflection), KServe's "
+                    "V2 gRPC API on the same port, and both REST APIs with --rest-api-port. "
+                    "The local server, or tensorflow_model_server where --server allows it.")
     _add_serve_flags(serve)
     serve.set_defaults(func=_serve)
 
