@@ -83,6 +83,7 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     assert table == results_table(saved["results"]) + "\n" and table in first
     assert saved["serving"]["version"] == 1 == saved["results"]["serving.version"]
     assert saved["serving"]["served_accuracy"] > 0.5  # the served model learned the digits
+    _check_served_accuracy_is_the_twins(saved["serving"], _latest_run(tmp_path))
     assert saved["results"]["parity.gate"] == "passed"
     assert "parity.amp_vs_float32_trained" in table and "parity.amp_training_speedup" in table
     assert saved["logs"]["train"] == str(logs / "train.log")
@@ -97,16 +98,33 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     assert again["serving"]["version"] == 2  # each run is a new served version
     assert again["serving"]["served_accuracy"] > 0.5
     assert again["serving"]["served_examples"] == 359
+    _check_served_accuracy_is_the_twins(again["serving"], _latest_run(tmp_path))
     assert sorted(p.name for p in (tmp_path / "serving" / "ampflow").iterdir()) == ["1", "2"]
     # --verbose streams what the logs hold, TensorFlow's start-up lines included
     assert "KFP Executor" in second and "Executing task 'train'" in second
     assert "failed call to cuInit" in second
     assert not (logs / "train-2.log").exists()  # the logs are the latest run's
-    trained = max((tmp_path / "pipeline_root").glob("*/train/model/metadata.json"),
-                  key=lambda p: p.stat().st_mtime)
+    trained = _latest_run(tmp_path) / "train" / "model" / "metadata.json"
     distribution = json.loads(trained.read_text())["distribution"]
     assert (distribution["strategy"], distribution["num_workers"]) == ("multi_worker", 2)
     assert "started worker 1 of 2" in second
+
+
+def _latest_run(workdir):
+    """The pipeline root's newest run (each demo run adds one)."""
+    return max((workdir / "pipeline_root").iterdir(),
+               key=lambda run: (run / "train" / "model" / "metadata.json").stat().st_mtime)
+
+
+def _check_served_accuracy_is_the_twins(served: dict, run) -> None:
+    """The served model is the exported float32 twin, queried on the same test images that
+    evaluate-parity scored it on: the accuracies agree to within one image (a flip of a
+    near-tie between the server's and Keras's float32 kernels), not merely both "> 0.5"."""
+    metrics = json.loads((run / "evaluate-parity" / "verdict" / "metrics.json").read_text())
+    assert metrics["num_examples"] == served["served_examples"] == 359
+    twin_right = metrics["fp32_twin_accuracy"] * metrics["num_examples"]
+    served_right = served["served_accuracy"] * served["served_examples"]
+    assert abs(served_right - twin_right) <= 1 + 1e-6, (served, metrics["fp32_twin_accuracy"])
 
 
 def _check_every_artifact(workdir):

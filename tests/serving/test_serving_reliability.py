@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from serving_helpers import local_only
 
-pytestmark = [pytest.mark.serving, local_only, pytest.mark.timeout(400)]
+# a server under load for tens of seconds: outside the fast tier (`make test-fast`)
+pytestmark = [pytest.mark.serving, pytest.mark.slow, local_only, pytest.mark.timeout(400)]
 
 RSS_BOUND_MB = 50  # issue 14: "the server stays up with RSS within +50 MB"
 
@@ -56,4 +57,6 @@ def test_soak_20s_hot_reloads_zero_failures(soak_module, tmp_path):
     assert report["v4_answers_before_copy_finished"] == 0
     assert report["versions_answered"][-1] == 5  # every reload reached the clients
     assert report["server_alive_at_end"] and report["server_exit_code"] == 0
-    assert report["rss_mb"]["max"] - report["rss_mb"]["first"] < 2 * RSS_BOUND_MB, report["rss_mb"]
+    # the stated bound itself: the first sample is taken 2 s in, once the first version loaded
+    # and answered; each reload swaps a version, so the peak must not grow by a model per push
+    assert report["rss_mb"]["max"] - report["rss_mb"]["first"] < RSS_BOUND_MB, report["rss_mb"]

@@ -64,8 +64,19 @@ def test_autotune_measures_picks_the_fastest_and_records_every_candidate(prepare
     assert (meta["precision"]["policy"], meta["xla"]["effective"]) == (best["policy"],
                                                                        best["xla"])
     assert meta["precision"]["reason"].startswith("autotune: fastest of 4 measured candidates")
+    # each rate is what was timed, and each ratio is to the float32-without-XLA baseline (the
+    # reason quotes the chosen one): an inverted or mis-based ratio, or a rate not made of the
+    # timed steps, fails here
+    for row in measured:
+        assert row["images_per_sec"] == pytest.approx(
+            1000 * report["global_batch_size"] / row["step_ms"])
     baseline = next(r for r in measured if r["policy"] == "float32" and not r["xla"])
-    assert best["images_per_sec"] >= baseline["images_per_sec"]  # never slower, by construction
+    assert baseline["ratio_vs_float32"] == 1.0
+    for row in measured:
+        assert row["ratio_vs_float32"] == pytest.approx(
+            row["images_per_sec"] / baseline["images_per_sec"])
+    assert best["ratio_vs_float32"] >= 1.0
+    assert f"{best['ratio_vs_float32']:.2f}x float32 without XLA" in meta["precision"]["reason"]
     assert report["rule_choice"] == {"policy": "float32", "xla": False}
     model, _ = load_trained_model(tmp_path)
     assert model.get_layer("logits").dtype_policy.name == "float32"
