@@ -2,8 +2,9 @@
 
 A stock KFP install (standalone or multi-user) lacks what some runs need: the claims the tasks
 mount (a pod that mounts a missing claim stays Pending, with nothing in the run's log), the
-Roles that let the runner's service account create a TFJob or deploy TF Serving, and on a 2.15
-or 2.16 backend a storage class for the run's workspace. Each missing piece is one line that
+Roles that let the runner's service account create a TFJob or deploy TF Serving or a KServe
+InferenceService, KServe itself (its kinds in the API server's discovery), and on a 2.15 or
+2.16 backend a storage class for the run's workspace. Each missing piece is one line that
 says how to add it. What cannot be checked (no kubeconfig; not allowed to impersonate the
 runner) is logged, and the run is sent anyway.
 

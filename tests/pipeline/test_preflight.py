@@ -39,7 +39,8 @@ class FakeCluster:
         self.allowed = allowed  # None: everything; else {(user, ns, verb, resource)}
         self.default_class, self.impersonation = default_class, impersonation
         self.read_namespaces = read_namespaces  # False: GET namespace is 403 (a profile user)
-        # discovery: {"group/version": [resource names]}; None: KServe's two kinds are served
+        # discovery: {"group/version": [resource names]}; None: KServe's two kinds are served;
+        # "forbidden": GET /apis/<group>/<version> is 403
         self.served = KSERVE_SERVED if served is None else served
         self.requests: list[tuple[str, str]] = []
         self.reviews: list[tuple[str, dict]] = []
@@ -81,6 +82,9 @@ class FakeCluster:
                                                 "apiVersion": "v1",
                                                 "metadata": {"name": parts[5]}})
                     return self._missing()
+                if len(parts) == 3 and parts[0] == "apis" and cluster.served == "forbidden":
+                    return self._send(403, {"kind": "Status", "apiVersion": "v1",
+                                            "code": 403, "reason": "Forbidden"})
                 if len(parts) == 3 and parts[0] == "apis" and f"{parts[1]}/{parts[2]}" in (
                         cluster.served):
                     return self._send(200, {"kind": "APIResourceList", "apiVersion": "v1",
@@ -402,3 +406,13 @@ def test_submit_kserve_without_the_rbac_manifest_is_one_config_line(fake, tmp_pa
                                           r"ampflow-kserve-deployer\. Received: "):
         submit(_config(cluster, tmp_path), {"serving_target": "kserve"})
     assert sent == []
+
+
+def test_submit_kserve_by_a_user_who_may_not_read_discovery_logs_and_sends(fake, tmp_path, sent,
+                                                                           caplog):
+    cluster = fake(claims={("kubeflow", "tf-serving-models")}, served="forbidden")
+    with caplog.at_level(logging.WARNING):
+        submit(_config(cluster, tmp_path), {"serving_target": "kserve"})
+    assert len(sent) == 1
+    assert ("the API server's serving.kserve.io/v1beta1 kinds not checked: you may not read "
+            "them (HTTP 403)") in caplog.text
