@@ -137,6 +137,11 @@ def _claim_file(model_base: Path, version: int | str) -> Path:
     return Path(model_base) / f".{version}.claimed"
 
 
+def release_claim(model_base: str | os.PathLike, version: int | str) -> None:
+    """Give a claimed number back (its deploy failed before it published the version)."""
+    _claim_file(Path(model_base), version).unlink(missing_ok=True)
+
+
 def push_local(src: Path, dest: Path, record: dict[str, Any]) -> tuple[Path, bool]:
     """Copy `src` to `dest` atomically; returns (dest, already_present).
 
@@ -146,7 +151,7 @@ def push_local(src: Path, dest: Path, record: dict[str, Any]) -> tuple[Path, boo
     try:
         return _push_local(src, dest, record)
     finally:  # published or failed: the number is a dir now, or free again
-        _claim_file(dest.parent, dest.name).unlink(missing_ok=True)
+        release_claim(dest.parent, dest.name)
 
 
 def _push_local(src: Path, dest: Path, record: dict[str, Any]) -> tuple[Path, bool]:

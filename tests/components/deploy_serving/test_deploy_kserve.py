@@ -296,3 +296,53 @@ def test_component_and_pipeline_defaults_are_the_configs():
     for name in ("canary_traffic_percent", "model_store_claim", "overlay"):
         assert signature[name].default == fields[name], name
     assert SERVING_TARGETS == ("none", *TARGETS)
+
+
+def _component_deploy(tmp_path, export_dir, run: str, api: FakeApiServer, monkeypatch) -> dict:
+    """One pipeline run's deploy task: its own artifact holding version 1, as export writes it."""
+    import json
+    import shutil
+
+    from kfp import dsl
+
+    from ampflow.components.deploy_serving.component import deploy_serving
+
+    artifact = tmp_path / run
+    shutil.copytree(export_dir, artifact / MODEL_NAME / "1")
+    api.kubeconfig(tmp_path / "kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    deploy_serving(saved_model=dsl.Model(uri=str(artifact)),
+                   endpoint=dsl.Artifact(uri=str(tmp_path / f"{run}.json")), target="kserve",
+                   model_store=str(tmp_path / "store"), namespace=NAMESPACE)
+    return json.loads((tmp_path / f"{run}.json").read_text())
+
+
+def test_successive_pipeline_runs_deploy_to_kserve_as_versions_1_and_2(
+        export_base, tmp_path, monkeypatch):
+    """Every run exports version 1 into its own artifact; a mounted store gives the second
+    run the next number (before: run 2 pushed to <store>/digits/1, 'already holds a different
+    model')."""
+    with FakeApiServer(kserve=True) as api:
+        first = _component_deploy(tmp_path, export_base / MODEL_NAME / "1", "run1", api,
+                                  monkeypatch)
+        second = _component_deploy(tmp_path, export_base / MODEL_NAME / "2", "run2", api,
+                                   monkeypatch)
+        isvc = _isvc(api)
+    assert (first["version"], second["version"]) == (1, 2)
+    assert isvc["metadata"]["annotations"]["ampflow.dev/model-version"] == "2"
+    base = tmp_path / "store" / MODEL_NAME
+    from ampflow.components.deploy_serving import model_store
+    assert model_store.dir_digest(base / "2") == model_store.dir_digest(export_base / MODEL_NAME
+                                                                        / "2")
+    assert not list(base.glob(".*.claimed"))
+
+
+def test_a_deploy_that_fails_before_copying_leaves_no_claim(export_base, tmp_path, monkeypatch):
+    """No KServe in the cluster: the deploy fails before push_local; its claimed number is
+    given back (before: `.1.claimed` stayed, and every later run skipped that number)."""
+    with FakeApiServer() as api:
+        with pytest.raises(DeployError):
+            _component_deploy(tmp_path, export_base / MODEL_NAME / "1", "run1", api, monkeypatch)
+    base = tmp_path / "store" / MODEL_NAME
+    assert not list(base.glob(".*.claimed"))
+    assert not (base / "1").exists()
