@@ -353,15 +353,15 @@ def test_submit_kserve_checks_exactly_what_k8s_kserve_rbac_grants_and_sends(fake
     assert ("GET", "/apis/serving.kserve.io/v1alpha1") in cluster.requests
 
 
-@pytest.mark.parametrize("served, missing", [
+@pytest.mark.parametrize("discovery, missing", [
     ({"serving.kserve.io/v1beta1": ["inferenceservices"]}, "servingruntimes"),  # no v1alpha1
     ({"serving.kserve.io/v1beta1": ["inferenceservices"],
       "serving.kserve.io/v1alpha1": ["inferencegraphs"]}, "servingruntimes"),  # kind not listed
     ({"serving.kserve.io/v1alpha1": ["servingruntimes"]}, "inferenceservices"),
 ])
 def test_submit_kserve_names_the_one_kind_the_api_server_does_not_serve(fake, tmp_path, sent,
-                                                                         served, missing):
-    cluster = fake(claims={("kubeflow", "tf-serving-models")}, served=served)
+                                                                         discovery, missing):
+    cluster = fake(claims={("kubeflow", "tf-serving-models")}, served=discovery)
     with pytest.raises(PipelineError) as raised:
         submit(_config(cluster, tmp_path), {"serving_target": "kserve"})
     (line,) = str(raised.value).splitlines()[1:]
