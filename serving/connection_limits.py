@@ -99,18 +99,28 @@ def _response(status: int, reason: str, message: str) -> bytes:
 
 
 def guarded_h11_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
-    """An h11 protocol class (uvicorn `http=`) holding `limits`; one class per server."""
-    open_per_address: Counter[str] = Counter()
+    """An h11 protocol class (uvicorn `http=`) holding `limits`; one class per server.
+
+    After every event (bytes in, a response out) the one timer of a connection is set from
+    h11's view of the client (`their_state`): a body being sent gets the body timeout, restarted
+    by each read; bytes of a head not yet complete, the header timeout, counted from its first
+    byte (or from the connection); nothing pending, the keep-alive timeout; a whole request
+    being answered, no timer (that is the app's time). Deciding from the state, not from which
+    callback ran, covers pipelined requests and answers sent before the body ended.
+    """
+    open_per_address: Counter[str] = Counter()  # accepted, not refused, connections
+    lingering = [0]  # refused or timed-out connections still being read and dropped
 
     class GuardedH11Protocol(H11Protocol):
         _timer: asyncio.TimerHandle | None = None
+        _timer_kind: str | None = None
         _address: str | None = None
         _lingering = False
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             address = self.client[0] if self.client else "unknown"
-            if len(self.connections) > limits.max_connections:
+            if sum(open_per_address.values()) >= limits.max_connections:
                 return self._refuse(f"the server holds its maximum of {limits.max_connections} "
                                     "connections; retry later")
             if open_per_address[address] >= limits.max_connections_per_address:
@@ -119,11 +129,13 @@ def guarded_h11_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
                                     "client address; reuse or close them")
             self._address = address
             open_per_address[address] += 1
-            self._arm(limits.header_timeout_s, "the request head did not arrive within "
-                      f"{limits.header_timeout_s:g} s")
+            self._arm("head", limits.header_timeout_s)  # a new connection must send a head
 
         def connection_lost(self, exc) -> None:
             self._disarm()
+            if self._lingering:
+                self._lingering = False
+                lingering[0] -= 1
             if self._address is not None:
                 open_per_address[self._address] -= 1
                 if open_per_address[self._address] <= 0:
@@ -134,44 +146,54 @@ def guarded_h11_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
         def data_received(self, data: bytes) -> None:
             if self._lingering:
                 return  # read and dropped, so that our close is a FIN, not a reset
-            waiting_for_head = self.conn.their_state is h11.IDLE
             super().data_received(data)
-            state = self.conn.their_state
-            if state is h11.IDLE and not waiting_for_head:
-                pass  # a request ended and the next one has not begun: keep-alive's timer
-            elif state is h11.IDLE and self._timer is None:
-                # the first bytes of a head after keep-alive: its total time starts now
-                self._arm(limits.header_timeout_s, "the request head did not arrive within "
-                          f"{limits.header_timeout_s:g} s")
-            elif state is h11.SEND_BODY:
-                self._arm(limits.body_timeout_s, "the request body paused for more than "
-                          f"{limits.body_timeout_s:g} s")
-            elif state is not h11.IDLE:
-                self._disarm()  # the whole request is in: the app's time, not the client's
+            self._rearm()
 
         def on_response_complete(self) -> None:
             if self._lingering:
                 return
-            self._disarm()
-            super().on_response_complete()
+            super().on_response_complete()  # may start the next, pipelined, request
+            self._rearm()
 
-        def _arm(self, seconds: float, why: str) -> None:
+        def _rearm(self) -> None:
+            if self._lingering or self.transport.is_closing():
+                return
+            state = self.conn.their_state
+            if state is h11.SEND_BODY:
+                self._arm("body", limits.body_timeout_s)
+            elif state is h11.IDLE and self.conn.trailing_data[0]:
+                if self._timer_kind != "head":  # a total from the head's first byte
+                    self._arm("head", limits.header_timeout_s)
+            elif state is h11.IDLE:
+                if self._timer_kind not in ("head", "idle"):
+                    self._arm("idle", limits.keepalive_timeout_s)
+            else:
+                self._disarm()  # a whole request in (the app's time), or closing
+
+        def _arm(self, kind: str, seconds: float) -> None:
             self._disarm()
-            self._timer = self.loop.call_later(seconds, self._time_out, why)
+            self._timer = self.loop.call_later(seconds, self._time_out, kind)
+            self._timer_kind = kind
 
         def _disarm(self) -> None:
             if self._timer is not None:
                 self._timer.cancel()
-                self._timer = None
+            self._timer, self._timer_kind = None, None
 
-        def _time_out(self, why: str) -> None:
-            self._timer = None
+        def _time_out(self, kind: str) -> None:
+            self._timer, self._timer_kind = None, None
             if self.transport.is_closing():
                 return
-            if self.cycle is not None:  # the app reading the body gets a disconnect
-                self.cycle.disconnected = True
+            if kind == "idle":
+                self.transport.close()
+                return
+            if self.conn.their_state is h11.SEND_BODY and self.cycle is not None:
+                self.cycle.disconnected = True  # the app reading the body gets a disconnect
                 self.cycle.message_event.set()
-            if self.cycle is None or not self.cycle.response_started:
+            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # no answer begun
+                why = (f"the request head did not arrive within {limits.header_timeout_s:g} s"
+                       if kind == "head" else
+                       f"the request body paused for more than {limits.body_timeout_s:g} s")
                 self._answer_and_close(_response(408, "Request Timeout", why))
             else:
                 self.transport.close()
@@ -184,12 +206,48 @@ def guarded_h11_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
 
             Closing a socket with unread request bytes in it makes the kernel send a reset,
             and the client may lose the response before reading it; so the write side is
-            shut first and what still arrives is read and dropped for up to LINGER_S.
+            shut first and what still arrives is read and dropped for up to LINGER_S. At
+            most `max_connections` linger at once; past that a connection is closed at once.
             """
-            self._lingering = True
             self.transport.write(response)
+            if lingering[0] >= limits.max_connections:
+                self.transport.close()
+                return
+            self._lingering = True
+            lingering[0] += 1
             if self.transport.can_write_eof():
                 self.transport.write_eof()
             self._timer = self.loop.call_later(LINGER_S, self.transport.close)
+            self._timer_kind = "linger"
 
     return GuardedH11Protocol
+
+
+def handshake_bounded_server(config, handshake_timeout_s: float):
+    """A uvicorn Server whose TLS handshakes must end within `handshake_timeout_s`.
+
+    Over TLS the protocol above sees a connection only once its handshake is done, so a client
+    that connects and never sends a ClientHello would be bounded by asyncio's default
+    `ssl_handshake_timeout` (60 s) alone, uncounted; uvicorn has no setting for it, so the
+    loop's `create_server` is given one while the server starts (asyncio's loop, set in the
+    Config: uvloop's cannot be wrapped this way).
+    """
+    import uvicorn
+
+    class HandshakeBoundedServer(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            loop = asyncio.get_running_loop()
+            create_server = loop.create_server
+
+            async def bounded(*args, **kwargs):
+                if kwargs.get("ssl") is not None:
+                    kwargs.setdefault("ssl_handshake_timeout", handshake_timeout_s)
+                return await create_server(*args, **kwargs)
+
+            loop.create_server = bounded
+            try:
+                await super().startup(sockets)
+            finally:
+                del loop.create_server  # the class's method again
+
+    return HandshakeBoundedServer(config)

@@ -39,7 +39,11 @@ from tensorflow_serving.apis import (
 
 from ampflow.errors import ServingError
 from ampflow.serving import json_tensor, tensors
-from ampflow.serving.connection_limits import ConnectionLimits, guarded_h11_protocol
+from ampflow.serving.connection_limits import (
+    ConnectionLimits,
+    guarded_h11_protocol,
+    handshake_bounded_server,
+)
 from ampflow.serving.inference import (
     CallObserver,
     CallRecord,
@@ -323,10 +327,11 @@ class RestServer:
                                    ssl_cert_reqs=ssl.CERT_REQUIRED)
         config = uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off",
-            ws="none", interface="asgi3", timeout_keep_alive=limits.keepalive_timeout_s,
+            ws="none", interface="asgi3", loop="asyncio",
+            timeout_keep_alive=limits.keepalive_timeout_s,
             limit_concurrency=None, http=guarded_h11_protocol(limits),
             h11_max_incomplete_event_size=64 * 1024, **ssl_options)
-        self._server = uvicorn.Server(config)
+        self._server = handshake_bounded_server(config, limits.header_timeout_s)
         self._app = app
         self._thread = threading.Thread(target=self._server.run,
                                         kwargs={"sockets": [self._socket]},

@@ -17,6 +17,7 @@ import urllib.request
 
 import pytest
 from serving_helpers import MODEL, free_port, install_version
+from test_serving_server import pki  # noqa: F401 - the throwaway CA and certificates
 
 from ampflow.errors import ConfigError
 from ampflow.serving.connection_limits import ConnectionLimits
@@ -59,7 +60,23 @@ def rest_server(start_server, model_store, tmp_path):
     return _start
 
 
-def test_500_half_sent_requests_from_one_address_leave_the_rest_api_answering(rest_server):
+@pytest.fixture
+def enough_file_descriptors():
+    """500 client sockets and their 500 server ends live in this one process."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 4096 if hard == resource.RLIM_INFINITY else min(hard, 4096)
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    if max(soft, wanted) < 1200:
+        pytest.skip(f"needs ~1200 file descriptors; the hard limit is {hard}")
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_500_half_sent_requests_from_one_address_leave_the_rest_api_answering(
+        rest_server, enough_file_descriptors):
     server = rest_server(header_timeout_s=3.0, max_connections_per_address=32)
     port = int(server.rest_address.rsplit(":", 1)[1])
     held = []
@@ -76,7 +93,10 @@ def test_500_half_sent_requests_from_one_address_leave_the_rest_api_answering(re
             sock.close()
     refused = [r for r in replies if r.startswith(b"HTTP/1.1 503")]
     timed_out = [r for r in replies if r.startswith(b"HTTP/1.1 408")]
-    assert len(refused) == 500 - 32 and len(timed_out) == 32, (len(refused), len(timed_out))
+    # every one answered and closed; at least the first 32 were held until their timeout
+    # (more if connecting 500 took longer than the timeout on a slow host: slots free up)
+    assert len(refused) + len(timed_out) == 500 and len(timed_out) >= 32 and refused, (
+        len(refused), len(timed_out))
     assert b"per client address" in refused[0] and b"request head" in timed_out[0]
 
 
@@ -84,24 +104,22 @@ def test_a_head_trickled_one_byte_at_a_time_is_cut_at_the_header_timeout(rest_se
     """The head's time is a total (nginx's client_header_timeout), not a pause between bytes."""
     server = rest_server(header_timeout_s=1.5)
     sock = _connect(int(server.rest_address.rsplit(":", 1)[1]))
-    started = time.monotonic()
+    answer = b""
     try:
         for byte in HALF_SENT:  # one byte per 0.1 s: never a pause near the timeout
             sock.sendall(bytes([byte]))
             time.sleep(0.1)
             sock.settimeout(0.001)
             try:
-                if sock.recv(65536):
+                if answer := sock.recv(65536):
                     break
             except (BlockingIOError, TimeoutError):
                 continue
         else:
             pytest.fail("the server let a trickled head run longer than the whole head takes")
-    except (BrokenPipeError, ConnectionResetError):
-        pass
     finally:
         sock.close()
-    assert time.monotonic() - started < len(HALF_SENT) * 0.1
+    assert answer.startswith(b"HTTP/1.1 408") and b"request head" in answer
 
 
 def test_a_body_that_stops_arriving_is_cut_and_the_connection_freed(rest_server):
@@ -121,6 +139,7 @@ def test_a_body_that_stops_arriving_is_cut_and_the_connection_freed(rest_server)
 
 
 def test_a_connection_that_never_sends_is_closed_and_keep_alive_idles_out(rest_server):
+    """Closed after --rest-keepalive-timeout-s (1 s), well before uvicorn's own 5 s."""
     server = rest_server(header_timeout_s=1.0, keepalive_timeout_s=1.0)
     port = int(server.rest_address.rsplit(":", 1)[1])
     silent = _connect(port)
@@ -128,7 +147,7 @@ def test_a_connection_that_never_sends_is_closed_and_keep_alive_idles_out(rest_s
     silent.close()
     kept = _connect(port)
     kept.sendall(f"GET /v1/models/{MODEL} HTTP/1.1\r\nHost: s\r\n\r\n".encode())
-    reply = _read_until_closed(kept, timeout_s=10)  # answered, then closed when idle
+    reply = _read_until_closed(kept, timeout_s=4)  # answered, then closed when idle
     kept.close()
     assert reply.startswith(b"HTTP/1.1 200") and reply.count(b"HTTP/1.1") == 1
 
@@ -227,3 +246,80 @@ def test_serve_flags_set_every_limit_and_the_real_binary_is_not_chosen_for_them(
         float(getattr(config.connection_limits, f.name))
         for f in dataclasses.fields(ConnectionLimits)]
     assert any("connection limits" in reason for reason in cannot_honour(config))
+
+
+GET = f"GET /v1/models/{MODEL} HTTP/1.1\r\nHost: s\r\n\r\n".encode()
+
+
+def test_a_pipelined_request_whose_body_never_comes_is_still_cut(rest_server):
+    """The second request starts while the first is answered, with no bytes arriving."""
+    server = rest_server(body_timeout_s=1.0)
+    sock = _connect(int(server.rest_address.rsplit(":", 1)[1]), source="127.0.0.1")
+    sock.sendall(GET + b"POST /v1/models/ampflow:predict HTTP/1.1\r\nHost: s\r\n"
+                       b"Content-Length: 10\r\n\r\n")
+    reply = _read_until_closed(sock, timeout_s=10)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 408" in reply
+
+
+def test_a_body_still_trickling_after_an_early_answer_is_cut(start_server, model_store, tmp_path):
+    """A body declared far past the limit is answered (429) before it is read."""
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    server = start_server(base, rest_api_port=free_port(), max_message_bytes=1024,
+                          connection_limits=ConnectionLimits(body_timeout_s=1.0))
+    sock = _connect(int(server.rest_address.rsplit(":", 1)[1]), source="127.0.0.1")
+    sock.sendall(b"POST /v1/models/ampflow:predict HTTP/1.1\r\nHost: s\r\n"
+                 b"Content-Length: 10000000\r\n\r\n{")  # > limit + 1 MiB
+    first = b""
+    sock.settimeout(10)
+    while b"\r\n\r\n" not in first:
+        first += sock.recv(65536)
+    sock.sendall(b'"instances": ')  # more of the body, then silence
+    _read_until_closed(sock, timeout_s=10)
+    sock.close()
+    assert first.startswith(b"HTTP/1.1 429")
+
+
+def test_a_slow_second_head_on_a_keep_alive_connection_gets_408(rest_server):
+    server = rest_server(header_timeout_s=1.0, keepalive_timeout_s=30.0)
+    sock = _connect(int(server.rest_address.rsplit(":", 1)[1]), source="127.0.0.1")
+    sock.sendall(GET)
+    sock.settimeout(10)
+    first = sock.recv(65536)
+    sock.sendall(b"GET /v1/models/ampflow HTTP/1.1\r\n")  # and the head never ends
+    rest = _read_until_closed(sock, timeout_s=10)
+    sock.close()
+    reply = first + rest
+    assert reply.startswith(b"HTTP/1.1 200") and reply.count(b"HTTP/1.1 ") == 2
+    assert b"HTTP/1.1 408" in reply and b"request head" in reply
+
+
+def test_refused_connections_still_lingering_do_not_fill_the_server_for_others(rest_server):
+    """One address's refused flood must not count against everyone's total."""
+    server = rest_server(max_connections=16, max_connections_per_address=2)
+    port = int(server.rest_address.rsplit(":", 1)[1])
+    flood = []
+    try:
+        for _ in range(40):
+            sock = _connect(port)
+            sock.sendall(HALF_SENT)
+            flood.append(sock)
+        assert _status_of(server.rest_address) == 200
+    finally:
+        for sock in flood:
+            sock.close()
+
+
+def test_a_tls_connection_that_never_says_hello_is_closed_at_the_header_timeout(
+        start_server, model_store, tmp_path, pki):  # noqa: F811
+    from ampflow.serving.config import TlsConfig
+
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    server = start_server(base, rest_api_port=free_port(),
+                          tls=TlsConfig(pki["server"], pki["server_key"]),
+                          connection_limits=ConnectionLimits(header_timeout_s=1.0))
+    sock = _connect(int(server.rest_address.rsplit(":", 1)[1]))
+    assert _read_until_closed(sock, timeout_s=15) == b""  # asyncio's own default: 60 s
+    sock.close()
