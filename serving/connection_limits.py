@@ -31,6 +31,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ampflow.errors import ConfigError
 
+MAX_SECONDS = 2_000_000  # gRPC's channel arguments hold milliseconds in an int32
+
 
 def _limit(default, help_text: str):
     return dataclasses.field(default=default, metadata={"help": help_text})
@@ -57,9 +59,10 @@ class ConnectionLimits:
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s",
                      "grpc_max_connection_idle_s", "grpc_min_ping_interval_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0 seconds. Received: "
-                                  f"{name}={getattr(self, name)}")
+            value = getattr(self, name)
+            if not 0 < value <= MAX_SECONDS:  # NaN and inf fail too; gRPC takes int32 ms
+                raise ConfigError(f"{name} must be > 0 and <= {MAX_SECONDS} seconds. "
+                                  f"Received: {name}={value}")
         for name in ("max_connections", "max_connections_per_address",
                      "grpc_max_concurrent_streams"):
             if getattr(self, name) < 1:

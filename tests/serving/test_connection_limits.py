@@ -218,6 +218,9 @@ def _count_closed_within(sockets: list[socket.socket], timeout_s: float) -> int:
 
 
 @pytest.mark.parametrize("field,value", [("header_timeout_s", 0), ("max_connections", 0),
+                                         ("grpc_max_connection_idle_s", float("inf")),
+                                         ("body_timeout_s", float("nan")),
+                                         ("grpc_min_ping_interval_s", 3e6),
                                          ("max_connections_per_address", 10**6),
                                          ("grpc_max_concurrent_streams", 0)])
 def test_limits_out_of_range_are_refused_with_the_field_named(field, value):
