@@ -433,10 +433,12 @@ def build_pipeline(options: PipelineOptions | None = None):
         _resources(converted, options.default_resources)
 
         with dsl.If(serving_target != "none", name="serving-target-set"):
+            claim = {"model_store_claim": options.model_store_pvc} if options.model_store_pvc \
+                else {}  # the claim a kserve InferenceService reads (pvc://<claim>/...)
             deployed = ops["deploy_serving"](
                 saved_model=exported.outputs["saved_model"], target=serving_target,
                 model_store=serving_model_store, server_address=serving_address,
-                namespace=options.serving_namespace or "", overlay=serving_overlay)
+                namespace=options.serving_namespace or "", overlay=serving_overlay, **claim)
             _resources(deployed, options.default_resources)
             deployed.set_caching_options(False)  # a deployment is a side effect, never cached
             _serving_client(deployed)

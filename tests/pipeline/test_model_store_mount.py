@@ -61,3 +61,35 @@ def test_preflight_takes_the_constant_as_the_default_store():
         needs = preflight.run_needs(options, {"serving_target": target}, "kubeflow", False)
         (problem,) = needs.problems
         assert problem.startswith(f"serving_model_store={MODEL_STORE_MOUNT!r} is a directory")
+
+
+def _deploy_task_inputs(spec: dict) -> dict:
+    """The deploy task's constant inputs, wherever the compiler nested it (under a condition)."""
+    found = {}
+
+    def walk(node):
+        if isinstance(node, dict):
+            for name, task in node.get("tasks", {}).items():
+                if name == "deploy-serving":
+                    found.update(task["inputs"].get("parameters", {}))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(spec)
+    return found
+
+
+def test_the_deploy_task_is_told_the_claim_it_mounts(tmp_path):
+    """A kserve InferenceService reads pvc://<claim>/...: the claim the pipeline mounts, not
+    the component's default name."""
+    package = compile_pipeline(tmp_path / "p.yaml",
+                               PipelineOptions(image=IMAGE, model_store_pvc="team-models"))
+    spec, platform = list(yaml.safe_load_all(Path(package).read_text()))[:2]
+    inputs = _deploy_task_inputs(spec)
+    assert inputs["model_store_claim"]["runtimeValue"]["constant"] == "team-models"
+    (mount,) = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][
+        "exec-deploy-serving"]["pvcMount"]
+    assert mount["constant"] == "team-models" or mount.get("pvcName") == "team-models"
