@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 FIELD_MANAGER = "ampflow-deploy"
 ROLLOUT_LOCK_SUFFIX = "-rollout-lock"  # ConfigMap <stable Deployment>-rollout-lock
 _API_DEADLINE_S = 15.0
+_RELEASED = {"holder": "", "version": "", "expires_at": "0"}  # a lock anyone may take over
 _NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -67,13 +68,14 @@ class Cluster:
                 _apply_one(dyn, obj, self.namespace)
 
     def lock_rollout(self, deployment: str, version: int, ttl_s: float) -> None:
-        """Hold the rollout of `deployment`: create ConfigMap `<deployment>-rollout-lock`.
+        """Hold the rollout of `deployment` in ConfigMap `<deployment>-rollout-lock`.
 
         Creating an object that exists is refused by the API server (409 AlreadyExists), so of
         two deploys that start at the same moment one holds the lock and the other fails here,
-        naming the holder, before it changes anything. A lock left by a deploy that died is
-        taken over once past its `expires_at`: deleted with its uid and resourceVersion as
-        preconditions (of two takers only one delete succeeds), then created again.
+        naming the holder, before it changes anything. The ConfigMap is never deleted (the
+        Role grants no delete: a name prefix changes its name): a lock past its `expires_at`
+        (released, or left by a deploy that died) is taken over by a PATCH carrying the
+        resourceVersion read, so of two takers only one succeeds (409 Conflict for the other).
         """
         from kubernetes import client
 
@@ -86,56 +88,69 @@ class Cluster:
                                                       FIELD_MANAGER}}}
         for _attempt in range(2):
             try:
-                core.create_namespaced_config_map(self.namespace, body,
-                                                  _request_timeout=_API_DEADLINE_S)
-                self._lock = name
-                log.info("holding the rollout of %s/%s (ConfigMap %s)", self.namespace,
-                         deployment, name)
-                return
+                created = core.create_namespaced_config_map(self.namespace, body,
+                                                            _request_timeout=_API_DEADLINE_S)
+                return self._hold(name, created.metadata.resource_version, deployment)
             except client.ApiException as e:
                 if e.status != 409:
                     raise _api_error(f"creating ConfigMap {self.namespace}/{name}", e) from e
-            if not self._take_over_expired(core, name):
+            found = self._read("ConfigMap", name, core.read_namespaced_config_map)
+            if found is None:
+                continue  # deleted by hand meanwhile: create it again
+            expires = (found.data or {}).get("expires_at", "")
+            if not expires.isdigit() or int(expires) > time.time():
                 break
+            taken = self._patch_lock(core, name, found.metadata.resource_version, holder)
+            if taken is None:
+                break  # another deploy took it over first
+            log.warning("took over the expired rollout lock %s/%s of %s", self.namespace, name,
+                        (found.data or {}).get("holder"))
+            return self._hold(name, taken, deployment)
         raise DeployError(self._lock_held_message(core, name, deployment))
 
+    def _hold(self, name: str, resource_version: str, deployment: str) -> None:
+        self._lock = (name, resource_version)
+        log.info("holding the rollout of %s/%s (ConfigMap %s)", self.namespace, deployment, name)
+
     def unlock_rollout(self) -> None:
-        """Release the lock `lock_rollout` took (best effort: it expires anyway)."""
+        """Release the lock `lock_rollout` took, only if it is still ours.
+
+        Best effort: it expires anyway. Its resourceVersion is the precondition: a deploy that
+        outlived its TTL, whose lock another deploy has taken over since, leaves that one's
+        lock alone.
+        """
         from kubernetes import client
 
-        name, self._lock = getattr(self, "_lock", None), None
-        if name is None:
+        held, self._lock = getattr(self, "_lock", None), None
+        if held is None:
             return
+        name, resource_version = held
+        core = client.CoreV1Api(self.api_client)
         try:
-            client.CoreV1Api(self.api_client).delete_namespaced_config_map(
-                name, self.namespace, _request_timeout=_API_DEADLINE_S)
+            if self._patch_lock(core, name, resource_version, _RELEASED) is None:
+                log.warning("the rollout lock %s/%s was taken over by another deploy after "
+                            "ours expired; leaving it to that one", self.namespace, name)
         except Exception as e:  # noqa: BLE001 - the lock expires; keep the deploy's own result
-            log.warning("could not delete the rollout lock %s/%s (%s); it expires on its own",
+            log.warning("could not release the rollout lock %s/%s (%s); it expires on its own",
                         self.namespace, name, e)
 
-    def _take_over_expired(self, core, name: str) -> bool:
-        """Delete an expired lock, preconditioned on its uid + resourceVersion; True if gone."""
+    def _patch_lock(self, core, name: str, resource_version: str,
+                    data: dict[str, str]) -> str | None:
+        """Set the lock's data if it is still at `resource_version`.
+
+        Returns the new resourceVersion, or None when it changed (409 Conflict) or is gone.
+        """
         from kubernetes import client
 
-        found = self._read("ConfigMap", name, core.read_namespaced_config_map)
-        if found is None:
-            return True  # released meanwhile
-        expires = (found.data or {}).get("expires_at", "")
-        if not expires.isdigit() or int(expires) > time.time():
-            return False
-        preconditions = client.V1Preconditions(uid=found.metadata.uid,
-                                               resource_version=found.metadata.resource_version)
+        patch = {"metadata": {"resourceVersion": resource_version}, "data": data}
         try:
-            core.delete_namespaced_config_map(
-                name, self.namespace, body=client.V1DeleteOptions(preconditions=preconditions),
-                _request_timeout=_API_DEADLINE_S)
+            patched = core.patch_namespaced_config_map(name, self.namespace, patch,
+                                                       _request_timeout=_API_DEADLINE_S)
         except client.ApiException as e:
-            if e.status in (404, 409):  # another deploy took it over first
-                return e.status == 404
-            raise _api_error(f"deleting the expired lock {self.namespace}/{name}", e) from e
-        log.warning("took over the expired rollout lock %s/%s of %s", self.namespace, name,
-                    (found.data or {}).get("holder"))
-        return True
+            if e.status in (404, 409):
+                return None
+            raise _api_error(f"patching the rollout lock {self.namespace}/{name}", e) from e
+        return patched.metadata.resource_version
 
     def _lock_held_message(self, core, name: str, deployment: str) -> str:
         found = self._read("ConfigMap", name, core.read_namespaced_config_map)

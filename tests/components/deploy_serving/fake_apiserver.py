@@ -19,7 +19,8 @@ only after n reads: until then the status is the previous generation's. Without 
 KServe's paths answer 404, as a cluster without the CRDs does. `forbid` holds (method,
 resource plural) pairs answered 403 Forbidden.
 POST creates an object (409 AlreadyExists if it exists) and DELETE removes one, honouring
-uid/resourceVersion preconditions (409 Conflict), as the rollout lock needs.
+uid/resourceVersion preconditions (409 Conflict); a merge PATCH (strategic or JSON) merges
+`data` and honours a `metadata.resourceVersion` in it (409 Conflict), as the rollout lock needs.
 It is not Kubernetes: it checks nothing else a real API server would (schemas, RBAC, conflicts).
 """
 
@@ -82,6 +83,7 @@ class FakeApiServer:
         self.patches: list[dict] = []  # {"path", "query", "content_type", "body"}
         self.objects: dict[str, dict] = {}  # object path -> stored object
         self.requests: list[tuple[str, str]] = []  # (method, path?query)
+        self.merge_patches: list[dict] = []  # the rollout lock's take-overs and releases
         self.version_counter = 0  # resourceVersion of objects created with POST
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -337,7 +339,9 @@ class FakeApiServer:
                     return self._send(403, _status(403, "Forbidden", f"PATCH {url.path} is "
                                                    "forbidden: the user may not patch it"))
                 with server.lock:
-                    server.patches.append(
+                    recorded = (server.merge_patches if "merge-patch" in content_type
+                                else server.patches)  # patches: applies and JSON patches
+                    recorded.append(
                         {
                             "path": url.path,
                             "query": parse_qs(url.query),
@@ -349,6 +353,17 @@ class FakeApiServer:
                         if url.path not in server.objects:
                             return self._send(404, _status(404, "NotFound", url.path))
                         _json_patch(server.objects[url.path], body)
+                    elif "merge-patch" in content_type:  # resourceVersion: a precondition
+                        stored = server.objects.get(url.path)
+                        if stored is None:
+                            return self._send(404, _status(404, "NotFound", url.path))
+                        wanted = body.get("metadata", {}).get("resourceVersion")
+                        if wanted not in (None, stored["metadata"].get("resourceVersion")):
+                            return self._send(409, _status(409, "Conflict", "the object has "
+                                                           "been modified"))
+                        stored.setdefault("data", {}).update(body.get("data", {}))
+                        server.version_counter += 1
+                        stored["metadata"]["resourceVersion"] = str(server.version_counter)
                     else:
                         before = server.objects.get(url.path)
                         previous = (before or {}).get("metadata", {})
@@ -381,6 +396,9 @@ class FakeApiServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 options = json.loads(self.rfile.read(length)) if length else {}
                 server.requests.append(("DELETE", self.path))
+                if server._forbidden("DELETE", url.path):
+                    return self._send(403, _status(403, "Forbidden", f"DELETE {url.path} is "
+                                                   "forbidden: the user may not delete it"))
                 wanted = (options or {}).get("preconditions") or {}
                 with server.lock:
                     obj = server.objects.get(url.path)
