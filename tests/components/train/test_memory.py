@@ -199,6 +199,7 @@ def _tiny_model(input_shape, num_classes):
                                                   dtype="float32")(x))
 
 
+@pytest.mark.slow  # real train steps at each batch tried (14 s of CI's serial run)
 def test_auto_batch_size_with_the_real_probe_and_an_injected_limit_finds_the_smaller_batch():
     """The limit lies between what batches 8 and 16 of a real train step need (their region
     peaks: what the process held before each does not count, as in MemoryLimit)."""
