@@ -7,6 +7,9 @@ model in the store, the version the revision serves and the canary percent.
 1. Before anything changes: the API server answers, KServe's kinds are served there (a cluster
    without KServe is one clear line), the model store is writable, the manifests render.
 2. The version is copied to the model store (as the kubernetes target does).
+   The rollout lock (ConfigMap `<InferenceService>-rollout-lock`, as the kubernetes target
+   takes it) is held from before the live spec is read until the deploy ends, so two deploys
+   of one InferenceService at once cannot restore each other's stale spec: the second fails.
 3. The ServingRuntime and the InferenceService are server-side applied (field manager
    `ampflow-deploy`). The InferenceService's args pin the version, so a new version is a new
    revision; with `canaryTrafficPercent` KServe (Serverless mode) gives it that share of the
@@ -77,23 +80,30 @@ def deploy(config: DeployConfig, model_name: str, version: int,
             check_volume_writable(config.model_store, f"the model store {config.model_store}")
         objects = release(render_manifests(config), config, model_name, version)
         isvc = one(objects, ISVC_KIND)
-        before = read_inference_service(cluster.api_client, config.namespace,
-                                        isvc["metadata"]["name"])
-        dest = f"{str(config.model_store).rstrip('/')}/{model_name}/{version}"
-        _push(config, dest)
-        for obj in objects:
-            apply(cluster.api_client, obj, config.namespace)
+        # two deploys of one InferenceService at once would both read `before`, and a failing
+        # one's restore would re-apply its stale `before` over the other's good version
+        cluster.lock_rollout(isvc["metadata"]["name"], version, _lock_ttl_s(config),
+                             kind=ISVC_KIND)
         try:
-            status = wait_ready(cluster.api_client, config.namespace, isvc["metadata"]["name"],
-                                config.rollout_timeout_s)
-            served = version
-            if examples is not None:
-                served = canary.check_version_served(
-                    config.server_address, model_name, version, spec, examples,
-                    timeout_s=config.canary_timeout_s, atol=config.canary_atol)
-        except DeployError as e:
-            _restore(cluster.api_client, config.namespace, before, e)
-            raise
+            before = read_inference_service(cluster.api_client, config.namespace,
+                                            isvc["metadata"]["name"])
+            dest = f"{str(config.model_store).rstrip('/')}/{model_name}/{version}"
+            _push(config, dest)
+            for obj in objects:
+                apply(cluster.api_client, obj, config.namespace)
+            try:
+                status = wait_ready(cluster.api_client, config.namespace,
+                                    isvc["metadata"]["name"], config.rollout_timeout_s)
+                served = version
+                if examples is not None:
+                    served = canary.check_version_served(
+                        config.server_address, model_name, version, spec, examples,
+                        timeout_s=config.canary_timeout_s, atol=config.canary_atol)
+            except DeployError as e:
+                _restore(cluster.api_client, config.namespace, before, e)
+                raise
+        finally:
+            cluster.unlock_rollout()
     finally:
         cluster.close()
     previous = _version_of(before)
@@ -106,6 +116,11 @@ def deploy(config: DeployConfig, model_name: str, version: int,
         target="kserve", model_name=model_name, version=version, model_path=dest,
         endpoint=url, served_version=served, previous_version=previous, canary_share=share,
         promoted=share is not None and share >= 1.0)
+
+
+def _lock_ttl_s(config: DeployConfig) -> float:
+    """How long the rollout lock holds: longer than any deploy of this config can take."""
+    return 2 * config.rollout_timeout_s + config.canary_timeout_s + 300
 
 
 # ---- the objects ---------------------------------------------------------------------------

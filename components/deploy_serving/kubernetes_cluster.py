@@ -67,8 +67,9 @@ class Cluster:
             for obj in objects:
                 _apply_one(dyn, obj, self.namespace)
 
-    def lock_rollout(self, deployment: str, version: int, ttl_s: float) -> None:
-        """Hold the rollout of `deployment` in ConfigMap `<deployment>-rollout-lock`.
+    def lock_rollout(self, deployment: str, version: int, ttl_s: float,
+                     kind: str = "Deployment") -> None:
+        """Hold the rollout of `deployment` (a `kind`) in ConfigMap `<deployment>-rollout-lock`.
 
         Creating an object that exists is refused by the API server (409 AlreadyExists), so of
         two deploys that start at the same moment one holds the lock and the other fails here,
@@ -106,7 +107,8 @@ class Cluster:
             log.warning("took over the expired rollout lock %s/%s of %s", self.namespace, name,
                         (found.data or {}).get("holder"))
             return self._hold(name, taken, deployment)
-        raise DeployError(self._lock_held_message(core, name, deployment))
+        raise DeployError(self._lock_held_message(core, name, f"{kind} {self.namespace}/"
+                                                              f"{deployment}"))
 
     def _hold(self, name: str, resource_version: str, deployment: str) -> None:
         self._lock = (name, resource_version)
@@ -152,10 +154,10 @@ class Cluster:
             raise _api_error(f"patching the rollout lock {self.namespace}/{name}", e) from e
         return patched.metadata.resource_version
 
-    def _lock_held_message(self, core, name: str, deployment: str) -> str:
+    def _lock_held_message(self, core, name: str, what: str) -> str:
         found = self._read("ConfigMap", name, core.read_namespaced_config_map)
         data = (found.data or {}) if found is not None else {}
-        return (f"another deploy is rolling out Deployment {self.namespace}/{deployment} right "
+        return (f"another deploy is rolling out {what} right "
                 f"now (version {data.get('version', '?')}, by {data.get('holder', '?')}; lock "
                 f"ConfigMap {name} until {data.get('expires_at', '?')} epoch s). Nothing was "
                 f"changed: rerun when it is done (if no deploy is running: kubectl delete "

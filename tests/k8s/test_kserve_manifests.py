@@ -321,7 +321,9 @@ def test_kserve_rbac_is_least_privilege_and_bound_like_k8s_rbac(render):
         {"apiGroups": [kserve_target.GROUP], "resources": [kserve_target.ISVC_PLURAL],
          "verbs": ["get", "create", "patch"]},
         {"apiGroups": [kserve_target.GROUP], "resources": [kserve_target.RUNTIME_PLURAL],
-         "verbs": ["create", "patch"]}]
+         "verbs": ["create", "patch"]},
+        # the rollout lock: created, taken over and released by patches, never deleted
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]}]
     binding = one(objects, "RoleBinding")
     assert binding["roleRef"]["name"] == one(objects, "Role")["metadata"]["name"]
     assert binding["subjects"] == one(render("rbac")[1], "RoleBinding")["subjects"]

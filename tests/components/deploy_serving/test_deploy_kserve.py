@@ -185,14 +185,17 @@ def test_every_request_of_a_deploy_is_granted_by_k8s_kserve_rbac(export_base, tm
         with pytest.raises(DeployError):
             run_deploy(_config(api, tmp_path, export_base, 2, rollout_timeout_s=2))
         requests = list(api.requests)
-    verbs = {"GET": {"get"}, "PATCH": {"patch", "create"}}  # an apply of a new object creates
+    # an apply of a new object creates; POST: the rollout lock's create
+    verbs = {"GET": {"get"}, "PATCH": {"patch", "create"}, "POST": {"create"}}
     needed = set()
     for method, url in requests:
         parts = urlparse(url).path.split("/")
         if "namespaces" in parts[:-2]:
             plural = parts[parts.index("namespaces") + 2]
-            needed |= {(parts[2], plural, verb) for verb in verbs[method]}
+            group = "" if parts[1] == "api" else parts[2]  # /api/v1/...: the core group
+            needed |= {(group, plural, verb) for verb in verbs[method]}
     assert ("serving.kserve.io", "inferenceservices", "get") in needed  # the Ready wait
+    assert ("", "configmaps", "get") in needed  # the second deploy read the released lock
     rendered = subprocess.run([kubectl_path(), "kustomize", str(k8s_manifests_dir() / "kserve"
                                                                  / "rbac")],
                               capture_output=True, text=True, check=True, timeout=60).stdout
@@ -346,3 +349,29 @@ def test_a_deploy_that_fails_before_copying_leaves_no_claim(export_base, tmp_pat
     base = tmp_path / "store" / MODEL_NAME
     assert not list(base.glob(".*.claimed"))
     assert not (base / "1").exists()
+
+
+def test_a_deploy_while_another_holds_the_inference_service_changes_nothing(export_base,
+                                                                            tmp_path):
+    """Two KServe deploys at once: the second fails before it reads or applies anything
+    (before: both read `before` and applied, and a failing one's restore re-applied its stale
+    `before` over the other's good version)."""
+    from ampflow.components.deploy_serving.kubernetes_cluster import Cluster
+
+    with FakeApiServer(kserve=True) as api:
+        run_deploy(_config(api, tmp_path, export_base, 1))
+        applied = len(api.patches)
+        other = Cluster(_config(api, tmp_path, export_base, 2))
+        try:
+            other.lock_rollout("digits", 2, ttl_s=600, kind="InferenceService")
+            with pytest.raises(DeployError) as info:
+                run_deploy(_config(api, tmp_path, export_base, 2))
+            assert len(api.patches) == applied  # nothing applied
+            other.unlock_rollout()
+        finally:
+            other.close()
+        result = run_deploy(_config(api, tmp_path, export_base, 2))  # free again
+    assert str(info.value).startswith(f"another deploy is rolling out InferenceService "
+                                      f"{NAMESPACE}/digits right now (version 2")
+    assert "Nothing was changed" in str(info.value)
+    assert result.served_version == 2
