@@ -200,6 +200,18 @@ def test_predictor_runs_real_ampflow_serve_flags_on_kserves_ports(render):
     assert config.port == 9000  # gRPC, KServe's usual grpc port (its TF Serving runtime's)
 
 
+def test_the_queue_proxy_on_loopback_is_not_capped_as_one_client(render):
+    """In Serverless mode every REST connection reaches the container from Knative's
+    queue-proxy on 127.0.0.1: one client address. The per-address cap (default 128) would
+    refuse the 129th concurrent request long before the total cap; it must be the total."""
+    from ampflow.serving.connection_limits import ConnectionLimits
+
+    pod = predictor_pod(render(TARGET)[1])
+    limits = serve_config(pod["spec"]["template"]["spec"]["containers"][0]).connection_limits
+    assert limits.max_connections_per_address == limits.max_connections
+    assert limits.max_connections_per_address >= ConnectionLimits().max_connections
+
+
 def test_probes_use_the_v2_health_endpoints_on_the_rest_port(render):
     runtime = one(render(TARGET)[1], "ServingRuntime")
     (container,) = runtime["spec"]["containers"]
