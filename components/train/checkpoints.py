@@ -10,7 +10,9 @@ A checkpoint can still be unreadable: a kill or a disk fault after its files wer
 copy to or from a volume cut short, a bit flipped on a disk. TF would raise on it at restore,
 or worse, restore the variables it can read and let the training go on from a mix. `restore`
 reads every tensor of a checkpoint first (each is checked against its CRC32C in the index), and
-an unreadable one makes it fall back to the previous one, saying so in the log. If checkpoints
+a damaged one (a torn or missing file, a bad checksum) makes it fall back to the previous one,
+saying so in the log; an error reaching the file (permission denied, an unavailable volume)
+is raised as it is, since an older checkpoint would only hide it. If checkpoints
 exist and none can be read it refuses: starting from scratch over a run's checkpoints must be
 the user's choice (remove the directory), never a silent one.
 """
@@ -95,9 +97,41 @@ def unreadable_reason(path: str) -> str | None:
         reader = tf.train.load_checkpoint(path)
         for name in reader.get_variable_to_shape_map():
             reader.get_tensor(name)
-    except Exception as e:  # OpError, OSError, and IndexError for a truncated data file
-        return _reason(e) or type(e).__name__
+    except (IndexError, tf.errors.OpError) as e:  # IndexError: a truncated data file
+        if _is_damage(e):
+            return _reason(e) or type(e).__name__
+        raise _access_error(path, e) from e
+    except Exception as e:  # noqa: BLE001 - OSError (permission, NFS) and the like: not damage
+        raise _access_error(path, e) from e
     return None
+
+
+# What TF's checkpoint reader says about a damaged file. It wraps most errors as UNKNOWN (checked
+# on TF 2.21: a torn index is "not an sstable (bad magic number)", a zeroed one "file is too
+# short to be an sstable", a flipped byte "Checksum does not match", a missing data file "No
+# such file or directory"), so for UNKNOWN the message tells damage from an access error.
+_DAMAGE_CODES = ("DATA_LOSS", "OUT_OF_RANGE", "NOT_FOUND")
+_DAMAGE_WORDS = ("sstable", "checksum does not match", "no such file or directory", "corrupt",
+                 "truncated", "data loss", "read less bytes")
+
+
+def _is_damage(error: Exception) -> bool:
+    """True for a file that cannot be read as a checkpoint; False for a failure to reach it."""
+    import tensorflow as tf
+
+    if isinstance(error, IndexError):
+        return True
+    if error.error_code in [getattr(tf.errors, code) for code in _DAMAGE_CODES]:
+        return True
+    text = str(error.message or "").lower()
+    return error.error_code == tf.errors.UNKNOWN and any(w in text for w in _DAMAGE_WORDS)
+
+
+def _access_error(path: str, error: Exception) -> CheckpointError:
+    """A permission or storage error: no sign the file is damaged, so no older one is tried."""
+    return CheckpointError(
+        f"could not read the checkpoint {path} ({_reason(error)}): an access or storage error, "
+        "not a damaged file, so no older checkpoint was tried; fix the access and rerun")
 
 
 def _reason(error: Exception) -> str:

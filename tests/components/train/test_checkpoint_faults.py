@@ -200,3 +200,41 @@ def test_train_killed_then_latest_checkpoint_torn_resumes_from_the_previous_one(
     assert f"restored {previous}" in second.stderr
     meta = json.loads((tmp_path / "pod2" / "metadata.json").read_text())
     assert meta["resumed"] and [e["epoch"] for e in meta["epochs"]] == list(range(1, 31))
+
+
+def _access_errors():
+    import tensorflow as tf
+
+    return {
+        "permission denied": tf.errors.PermissionDeniedError(None, None, "ckpt: Permission denied"),
+        "unavailable": tf.errors.UnavailableError(None, None, "ckpt: Transport endpoint is not "
+                                                              "connected"),
+        "unknown from the reader": tf.errors.OpError(None, None, "ckpt-2.index; Permission "
+                                                                 "denied", tf.errors.UNKNOWN),
+        "os error": PermissionError(13, "Permission denied", "ckpt-2.index"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["permission denied", "unavailable", "unknown from the reader",
+                                  "os error"])
+def test_an_access_error_is_no_corruption_and_is_raised_not_fallen_back_from(
+        tmp_path, monkeypatch, caplog, kind):
+    """A permission error or a storage hiccup says nothing about the file: falling back to an
+    older checkpoint (or refusing as if all were damaged) would hide it and lose steps. Fault
+    injected at the reader: this machine runs tests as root, which no file mode stops."""
+    import tensorflow as tf
+
+    saved = _save_two(tmp_path)
+    error = _access_errors()[kind]
+
+    def reader_failing(path):
+        raise error
+
+    monkeypatch.setattr(tf.train, "load_checkpoint", reader_failing)
+    with caplog.at_level(logging.WARNING, logger=checkpoints.__name__):
+        with pytest.raises(checkpoints.CheckpointError) as info:
+            _restored(tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"could not read the checkpoint {saved[2]} (")
+    assert "denied" in message or "not connected" in message  # its own message
+    assert "falling back" not in caplog.text
