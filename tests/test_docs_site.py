@@ -206,9 +206,10 @@ def test_demo_output_shown_names_the_pipelines_tasks(document, tmp_path):
     from ampflow.pipeline.pipeline import compile_pipeline
 
     ir = next(yaml.safe_load_all(Path(compile_pipeline(tmp_path / "p.yaml")).read_text()))
-    tasks = set(ir["root"]["dag"]["tasks"])
-    for component in ir["components"].values():
-        tasks |= set(component.get("dag", {}).get("tasks", {}))
+    dags = [ir["root"]["dag"]] + [c["dag"] for c in ir["components"].values() if "dag" in c]
+    # the names KFP's UI shows (a task's display name, else its key), as the demo prints them
+    tasks = {task.get("taskInfo", {}).get("name", key)
+             for dag in dags for key, task in dag["tasks"].items()}
     shown = set(DEMO_LINE.findall(document.read_text())) - DEMO_OWN_LINES
     assert shown, f"{document.name} shows no demo output"
     assert shown <= tasks, (shown - tasks, sorted(tasks))
