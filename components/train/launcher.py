@@ -103,7 +103,9 @@ def config_to_argv(config) -> list[str]:
         if f.name in _LAUNCHER_ONLY or value is None:
             continue
         flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
+        if isinstance(value, bool) and f.metadata.get("tristate"):
+            argv += [flag, "on" if value else "off"]  # --xla auto|on|off
+        elif isinstance(value, bool):
             argv.append(flag if value else "--no-" + flag[2:])
         else:
             argv += [flag, os.fspath(value) if isinstance(value, Path) else str(value)]
