@@ -330,7 +330,8 @@ def test_submit_kserve_without_claim_role_or_kserve_is_one_line_each_and_nothing
         "  - kubeflow:pipeline-runner (the service account the run's pods use) may not get "
         "inferenceservices.serving.kserve.io, create inferenceservices.serving.kserve.io, patch "
         "inferenceservices.serving.kserve.io, create servingruntimes.serving.kserve.io, patch "
-        "servingruntimes.serving.kserve.io in namespace kubeflow: "
+        "servingruntimes.serving.kserve.io, get configmaps, create configmaps, patch configmaps "
+        "in namespace kubeflow: "
         "kubectl apply -n kubeflow -k k8s/kserve/rbac",
     ]
     assert sent == []
@@ -347,7 +348,8 @@ def test_submit_kserve_checks_exactly_what_k8s_kserve_rbac_grants_and_sends(fake
     asked = {(a["group"], a["resource"], a["verb"]) for _, a in cluster.reviews}
     assert asked == _kserve_role_grants() == {
         ("serving.kserve.io", "inferenceservices", verb) for verb in ("get", "create", "patch")
-    } | {("serving.kserve.io", "servingruntimes", verb) for verb in ("create", "patch")}
+    } | {("serving.kserve.io", "servingruntimes", verb) for verb in ("create", "patch")
+         } | {("", "configmaps", verb) for verb in ("get", "create", "patch")}  # rollout lock
     assert {(user, a["namespace"]) for user, a in cluster.reviews} == {(RUNNER, "kubeflow")}
     assert ("GET", "/apis/serving.kserve.io/v1beta1") in cluster.requests
     assert ("GET", "/apis/serving.kserve.io/v1alpha1") in cluster.requests
