@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -58,3 +59,15 @@ def predict_request(model: str, images, **spec):
     if images is not None:
         request.inputs["images"].CopyFrom(tf.make_tensor_proto(images))
     return request
+
+
+@contextlib.contextmanager
+def running_server(config):
+    """`ampflow serve`'s server in-process for `config`; stopped (0.5 s grace) on the way out."""
+    from ampflow.serving.server import start_local_server
+
+    server = start_local_server(config)
+    try:
+        yield server
+    finally:
+        server.stop(0.5)

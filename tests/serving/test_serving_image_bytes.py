@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from serving_helpers import free_port, local_only
+from serving_helpers import free_port, local_only, running_server
 
 from ampflow.serving.client import PredictionClient, RpcError, as_array
 from ampflow.serving.config import BatchingConfig, ModelConfig, ServerConfig
@@ -87,18 +87,13 @@ def digits(prepared_digits) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def server(digits_export):
-    from ampflow.serving.server import start_local_server
-
     config = ServerConfig(models=(ModelConfig(digits_export.model_name,
                                               digits_export.model_base),),
                           host="127.0.0.1", port=0, rest_api_port=free_port(),
                           max_message_bytes=LIMIT, grace_s=1.0,
                           batching=BatchingConfig(max_batch_size=BATCH, batch_timeout_ms=2.0))
-    running = start_local_server(config)
-    try:
+    with running_server(config) as running:
         yield running
-    finally:
-        running.stop(0.5)
 
 
 @pytest.fixture(scope="module")

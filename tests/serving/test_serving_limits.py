@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from serving_helpers import MODEL, install_version, local_only
+from serving_helpers import MODEL, install_version, local_only, running_server
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
@@ -31,8 +31,6 @@ BATCH_CAP = 16  # the server's max rows per request
 
 @pytest.fixture(scope="module")
 def server(model_store, tmp_path_factory):
-    from ampflow.serving.server import start_local_server
-
     base = tmp_path_factory.mktemp("limits") / MODEL
     install_version(model_store, base, 1)
     install_version(model_store, base, 7, source=1)  # a complete copy whose pb is corrupt
@@ -42,9 +40,8 @@ def server(model_store, tmp_path_factory):
                                   ModelConfig("empty", base.parent / "empty")),
                           host="127.0.0.1", port=0, max_message_bytes=LIMIT,
                           max_request_batch_size=BATCH_CAP, grace_s=1.0)
-    running = start_local_server(config)
-    yield running
-    running.stop(0.5)
+    with running_server(config) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from serving_helpers import MODEL, free_port, predict_request
+from serving_helpers import MODEL, free_port, predict_request, running_server
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -53,16 +53,11 @@ def tflite_store(model_store, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tflite_store):
-    from ampflow.serving.server import start_local_server
-
     config = ServerConfig(models=(ModelConfig(MODEL, tflite_store / "tflite",
                                               version_policy="all"),),
                           host="127.0.0.1", port=0, rest_api_port=free_port(), grace_s=1.0)
-    running = start_local_server(config)
-    try:
+    with running_server(config) as running:
         yield running
-    finally:
-        running.stop(0.5)
 
 
 @pytest.fixture(scope="module")

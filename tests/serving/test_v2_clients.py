@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from serving_helpers import MODEL, free_port, install_version, predict_request
+from serving_helpers import MODEL, free_port, install_version, predict_request, running_server
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from ampflow.serving.config import ModelConfig, ServerConfig
@@ -56,19 +56,14 @@ def clients_python(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_store, tmp_path_factory):
-    from ampflow.serving.server import start_local_server
-
     base = tmp_path_factory.mktemp("v2clients") / MODEL
     for version in (1, 2):
         install_version(model_store, base, version)
     config = ServerConfig(models=(ModelConfig(MODEL, base, version_policy="all"),),
                           host="127.0.0.1", port=0, rest_api_port=free_port(),
                           max_message_bytes=LIMIT, max_request_batch_size=8192, grace_s=1.0)
-    running = start_local_server(config)
-    try:
+    with running_server(config) as running:
         yield running
-    finally:
-        running.stop(0.5)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serving_helpers import MODEL, install_version, predict_request
+from serving_helpers import MODEL, install_version, predict_request, running_server
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 from v2_test_helpers import ECHO_MODEL, echo_values, v2_stub, write_echo_model
 
@@ -34,8 +34,6 @@ CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_conte
 
 @pytest.fixture(scope="module")
 def server(model_store, tmp_path_factory):
-    from ampflow.serving.server import start_local_server
-
     root = tmp_path_factory.mktemp("v2grpc")
     for version in (1, 2):
         install_version(model_store, root / MODEL, version)
@@ -47,11 +45,8 @@ def server(model_store, tmp_path_factory):
               ModelConfig(TYPED_ECHO, root / TYPED_ECHO))
     config = ServerConfig(models=models, host="127.0.0.1", port=0, max_message_bytes=LIMIT,
                           max_request_batch_size=8192, grace_s=1.0)
-    running = start_local_server(config)
-    try:
+    with running_server(config) as running:
         yield running
-    finally:
-        running.stop(0.5)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from serving_helpers import MODEL, free_port, install_version, predict_request
+from serving_helpers import MODEL, free_port, install_version, predict_request, running_server
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 from v2_test_helpers import ECHO_MODEL, echo_values, http, write_echo_model
 
@@ -33,8 +33,6 @@ BATCH_CAP = 8192  # rows; 5000 rows of 8x8x1 float32 (1.28 MB) pass it and excee
 @pytest.fixture(scope="module")
 def server(model_store, tmp_path_factory):
     """`ampflow serve`: the contract model (versions 1, 2; label stable=1) and the echo model."""
-    from ampflow.serving.server import start_local_server
-
     root = tmp_path_factory.mktemp("v2rest")
     for version in (1, 2):
         install_version(model_store, root / MODEL, version)
@@ -45,11 +43,8 @@ def server(model_store, tmp_path_factory):
     config = ServerConfig(models=models, host="127.0.0.1", port=0, rest_api_port=free_port(),
                           metrics_port=free_port(), max_message_bytes=LIMIT,
                           max_request_batch_size=BATCH_CAP, grace_s=1.0)
-    running = start_local_server(config)
-    try:
+    with running_server(config) as running:
         yield running
-    finally:
-        running.stop(0.5)
 
 
 @pytest.fixture(scope="module")
