@@ -53,8 +53,8 @@ demo: $(STAMP)
 # ~2): one process 130 s and 121 s, -n 2 --dist loadfile 106 s, -n 2 --dist load 146 s.
 PYTEST_WORKERS ?= -n 2 --dist loadfile
 
-## test: lint, then the whole test suite: 1,356 tests in 1036 s and 1171 s of pytest with -n 2 on a
-## 2-core clean clone (before -n 2: 997 tests in 1301 s).
+## test: lint, then the whole test suite: 1,356 tests in 928 s of pytest with -n 2 on a quiet 2-core
+## clean clone (1036 s and 1171 s with other work running; before -n 2: 997 tests in 1301 s).
 test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS)
