@@ -11,18 +11,15 @@ server would silently prune an unknown (misspelt) field; here it is an error ins
 from __future__ import annotations
 
 import copy
-import gzip
 import json
 import subprocess
 from pathlib import Path
 
-import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from k8s_helpers import one, require_tool
+from k8s_helpers import ManifestValidator, one, require_tool
 from test_manifests import _checkov, security_context_problems
-from test_training_manifests import _strict
 
 from ampflow.components.deploy_serving import kserve_target
 from ampflow.components.deploy_serving.config import DeployConfig
@@ -56,27 +53,9 @@ KNATIVE_CONTAINER_SECURITY = {"capabilities", "readOnlyRootFilesystem", "runAsUs
 KNATIVE_VOLUME_SOURCES = {"secret", "configMap", "projected", "emptyDir"}
 KNATIVE_RESERVED_PORTS = {8012, 8013, 8022, 9090, 9091, 8008}  # queue-proxy, metrics, profiling
 
-_VALIDATORS: dict = {}
 
-
-def crd_validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
-    key = (api_version, kind)
-    if key not in _VALIDATORS:
-        crd = yaml.safe_load(gzip.decompress((CRDS / SCHEMAS[key]).read_bytes()))
-        (entry,) = [v for v in crd["spec"]["versions"] if v["name"] == api_version.split("/")[1]]
-        assert crd["spec"]["names"]["kind"] == kind and entry["served"]
-        _VALIDATORS[key] = jsonschema.Draft7Validator(_strict(entry["schema"]["openAPIV3Schema"]))
-    return _VALIDATORS[key]
-
-
-def validate(obj: dict) -> None:
-    """KServe kinds against the stored CRDs; built-in kinds against Kubernetes' own schema."""
-    key = (obj["apiVersion"], obj["kind"])
-    if key in SCHEMAS:
-        errors = sorted(crd_validator(*key).iter_errors(obj), key=lambda e: list(e.path))
-        assert not errors, "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
-    else:
-        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+VALIDATE = ManifestValidator(CRDS, SCHEMAS)
+crd_validator, validate = VALIDATE.crd_validator, VALIDATE
 
 
 def predictor_pod(objects: list[dict]) -> dict:

@@ -10,16 +10,13 @@ schemas are made strict here: every object schema that does not preserve unknown
 from __future__ import annotations
 
 import copy
-import gzip
 import os
 import subprocess
 from pathlib import Path
 
-import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
-from k8s_helpers import K8S_DIR
+from k8s_helpers import K8S_DIR, ManifestValidator
 from test_manifests import security_context_problems
 
 pytestmark = pytest.mark.k8s
@@ -40,41 +37,8 @@ JOB_COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-comp
 TFJOB_CONTAINER, TFJOB_PORT_NAME, TFJOB_PORT = "tensorflow", "tfjob-port", 2222
 
 
-def _strict(schema):
-    if isinstance(schema, dict):
-        schema = {k: _strict(v) for k, v in schema.items()}
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
-            schema["additionalProperties"] = False
-        return schema
-    if isinstance(schema, list):
-        return [_strict(s) for s in schema]
-    return schema
-
-
-_VALIDATORS: dict = {}
-
-
-def crd_validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
-    """A strict validator from the stored upstream CRD of `kind` at `api_version`."""
-    key = (api_version, kind)
-    if key not in _VALIDATORS:
-        crd = yaml.safe_load(gzip.decompress((CRDS / SCHEMAS[key]).read_bytes()))
-        version = api_version.split("/")[1]
-        (entry,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
-        assert crd["spec"]["names"]["kind"] == kind and entry["served"]
-        _VALIDATORS[key] = jsonschema.Draft7Validator(_strict(entry["schema"]["openAPIV3Schema"]))
-    return _VALIDATORS[key]
-
-
-def validate(obj: dict) -> None:
-    """Validate against the CRD schema (custom kinds) or the Kubernetes schema (built-ins)."""
-    key = (obj["apiVersion"], obj["kind"])
-    if key in SCHEMAS:
-        errors = sorted(crd_validator(*key).iter_errors(obj), key=lambda e: list(e.path))
-        assert not errors, "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
-    else:
-        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+VALIDATE = ManifestValidator(CRDS, SCHEMAS)
+crd_validator, validate = VALIDATE.crd_validator, VALIDATE
 
 
 def one(objects: list[dict], kind: str) -> dict:
