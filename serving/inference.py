@@ -130,7 +130,7 @@ class InferenceCore:
         response = predict_pb2.PredictResponse()
         _fill_spec(response.model_spec, servable, sig_name)
         for alias in aliases:
-            response.outputs[alias].CopyFrom(tensors.to_proto(outputs[alias]))
+            tensors.to_proto(outputs[alias], out=response.outputs[alias])
         return response
 
     def _predict_inputs(self, request, sig) -> dict[str, np.ndarray]:
@@ -149,9 +149,10 @@ class InferenceCore:
                 f"{_names(expected - sent)}.",
             )
         budget = self.limits.max_bytes
+        shapes = {}
         for name in sorted(expected):
             proto = request.inputs[name]
-            shape = tensors.declared_shape(name, proto)
+            shape = shapes[name] = tensors.declared_shape(name, proto)
             tensors.check_against_signature(name, proto.dtype, shape, sig.inputs[name],
                                             self.limits.max_rows)
             budget -= tensors.decoded_bytes(proto, shape)
@@ -161,7 +162,8 @@ class InferenceCore:
                     f"the inputs of this request would decode to more than "
                     f"{self.limits.max_bytes} bytes (--max-message-bytes)",
                 )
-        return {name: tensors.to_ndarray(name, request.inputs[name]) for name in sorted(expected)}
+        return {name: tensors.decode_checked(name, request.inputs[name], shape)
+                for name, shape in shapes.items()}
 
     @staticmethod
     def _output_aliases(request, sig) -> list[str]:
