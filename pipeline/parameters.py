@@ -12,6 +12,7 @@ Names: `model` is the architecture (as `train --model`), `model_name` the served
 from __future__ import annotations
 
 from ampflow.cliutil import did_you_mean
+from ampflow.components.deploy_serving.config import SERVING_FORMATS, TFLITE_VARIANTS
 from ampflow.errors import ConfigError
 from ampflow.pipeline.pipeline import (
     AUTO_RELATIVE_LOGIT_DIFF,
@@ -19,6 +20,7 @@ from ampflow.pipeline.pipeline import (
     DEFAULT_SERVING_OVERLAY,
     GATE_DEFAULTS,
     MODEL_STORE_MOUNT,
+    SERVING_DEFAULTS,
     SERVING_OVERLAYS,
     TRAIN_DEFAULTS,
     XLA_VALUES,
@@ -57,6 +59,10 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
     "serving_overlay": (str, DEFAULT_SERVING_OVERLAY,
                         "k8s overlay serving_target=kubernetes deploys: "
                         + ", ".join(SERVING_OVERLAYS)),
+    "serving_format": (str, SERVING_DEFAULTS["serving_format"],
+                       "what the deploy step publishes: " + ", ".join(SERVING_FORMATS)),
+    "tflite_variant": (str, SERVING_DEFAULTS["tflite_variant"],
+                       "serving_format=tflite: the converted variant to publish"),
     "model_path": (str, "", "directory to import a `model` builder from (in the image)"),
     "image_size": (str, "", "H W, HxW or one number: the size to train and serve at"),
     "image_folder": (str, "", "a folder of class sub-folders, read instead of `dataset`"),
@@ -65,7 +71,9 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 # Parameters whose value is one of a list: checked (with the closest suggested) before sending.
 CHOICES: dict[str, tuple[str, ...]] = {"xla": XLA_VALUES, "serving_target": SERVING_TARGETS,
-                                        "serving_overlay": SERVING_OVERLAYS}
+                                        "serving_overlay": SERVING_OVERLAYS,
+                                        "serving_format": SERVING_FORMATS,
+                                        "tflite_variant": TFLITE_VARIANTS}
 # Old names and values still taken, each with a one-line note: name -> (new name, values).
 DEPRECATED: dict[str, tuple[str, dict[str, str]]] = {
     "jit_compile": ("xla", {"auto": "auto", "true": "on", "false": "off"}),

@@ -79,6 +79,9 @@ DATA_DEFAULTS = {
 # The k8s overlay the deploy step renders (a run-time parameter): the deploy step's own default.
 SERVING_OVERLAYS = OVERLAYS
 DEFAULT_SERVING_OVERLAY = DeployConfig.__dataclass_fields__["overlay"].default
+# What the deploy step publishes (the SavedModel, or one TFLite variant): its own defaults.
+SERVING_DEFAULTS = {name: DeployConfig.__dataclass_fields__[name].default
+                    for name in ("serving_format", "tflite_variant")}
 TRAIN_DEFAULTS = {
     **{name: TrainConfig.__dataclass_fields__[name].default for name in (
         "model", "epochs", "batch_size", "learning_rate", "precision", "seed")},
@@ -371,6 +374,8 @@ def build_pipeline(options: PipelineOptions | None = None):
         serving_model_store: str = MODEL_STORE_MOUNT,
         serving_address: str = "",
         serving_overlay: str = DEFAULT_SERVING_OVERLAY,
+        serving_format: str = SERVING_DEFAULTS["serving_format"],
+        tflite_variant: str = SERVING_DEFAULTS["tflite_variant"],
         model_path: str = "",
         image_size: str = "",
         image_folder: str = "",
@@ -438,7 +443,9 @@ def build_pipeline(options: PipelineOptions | None = None):
             deployed = ops["deploy_serving"](
                 saved_model=exported.outputs["saved_model"], target=serving_target,
                 model_store=serving_model_store, server_address=serving_address,
-                namespace=options.serving_namespace or "", overlay=serving_overlay, **claim)
+                namespace=options.serving_namespace or "", overlay=serving_overlay,
+                tflite=converted.outputs["tflite"], serving_format=serving_format,
+                tflite_variant=tflite_variant, **claim)
             _resources(deployed, options.default_resources)
             deployed.set_caching_options(False)  # a deployment is a side effect, never cached
             _serving_client(deployed)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
+from ampflow.components.deploy_serving.config import SERVING_FORMATS, TFLITE_VARIANTS
 from ampflow.components.train.precision import POLICIES
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.files import ensure_writable_dir
@@ -28,6 +29,7 @@ from ampflow.pipeline.pipeline import (
     DATA_DEFAULTS,
     GATE_DEFAULTS,
     PIPELINE_NAME,
+    SERVING_DEFAULTS,
     TRAIN_DEFAULTS,
     XLA_VALUES,
     PipelineOptions,
@@ -95,6 +97,14 @@ class LocalRunConfig:
         "help": "Comma-separated TFLite variants to convert and check."})
     model_name: str = field(default=DEFAULT_MODEL_NAME, metadata={
         "help": "Served model name (as export/serve/predict --model-name)."})
+    serving_format: str = field(default=SERVING_DEFAULTS["serving_format"], metadata={
+        "choices": SERVING_FORMATS,
+        "help": "What the deploy step publishes into <workdir>/serving: the SavedModel, or "
+                "the --tflite-variant the convert step produced (ampflow serve loads both)."})
+    tflite_variant: str = field(default=SERVING_DEFAULTS["tflite_variant"], metadata={
+        "choices": TFLITE_VARIANTS,
+        "help": "With --serving-format tflite: the variant to publish (it must be among "
+                "--tflite-variants and pass its gate)."})
     train_workers: int = field(default=1, metadata={
         "help": "Train on this many local worker processes (MultiWorkerMirroredStrategy over "
                 "loopback, the TF_CONFIG contract of a TFJob)."})

@@ -13,6 +13,9 @@ def deploy_serving(
     overlay: str = "cpu",
     canary_traffic_percent: int = 10,
     model_store_claim: str = "tf-serving-models",
+    tflite: Input[Model] = None,
+    serving_format: str = "saved_model",
+    tflite_variant: str = "full_int8",
 ):
     """Push the exported version to the serving model store; on Kubernetes, roll out + canary.
 
@@ -20,6 +23,9 @@ def deploy_serving(
     the `ampflow` ServingRuntime; its endpoint is the InferenceService's URL, and its new
     revision gets `canary_traffic_percent` of the traffic; `model_store_claim` is the PVC
     mounted at `model_store`, which the InferenceService reads).
+    `serving_format="tflite"` (local and kserve targets) publishes the `tflite_variant` of the
+    convert step's `tflite` output instead of the SavedModel: only a variant that passed its
+    gate, checked with its own answers (deploy_serving/tflite_variant.py).
     `target="none"` skips deployment (the task then records nothing to serve).
     `namespace` empty: the namespace this pod runs in (the KFP run's), where the model-store
     PVC it mounts lives; outside a pod, "ampflow".
@@ -63,6 +69,9 @@ def deploy_serving(
                 overlay=overlay,
                 canary_traffic_percent=canary_traffic_percent,
                 model_store_claim=model_store_claim,
+                serving_format=serving_format,
+                tflite_dir=Path(tflite.path) if tflite is not None else None,
+                tflite_variant=tflite_variant,
             )
         )
     except BaseException:  # failed before push_local (which frees it itself): free the number
@@ -76,6 +85,9 @@ def deploy_serving(
         "model_path": result.model_path,
         "endpoint": result.endpoint,
         "served_version": result.served_version,
+        "serving_format": serving_format,
     }
+    if serving_format == "tflite":
+        payload["tflite_variant"] = tflite_variant
     Path(endpoint.path).write_text(json.dumps(payload, indent=2))
     endpoint.metadata.update(payload)

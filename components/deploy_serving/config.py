@@ -12,11 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ampflow.components.convert_tflite.variants import VARIANTS
 from ampflow.components.deploy_serving import model_store
+from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
 from ampflow.errors import ConfigError
 from ampflow.serving.model_format import check_model_name, parse_version_name
 
 TARGETS = ("local", "kubernetes", "kserve")
+# What the version dir holds: the exported SavedModel, or one TFLite variant the convert step
+# produced and checked (tflite_variant.py); the plain kubernetes target serves only the first
+SERVING_FORMATS = ("saved_model", "tflite")
+TFLITE_VARIANTS = VARIANTS
 # Where the pipeline's deploy task mounts the model-store claim, and so the default model store
 # of a pipeline run (pipeline.py, parameters.py, preflight.py; component.py's default repeats it
 # because a KFP component's source runs alone in its pod: tests/pipeline/test_model_store_mount.py)
@@ -72,6 +78,30 @@ class DeployConfig:
             "help": "max |probability - recorded| allowed in the answers to the recorded "
             "examples (the class of an example whose top two recorded probabilities are closer "
             "than 2*atol may differ)"
+        },
+    )
+    # --- what is published ---
+    serving_format: str = field(
+        default="saved_model",
+        metadata={
+            "help": "what the version serves: the exported SavedModel, or the TFLite variant "
+            "--tflite-variant from the convert step's --tflite-dir (targets local and kserve)",
+            "choices": list(SERVING_FORMATS),
+        },
+    )
+    tflite_dir: Path | None = field(
+        default=None,
+        metadata={
+            "help": "serving_format tflite: the convert step's output dir (<variant>.tflite, "
+            "<variant>.json, report.json)"
+        },
+    )
+    tflite_variant: str = field(
+        default="full_int8",
+        metadata={
+            "help": "serving_format tflite: the variant to publish; it must be in the convert "
+            "report and have passed its gate",
+            "choices": list(TFLITE_VARIANTS),
         },
     )
     # --- kubernetes target ---
@@ -192,8 +222,35 @@ class DeployConfig:
                 f"canary_replicas must be >= 1. Received: canary_replicas={self.canary_replicas}"
             )
         model_store.refuse_unsupported_uri(self.model_store)
+        self._check_serving_format()
         if self.target == "kserve":
             self._check_kserve()
+
+    def _check_serving_format(self) -> None:
+        """A TFLite version needs the convert output, a known variant, a server that loads it."""
+        if self.serving_format not in SERVING_FORMATS:
+            raise ConfigError(f"serving_format must be one of {SERVING_FORMATS}. Received: "
+                              f"serving_format={self.serving_format!r}")
+        if self.tflite_variant not in TFLITE_VARIANTS:
+            raise ConfigError(f"tflite_variant must be one of {TFLITE_VARIANTS}. Received: "
+                              f"tflite_variant={self.tflite_variant!r}")
+        if self.serving_format != "tflite":
+            return
+        if self.tflite_dir is None:
+            raise ConfigError("serving_format='tflite' needs tflite_dir, the convert step's "
+                              "output dir. Received: tflite_dir=None")
+        object.__setattr__(self, "tflite_dir", Path(self.tflite_dir))
+        if self.target == "kubernetes":
+            raise ConfigError(
+                "serving_format='tflite' needs target 'local' or 'kserve' (both run ampflow "
+                "serve). Received: target='kubernetes', whose tensorflow/serving Deployment "
+                "runs tensorflow_model_server, which does not load a version dir holding only "
+                "a .tflite file")
+        if model_store.is_uri(str(self.model_store)):
+            raise ConfigError(
+                "serving_format='tflite' publishes into a directory (a temp dir, then one "
+                "rename); a bucket has no rename, and a server polling it could see the dir "
+                f"before its .tflite file. Received: model_store={self.model_store!r}")
 
     def _check_kserve(self) -> None:
         """The InferenceService name and the canary share KServe's webhook would refuse."""
@@ -256,6 +313,19 @@ class DeployConfig:
         out["model_name"] = self.resolved_model_name
         out["version"] = self.resolved_version
         return out
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What a deploy publishes as the version, and the answers its server must give.
+
+    `expected` None: the answers export recorded in `source` (a SavedModel version), read only
+    when a server is checked. A TFLite variant brings its own (tflite_variant.py says why).
+    """
+
+    source: Path  # the dir copied into <model_store>/<model_name>/<version>/
+    model_format: str = "tensorflow"  # KServe's modelFormat name: "tensorflow" or "tflite"
+    expected: CanaryExamples | None = None
 
 
 @dataclass(frozen=True)

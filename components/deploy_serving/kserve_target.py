@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from ampflow.components.deploy_serving import model_store
-from ampflow.components.deploy_serving.config import DeployConfig, DeployResult
+from ampflow.components.deploy_serving.config import DeployConfig, DeployResult, Payload
 from ampflow.components.deploy_serving.kubernetes_cluster import FIELD_MANAGER, Cluster
 from ampflow.components.deploy_serving.kubernetes_render import (
     NAME_ANNOTATION,
@@ -63,13 +63,19 @@ _KUSTOMIZE_TIMEOUT_S = 60
 
 
 def deploy(config: DeployConfig, model_name: str, version: int,
-           spec: model_store.SignatureSpec) -> DeployResult:
-    """The kserve target of `run_deploy` (see the module docstring for the order)."""
+           spec: model_store.SignatureSpec, payload: Payload | None = None) -> DeployResult:
+    """The kserve target of `run_deploy` (see the module docstring for the order).
+
+    `payload`: what is published (default: the exported SavedModel); a TFLite variant is
+    served by the same runtime under KServe's model format `tflite`, and checked with its own
+    expected answers.
+    """
+    payload = payload or Payload(config.saved_model_dir)
     examples = None
     if config.server_address:  # read before anything changes: a missing file is one line
         from ampflow.components.deploy_serving import canary
 
-        examples = canary.recorded_examples(config.saved_model_dir)
+        examples = payload.expected or canary.recorded_examples(config.saved_model_dir)
     cluster = Cluster(config)
     try:
         cluster.check_reachable()
@@ -78,7 +84,8 @@ def deploy(config: DeployConfig, model_name: str, version: int,
             from ampflow.components.train.cluster import check_volume_writable
 
             check_volume_writable(config.model_store, f"the model store {config.model_store}")
-        objects = release(render_manifests(config), config, model_name, version)
+        objects = release(render_manifests(config), config, model_name, version,
+                          model_format=payload.model_format)
         isvc = one(objects, ISVC_KIND)
         # two deploys of one InferenceService at once would both read `before`, and a failing
         # one's restore would re-apply its stale `before` over the other's good version
@@ -88,7 +95,7 @@ def deploy(config: DeployConfig, model_name: str, version: int,
             before = read_inference_service(cluster.api_client, config.namespace,
                                             isvc["metadata"]["name"])
             dest = f"{str(config.model_store).rstrip('/')}/{model_name}/{version}"
-            _push(config, dest)
+            _push(config, dest, payload.source)
             for obj in objects:
                 apply(cluster.api_client, obj, config.namespace)
             try:
@@ -143,8 +150,11 @@ def render_manifests(config: DeployConfig) -> list[dict[str, Any]]:
 
 
 def release(rendered: list[dict[str, Any]], config: DeployConfig, model_name: str,
-            version: int) -> list[dict[str, Any]]:
+            version: int, model_format: str = "tensorflow") -> list[dict[str, Any]]:
     """[ServingRuntime, InferenceService] of `rendered`, made to serve `version` of the model.
+
+    `model_format`: the InferenceService's modelFormat, one the runtime lists (`tflite` for a
+    version holding a TFLite variant; KServe refuses a runtime that does not list it).
 
     The claim k8s/kserve also renders is left out: it must exist already (this step writes the
     version into it), and leaving it out keeps the deploy step's Role to the two KServe kinds.
@@ -165,10 +175,21 @@ def release(rendered: list[dict[str, Any]], config: DeployConfig, model_name: st
     predictor["canaryTrafficPercent"] = config.canary_traffic_percent
     model = predictor["model"]
     model["runtime"] = runtime["metadata"]["name"]
+    model["modelFormat"] = _supported_format(runtime, model_format)
     model["storageUri"] = storage_uri(config, model_name)
     model["args"] = [f"--model-name={model_name}", "--version-policy=specific",
                      f"--versions={version}"]
     return [runtime, isvc]
+
+
+def _supported_format(runtime: dict[str, Any], name: str) -> dict[str, str]:
+    """The runtime's supportedModelFormats entry `name` as a modelFormat; ConfigError if absent."""
+    for entry in runtime["spec"].get("supportedModelFormats") or []:
+        if entry.get("name") == name:
+            return {k: entry[k] for k in ("name", "version") if k in entry}
+    listed = [e.get("name") for e in runtime["spec"].get("supportedModelFormats") or []]
+    raise ConfigError(f"the ServingRuntime {runtime['metadata']['name']} in k8s/kserve must list "
+                      f"the model format {name!r}. Received: {listed}")
 
 
 def storage_uri(config: DeployConfig, model_name: str) -> str:
@@ -293,12 +314,12 @@ def _version_of(isvc: dict[str, Any] | None) -> int | None:
     return parse_version_name(value) if value else None
 
 
-def _push(config: DeployConfig, dest: str) -> None:
+def _push(config: DeployConfig, dest: str, source: Path) -> None:
     """Copy the version into the model store (atomic on a volume, .pb last in a bucket)."""
     if model_store.is_uri(dest):
-        model_store.push_uri(config.saved_model_dir, dest, config.to_dict())
+        model_store.push_uri(source, dest, config.to_dict())
     else:
-        model_store.push_local(config.saved_model_dir, Path(dest), config.to_dict())
+        model_store.push_local(source, Path(dest), config.to_dict())
 
 
 class _ApiFailure(Exception):

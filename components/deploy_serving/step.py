@@ -13,15 +13,21 @@ Two targets share one config:
 - `kserve`: check the API server and that KServe's kinds are served there, copy the version to
   the model store, server-side apply the `ampflow` ServingRuntime and an InferenceService that
   pins the version with a canary traffic percent, and wait for it to be Ready (kserve_target.py).
+
+With `serving_format="tflite"` the version published (local and kserve targets) is one TFLite
+variant of the convert step's output instead, checked before anything is published, and the
+server must give that variant's own answers (tflite_variant.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from ampflow.components.deploy_serving import model_store
-from ampflow.components.deploy_serving.config import DeployConfig, DeployResult
+from ampflow.components.deploy_serving.config import DeployConfig, DeployResult, Payload
 
 log = logging.getLogger(__name__)
 
@@ -30,32 +36,53 @@ def run_deploy(config: DeployConfig) -> DeployResult:
     """Deploy `config.saved_model_dir` to `config.target`; see the module docstring."""
     model_name, version = config.resolved_model_name, config.resolved_version
     spec = model_store.check_saved_model(config.saved_model_dir)
-    if config.target == "local":
-        return _deploy_local(config, model_name, version, spec)
-    if config.target == "kserve":
-        from ampflow.components.deploy_serving import kserve_target
+    with _payload(config) as payload:
+        if config.target == "local":
+            return _deploy_local(config, model_name, version, spec, payload)
+        if config.target == "kserve":
+            from ampflow.components.deploy_serving import kserve_target
 
-        return kserve_target.deploy(config, model_name, version, spec)
-    from ampflow.components.deploy_serving import kubernetes_target
+            return kserve_target.deploy(config, model_name, version, spec, payload)
+        from ampflow.components.deploy_serving import kubernetes_target
 
-    return kubernetes_target.deploy(config, model_name, version, spec)
+        return kubernetes_target.deploy(config, model_name, version, spec)
+
+
+@contextlib.contextmanager
+def _payload(config: DeployConfig) -> Iterator[Payload]:
+    """The exported SavedModel, or the chosen TFLite variant staged with its expected answers."""
+    if config.serving_format != "tflite":
+        yield Payload(config.saved_model_dir)
+        return
+    from ampflow.components.deploy_serving import canary, tflite_variant
+
+    variant = tflite_variant.select_variant(config.tflite_dir, config.tflite_variant)
+    recorded = canary.recorded_examples(config.saved_model_dir)
+    with tflite_variant.staged_version(variant) as staged:
+        expected = tflite_variant.expected_answers(staged, variant, recorded)
+        log.info("publishing TFLite variant %s (%s); the server must give its answers to the "
+                 "%d recorded examples", variant.name, variant.tflite, len(recorded.images))
+        yield Payload(staged, model_format="tflite", expected=expected)
 
 
 def _deploy_local(
-    config: DeployConfig, model_name: str, version: int, spec: model_store.SignatureSpec
+    config: DeployConfig, model_name: str, version: int, spec: model_store.SignatureSpec,
+    payload: Payload,
 ) -> DeployResult:
     """Copy into the local base path; with a server address, prove it serves the version."""
-    examples = None
-    if config.server_address:
+    examples = payload.expected
+    if config.server_address and examples is None:
         from ampflow.components.deploy_serving import canary
 
         examples = canary.recorded_examples(config.saved_model_dir)
     store = Path(str(config.model_store))
     dest, already = model_store.push_local(
-        config.saved_model_dir, store / model_name / str(version), config.to_dict()
+        payload.source, store / model_name / str(version), config.to_dict()
     )
     served = None
     if config.server_address:
+        from ampflow.components.deploy_serving import canary
+
         try:
             served = canary.check_version_served(
                 config.server_address, model_name, version, spec, examples,

@@ -103,6 +103,21 @@ def test_compile_deploy_task_deploys_into_the_runs_own_namespace_by_default(defa
     assert "pvcMount" not in str(platform)  # another namespace's claim cannot be mounted
 
 
+def test_compile_deploy_task_takes_the_convert_output_and_the_serving_format(default_ir):
+    spec, _ = default_ir
+    (condition,) = [t for t in spec["root"]["dag"]["tasks"].values()
+                    if t["componentRef"]["name"].startswith("comp-condition")]
+    deploy = spec["components"][condition["componentRef"]["name"]]["dag"]["tasks"][
+        "deploy-serving"]
+    tflite = deploy["inputs"]["artifacts"]["tflite"]["componentInputArtifact"]
+    assert tflite == "pipelinechannel--convert-tflite-tflite"  # what --serving-format tflite reads
+    parameters = deploy["inputs"]["parameters"]
+    for name in ("serving_format", "tflite_variant"):
+        assert parameters[name]["componentInputParameter"] == f"pipelinechannel--{name}"
+    defaults = spec["root"]["inputDefinitions"]["parameters"]
+    assert defaults["serving_format"]["defaultValue"] == "saved_model"  # unchanged behaviour
+
+
 def test_compile_train_pods_are_kept_from_the_cluster_autoscaler(default_ir, tmp_path):
     # a deleted pod is not retried by KFP's retry strategy (no retry policy: Argo's OnFailure)
     executors = default_ir[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]

@@ -1,0 +1,182 @@
+"""Publish one TFLite variant the convert step produced as the served version, and its canary.
+
+The convert step's output dir holds `<variant>.tflite` and `<variant>.json` (I/O quantization,
+labels, sha256 of the flatbuffer) per variant, and `report.json`, whose `variants.<variant>`
+says whether that variant `passed` its gate and lists its `checks` (name, op, threshold, value).
+A deploy with `serving_format="tflite"` publishes `<store>/<model>/<version>/` holding the one
+`<variant>.tflite` (what `ampflow serve --model-format tflite|auto` loads) and its
+`<variant>.json`, through the same temp dir, rename and version claim as a SavedModel.
+
+Refused with a ConfigError before anything is published: a variant the report does not list
+(not converted), one whose gate failed, a file whose sha256 is not the one the converter
+recorded (damaged or replaced since it was checked), a file that does not load, and a variant
+whose answers to the recorded examples break its own gate (below).
+
+Why the canary changes: the answers export recorded are the SavedModel's, and a quantized
+variant answers differently (full_int8 moves probabilities by up to a few 1e-2), so comparing
+the server with them at the SavedModel's tight `canary_atol` would fail a correct deploy, and
+any looser tolerance would be a number nobody chose. So the check is split in two:
+1. The expected answers are the variant's own: the recorded images run here through the
+   server's own servable (`TFLiteServable`: the same interpreter choice, LiteRT where it
+   imports, and the same (de)quantization). The server must give them within `canary_atol`,
+   which proves it loaded *this* file, not another version, model or a damaged copy.
+2. Those answers must agree with the SavedModel's recorded ones within the variant's own gate,
+   the thresholds the converter applied, read from its report: class agreement >= the
+   variant's `agreement` threshold and, for float32/float16, max |probability difference| <=
+   its `max_abs_prob_diff` threshold. This proves the variant was converted from this
+   SavedModel (a variant of another model or version passes 1 and fails here). Its
+   `accuracy_drop_points` check needs labels, which the recorded examples do not carry; the
+   converter ran it on the whole test split. With the default 32 recorded examples an
+   agreement threshold above 31/32 allows no disagreement at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ampflow.components.export_savedmodel.canary_examples import INPUT_KEY, CanaryExamples
+from ampflow.errors import ConfigError, ModelLoadError
+
+REPORT_JSON = "report.json"  # convert_tflite/step.py's REPORT_JSON (step.py imports TF-heavy code)
+SIGNATURE = "serving_default"
+# The gate checks of the converter's report that compare the variant with the SavedModel
+# on examples without labels: metric name -> how it is measured on the recorded examples.
+_SAVED_MODEL_CHECKS = ("agreement", "max_abs_prob_diff")
+
+
+@dataclass(frozen=True)
+class TFLiteVariant:
+    """One variant of the convert output, as its report describes it."""
+
+    name: str
+    tflite: Path
+    metadata: Path
+    checks: tuple[dict[str, Any], ...]  # the report's gate checks of this variant
+
+
+def select_variant(tflite_dir: Path, variant: str) -> TFLiteVariant:
+    """The variant the report lists as produced and passed, its file the one it checked."""
+    report = _read_report(Path(tflite_dir))
+    produced = report.get("variants") or {}
+    if variant not in produced:
+        raise ConfigError(
+            f"tflite_variant must be one the convert step produced in {tflite_dir} "
+            f"({', '.join(sorted(produced)) or 'none'}). Received: tflite_variant={variant!r}")
+    entry = produced[variant]
+    checks = tuple(entry.get("checks") or ())
+    if not entry.get("passed"):
+        failed = [f"{c['name']} = {c['value']:.6g} (must be {c['op']} {c['threshold']:g})"
+                  for c in checks if not c.get("passed")]
+        raise ConfigError(
+            f"tflite_variant={variant!r} failed the convert step's gate ({'; '.join(failed)}; "
+            f"see {Path(tflite_dir) / 'report.md'}); a failed variant is never published")
+    tflite = Path(tflite_dir) / entry.get("file", f"{variant}.tflite")
+    metadata = Path(tflite_dir) / entry.get("metadata", f"{variant}.json")
+    _check_same_file(tflite, metadata)
+    return TFLiteVariant(variant, tflite, metadata, checks)
+
+
+def _read_report(tflite_dir: Path) -> dict[str, Any]:
+    path = tflite_dir / REPORT_JSON
+    try:
+        report = json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"tflite_dir must be the convert step's output dir, holding "
+                          f"{REPORT_JSON}. Received: tflite_dir={str(tflite_dir)!r}, which has "
+                          "none") from e
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} cannot be read as the convert report: {e}") from e
+    if not isinstance(report, dict):
+        raise ConfigError(f"{path} must hold the convert report (a JSON object). Received: "
+                          f"{type(report).__name__}")
+    return report
+
+
+def _check_same_file(tflite: Path, metadata: Path) -> None:
+    """The .tflite must be the bytes the converter checked (its JSON records their sha256)."""
+    try:
+        recorded = json.loads(metadata.read_text()).get("sha256")
+        digest = hashlib.sha256(tflite.read_bytes()).hexdigest()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"the convert step's {tflite.name} and {metadata.name} must be "
+                          f"readable: {e}") from e
+    if recorded != digest:
+        raise ConfigError(
+            f"{tflite} is not the file the convert step checked (sha256 {digest[:12]}…, "
+            f"{metadata.name} records {str(recorded)[:12]}…): damaged or replaced since; "
+            "convert again")
+
+
+@contextlib.contextmanager
+def staged_version(variant: TFLiteVariant) -> Iterator[Path]:
+    """A temp dir laid out as the served version: `<variant>.tflite` and `<variant>.json`."""
+    with tempfile.TemporaryDirectory(prefix="ampflow-tflite-") as tmp:
+        staged = Path(tmp) / "version"
+        staged.mkdir()
+        shutil.copyfile(variant.tflite, staged / variant.tflite.name)
+        shutil.copyfile(variant.metadata, staged / variant.metadata.name)
+        yield staged
+
+
+def expected_answers(staged: Path, variant: TFLiteVariant,
+                     recorded: CanaryExamples) -> CanaryExamples:
+    """The variant's own answers to the recorded images, checked against its gate (doc, 1-2)."""
+    from ampflow.serving.tflite_servable import TFLiteServable
+
+    try:
+        servable = TFLiteServable(variant.name, 1, staged)
+    except ModelLoadError as e:
+        raise ConfigError(f"tflite_variant={variant.name!r}: {variant.tflite} does not load, "
+                          f"so no server could serve it: {e}") from e
+    if not servable.can_run(SIGNATURE):
+        raise ConfigError(f"{variant.tflite} must carry the {SIGNATURE!r} signature the "
+                          "canary sends. Received: " + ", ".join(servable.signature_defs))
+    try:
+        outputs = servable.run(SIGNATURE, {INPUT_KEY: recorded.images})
+    except (ValueError, RuntimeError, KeyError) as e:
+        raise ConfigError(f"{variant.tflite} cannot answer the recorded examples (float32 "
+                          f"{list(recorded.images.shape)} on {INPUT_KEY!r}): {e}") from e
+    expected = CanaryExamples(
+        images=recorded.images,
+        probabilities=np.asarray(outputs["probabilities"], dtype=np.float32),
+        class_ids=np.asarray(outputs["class_ids"], dtype=np.int64))
+    check_against_saved_model(expected, recorded, variant)
+    return expected
+
+
+def check_against_saved_model(answers: CanaryExamples, recorded: CanaryExamples,
+                              variant: TFLiteVariant) -> None:
+    """ConfigError unless `answers` pass the variant's own gate against the recorded answers."""
+    if answers.probabilities.shape != recorded.probabilities.shape:
+        raise ConfigError(
+            f"tflite_variant={variant.name!r} answers probabilities of shape "
+            f"{list(answers.probabilities.shape)} to the recorded examples; the SavedModel "
+            f"answered {list(recorded.probabilities.shape)}: another model?")
+    observed = {
+        "agreement": float(np.mean(answers.class_ids == recorded.class_ids)),
+        "max_abs_prob_diff": float(np.max(np.abs(
+            answers.probabilities.astype(np.float64) - recorded.probabilities))),
+    }
+    failed = []
+    for check in variant.checks:
+        name = check.get("name")
+        if name not in _SAVED_MODEL_CHECKS:
+            continue
+        value, op, threshold = observed[name], check["op"], check["threshold"]
+        if not (value >= threshold if op == ">=" else value <= threshold):
+            failed.append(f"{name} = {value:.6g} (the gate's bound: {op} {threshold:g})")
+    if failed:
+        raise ConfigError(
+            f"tflite_variant={variant.name!r} does not answer the SavedModel's "
+            f"{len(recorded.images)} recorded examples within its own convert gate: "
+            f"{'; '.join(failed)}; was it converted from this SavedModel version?")
