@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,10 +179,41 @@ def test_deploy_tflite_of_another_saved_model_refused_by_its_own_gate(export_bas
                                                                       tmp_path):
     # converted from digits/1, deployed as if it were digits/2: its answers to digits/2's
     # recorded examples break the variant's own agreement threshold (0.97)
-    with pytest.raises(ConfigError, match=r"within its own convert gate: agreement = .*"
+    with pytest.raises(ConfigError, match=r"within its own convert gate .*: agreement = .*"
                                           r"the gate's bound: >= 0\.97"):
         run_deploy(_tflite(export_base, tmp_path / "store", converted, saved_version=2))
     assert _published(tmp_path / "store") == []
+
+
+def _examples(probabilities):
+    from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
+
+    probabilities = np.asarray(probabilities, dtype=np.float32)
+    return CanaryExamples(np.zeros((len(probabilities), 8, 8, 1), np.float32), probabilities,
+                          np.argmax(probabilities, axis=1))
+
+
+@pytest.mark.parametrize("flipped_gap, passes", [(0.009, True), (0.2, False)],
+                         ids=["near-tie-flip-excused", "clear-flip-refused"])
+def test_full_int8_agreement_on_32_examples_excuses_only_near_ties(flipped_gap, passes):
+    """The demo model's case: 31 of 32 agree (0.969 < 0.97), the flip a 0.009 near tie, the
+    converter's measured max |dp| 0.023. Counting every example refused this correct variant."""
+    from ampflow.components.deploy_serving.tflite_variant import (
+        TFLiteVariant,
+        check_against_saved_model,
+    )
+
+    recorded = [[0.9, 0.1]] * 31 + [[0.5 + flipped_gap / 2, 0.5 - flipped_gap / 2]]
+    answers = [[0.89, 0.11]] * 31 + [[0.45, 0.55]]
+    variant = TFLiteVariant("full_int8", Path("full_int8.tflite"), Path("full_int8.json"),
+                            ({"name": "agreement", "op": ">=", "threshold": 0.97},
+                             {"name": "accuracy_drop_points", "op": "<=", "threshold": 1.0}),
+                            measured_max_prob_diff=0.023)
+    if passes:
+        check_against_saved_model(_examples(answers), _examples(recorded), variant)
+    else:
+        with pytest.raises(ConfigError, match=r"agreement = 0\.96875"):
+            check_against_saved_model(_examples(answers), _examples(recorded), variant)
 
 
 def test_deploy_tflite_cli_unknown_variant_one_line_exit_2(export_base, converted, tmp_path,
