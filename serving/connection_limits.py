@@ -22,8 +22,10 @@ the docs; a server that faces clients must hold these bounds itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import socket
 from collections import Counter
 
 import h11
@@ -122,6 +124,7 @@ def guarded_h11_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            _no_delay(transport)
             address = self.client[0] if self.client else "unknown"
             if sum(open_per_address.values()) >= limits.max_connections:
                 return self._refuse(f"the server holds its maximum of {limits.max_connections} "
@@ -224,6 +227,18 @@ def guarded_h11_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
             self._timer_kind = "linger"
 
     return GuardedH11Protocol
+
+
+def _no_delay(transport) -> None:
+    """TCP_NODELAY on a REST connection: h11 writes a response's head and body separately.
+
+    With Nagle's algorithm on, the body waits for the client to acknowledge the head, and a
+    client delays that ACK by up to 40 ms: every REST call took ~44 ms on loopback.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def handshake_bounded_server(config, handshake_timeout_s: float):
