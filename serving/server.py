@@ -140,12 +140,7 @@ def start_local_server(config: ServerConfig) -> RunningServer:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers,
                                    thread_name_prefix="ampflow-grpc"),
-        options=[
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", config.max_message_bytes),
-            ("grpc.so_reuseport", 0),
-            *grpc_server_options(config.connection_limits),
-        ],
+        options=server_options(config),
         maximum_concurrent_rpcs=config.max_workers * 8,
         interceptors=(UndecodableRequestInterceptor(),),
     )
@@ -178,6 +173,16 @@ def start_local_server(config: ServerConfig) -> RunningServer:
              f", metrics on :{metrics_port}/metrics" if metrics_port else "")
     return RunningServer(address, port, config, registry, metrics_port, server, health_servicer,
                          batcher, metrics_http, rest.port if rest else None, rest)
+
+
+def server_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments (the serving benchmark's echo floor uses them too)."""
+    return [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+        *grpc_server_options(config.connection_limits),
+    ]
 
 
 def _start_rest(config: ServerConfig, v2: V2Core, metrics: _Metrics | None):
