@@ -25,6 +25,7 @@ from typing import Any
 
 from ampflow.cliutil import invalid_choice
 from ampflow.components.train.cluster import PEER_LOST_EXIT_CODE, STRATEGIES
+from ampflow.components.train.loop import ALLREDUCE_DTYPES
 from ampflow.components.train.precision import POLICIES, HardwareInfo, PrecisionSetup
 from ampflow.errors import AmpflowError, ConfigError, ModelLoadError, TrainingDivergedError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
@@ -139,6 +140,21 @@ class TrainConfig:
     cpus_per_worker: int | None = field(default=None, metadata={
         "help": "With --workers: pin each worker to this many CPU cores and TF threads "
                 "(default: no pinning)."})
+    packed_allreduce: bool = field(default=True, metadata={
+        "help": "With several replicas: all-reduce the gradients and the step's statistics in "
+                "one packed collective per step and take the loss-scale verdict on the reduced "
+                "gradients (no extra collective); --no-packed-allreduce: Keras's own gradient "
+                "all-reduce plus separate ones (the former path, up to 3 collectives a step). "
+                "Same numbers either way (docs/how-to/multi-worker.md)."})
+    allreduce_bytes_per_pack: int = field(default=0, metadata={
+        "help": "With --packed-allreduce: split the gradients into packs of about this many "
+                "bytes (tf.distribute CommunicationOptions.bytes_per_pack), each its own "
+                "collective; 0 = one pack (measured fastest on CPU workers)."})
+    allreduce_dtype: str = field(default="float32", metadata={
+        "choices": ALLREDUCE_DTYPES,
+        "help": "With --packed-allreduce: the dtype gradients are summed in across replicas; "
+                "compute = the policy's compute dtype (float16/bfloat16: half the bytes, "
+                "rounded sums; loss-scaled, checked and unscaled after the sum)."})
     scale_learning_rate: bool = field(default=False, metadata={
         "help": "Multiply the learning rate by the number of replicas (linear scaling rule for "
                 "the larger global batch)."})
@@ -213,6 +229,19 @@ class TrainConfig:
         if self.launcher_port is not None and not 0 < self.launcher_port < 65536:
             raise ConfigError("launcher_port must be in [1, 65535]. "
                               f"Received: launcher_port={self.launcher_port}")
+        if self.allreduce_dtype not in ALLREDUCE_DTYPES:
+            raise ConfigError(invalid_choice("allreduce_dtype", self.allreduce_dtype,
+                                             ALLREDUCE_DTYPES))
+        if self.allreduce_bytes_per_pack < 0:
+            raise ConfigError("allreduce_bytes_per_pack must be >= 0 (0 = one pack). Received: "
+                              f"allreduce_bytes_per_pack={self.allreduce_bytes_per_pack}")
+        if not self.packed_allreduce and (self.allreduce_bytes_per_pack
+                                          or self.allreduce_dtype != "float32"):
+            raise ConfigError(
+                "allreduce_bytes_per_pack and allreduce_dtype set how the packed all-reduce "
+                "works: they need packed_allreduce. Received: packed_allreduce=False, "
+                f"allreduce_bytes_per_pack={self.allreduce_bytes_per_pack}, "
+                f"allreduce_dtype={self.allreduce_dtype!r}")
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
 
@@ -500,7 +529,10 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         epochs=config.epochs, steps_per_epoch=steps, global_batch_size=global_batch,
         label_smoothing=config.label_smoothing,
         jit_compile=setup.jit_compile, loss_scaling=setup.loss_scaling, state_dir=state_dir,
-        checkpoint_every_n_steps=config.checkpoint_every_n_steps))
+        checkpoint_every_n_steps=config.checkpoint_every_n_steps,
+        packed_allreduce=config.packed_allreduce,
+        allreduce_bytes_per_pack=config.allreduce_bytes_per_pack,
+        allreduce_dtype=config.allreduce_dtype))
     limits = GuardLimits(config.loss_scale_floor, config.max_skipped_fraction,
                          config.guard_warmup_steps)
     # Every worker runs the guard on the same agreed numbers, so all stop at the same step;
@@ -536,6 +568,7 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         "global_batch_size": global_batch, "learning_rate": learning_rate,
         "learning_rate_scaled": config.scale_learning_rate}
     metadata["xla"]["scope"] = loop.describe_jit_scope()
+    metadata["distribution"]["allreduce"] = loop.describe_allreduce()
     digest, identical = loop.weights_fingerprint()
     metadata["weights_sha256"] = digest
     metadata["distribution"]["weights_identical_on_all_workers"] = identical
