@@ -5,8 +5,8 @@ pipeline); `serve_forever(config)` is `ampflow serve`: it blocks, and on SIGTERM
 accepting calls, lets in-flight ones finish (up to `grace_s`), and returns 0.
 Besides the two TF Serving services it registers the Open Inference Protocol's
 `inference.GRPCInferenceService` (KServe V2, always on; v2_grpc.py), `grpc.health.v1`
-(SERVING once every model has a version loaded) and server reflection, and optionally serves
-Prometheus metrics.
+(SERVING once every model has a version loaded) and server reflection (every one of these
+services, V2 included), and optionally serves Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 from tensorflow_serving.apis import model_service_pb2, prediction_service_pb2
 
 from ampflow.errors import ConfigError, ServingError
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 PREDICTION_SERVICE = prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"]
 MODEL_SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"]
+REFLECTION_SERVICE = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
 # grpc.health.v1 names: the overall server, ours (full names), and the short names that
 # tensorflow_model_server registers (server.cc), so the same probes work against both servers.
 HEALTH_SERVICE_NAMES = ("", PREDICTION_SERVICE.full_name, MODEL_SERVICE.full_name,
@@ -149,11 +152,10 @@ def start_local_server(config: ServerConfig) -> RunningServer:
     server.add_generic_rpc_handlers((V2Servicer(v2, observe).handler(),))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (PREDICTION_SERVICE.full_name, MODEL_SERVICE.full_name,
-         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-        server,
-    )
+    reflected = (PREDICTION_SERVICE, MODEL_SERVICE, HEALTH_SERVICE, REFLECTION_SERVICE,
+                 V2_SERVICE)
+    reflection.enable_server_reflection(tuple(s.full_name for s in reflected), server,
+                                        pool=reflection_pool(reflected))
     port = _bind(server, config, credentials)
     registry.on_change = lambda: _on_change(registry, health_servicer, batcher)
     registry.start(config.file_system_poll_wait_seconds)
@@ -173,6 +175,29 @@ def start_local_server(config: ServerConfig) -> RunningServer:
              f", metrics on :{metrics_port}/metrics" if metrics_port else "")
     return RunningServer(address, port, config, registry, metrics_port, server, health_servicer,
                          batcher, metrics_http, rest.port if rest else None, rest)
+
+
+def reflection_pool(services) -> descriptor_pool.DescriptorPool:
+    """One descriptor pool with the files of `services` and everything they import.
+
+    Server reflection answers from a single pool, and the V2 service lives in a private one
+    (grpc_predict_v2_pb2.py: tritonclient or kserve may hold other `inference` protos in the
+    default pool), so the files are copied, once at start, into a pool of their own.
+    """
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(file) -> None:
+        if file.name in added:
+            return
+        for dependency in file.dependencies:
+            add(dependency)
+        pool.AddSerializedFile(file.serialized_pb)
+        added.add(file.name)
+
+    for service in services:
+        add(service.file)
+    return pool
 
 
 def server_options(config: ServerConfig) -> list[tuple[str, int]]:

@@ -3,8 +3,8 @@
 Always registered beside TF Serving's services: a V2 client and a TF Serving client reach the
 same models, limits and metrics on one port. The messages come from the vendored
 `grpc_predict_v2.proto` in a private descriptor pool (grpc_predict_v2_pb2.py), so the service is
-registered by hand here (method paths `/inference.GRPCInferenceService/<Method>`), and it is
-not listed by server reflection (which reads protobuf's default pool).
+registered by hand here (method paths `/inference.GRPCInferenceService/<Method>`); server
+reflection lists it from a pool that server.py copies its file into (`reflection_pool`).
 
 ModelInfer reads each input from `raw_input_contents` (all inputs, or none) or from its typed
 `contents` field (FP16 has none: raw only), and answers every output in `raw_output_contents`,
