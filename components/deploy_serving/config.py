@@ -326,6 +326,7 @@ class Payload:
     source: Path  # the dir copied into <model_store>/<model_name>/<version>/
     model_format: str = "tensorflow"  # KServe's modelFormat name: "tensorflow" or "tflite"
     expected: CanaryExamples | None = None
+    tflite_variant: str | None = None  # the TFLite variant published (None: the SavedModel)
 
 
 @dataclass(frozen=True)
@@ -343,6 +344,7 @@ class DeployResult:
     canary_address: str | None = None
     canary_share: float | None = None  # approximate share of the Service's traffic it served
     promoted: bool | None = None
+    tflite_variant: str | None = None  # set when the version is a TFLite variant
 
     def summary(self) -> dict[str, Any]:
         """Rows for the CLI's closing summary."""

@@ -122,7 +122,7 @@ def deploy(config: DeployConfig, model_name: str, version: int,
     return DeployResult(
         target="kserve", model_name=model_name, version=version, model_path=dest,
         endpoint=url, served_version=served, previous_version=previous, canary_share=share,
-        promoted=share is not None and share >= 1.0)
+        promoted=share is not None and share >= 1.0, tflite_variant=payload.tflite_variant)
 
 
 def _lock_ttl_s(config: DeployConfig) -> float:

@@ -62,7 +62,8 @@ def _payload(config: DeployConfig) -> Iterator[Payload]:
         expected = tflite_variant.expected_answers(staged, variant, recorded)
         log.info("publishing TFLite variant %s (%s); the server must give its answers to the "
                  "%d recorded examples", variant.name, variant.tflite, len(recorded.images))
-        yield Payload(staged, model_format="tflite", expected=expected)
+        yield Payload(staged, model_format="tflite", expected=expected,
+                      tflite_variant=variant.name)
 
 
 def _deploy_local(
@@ -102,4 +103,5 @@ def _deploy_local(
         endpoint=config.server_address,
         served_version=served,
         already_present=already,
+        tflite_variant=payload.tflite_variant,
     )

@@ -110,6 +110,7 @@ def test_deploy_tflite_full_int8_to_running_server_passes_canary_and_serves_vari
     result = run_deploy(_tflite(export_base, store, converted, version=2, server_address=address,
                                 canary_timeout_s=60, canary_atol=1e-6))
     assert (result.served_version, result.already_present) == (2, False)
+    assert result.summary()["tflite_variant"] == "full_int8"
     version_dir = store / MODEL_NAME / "2"
     assert {p.name for p in version_dir.iterdir()} == TFLITE_FILES
     assert (version_dir / "full_int8.tflite").read_bytes() == (
@@ -247,9 +248,10 @@ def test_deploy_tflite_kserve_publishes_variant_with_model_format_tflite(export_
 
     with FakeApiServer(kserve=True) as api:
         api.kubeconfig(tmp_path / "kubeconfig")
-        run_deploy(_tflite(export_base, tmp_path / "store", converted, target="kserve",
-                           kubeconfig=tmp_path / "kubeconfig", namespace="team-a"))
+        result = run_deploy(_tflite(export_base, tmp_path / "store", converted, target="kserve",
+                                    kubeconfig=tmp_path / "kubeconfig", namespace="team-a"))
         isvc = api.patches[-1]["body"]
+    assert result.tflite_variant == "full_int8"
     assert isvc["spec"]["predictor"]["model"]["modelFormat"] == {"name": "tflite",
                                                                  "version": "1"}
     assert {p.name for p in (tmp_path / "store" / MODEL_NAME / "1").iterdir()} == TFLITE_FILES
