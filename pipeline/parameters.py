@@ -12,7 +12,11 @@ Names: `model` is the architecture (as `train --model`), `model_name` the served
 from __future__ import annotations
 
 from ampflow.cliutil import did_you_mean
-from ampflow.components.deploy_serving.config import SERVING_FORMATS, TFLITE_VARIANTS
+from ampflow.components.deploy_serving.config import (
+    SERVING_FORMATS,
+    TFLITE_VARIANTS,
+    check_tflite_target,
+)
 from ampflow.errors import ConfigError
 from ampflow.pipeline.pipeline import (
     AUTO_RELATIVE_LOGIT_DIFF,
@@ -147,6 +151,25 @@ def check_arguments(arguments: dict[str, object]) -> None:
     model = arguments.get("model", PIPELINE_PARAMETERS["model"][1])
     model_name = arguments.get("model_name", PIPELINE_PARAMETERS["model_name"][1])
     check_model_names(str(model), str(model_name))
+    given = {name: str(arguments.get(name, PIPELINE_PARAMETERS[name][1])) for name in (
+        "serving_format", "tflite_variant", "tflite_variants", "serving_target")}
+    check_serving_format(**given)
+
+
+def check_serving_format(serving_format: str, tflite_variant: str, tflite_variants: str,
+                         serving_target: str) -> None:
+    """A TFLite deploy must name a variant the run converts, on a target that can serve it.
+
+    Checked before anything runs: the deploy step would refuse both, but only after training.
+    """
+    if serving_format != "tflite":
+        return
+    converted = [v.strip() for v in tflite_variants.split(",") if v.strip()]
+    if tflite_variant not in converted:
+        raise ConfigError(f"tflite_variant must be one of the variants the run converts "
+                          f"(tflite_variants={','.join(converted)}) when serving_format=tflite. "
+                          f"Received: tflite_variant={tflite_variant!r}")
+    check_tflite_target(serving_target)
 
 
 def check_model_names(model: str, model_name: str) -> None:

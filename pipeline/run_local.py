@@ -23,7 +23,7 @@ from ampflow.components.deploy_serving.config import SERVING_FORMATS, TFLITE_VAR
 from ampflow.components.train.precision import POLICIES
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.files import ensure_writable_dir
-from ampflow.pipeline.parameters import check_model_names
+from ampflow.pipeline.parameters import check_model_names, check_serving_format
 from ampflow.pipeline.pipeline import (
     AUTO_RELATIVE_LOGIT_DIFF,
     DATA_DEFAULTS,
@@ -119,6 +119,8 @@ class LocalRunConfig:
         if self.batch_size <= 0:
             raise ConfigError(f"batch_size must be > 0. Received: batch_size={self.batch_size}")
         check_model_names(self.model, self.model_name)
+        check_serving_format(self.serving_format, self.tflite_variant, self.tflite_variants,
+                             "local")
 
     @property
     def pipeline_root(self) -> Path:

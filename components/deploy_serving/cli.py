@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         config_cls=DeployConfig,
         run=run_deploy,
         summarize=DeployResult.summary,
-        help="push a SavedModel version to a local model server, Kubernetes or KServe",
+        help="push a SavedModel (or TFLite) version to a local server, Kubernetes or KServe",
         description=(
             "Deploy one exported SavedModel version. --target local copies it atomically into "
             "<model-store>/<model_name>/<version>/, where a running `ampflow serve` or "
@@ -29,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "recorded previous release. --target kserve copies the version to the model store, "
             "applies the `ampflow` ServingRuntime and an InferenceService serving the version "
             "(its new revision gets --canary-traffic-percent of the traffic), and waits until "
-            "KServe reports it Ready; it prints the InferenceService's URL."
+            "KServe reports it Ready; it prints the InferenceService's URL. --serving-format "
+            "tflite (local, kserve) publishes the --tflite-variant of the convert output "
+            "--tflite-dir instead, refused unless it passed its convert gate, and checks the "
+            "server against the variant's own answers."
         ),
     )

@@ -35,6 +35,16 @@ _ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ISVC_NAME_MAX = 63 - len("-predictor")
 
 
+def check_tflite_target(target: str) -> None:
+    """ConfigError for a target whose servers cannot load a TFLite version (kubernetes)."""
+    if target == "kubernetes":
+        raise ConfigError(
+            "serving_format='tflite' needs target 'local' or 'kserve' (both run ampflow "
+            "serve). Received: target='kubernetes', whose tensorflow/serving Deployment "
+            "runs tensorflow_model_server, which does not load a version dir holding only "
+            "a .tflite file")
+
+
 @dataclass(frozen=True)
 class DeployConfig:
     """What to deploy, and where; validated before anything is copied or applied."""
@@ -240,12 +250,7 @@ class DeployConfig:
             raise ConfigError("serving_format='tflite' needs tflite_dir, the convert step's "
                               "output dir. Received: tflite_dir=None")
         object.__setattr__(self, "tflite_dir", Path(self.tflite_dir))
-        if self.target == "kubernetes":
-            raise ConfigError(
-                "serving_format='tflite' needs target 'local' or 'kserve' (both run ampflow "
-                "serve). Received: target='kubernetes', whose tensorflow/serving Deployment "
-                "runs tensorflow_model_server, which does not load a version dir holding only "
-                "a .tflite file")
+        check_tflite_target(self.target)
         if model_store.is_uri(str(self.model_store)):
             raise ConfigError(
                 "serving_format='tflite' publishes into a directory (a temp dir, then one "

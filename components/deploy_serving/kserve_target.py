@@ -21,6 +21,10 @@ model in the store, the version the revision serves and the canary percent.
    exact version (canary.py, as the other targets check). A timeout or wrong answers re-apply
    the spec that was live before (the previous version), so the InferenceService does not stay
    pointed at a version that never became ready or answers wrongly.
+
+A TFLite variant (`serving_format="tflite"`) is published the same way; the InferenceService
+asks for the model format `tflite`, which the `ampflow` ServingRuntime lists (its `ampflow
+serve` loads a version dir holding a .tflite file), and the canary expects the variant's answers.
 """
 
 from __future__ import annotations

@@ -369,3 +369,21 @@ def test_local_run_config_refuses_an_architecture_as_the_served_name(tmp_path):
     config = LocalRunConfig(workdir=tmp_path, model=other, model_name=other)
     assert config.arguments()["model"] == config.arguments()["model_name"] == other
     check_arguments(config.arguments())  # run-local passes exactly the pipeline's parameters
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"tflite_variants": "float32,float16"}, r"tflite_variant must be one of the variants the "
+                                             r"run converts \(tflite_variants=float32,float16\)"),
+    ({"serving_target": "kubernetes"}, "tensorflow_model_server"),
+])
+def test_tflite_serving_parameters_refused_before_anything_runs(tmp_path, params, message):
+    from ampflow.pipeline.parameters import check_arguments
+    from ampflow.pipeline.run_local import LocalRunConfig
+
+    arguments = {"serving_format": "tflite", "tflite_variant": "full_int8", **params}
+    with pytest.raises(ConfigError, match=message):
+        check_arguments(arguments)
+    check_arguments({**arguments, "serving_format": "saved_model"})  # the default: no check
+    if "tflite_variants" in params:  # run-local always deploys to its local store
+        with pytest.raises(ConfigError, match=message):
+            LocalRunConfig(workdir=tmp_path, serving_format="tflite", **params)
