@@ -377,13 +377,13 @@ def test_local_run_config_refuses_an_architecture_as_the_served_name(tmp_path):
     ({"serving_target": "kubernetes"}, "tensorflow_model_server"),
 ])
 def test_tflite_serving_parameters_refused_before_anything_runs(tmp_path, params, message):
+    from ampflow.pipeline.demo import DemoConfig  # a LocalRunConfig
     from ampflow.pipeline.parameters import check_arguments
-    from ampflow.pipeline.run_local import LocalRunConfig
 
     arguments = {"serving_format": "tflite", "tflite_variant": "full_int8", **params}
     with pytest.raises(ConfigError, match=message):
         check_arguments(arguments)
     check_arguments({**arguments, "serving_format": "saved_model"})  # the default: no check
-    if "tflite_variants" in params:  # run-local always deploys to its local store
+    if "tflite_variants" in params:  # run-local (and the demo) deploy to a local store
         with pytest.raises(ConfigError, match=message):
-            LocalRunConfig(workdir=tmp_path, serving_format="tflite", **params)
+            DemoConfig(workdir=tmp_path, serving_format="tflite", **params)
