@@ -25,6 +25,23 @@ timed epochs' training steps, validation excluded), and it is GLOBAL (all worker
     python benchmarks/train_scaling.py --smoke                             # a quick check
     python benchmarks/train_scaling.py --loop-vs-fit-ci --pairs 20         # the 95 % interval
 
+5. `--profile-step`: where a 2-worker step's time goes. Two workers (one core each, loopback)
+   build the model twice, once with the former all-reduce (`--no-packed-allreduce`: Keras's
+   gradient all-reduce + the statistics' reduce + under loss scaling the skip agreement) and
+   once packed (one collective), and time, in alternating rounds: the whole step of each, the
+   input (`next`), the forward/backward pass alone (a fixed batch, no collective), one
+   gradient-sized all-reduce (float32, and in the compute dtype under a mixed policy), a
+   3-float reduce, a scalar all-reduce, and 4 packed steps per tf.function call (fewer host
+   round-trips). The same in one process pinned to one core is the 1-worker reference.
+
+    python benchmarks/train_scaling.py --profile-step                       # small_cnn
+    python benchmarks/train_scaling.py --profile-step --model resnet50 --image-size 32 \
+        --profile-steps 3
+
+The scaling group runs the 2-worker configuration with the former all-reduce (before) and
+with the packed one (after, the default), and with `--allreduce-dtype compute` under a mixed
+`--policy`, all interleaved in each sweep.
+
 4. `--loop-vs-fit-ci`: the loop vs `fit` with a confidence interval. Separate processes and
    epoch medians (group 2) could not tell a 0.82x loss from noise (per sweep 1.20, 0.99, 0.55
    on this shared machine). Here both run in ONE process on twin models (same seed, model,
@@ -60,7 +77,13 @@ def main() -> int:
     if args.telemetry_worker:
         print(json.dumps(_telemetry_epochs(args)))
         return 0
+    if args.profile_worker:
+        print(PROFILE_PREFIX + json.dumps(_profile_pieces(args)), flush=True)
+        return 0
     data_dir = _prepare(args)
+    if args.profile_step:
+        _write_profile(_profile_step(args, data_dir), Path(args.out))
+        return 0
     if args.loop_vs_fit_ci:
         _write_ci(_loop_vs_fit_paired(args, data_dir), Path(args.out))
         return 0
@@ -87,6 +110,7 @@ def main() -> int:
         "note": ("2-core machine shared with other jobs; scaling = two single-core workers "
                  "over loopback; ratios measured side by side, interleaved"),
         "groups": [g for g in ALL_GROUPS if g in groups],
+        "cpu_flags": _cpu_flags(), "load_average": os.getloadavg(),
         "rows": list(rows.values()), "ratios": _ratios(rows), "per_sweep": paired,
         "telemetry": telemetry,
     }
@@ -114,6 +138,17 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--loop-vs-fit-ci", action="store_true",
                    help="the loop vs fit in one process, alternating, with a 95 %% interval")
     p.add_argument("--pairs", type=int, default=20, help="alternating pairs (--loop-vs-fit-ci)")
+    p.add_argument("--profile-step", action="store_true",
+                   help="time the parts of one 2-worker step (and of a 1-worker one)")
+    p.add_argument("--profile-steps", type=int, default=30,
+                   help="steps per timed round of --profile-step")
+    p.add_argument("--profile-rounds", type=int, default=5,
+                   help="alternating rounds of --profile-step")
+    p.add_argument("--profile-no-multi-step", action="store_true",
+                   help="leave out the 4-steps-per-call piece (slow for big models)")
+    p.add_argument("--pack-bytes", type=int, default=None,
+                   help="also run 2 workers with --allreduce-bytes-per-pack N (scaling group)")
+    p.add_argument("--profile-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fit-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--telemetry-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--output-dir", default=None, help=argparse.SUPPRESS)
@@ -132,14 +167,28 @@ def _prepare(args) -> str:
     return str(run_prepare_data(PrepareDataConfig(output_dir=out)).output_dir)
 
 
+BEFORE = "2 workers, 1 core each, former all-reduce"
+AFTER = "2 workers, 1 core each"
+COMPUTE = "2 workers, 1 core each, compute-dtype all-reduce"
+
+
 def _configs(args) -> dict[str, dict]:
     """Configuration name -> how to run it (run_train via the CLI, or the rebuilt fit path)."""
     p = args.policy
-    return {
+    two = {"loop": "run_train", "policy": p, "workers": 2, "pin": 1, "group": "scaling"}
+    scaling = {
         "1 worker, 1 core": {"loop": "run_train", "policy": p, "workers": 1, "pin": 1,
                              "group": "scaling"},
-        "2 workers, 1 core each": {"loop": "run_train", "policy": p, "workers": 2, "pin": 1,
-                                   "group": "scaling"},
+        BEFORE: {**two, "flags": ["--no-packed-allreduce"]},
+        AFTER: two,
+    }
+    if p.startswith("mixed"):
+        scaling[COMPUTE] = {**two, "flags": ["--allreduce-dtype", "compute"]}
+    if args.pack_bytes:
+        scaling[f"2 workers, 1 core each, packs of {args.pack_bytes} B"] = {
+            **two, "flags": ["--allreduce-bytes-per-pack", str(args.pack_bytes)]}
+    return {
+        **scaling,
         "run_train loop, 1 process": {"loop": "run_train", "policy": p, "workers": 1,
                                       "group": "loop_vs_fit"},
         "keras fit path, 1 process": {"loop": "fit", "policy": p, "workers": 1,
@@ -156,7 +205,7 @@ def _train_flags(args, data_dir, out, spec) -> list[str]:
         flags += ["--image-size", str(args.image_size)]
     if args.steps:
         flags += ["--steps-per-epoch", str(args.steps)]
-    return flags
+    return flags + spec.get("flags", [])
 
 
 def _run(args, data_dir: str, name: str, spec: dict) -> dict:
@@ -215,10 +264,13 @@ def _ratios(rows: dict[str, dict]) -> dict:
         return rows.get(name, {}).get("images_per_sec")
 
     out = {}
-    one, two = ips("1 worker, 1 core"), ips("2 workers, 1 core each")
-    if one and two:
-        out["speedup_2_workers"] = two / one
-        out["scaling_efficiency"] = two / (2 * one)
+    one = ips("1 worker, 1 core")
+    for key, name in (("", AFTER), ("_former_allreduce", BEFORE),
+                      ("_compute_dtype_allreduce", COMPUTE)):
+        two = ips(name)
+        if one and two:
+            out["speedup_2_workers" + key] = two / one
+            out["scaling_efficiency" + key] = two / (2 * one)
     loop, fit = ips("run_train loop, 1 process"), ips("keras fit path, 1 process")
     if loop and fit:
         out["loop_vs_fit"] = loop / fit
@@ -227,7 +279,10 @@ def _ratios(rows: dict[str, dict]) -> dict:
 
 def _paired_ratios(runs: dict[str, list[dict]]) -> dict[str, list[float]]:
     """The same ratios within each sweep (configurations run back to back): less drift."""
-    pairs = {"speedup_2_workers": ("2 workers, 1 core each", "1 worker, 1 core"),
+    pairs = {"speedup_2_workers": (AFTER, "1 worker, 1 core"),
+             "speedup_2_workers_former_allreduce": (BEFORE, "1 worker, 1 core"),
+             "speedup_2_workers_compute_dtype_allreduce": (COMPUTE, "1 worker, 1 core"),
+             "packed_vs_former_allreduce": (AFTER, BEFORE),
              "loop_vs_fit": ("run_train loop, 1 process", "keras fit path, 1 process")}
     out: dict[str, list[float]] = {}
     for key, (a, b) in pairs.items():
@@ -518,10 +573,17 @@ def _write(report: dict, out: Path) -> None:
         values = sweeps.get(key) or []
         return (f" (per sweep: {', '.join(f'{v:.2f}' for v in values)})" if values else "")
 
-    if "speedup_2_workers" in ratios:
-        lines.append(f"- 2 workers vs 1 (one core each): {ratios['speedup_2_workers']:.2f}×, "
-                     f"scaling efficiency {ratios['scaling_efficiency']:.0%}"
-                     f"{spread('speedup_2_workers')}.")
+    for key, what in (("", "packed all-reduce (now the default)"),
+                      ("_former_allreduce", "former all-reduce (--no-packed-allreduce)"),
+                      ("_compute_dtype_allreduce", "packed, --allreduce-dtype compute")):
+        if "speedup_2_workers" + key in ratios:
+            lines.append(f"- 2 workers vs 1 (one core each), {what}: "
+                         f"{ratios['speedup_2_workers' + key]:.2f}×, scaling efficiency "
+                         f"{ratios['scaling_efficiency' + key]:.0%}"
+                         f"{spread('speedup_2_workers' + key)}.")
+    if sweeps.get("packed_vs_former_allreduce"):
+        lines.append(f"- packed vs former all-reduce, 2 workers, same sweep: per sweep "
+                     f"{', '.join(f'{v:.2f}' for v in sweeps['packed_vs_former_allreduce'])}×.")
     if "loop_vs_fit" in ratios:
         lines.append(f"- run_train's loop vs the Keras fit path, one process: "
                      f"{ratios['loop_vs_fit']:.2f}×{spread('loop_vs_fit')}.")
@@ -540,7 +602,222 @@ def _write(report: dict, out: Path) -> None:
             f"of a {tel['step_ms']:.1f} ms step.")
     elif "error" in tel:
         lines.append(f"- Telemetry measurement failed: {tel['error']}")
+    if report.get("cpu_flags"):
+        lines.append(f"- Host: {report['cpus']} cores, load average "
+                     f"{report['load_average'][0]:.1f} at the end; CPU flags: "
+                     f"{' '.join(report['cpu_flags'])}.")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+PROFILE_PREFIX = "AMPFLOW_PROFILE "
+
+
+def _profile_step(args, data_dir: str) -> dict:
+    """--profile-step: the pieces timed in 2 workers (one core each), then in 1 process."""
+    import io
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from ampflow.components.train.launcher import local_ports, run_workers, tf_configs
+
+    argv = [sys.executable, __file__, "--profile-worker", "--data-dir", data_dir,
+            "--model", args.model, "--batch-size", str(args.batch_size), "--policy",
+            args.policy, "--profile-steps", str(args.profile_steps), "--profile-rounds",
+            str(args.profile_rounds)] + (
+        ["--image-size", str(args.image_size)] if args.image_size else []) + (
+        ["--profile-no-multi-step"] if args.profile_no_multi_step else [])
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    single = subprocess.run(
+        argv, capture_output=True, text=True, timeout=args.timeout,
+        env={**env, "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
+             "OMP_NUM_THREADS": "1"},
+        preexec_fn=lambda: os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}))
+    one = _profile_lines(single.stdout + single.stderr)
+    if not one:
+        raise SystemExit(f"the 1-worker profile failed: {single.stderr[-2000:]}")
+    log = io.StringIO()
+    run_workers(argv, tf_configs(local_ports(2)), cpus_per_worker=1, stream=log)
+    two = _profile_lines(log.getvalue())
+    return {"model": args.model, "image_size": args.image_size, "policy": args.policy,
+            "per_replica_batch": args.batch_size, "steps_per_round": args.profile_steps,
+            "rounds": args.profile_rounds, "one_worker": one[0],
+            "two_workers": sorted(two, key=lambda r: r["worker"]), "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(), "cpu_flags": _cpu_flags()}
+
+
+def _profile_lines(text: str) -> list[dict]:
+    return [json.loads(line.split(PROFILE_PREFIX, 1)[1]) for line in text.splitlines()
+            if PROFILE_PREFIX in line]
+
+
+def _profile_pieces(args) -> dict:
+    """One worker's pieces (TF_CONFIG set by the launcher, or none: the 1-worker reference).
+
+    Two loops in this process, former and packed all-reduce, on twin models; every piece is
+    timed `--profile-rounds` times, in alternating order, each round `--profile-steps` calls;
+    the report keeps each piece's median round (ms per call).
+    """
+    import tensorflow as tf
+
+    from ampflow.components.prepare_data import load_dataset_info
+    from ampflow.components.train.build import build_compiled_model, training_data
+    from ampflow.components.train.loop import LoopConfig, TrainLoop, distribute_datasets
+    from ampflow.components.train.precision import configure_precision
+    from ampflow.components.train.step import TrainConfig, make_runtime
+
+    out = Path(tempfile.mkdtemp(prefix="ampflow-profile-"))
+    config = TrainConfig(data_dir=Path(args.data_dir), output_dir=out, model=args.model,
+                         image_size=args.image_size, precision=args.policy,
+                         batch_size=args.batch_size, epochs=1, seed=1)
+    runtime = make_runtime(config)
+    strategy = runtime.strategy
+    info = load_dataset_info(config.data_dir)
+    setup = configure_precision(config.precision, None)
+    global_batch = args.batch_size * runtime.num_replicas
+    loops, iterators = {}, {}
+    variants = [("former", False, "float32"), ("packed", True, "float32")]
+    if setup.policy != "float32":
+        variants.append(("packed_compute", True, "compute"))
+    for name, packed, wire in variants:
+        import keras
+
+        keras.utils.set_random_seed(1)
+        train_ds, _, steps = training_data(config, info, global_batch)
+        model = build_compiled_model(config, info, setup, runtime, config.learning_rate)
+        loops[name] = TrainLoop(runtime, model, LoopConfig(
+            epochs=1, steps_per_epoch=steps, global_batch_size=global_batch,
+            jit_compile=setup.jit_compile, loss_scaling=setup.loss_scaling,
+            state_dir=str(out / name), progress=False, packed_allreduce=packed,
+            allreduce_dtype=wire))
+        iterators[name] = iter(distribute_datasets(runtime, train_ds, None)[0])
+    loop, iterator = loops["packed"], iterators["packed"]
+    first = strategy.experimental_local_results
+    fixed = next(iterator)
+    forward_backward = (tf.function(loop._forward_backward, jit_compile=True)
+                        if setup.jit_compile else loop._forward_backward)
+    variables = loop.model.trainable_variables
+    compute_dtype = loop.model.dtype_policy.compute_dtype
+
+    @tf.function
+    def compute(images, labels):
+        def replica(x, y):
+            stats, grads = forward_backward(x, y)
+            return stats[0] + tf.add_n([tf.cast(tf.reshape(g, [-1])[0], stats.dtype)
+                                        for g in grads])
+        return first(strategy.run(replica, args=(images, labels)))[0]
+
+    @tf.function
+    def input_only():
+        _, labels = next(iterator)
+        return tf.reduce_sum(tf.cast(first(labels)[0], tf.float32))
+
+    def all_reduce_of(dtype, extra_stats=False):
+        @tf.function
+        def reduce():
+            def replica():
+                tensors = [tf.ones(v.shape, dtype) for v in variables]
+                tensors += [tf.ones([3], dtype)] if extra_stats else []
+                return tf.distribute.get_replica_context().all_reduce("SUM", tensors)[0]
+            return first(strategy.run(replica))[0]
+        return reduce
+
+    @tf.function
+    def stats_reduce():
+        return strategy.reduce("SUM", strategy.run(lambda: tf.ones([3])), axis=None)
+
+    @tf.function
+    def scalar_all_reduce():
+        return first(strategy.run(
+            lambda: tf.distribute.get_replica_context().all_reduce("SUM", tf.ones([]))))[0]
+
+    @tf.function
+    def four_packed_steps():
+        for _ in range(4):
+            result = loop._distributed_train_step(iterator)
+        return result
+
+    pieces = {
+        "step_former": (lambda: loops["former"]._train_step(iterators["former"]), 1),
+        "step_packed": (lambda: loop._train_step(iterator), 1),
+    }
+    if "packed_compute" in loops:
+        pieces["step_packed_compute"] = (
+            lambda: loops["packed_compute"]._train_step(iterators["packed_compute"]), 1)
+    if not args.profile_no_multi_step:
+        pieces["step_packed_4_per_call"] = (four_packed_steps, 4)
+    pieces |= {
+        "input": (input_only, 1),
+        "forward_backward": (lambda: compute(*fixed), 1),
+        "grad_all_reduce_float32": (all_reduce_of(tf.float32), 1),
+        "grad_and_stats_all_reduce_float32": (all_reduce_of(tf.float32, True), 1),
+        "stats_reduce": (stats_reduce, 1),
+        "scalar_all_reduce": (scalar_all_reduce, 1),
+    }
+    if compute_dtype != "float32":
+        pieces[f"grad_all_reduce_{compute_dtype}"] = (all_reduce_of(compute_dtype), 1)
+    rounds: dict[str, list[float]] = {name: [] for name in pieces}
+    for fn, _ in pieces.values():  # trace and warm up, in the same order on every worker
+        fn()
+        fn()
+    for r in range(args.profile_rounds):
+        for name in (list(pieces) if r % 2 == 0 else list(reversed(pieces))):
+            fn, per_call = pieces[name]
+            began = time.perf_counter()
+            for _ in range(args.profile_steps):
+                result = fn()
+            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, result)
+            rounds[name].append(1000 * (time.perf_counter() - began)
+                                / (args.profile_steps * per_call))
+    return {"worker": runtime.worker_id, "workers": runtime.num_workers,
+            "policy": setup.policy, "xla": setup.jit_compile,
+            "params": int(sum(v.shape.num_elements() for v in variables)),
+            "ms": {name: statistics.median(v) for name, v in rounds.items()},
+            "rounds_ms": rounds}
+
+
+def _write_profile(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    size = f"_{report['image_size']}" if report["image_size"] else ""
+    stem = out / f"train_scaling_profile_{report['model']}{size}_{report['policy']}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    one, twos = report["one_worker"]["ms"], [w["ms"] for w in report["two_workers"]]
+    rows = [f"| {name} | {one.get(name, float('nan')):.2f} | "
+            + " | ".join(f"{w.get(name, float('nan')):.2f}" for w in twos) + " |"
+            for name in one]
+    two = {k: statistics.fmean(w[k] for w in twos) for k in twos[0]}
+    efficiency = {k: one["step_packed"] / two[k] for k in ("step_former", "step_packed",
+                                                             "step_packed_compute",
+                                                             "step_packed_4_per_call")
+                  if k in two}
+    lines = [
+        f"# Where a 2-worker step goes: {report['model']}"
+        f"{' at ' + str(report['image_size']) + '²' if report['image_size'] else ''}, "
+        f"{report['policy']}, batch {report['per_replica_batch']} per replica", "",
+        f"ms per call, the median of {report['rounds']} alternating rounds of "
+        f"{report['steps_per_round']} calls (benchmarks/train_scaling.py --profile-step). "
+        "The 1-worker column is one process pinned to one core (no TF_CONFIG: its "
+        "collectives are no-ops); workers 0 and 1 are two processes pinned to one core each, "
+        f"MultiWorkerMirroredStrategy over loopback. {report['cpus']} cores shared with other "
+        f"jobs (load average {report['load_average'][0]:.1f}); CPU flags: "
+        f"{' '.join(report['cpu_flags'])}.", "",
+        "| piece | 1 worker | " + " | ".join(f"worker {i}" for i in range(len(twos))) + " |",
+        "|---|---:|" + "---:|" * len(twos), *rows, "",
+        f"- 2-worker step, former all-reduce: {two['step_former']:.2f} ms; packed: "
+        f"{two['step_packed']:.2f} ms ({two['step_former'] / two['step_packed']:.2f}× faster)"
+        + (f"; packed in the compute dtype: {two['step_packed_compute']:.2f} ms"
+           if "step_packed_compute" in two else "")
+        + (f"; 4 packed steps per call: {two['step_packed_4_per_call']:.2f} ms a step"
+           if "step_packed_4_per_call" in two else "") + ".",
+        "- Scaling efficiency these imply (1-worker step / 2-worker step, the same "
+        "per-replica batch): " + ", ".join(f"{k.removeprefix('step_')} {v:.0%}"
+                                           for k, v in efficiency.items()) + ".",
+        f"- Of the packed 2-worker step: forward/backward {two['forward_backward']:.2f} ms "
+        f"(1 worker: {one['forward_backward']:.2f}), input {two['input']:.2f} ms "
+        f"(1 worker: {one['input']:.2f}: each worker makes the whole global batch and keeps "
+        f"its share), one gradient + statistics all-reduce "
+        f"{two['grad_and_stats_all_reduce_float32']:.2f} ms; a scalar all-reduce alone costs "
+        f"{two['scalar_all_reduce']:.2f} ms (the per-collective latency).",
+    ]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
