@@ -9,7 +9,8 @@ alike; the result is the median over rounds):
 - gRPC Predict through the server (a separate process, so client and server do not share a
   GIL) with ampflow's client, and with a prebuilt request sent as bytes (no client-side
   encoding: what the server and the transport cost, comparable with the echo);
-- REST :predict on the same server; gRPC with server-side batching;
+- REST :predict on the same server (ampflow's client, and a prebuilt JSON body over
+  http.client); gRPC with server-side batching;
 - throughput at concurrency 8 and 32, unbatched and batched, next to in-process throughput.
 Reports p50/p99 latency, requests/s, and the goal ratios of issue #22. Warm-up requests are
 excluded. Writes JSON + Markdown naming the host's CPU and its flags.
@@ -21,6 +22,8 @@ excluded. Writes JSON + Markdown naming the host's CPU and its flags.
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import platform
 import re
@@ -41,10 +44,11 @@ from ampflow.files import write_json_atomic  # noqa: E402
 
 ECHO_METHOD = "/ampflow.bench.Echo/Echo"
 PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
-LATENCY_PATHS = ("in_process", "echo", "grpc", "grpc_raw", "rest", "grpc_batched")
+LATENCY_PATHS = ("in_process", "echo", "grpc", "grpc_raw", "rest", "rest_raw", "grpc_batched")
 LABELS = {"in_process": "in-process SavedModel", "echo": "bare grpcio echo (1 KB)",
           "grpc": "gRPC Predict (ampflow client)", "grpc_raw": "gRPC Predict (prebuilt bytes)",
           "rest": "REST :predict (ampflow client, version pinned)",
+          "rest_raw": "REST :predict (prebuilt JSON, http.client)",
           "grpc_batched": "gRPC Predict, batched", "grpc_unbatched": "gRPC Predict, unbatched"}
 
 
@@ -208,6 +212,18 @@ def make_calls(version_dir: Path, name: str, batch: np.ndarray, unbatched, batch
     batched_client = PredictionClient(batched.address, timeout_s=30)
     batched_client.wait_until_available(args.model_name, timeout=60)
     rest_client = RestClient(rest_address, timeout_s=30)
+    host, port = rest_address.rsplit(":", 1)
+    rest_raw = http.client.HTTPConnection(host, int(port), timeout=30)
+    rest_path = f"/v1/models/{args.model_name}/versions/{version}:predict"
+    rest_body = json.dumps({"inputs": {name: batch.tolist()}}).encode()
+
+    def rest_raw_call():
+        rest_raw.request("POST", rest_path, body=rest_body,
+                         headers={"Content-Type": "application/json"})
+        response = rest_raw.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"REST {response.status}: {answer[:200]!r}")
     calls = {
         "in_process": lambda: {k: v.numpy() for k, v in fn(**{name: x}).items()},
         "echo": lambda: echo(payload, timeout=30),
@@ -216,10 +232,11 @@ def make_calls(version_dir: Path, name: str, batch: np.ndarray, unbatched, batch
         # the version pinned: without one, the REST client asks GET status per call for
         # the version that answered (REST answers do not say), a second round trip
         "rest": lambda: rest_client.predict(args.model_name, {name: batch}, version=version),
+        "rest_raw": rest_raw_call,
         "grpc_batched": lambda: batched_client.predict(args.model_name, {name: batch}),
     }
     closers = [echo_channel.close, raw_channel.close, grpc_client.close, batched_client.close,
-               getattr(rest_client, "close", lambda: None)]
+               getattr(rest_client, "close", lambda: None), rest_raw.close]
     return calls, closers
 
 
@@ -295,7 +312,8 @@ def round_ratios(latency: dict, throughput: list[dict]) -> dict:
               "echo_p50_ms": p50["echo"],
               "grpc_overhead_over_echo": overhead / p50["echo"],
               "grpc_raw_overhead_over_echo": raw_overhead / p50["echo"],
-              "rest_over_grpc": p50["rest"] / p50["grpc"]}
+              "rest_over_grpc": p50["rest"] / p50["grpc"],
+              "rest_raw_over_grpc_raw": p50["rest_raw"] / p50["grpc_raw"]}
     in_process_rps = latency["in_process"]["requests_per_s"]
     for row in throughput:
         key = f"{row['mode']}_c{row['concurrency']}_over_in_process"
@@ -322,7 +340,8 @@ GOALS = (  # (ratio, comparison, bound, what it says)
     ("grpc_overhead_ms", "<=", 0.5, "gRPC p50 overhead over in-process, c=1 (ms)"),
     ("grpc_overhead_over_echo", "<=", 1.5, "that overhead / bare grpcio echo p50"),
     ("batched_c32_over_in_process", ">=", 0.9, "batched c=32 throughput / in-process"),
-    ("rest_over_grpc", "<=", 1.5, "REST p50 / gRPC p50, c=1"),
+    ("rest_over_grpc", "<=", 1.5, "REST p50 / gRPC p50, c=1 (ampflow clients)"),
+    ("rest_raw_over_grpc_raw", "<=", 1.5, "REST p50 / gRPC p50, c=1 (prebuilt requests)"),
 )
 
 
