@@ -170,6 +170,7 @@ def _prepare(args) -> str:
 BEFORE = "2 workers, 1 core each, former all-reduce"
 AFTER = "2 workers, 1 core each"
 COMPUTE = "2 workers, 1 core each, compute-dtype all-reduce"
+INDEPENDENT = "2 independent 1-core processes (no communication)"
 
 
 def _configs(args) -> dict[str, dict]:
@@ -179,6 +180,8 @@ def _configs(args) -> dict[str, dict]:
     scaling = {
         "1 worker, 1 core": {"loop": "run_train", "policy": p, "workers": 1, "pin": 1,
                              "group": "scaling"},
+        INDEPENDENT: {"loop": "run_train", "policy": p, "workers": 1, "pin": 1,
+                      "independent": True, "group": "scaling"},
         BEFORE: {**two, "flags": ["--no-packed-allreduce"]},
         AFTER: two,
     }
@@ -209,6 +212,8 @@ def _train_flags(args, data_dir, out, spec) -> list[str]:
 
 
 def _run(args, data_dir: str, name: str, spec: dict) -> dict:
+    if spec.get("independent"):
+        return _run_independent(args, data_dir, spec)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "model"
         flags = _train_flags(args, data_dir, out, spec)
@@ -247,6 +252,39 @@ def _run(args, data_dir: str, name: str, spec: dict) -> dict:
                                                              args.batch_size)}
 
 
+def _run_independent(args, data_dir: str, spec: dict) -> dict:
+    """Two 1-worker runs at once, each pinned to its own core, with no collectives.
+
+    The sum of their img/s is what two cores of this (shared) host deliver with no
+    communication at all: the ceiling of two single-core workers here.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1")
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, outs = [], []
+        for i in range(2):
+            out = Path(tmp) / f"model{i}"
+            outs.append(out)
+            core = {cores[i % len(cores)]}
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "ampflow.cli", "train",
+                 *_train_flags(args, data_dir, out, spec)], env=env, text=True,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                preexec_fn=lambda core=core: os.sched_setaffinity(0, core)))
+        errors = [p.communicate(timeout=args.timeout)[1] for p in procs]
+        if any(p.returncode for p in procs):
+            return {"error": next(e for p, e in zip(procs, errors, strict=True)
+                                  if p.returncode).strip().splitlines()[-1][:300]}
+        metas = [json.loads((out / "metadata.json").read_text()) for out in outs]
+    per_process = [[e["examples_per_sec"] for e in m["epochs"][1:]] for m in metas]
+    epochs = [a + b for a, b in zip(*per_process, strict=False)]
+    return {"images_per_sec": statistics.median(epochs), "epoch_images_per_sec": epochs,
+            "wall_s": time.monotonic() - began, "xla": metas[0]["xla"]["effective"],
+            "global_batch": args.batch_size}
+
+
 def _merge(name: str, spec: dict, runs: list[dict]) -> dict:
     ok = [r for r in runs if "error" not in r]
     row = {"config": name, "group": spec["group"], "policy": spec["policy"],
@@ -271,6 +309,11 @@ def _ratios(rows: dict[str, dict]) -> dict:
         if one and two:
             out["speedup_2_workers" + key] = two / one
             out["scaling_efficiency" + key] = two / (2 * one)
+        ceiling = ips(INDEPENDENT)
+        if ceiling and two:
+            out["vs_independent" + key] = two / ceiling
+    if ceiling and one:
+        out["independent_vs_2x_one"] = ceiling / (2 * one)
     loop, fit = ips("run_train loop, 1 process"), ips("keras fit path, 1 process")
     if loop and fit:
         out["loop_vs_fit"] = loop / fit
@@ -283,6 +326,8 @@ def _paired_ratios(runs: dict[str, list[dict]]) -> dict[str, list[float]]:
              "speedup_2_workers_former_allreduce": (BEFORE, "1 worker, 1 core"),
              "speedup_2_workers_compute_dtype_allreduce": (COMPUTE, "1 worker, 1 core"),
              "packed_vs_former_allreduce": (AFTER, BEFORE),
+             "independent_vs_one": (INDEPENDENT, "1 worker, 1 core"),
+             "packed_vs_independent": (AFTER, INDEPENDENT),
              "loop_vs_fit": ("run_train loop, 1 process", "keras fit path, 1 process")}
     out: dict[str, list[float]] = {}
     for key, (a, b) in pairs.items():
@@ -581,6 +626,17 @@ def _write(report: dict, out: Path) -> None:
                          f"{ratios['speedup_2_workers' + key]:.2f}×, scaling efficiency "
                          f"{ratios['scaling_efficiency' + key]:.0%}"
                          f"{spread('speedup_2_workers' + key)}.")
+    if "independent_vs_2x_one" in ratios:
+        lines.append(
+            f"- The host's own ceiling: two independent 1-core processes at once (no "
+            f"communication) deliver {ratios['independent_vs_2x_one']:.0%} of 2 × one process "
+            f"alone (per sweep, their sum / one alone: "
+            f"{', '.join(f'{v:.2f}' for v in sweeps.get('independent_vs_one', []))}); "
+            "against that ceiling the 2 workers reach: " + ", ".join(
+                f"{what} {ratios['vs_independent' + key]:.0%}" for key, what in (
+                    ("", "packed"), ("_former_allreduce", "former"),
+                    ("_compute_dtype_allreduce", "compute-dtype"))
+                if "vs_independent" + key in ratios) + ".")
     if sweeps.get("packed_vs_former_allreduce"):
         lines.append(f"- packed vs former all-reduce, 2 workers, same sweep: per sweep "
                      f"{', '.join(f'{v:.2f}' for v in sweeps['packed_vs_former_allreduce'])}×.")
