@@ -217,11 +217,17 @@ def make_calls(version_dir: Path, name: str, batch: np.ndarray, unbatched, batch
     rest_path = f"/v1/models/{args.model_name}/versions/{version}:predict"
     rest_body = json.dumps({"inputs": {name: batch.tolist()}}).encode()
 
-    def rest_raw_call():
-        rest_raw.request("POST", rest_path, body=rest_body,
-                         headers={"Content-Type": "application/json"})
-        response = rest_raw.getresponse()
-        answer = response.read()
+    def rest_raw_call(retry: bool = True):
+        try:
+            rest_raw.request("POST", rest_path, body=rest_body,
+                             headers={"Content-Type": "application/json"})
+            response = rest_raw.getresponse()
+            answer = response.read()
+        except (ConnectionError, http.client.HTTPException):
+            rest_raw.close()  # the server closed the idle keep-alive connection (5 s)
+            if not retry:
+                raise
+            return rest_raw_call(retry=False)
         if response.status != 200:
             raise RuntimeError(f"REST {response.status}: {answer[:200]!r}")
     calls = {
