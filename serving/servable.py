@@ -10,6 +10,7 @@ docs/explanation/serving-path.md).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 
@@ -83,7 +84,7 @@ class SignatureCall:
         self.fast = False
         try:
             self._order, self._specs = _flat_input_order(fn)
-            self.fast = hasattr(fn, "_call_flat")
+            self.fast = _has_flat_call(fn)
         except Exception as e:  # an unusual signature keeps the public call, nothing else
             log.info("signature %s: no fast call (%s)", getattr(fn, "name", "?"), e)
 
@@ -107,6 +108,18 @@ class SignatureCall:
                 return None
             flat.append(self._constant(value))
         return flat
+
+
+def _has_flat_call(fn) -> bool:
+    """Whether `fn._call_flat(tensors, captured_inputs)` is there, as in TF 2.x up to 2.21.
+
+    A private entry point: a TensorFlow that changes it leaves the public call in charge.
+    """
+    try:
+        params = list(inspect.signature(fn._call_flat).parameters)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return len(params) == 2 and params[1] == "captured_inputs"
 
 
 def _fits(shape: tuple, dims: tuple | None) -> bool:

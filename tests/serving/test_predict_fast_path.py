@@ -72,6 +72,30 @@ def test_both_signatures_of_the_contract_model_take_the_fast_call(servable):
     assert servable._functions["classify"].fast
 
 
+def test_a_tensorflow_without_the_flat_call_leaves_the_public_call_in_charge(servable):
+    from ampflow.serving.servable import SignatureCall, _has_flat_call
+
+    class Changed:  # a TensorFlow whose private entry point took other arguments
+        def __init__(self, fn):
+            self.structured_input_signature = fn.structured_input_signature
+            self.function_type = fn.function_type
+            self.public = fn
+
+        def _call_flat(self, tensors):
+            raise AssertionError("must not be called")
+
+        def __call__(self, **inputs):
+            return self.public(**inputs)
+
+    assert _has_flat_call(servable._functions["serving_default"].fn)
+    changed = SignatureCall(Changed(servable._functions["serving_default"].fn))
+    assert not changed.fast
+    images = sample_images(2)
+    np.testing.assert_array_equal(changed({"images": images})["probabilities"],
+                                  servable.run("serving_default", {"images": images})[
+                                      "probabilities"])
+
+
 @pytest.mark.parametrize("rows", [1, 3, 7])
 def test_fast_call_answers_exactly_the_public_call(servable, rows):
     images = sample_images(rows, seed=rows)
