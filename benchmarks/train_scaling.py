@@ -691,7 +691,10 @@ def _profile_step(args, data_dir: str) -> dict:
     if not one:
         raise SystemExit(f"the 1-worker profile failed: {single.stderr[-2000:]}")
     log = io.StringIO()
-    run_workers(argv, tf_configs(local_ports(2)), cpus_per_worker=1, stream=log)
+    try:
+        run_workers(argv, tf_configs(local_ports(2)), cpus_per_worker=1, stream=log)
+    except Exception as e:
+        raise SystemExit(f"the 2-worker profile failed: {e}\n{log.getvalue()[-3000:]}") from e
     two = _profile_lines(log.getvalue())
     return {"model": args.model, "image_size": args.image_size, "policy": args.policy,
             "per_replica_batch": args.batch_size, "steps_per_round": args.profile_steps,
@@ -730,9 +733,11 @@ def _profile_pieces(args) -> dict:
     setup = configure_precision(config.precision, None)
     global_batch = args.batch_size * runtime.num_replicas
     loops, iterators = {}, {}
-    variants = [("former", False, "float32"), ("packed", True, "float32")]
-    if setup.policy != "float32":
-        variants.append(("packed_compute", True, "compute"))
+    variants = [("packed", True, "float32")]
+    if runtime.num_workers > 1:  # one process has nothing to all-reduce: one variant is enough
+        variants.insert(0, ("former", False, "float32"))
+        if setup.policy != "float32":
+            variants.append(("packed_compute", True, "compute"))
     for name, packed, wire in variants:
         import keras
 
@@ -760,6 +765,21 @@ def _profile_pieces(args) -> dict:
             return stats[0] + tf.add_n([tf.cast(tf.reshape(g, [-1])[0], stats.dtype)
                                         for g in grads])
         return first(strategy.run(replica, args=(images, labels)))[0]
+
+    @tf.function
+    def compute_4_per_call(images, labels):
+        def replica(x, y):
+            total = tf.zeros([])
+            for _ in range(4):
+                stats, grads = forward_backward(x, y)
+                total += stats[0] + tf.add_n([tf.cast(tf.reshape(g, [-1])[0], stats.dtype)
+                                              for g in grads])
+            return total
+        return first(strategy.run(replica, args=(images, labels)))[0]
+
+    @tf.function
+    def empty_call():
+        return tf.constant(1.0)
 
     @tf.function
     def input_only():
@@ -791,18 +811,20 @@ def _profile_pieces(args) -> dict:
             result = loop._distributed_train_step(iterator)
         return result
 
-    pieces = {
-        "step_former": (lambda: loops["former"]._train_step(iterators["former"]), 1),
-        "step_packed": (lambda: loop._train_step(iterator), 1),
-    }
+    pieces = {"step_packed": (lambda: loop._train_step(iterator), 1)}
+    if "former" in loops:
+        pieces = {"step_former": (lambda: loops["former"]._train_step(iterators["former"]), 1),
+                  **pieces}
     if "packed_compute" in loops:
         pieces["step_packed_compute"] = (
             lambda: loops["packed_compute"]._train_step(iterators["packed_compute"]), 1)
     if not args.profile_no_multi_step:
         pieces["step_packed_4_per_call"] = (four_packed_steps, 4)
+        pieces["forward_backward_4_per_call"] = (lambda: compute_4_per_call(*fixed), 4)
     pieces |= {
         "input": (input_only, 1),
         "forward_backward": (lambda: compute(*fixed), 1),
+        "empty_function_call": (empty_call, 1),
         "grad_all_reduce_float32": (all_reduce_of(tf.float32), 1),
         "grad_and_stats_all_reduce_float32": (all_reduce_of(tf.float32, True), 1),
         "stats_reduce": (stats_reduce, 1),
@@ -836,9 +858,11 @@ def _write_profile(report: dict, out: Path) -> None:
     stem = out / f"train_scaling_profile_{report['model']}{size}_{report['policy']}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     one, twos = report["one_worker"]["ms"], [w["ms"] for w in report["two_workers"]]
-    rows = [f"| {name} | {one.get(name, float('nan')):.2f} | "
-            + " | ".join(f"{w.get(name, float('nan')):.2f}" for w in twos) + " |"
-            for name in one]
+    def cell(values: dict, name: str) -> str:
+        return f"{values[name]:.2f}" if name in values else "—"
+
+    rows = [f"| {name} | {cell(one, name)} | " + " | ".join(cell(w, name) for w in twos) + " |"
+            for name in twos[0]]
     two = {k: statistics.fmean(w[k] for w in twos) for k in twos[0]}
     efficiency = {k: one["step_packed"] / two[k] for k in ("step_former", "step_packed",
                                                              "step_packed_compute",
@@ -851,7 +875,8 @@ def _write_profile(report: dict, out: Path) -> None:
         f"ms per call, the median of {report['rounds']} alternating rounds of "
         f"{report['steps_per_round']} calls (benchmarks/train_scaling.py --profile-step). "
         "The 1-worker column is one process pinned to one core (no TF_CONFIG: its "
-        "collectives are no-ops); workers 0 and 1 are two processes pinned to one core each, "
+        "collectives are no-ops, and its one step is the step_packed row); workers 0 and 1 "
+        "are two processes pinned to one core each, "
         f"MultiWorkerMirroredStrategy over loopback. {report['cpus']} cores shared with other "
         f"jobs (load average {report['load_average'][0]:.1f}); CPU flags: "
         f"{' '.join(report['cpu_flags'])}.", "",
