@@ -70,8 +70,19 @@ class SignatureLookups:
 
     def signature(self, model: str, version: int | None = None,
                   signature: str = DEFAULT_SIGNATURE):
-        """One SignatureDef of the model; a clear error naming the ones it has if absent."""
-        sigs = self.metadata(model, version)
+        """One SignatureDef of the model; a clear error naming the ones it has if absent.
+
+        A pinned version's signatures are asked for once: a served version never changes
+        (TF Serving loads a new number for a new model), so every later call, a REST predict
+        reading its input and output specs included, costs no metadata round trip.
+        """
+        cache = self.__dict__.setdefault("_pinned_signatures", {})
+        if version is not None and (model, version) in cache:
+            sigs = cache[model, version]
+        else:
+            sigs = self.metadata(model, version)
+            if version is not None:
+                cache[model, version] = sigs
         if signature not in sigs:
             raise ServingError("GetModelMetadata", _not_found(),
                                f"signature {signature!r} not found in model {model!r}. "

@@ -191,6 +191,7 @@ class RestClient(SignatureLookups):
         if output_filter:
             raise ConfigError("TF Serving's REST API has no output_filter. Received: "
                               f"{list(output_filter)}")
+        version = self._pinned(model, version, version_label)
         if not isinstance(inputs, Mapping):
             specs = self.input_specs(model, version, signature)
             if len(specs) != 1:
@@ -213,6 +214,7 @@ class RestClient(SignatureLookups):
                  signature: str = DEFAULT_SIGNATURE, *, version_label: str | None = None,
                  context=None) -> ClassifyResult:
         """POST :classify; examples as for `Client.classify`."""
+        version = self._pinned(model, version, version_label)
         answer = self.call("POST", self.model_path(model, version, version_label) + ":classify",
                            _examples_payload(signature, examples, context))
         classes = [[(str(label), float(score)) for label, score in row]
@@ -223,10 +225,24 @@ class RestClient(SignatureLookups):
                 signature: str = DEFAULT_SIGNATURE, *, version_label: str | None = None,
                 context=None) -> RegressResult:
         """POST :regress; examples as for `Client.regress`."""
+        version = self._pinned(model, version, version_label)
         answer = self.call("POST", self.model_path(model, version, version_label) + ":regress",
                            _examples_payload(signature, examples, context))
         return RegressResult([float(v) for v in answer["results"]],
                              version or self._latest(model))
+
+    def _pinned(self, model: str, version: int | None, label: str | None) -> int | None:
+        """The version a request without one is sent to: the newest AVAILABLE, asked first.
+
+        TF Serving's REST answers do not say which version answered (gRPC's do), so the
+        client pins the request to the version it reports: asked after the call, a version
+        loaded in between would be reported for an answer it did not give. None when a
+        label is given (the server resolves it) or no version is AVAILABLE (the server's
+        own error then says why).
+        """
+        if version is not None or label is not None:
+            return version
+        return self._latest(model) or None
 
     def _latest(self, model: str) -> int:
         """The newest AVAILABLE version: what answered a request without one (REST says none)."""
