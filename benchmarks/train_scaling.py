@@ -864,10 +864,11 @@ def _write_profile(report: dict, out: Path) -> None:
     rows = [f"| {name} | {cell(one, name)} | " + " | ".join(cell(w, name) for w in twos) + " |"
             for name in twos[0]]
     two = {k: statistics.fmean(w[k] for w in twos) for k in twos[0]}
-    efficiency = {k: one["step_packed"] / two[k] for k in ("step_former", "step_packed",
-                                                             "step_packed_compute",
-                                                             "step_packed_4_per_call")
-                  if k in two}
+    # The 1-worker step is the same loop; with 4 steps per call, its own 4-steps-per-call time.
+    efficiency = {k: one.get(k if k.endswith("4_per_call") else "step_packed",
+                             one["step_packed"]) / two[k]
+                  for k in ("step_former", "step_packed", "step_packed_compute",
+                            "step_packed_4_per_call") if k in two}
     lines = [
         f"# Where a 2-worker step goes: {report['model']}"
         f"{' at ' + str(report['image_size']) + '²' if report['image_size'] else ''}, "
