@@ -387,3 +387,26 @@ def test_tflite_serving_parameters_refused_before_anything_runs(tmp_path, params
     if "tflite_variants" in params:  # run-local (and the demo) deploy to a local store
         with pytest.raises(ConfigError, match=message):
             DemoConfig(workdir=tmp_path, serving_format="tflite", **params)
+
+
+def test_compile_never_walks_the_stack_and_a_setter_on_an_importer_still_names_itself(
+        tmp_path, monkeypatch):
+    """kfp's setters called inspect.stack() to name themselves in an error: a scan of all of
+    sys.modules per frame without a module, seconds per compile under pytest-xdist with TF
+    imported. The build must not walk the stack; the check and its message stay."""
+    import inspect
+
+    from kfp import dsl
+
+    def walk(*args, **kwargs):
+        raise AssertionError("inspect.stack() called while building the pipeline")
+
+    monkeypatch.setattr(inspect, "stack", walk)
+    compile_pipeline(tmp_path / "p.yaml", PipelineOptions(image="registry.example/a:1"))
+
+    def uses_an_importer():
+        dsl.importer(artifact_uri="gs://b/m", artifact_class=dsl.Model).set_cpu_limit("1")
+
+    with pytest.raises(ValueError, match="^set_cpu_limit can only be used on single-step "
+                                         "components"):
+        dsl.pipeline(name="importer-setter")(uses_an_importer)  # builds the graph at once
