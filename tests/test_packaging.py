@@ -94,14 +94,16 @@ def test_keras_floor_release_runs_the_keras_sensitive_layers(tmp_path):
             pytest.fail(f"cannot install keras=={floor}: {install.stderr[-1000:]}")
         pytest.skip(f"keras=={floor} not installable here (no registry?)")
     env = {**os.environ, "PYTHONPATH": str(target), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # One process: it names the Keras it imported on its first line, then runs the tests
+    # (a second process only to print the version paid another TensorFlow start-up).
+    tests = str(ROOT / "tests/components/train/test_fused_batch_norm.py")
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         str(ROOT / "tests/components/train/test_fused_batch_norm.py"),
+        [sys.executable, "-c", "import sys, keras, pytest; print(keras.__version__, flush=True); "
+         "sys.exit(pytest.main(sys.argv[1:]))", "-q", "-p", "no:cacheprovider", tests,
          "-k", "not resnet and not mobilenet"],
         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    version = subprocess.run([sys.executable, "-c", "import keras; print(keras.__version__)"],
-                             capture_output=True, text=True, env=env, timeout=120).stdout
+    version = run.stdout.splitlines()[0] if run.stdout else ""
     from packaging.version import Version
 
-    assert Version(version.strip()) == Version(floor)  # the floor release was what ran
+    assert Version(version.strip()) == Version(floor), run.stderr[-3000:]  # what ran
     assert run.returncode == 0, run.stdout[-3000:]
