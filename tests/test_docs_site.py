@@ -155,6 +155,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.serving
 @pytest.mark.timeout(300)
 def test_serve_model_config_example_serves_the_demo_model(tmp_path):

@@ -2,12 +2,20 @@
 
 - A test that trains a model (through a training fixture), builds ResNet-50/MobileNetV2 or runs
   the serving soak/fuzz is marked `slow`, so `make test-fast` (`-m "not slow"`) stays fast.
+- The same rule for what costs a test tens of seconds whatever it checks: a test (or a fixture
+  it uses) that builds a fresh venv and pip-installs into it (`venv.EnvBuilder`), or starts a
+  serving process (`ampflow serve` / `ampflow.serving.cli serve` in a subprocess, or
+  `ServeProcess`: a Python that imports TensorFlow, loads a SavedModel and serves) is `slow`.
+  The fast tier keeps real parts all the same: `ampflow` CLI subprocesses (test_cli.py), the
+  real kfp compiler, gRPC and REST over loopback to an in-process server, real TF, SavedModels
+  and TFLite interpreters.
 - No test carries the same marker twice.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -15,34 +23,53 @@ TESTS = Path(__file__).resolve().parent
 # Words in a fixture's or test's source that mean "trains or builds a large model".
 # The soak and the fuzz run a server under load for tens of seconds: slow too.
 HEAVY = re.compile(r"\b(resnet50|mobilenet_v2|trained_model|run_demo|run_local|serving_soak"
-                   r"|serving_fuzz)\b")
+                   r"|serving_fuzz)\b"
+                   # a fresh venv with pip installs; a serving process (imports TF, serves)
+                   r"|\bvenv\.EnvBuilder\b|\bServeProcess\(|\bexec ampflow serve\b"
+                   r"|\"ampflow(\.serving)?\.cli\",\s*\"serve\"")
 
 
-def _functions(path: Path):
+@functools.cache
+def _functions(path: Path) -> list:
+    """(node, decorators, source, file text) of every function in `path`, parsed once."""
     text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    found = []
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.FunctionDef):
             decorators = [ast.unparse(d) for d in node.decorator_list]
-            source = ast.get_source_segment(text, node) + " ".join(decorators)
-            yield node, decorators, source, text
+            # (ast.get_source_segment splits the whole file again for every node)
+            body = "".join(lines[node.lineno - 1:node.end_lineno])
+            found.append((node, decorators, body + " ".join(decorators), text))
+    return found
 
 
-def _heavy_fixtures() -> set[str]:
-    """Fixtures whose source trains, or which depend on a fixture that does."""
+def _visible(path: Path, name: str, fixtures: dict) -> tuple[Path, str] | None:
+    """The fixture `name` as a test in `path` sees it: its own file's, else the nearest
+    conftest.py's (several files define a fixture of the same name, e.g. `server`)."""
+    for where in (path, *(d / "conftest.py" for d in path.parents if d.is_relative_to(TESTS))):
+        if (where, name) in fixtures:
+            return where, name
+    return None
+
+
+def _heavy_fixtures() -> tuple[set[tuple[Path, str]], dict]:
+    """Fixtures whose source trains (or serves, or builds a venv), or which depend on one."""
     fixtures = {}
     for path in TESTS.rglob("*.py"):
         for node, decorators, source, _ in _functions(path):
             if any("fixture" in d for d in decorators):
-                fixtures[node.name] = ([a.arg for a in node.args.args], source)
-    heavy: set[str] = set()
+                fixtures[path, node.name] = ([a.arg for a in node.args.args], source)
+    heavy: set[tuple[Path, str]] = set()
     grew = True
     while grew:
         grew = False
-        for name, (args, source) in fixtures.items():
-            if name not in heavy and (HEAVY.search(source) or heavy & set(args)):
-                heavy.add(name)
+        for key, (args, source) in fixtures.items():
+            if key not in heavy and (HEAVY.search(source) or heavy & {
+                    _visible(key[0], a, fixtures) for a in args}):
+                heavy.add(key)
                 grew = True
-    return heavy
+    return heavy, fixtures
 
 
 def _tests():
@@ -54,11 +81,12 @@ def _tests():
 
 
 def test_tests_that_train_or_build_large_models_are_marked_slow():
-    heavy = _heavy_fixtures()
+    heavy, fixtures = _heavy_fixtures()
     unmarked = [
         f"{path.relative_to(TESTS)}::{node.name}"
         for path, node, decorators, source, module_marks in _tests()
-        if (HEAVY.search(source) or heavy & {a.arg for a in node.args.args})
+        if (HEAVY.search(source)
+            or heavy & {_visible(path, a.arg, fixtures) for a in node.args.args})
         and not any(d == "pytest.mark.slow" for d in decorators)
         and "slow" not in module_marks
     ]

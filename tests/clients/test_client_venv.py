@@ -296,6 +296,7 @@ def _check(got: dict, ref: dict) -> None:
     assert got["rest_err_dtype"][0] == "INVALID_ARGUMENT"
 
 
+@pytest.mark.slow
 def test_client_alone_answers_as_tensorflow_serving_api(client_venv, servers):
     server = servers["plain"]
     args = {"grpc": server.address, "rest": server.rest_address, "images": IMAGES.tolist()}
@@ -303,6 +304,7 @@ def test_client_alone_answers_as_tensorflow_serving_api(client_venv, servers):
     _check(got, _reference(server.address, None))
 
 
+@pytest.mark.slow
 def test_client_alone_with_mutual_tls_answers_as_tensorflow_serving_api(client_venv, servers,
                                                                         pki):
     server = servers["mtls"]
@@ -314,6 +316,7 @@ def test_client_alone_with_mutual_tls_answers_as_tensorflow_serving_api(client_v
     _check(got, _reference(server.address, tls))
 
 
+@pytest.mark.slow
 def test_client_retries_unavailable_only(client_venv, servers):
     closed = f"127.0.0.1:{_free_port()}"
     got = _run_in_venv(client_venv, _RETRIES, closed, servers["plain"].address)
@@ -322,6 +325,7 @@ def test_client_retries_unavailable_only(client_venv, servers):
     assert got["code2"] == "NOT_FOUND"  # answered at once, not retried (no third line)
 
 
+@pytest.mark.slow
 def test_cli_predict_in_the_client_venv_prints_top_k(client_venv, servers, tmp_path):
     np.save(tmp_path / "x.npy", IMAGES[:2])
     cli = client_venv.parent / "ampflow-client"
@@ -397,6 +401,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.slow
 def test_client_retries_unavailable_then_succeeds_and_deadline_is_not_retried(client_venv):
     got = _run_in_venv(client_venv, _FLAKY)
     version, values, calls, log = got["retried"]

@@ -321,6 +321,7 @@ def test_kserve_rbac_is_least_privilege_and_bound_like_k8s_rbac(render):
     assert one(objects, "ServiceAccount") == one(render("rbac")[1], "ServiceAccount")
 
 
+@pytest.mark.slow
 @pytest.mark.serving
 @pytest.mark.timeout(300)
 def test_the_predictor_command_line_serves_and_its_probes_answer(render, tmp_path):

@@ -130,6 +130,7 @@ def test_mutual_tls_requires_client_certificate(pki, served_base, start_server, 
 
 # ---- SIGTERM drains in-flight requests (a real `ampflow serve` subprocess) ----------------------
 
+@pytest.mark.slow
 def test_sigterm_with_in_flight_requests_completes_them_and_exits_zero(served_base):
     # A long batch timeout keeps requests in flight (queued for their batch) when SIGTERM lands:
     # 2.5 s, so that the 1 s the test gives the four requests to reach the server (warm channel,

@@ -111,6 +111,7 @@ def _same(got: dict, want: dict[str, np.ndarray], names=("probabilities", "class
 
 # ---- tritonclient ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_tritonclient_http_answers_equal_tf_serving_predict(triton, expected):
     http = triton["triton_http"]
     assert (http["live"], http["ready"], http["model_ready"], http["unknown_ready"]) == \
@@ -125,6 +126,7 @@ def test_tritonclient_http_answers_equal_tf_serving_predict(triton, expected):
         {"name": "images", "datatype": "FP32", "shape": [-1, 8, 8, 1]}]
 
 
+@pytest.mark.slow
 def test_tritonclient_grpc_answers_equal_tf_serving_predict(triton, expected):
     grpc_answers = triton["triton_grpc"]
     assert (grpc_answers["live"], grpc_answers["ready"], grpc_answers["model_ready"],
@@ -136,6 +138,7 @@ def test_tritonclient_grpc_answers_equal_tf_serving_predict(triton, expected):
     assert grpc_answers["metadata"]["versions"] == ["2", "1"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("case", "http_status", "grpc_status", "message"), [
     ("unknown_model", "404", "StatusCode.NOT_FOUND", "Servable not found"),
     ("unknown_version", "404", "StatusCode.NOT_FOUND", "Available versions: [1, 2]"),
@@ -152,6 +155,7 @@ def test_tritonclient_error_cases_get_the_protocol_codes(triton, case, http_stat
     assert message in http_error["message"] and message in grpc_error["message"]
 
 
+@pytest.mark.slow
 def test_tritonclient_http_sees_bad_json_as_400_with_the_error_text(triton):
     error = triton["triton_http"]["errors"]["bad_json"]
     assert error["status"] == "400" and "JSON parse error" in error["message"]
@@ -159,6 +163,7 @@ def test_tritonclient_http_sees_bad_json_as_400_with_the_error_text(triton):
 
 # ---- kserve ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_kserve_rest_and_grpc_clients_answer_equal_tf_serving_predict(kserve, expected):
     assert (kserve["rest_live"], kserve["rest_ready"], kserve["rest_model_ready"]) == \
         (True, True, True)
@@ -168,6 +173,7 @@ def test_kserve_rest_and_grpc_clients_answer_equal_tf_serving_predict(kserve, ex
         assert kserve[f"{key}_id"] == "k-1"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("case", "rest_status", "grpc_status"), [
     ("unknown_model", "404", "StatusCode.NOT_FOUND"),
     ("wrong_datatype", "400", "StatusCode.INVALID_ARGUMENT"),
@@ -181,6 +187,7 @@ def test_kserve_error_cases_get_the_protocol_codes(kserve, case, rest_status, gr
 
 # ---- the vendored proto is KServe's ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_vendored_v2_messages_equal_the_kserve_sdks_own(clients_python):
     """Every message and the six methods of our descriptor equal those of kserve's package."""
     from google.protobuf import descriptor_pb2

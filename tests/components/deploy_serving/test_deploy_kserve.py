@@ -217,6 +217,7 @@ def predictor(tmp_path):
         yield store, served.address
 
 
+@pytest.mark.slow
 @pytest.mark.serving
 def test_with_a_server_address_the_new_version_must_give_the_recorded_answers(
         export_base, tmp_path, predictor):
@@ -228,6 +229,7 @@ def test_with_a_server_address_the_new_version_must_give_the_recorded_answers(
     assert (store / MODEL_NAME / "1" / "saved_model.pb").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.serving
 def test_wrong_answers_re_apply_the_previous_version(export_base, tmp_path, predictor):
     import shutil

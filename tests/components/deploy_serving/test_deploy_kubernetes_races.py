@@ -59,6 +59,7 @@ def _released(api, lock: str = LOCK) -> bool:
     return api.objects[lock]["data"]["expires_at"] == "0"
 
 
+@pytest.mark.slow
 def test_two_rollouts_of_one_deployment_at_once_one_fails_clearly(server, export_base,
                                                                   tmp_path, monkeypatch):
     store, address = server
@@ -109,6 +110,7 @@ def test_two_rollouts_of_one_deployment_at_once_one_fails_clearly(server, export
         assert _released(api)  # released by the winner
 
 
+@pytest.mark.slow
 def test_a_live_lock_refuses_the_deploy_and_changes_nothing(server, export_base, tmp_path):
     store, address = server
     with FakeApiServer() as api:
@@ -119,6 +121,7 @@ def test_a_live_lock_refuses_the_deploy_and_changes_nothing(server, export_base,
         assert api.objects[LOCK]["metadata"]["uid"] == "u-old"  # not taken
 
 
+@pytest.mark.slow
 def test_an_expired_lock_of_a_dead_deploy_is_taken_over(server, export_base, tmp_path):
     store, address = server
     with FakeApiServer() as api:
@@ -134,6 +137,7 @@ def test_an_expired_lock_of_a_dead_deploy_is_taken_over(server, export_base, tmp
         assert _released(api)
 
 
+@pytest.mark.slow
 def test_with_a_name_prefix_the_lock_is_released_without_a_delete(server, export_base,
                                                                    tmp_path):
     """k8s/rbac grants no delete of ConfigMaps (before: delete of the one name

@@ -72,6 +72,7 @@ def _kubectl_calls(api: FakeApiServer, what: str) -> int:
     return sum(1 for method, path in api.requests if what in path)
 
 
+@pytest.mark.slow
 def test_first_deploy_runs_a_canary_then_promotes_and_records_the_release(
         server, export_base, tmp_path):
     store, address = server
@@ -109,6 +110,7 @@ def _promote_version_1(api, tmp_path, store, address, export_base):
     api.patches.clear()
 
 
+@pytest.mark.slow
 def test_second_deploy_promotes_and_reports_the_previous_version(server, export_base, tmp_path):
     store, address = server
     with FakeApiServer() as api:
@@ -136,6 +138,7 @@ def _with_wrong_answers(src, dst):
     return dst
 
 
+@pytest.mark.slow
 def test_canary_with_wrong_answers_is_removed_and_the_stable_track_never_changes(
         server, export_base, tmp_path):
     store, address = server
@@ -155,6 +158,7 @@ def test_canary_with_wrong_answers_is_removed_and_the_stable_track_never_changes
     assert not any(detail == "record v3" for _, _, detail in steps)
 
 
+@pytest.mark.slow
 def test_stalled_promotion_re_applies_the_recorded_release_exactly(server, export_base, tmp_path):
     store, address = server
     with FakeApiServer(stall={(STABLE, "2")}) as api:
@@ -175,6 +179,7 @@ def test_stalled_promotion_re_applies_the_recorded_release_exactly(server, expor
     assert rollback_bodies == recorded  # ...and the recorded render re-applied, object by object
 
 
+@pytest.mark.slow
 def test_stalled_promotion_without_a_record_uses_kubectl_rollout_undo(server, export_base,
                                                                      tmp_path):
     store, address = server
@@ -191,6 +196,7 @@ def test_stalled_promotion_without_a_record_uses_kubectl_rollout_undo(server, ex
     assert len(undo) == 1 and undo[0]["path"].endswith(f"/deployments/{STABLE}")
 
 
+@pytest.mark.slow
 def test_stable_deployment_made_by_hand_is_restored_not_scaled_down(server, export_base,
                                                                    tmp_path):
     # `kubectl apply -k k8s/overlays/cpu` by hand: a stable Deployment without our annotations
@@ -230,6 +236,7 @@ def _apply_by_hand(api: FakeApiServer, obj: dict) -> None:
     api.patches.clear()
 
 
+@pytest.mark.slow
 def test_first_deploy_whose_rollout_stalls_leaves_nothing_serving(server, export_base, tmp_path):
     store, address = server
     with FakeApiServer(stall={(STABLE, "1")}) as api:
@@ -242,6 +249,7 @@ def test_first_deploy_whose_rollout_stalls_leaves_nothing_serving(server, export
     assert stable["spec"]["replicas"] == 0
 
 
+@pytest.mark.slow
 def test_canary_whose_pods_never_get_ready_is_removed(server, export_base, tmp_path):
     store, address = server
     with FakeApiServer(stall={(CANARY, "2")}) as api:

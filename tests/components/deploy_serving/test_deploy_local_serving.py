@@ -70,6 +70,7 @@ def _expected(saved_model_dir, images):
     return serve(images=tf.constant(images))["probabilities"].numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_deploy_local_hot_loads_new_version_without_restart_or_failed_request(
     served_store, export_base
