@@ -72,17 +72,28 @@ def test_check_model_names_the_half_output_the_hard_coded_layer_and_the_inner_so
     assert any("recomputed in float32" in fix for fix in report["fixes"])
 
 
+def _check_model_in_process(*argv: str) -> int:
+    """`ampflow check-model` through the CLI's own main, in this process: the subprocess (a
+    TensorFlow start-up each) is the test above's; the CLI restores the global policy."""
+    from ampflow.cli import main
+
+    return main(["check-model", *argv])
+
+
 def test_check_model_under_bfloat16_does_not_warn_of_float16_overflow(
-        prepared_digits, broken_code, tmp_path):
-    proc = _check_model(prepared_digits, broken_code, tmp_path, "mixed_bfloat16")
-    assert proc.returncode == 0, proc.stderr
+        prepared_digits, broken_code, tmp_path, capsys):
+    code = _check_model_in_process(
+        "--data-dir", str(prepared_digits), "--model", "ampbroken:build",
+        "--model-path", str(broken_code), "--precision", "mixed_bfloat16",
+        "--output-dir", str(tmp_path))
+    assert code == 0, capsys.readouterr().err
     report = json.loads((tmp_path / "amp_report.json").read_text())
     kinds = {f["kind"] for f in report["findings"]}
     assert "float16_unsafe_op" not in kinds and "hard_coded_dtype" in kinds
 
 
 def test_check_model_refuses_a_model_for_other_data_with_exit_2(
-        prepared_mnist, broken_code, tmp_path):
+        prepared_mnist, broken_code, tmp_path, capsys):
     # builds fine for 28x28 data; a builder ignoring input_shape is what gets refused
     (broken_code / "fixedshape.py").write_text(textwrap.dedent('''
         import keras
@@ -91,9 +102,7 @@ def test_check_model_refuses_a_model_for_other_data_with_exit_2(
             return keras.Model(inputs, keras.layers.Dense(num_classes)(
                 keras.layers.Flatten()(inputs)))
     '''))
-    proc = subprocess.run(
-        [sys.executable, "-m", "ampflow.cli", "check-model", "--data-dir", str(prepared_mnist),
-         "--model", "fixedshape:build", "--model-path", str(broken_code)],
-        capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 2
-    assert "must take the data's images [None, 28, 28, 1]" in proc.stderr
+    code = _check_model_in_process("--data-dir", str(prepared_mnist), "--model",
+                                   "fixedshape:build", "--model-path", str(broken_code))
+    assert code == 2
+    assert "must take the data's images [None, 28, 28, 1]" in capsys.readouterr().err
