@@ -96,8 +96,11 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     # the second run checks versioning, --verbose and train_workers: without the baseline
     # branch it trains once, on two local worker processes (MultiWorkerMirroredStrategy over
     # loopback with the TF_CONFIG a TFJob sets), started by the train task itself
+    # (and only what those checks need: one TFLite variant, one query; the 4 variants and the
+    # queries' line are the first run's checks)
     second = plain(_demo(tmp_path, "--no-with-float32-baseline", "--verbose",
-                         "--train-workers", "2"))
+                         "--train-workers", "2", "--tflite-variants", "float32",
+                         "--num-queries", "1"))
     again = json.loads((tmp_path / "results.json").read_text())
     assert again["serving"]["version"] == 2  # each run is a new served version
     assert again["serving"]["served_accuracy"] > 0.5

@@ -69,7 +69,7 @@ def test_image_folder_and_user_model_run_the_whole_pipeline_and_serve_encoded_im
 
     config = LocalRunConfig(
         workdir=tmp_path / "run", image_folder=str(folder), image_size=str(SIZE),
-        model="example_models.net:build", model_path=str(EXAMPLE), epochs=4,
+        model="example_models.net:build", model_path=str(EXAMPLE), epochs=1,
         with_float32_baseline=False, tflite_variants="float32")
     result = run_local(config, console=io.StringIO())
 
