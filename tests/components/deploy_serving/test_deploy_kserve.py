@@ -10,7 +10,7 @@ import pytest
 from fake_apiserver import FakeApiServer
 
 from ampflow.cli import main
-from ampflow.components.deploy_serving import DeployConfig, run_deploy
+from ampflow.components.deploy_serving import DeployConfig, kserve_target, run_deploy
 from ampflow.errors import ConfigError, DeployError
 from ampflow.serving.testing import ServeProcess
 
@@ -22,6 +22,13 @@ ISVC_PATH = f"/apis/serving.kserve.io/v1beta1/namespaces/{NAMESPACE}/inferencese
 RUNTIME_PATH = f"/apis/serving.kserve.io/v1alpha1/namespaces/{NAMESPACE}/servingruntimes/ampflow"
 NOT_INSTALLED = ("KServe is not installed in the cluster (serving.kserve.io/v1beta1 "
                  "InferenceService not found)")
+
+
+@pytest.fixture(autouse=True)
+def quick_polls(monkeypatch):
+    """Re-read the InferenceService every 0.05 s, not a cluster's 2 s: the fake controller
+    counts reads (`isvc_lag`), not seconds, so each test waits for the same states."""
+    monkeypatch.setattr(kserve_target, "_POLL_S", 0.05)
 
 
 def _config(api: FakeApiServer, tmp_path, export_base, version: int = 1, **kwargs):
