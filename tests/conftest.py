@@ -42,6 +42,19 @@ def prepared_mnist(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def small_mnist(tmp_path_factory):
+    """ampflow_mnist with 1,024 training and 64 test images, for the keras.applications runs
+    (tests/components/test_applications_end_to_end*.py): `fit` validates on the whole test
+    split each epoch. Here so that the two files share one when they run in one process."""
+    from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
+
+    out = tmp_path_factory.mktemp("mnist-small")
+    return run_prepare_data(PrepareDataConfig(
+        output_dir=out, dataset="ampflow_mnist", train_split="train[:1024]",
+        test_split="test[:64]")).output_dir
+
+
+@pytest.fixture(scope="session")
 def trained_model(tmp_path_factory, prepared_digits):
     """Factory: `trained_model(policy)` → a published model dir, trained once per policy.
 

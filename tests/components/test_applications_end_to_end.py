@@ -27,8 +27,17 @@ import pytest
 # conversions dominate: about a minute each on 2 busy cores).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-MODELS = ("resnet50", "mobilenet_v2")
-TEST_IMAGES = 64
+# ResNet-50 here; tests/components/test_applications_end_to_end_mobilenet_v2.py runs these
+# same tests on MobileNetV2 (its own `name`): two files, which `make test`'s two xdist workers
+# (--dist loadfile) run side by side instead of one after the other.
+MODELS = ("resnet50",)
+TEST_IMAGES = 64  # the test split of small_mnist (tests/conftest.py)
+
+
+@pytest.fixture(params=MODELS)
+def name(request) -> str:
+    """The keras.applications model the tests of this file run on."""
+    return request.param
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,17 +50,6 @@ class PipelineRun:
     evaluation: object
     export: object
     conversion: object
-
-
-@pytest.fixture(scope="session")
-def small_mnist(tmp_path_factory):
-    """ampflow_mnist with a small test split: `fit` validates on the whole split each epoch."""
-    from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
-
-    out = tmp_path_factory.mktemp("mnist-small")
-    return run_prepare_data(PrepareDataConfig(
-        output_dir=out, dataset="ampflow_mnist", train_split="train[:1024]",
-        test_split=f"test[:{TEST_IMAGES}]")).output_dir
 
 
 def _batch_norm_layers(model):
@@ -137,7 +135,6 @@ def pipeline_run(tmp_path_factory, small_mnist):
     return _get
 
 
-@pytest.mark.parametrize("name", MODELS)
 def test_inference_outputs_depend_on_the_input(pipeline_run, name):
     from ampflow.components.prepare_data import load_arrays
     from ampflow.components.train import load_trained_model
@@ -150,7 +147,6 @@ def test_inference_outputs_depend_on_the_input(pipeline_run, name):
     assert len(np.unique(probabilities.argmax(axis=-1))) > 1
 
 
-@pytest.mark.parametrize("name", MODELS)
 def test_evaluate_bfloat16_model_matches_its_float32_twin(pipeline_run, name):
     # bfloat16 rounding through 50+ layers of a barely trained net (small logit spread) gives a
     # relative logit difference of 0.10 (ResNet-50) and 0.15 (MobileNetV2), above the gate's
@@ -193,7 +189,6 @@ def _serving_nodes(export_dir: Path) -> list:
     return nodes
 
 
-@pytest.mark.parametrize("name", MODELS)
 def test_export_holds_only_inference_batch_norm(pipeline_run, name):
     run = pipeline_run(name)
     nodes = _serving_nodes(run.export.version_dir)
@@ -207,7 +202,6 @@ def test_export_holds_only_inference_batch_norm(pipeline_run, name):
     assert run.export.metadata["half_precision_nodes"] == 0
 
 
-@pytest.mark.parametrize("name", MODELS)
 def test_tflite_folds_batch_norm_into_the_convolutions(pipeline_run, name):
     import keras
     import tensorflow as tf
@@ -231,7 +225,6 @@ def test_tflite_folds_batch_norm_into_the_convolutions(pipeline_run, name):
         assert not [op for op in ops if "BATCH" in op or op.startswith("Flex")], (variant, ops)
 
 
-@pytest.mark.parametrize("name", MODELS)
 def test_every_variant_passes_its_checks_and_litert_agrees(pipeline_run, name):
     conversion = pipeline_run(name).conversion
     assert conversion.passed
@@ -255,7 +248,6 @@ def test_every_variant_passes_its_checks_and_litert_agrees(pipeline_run, name):
 MAX_RIGHT_ANSWERS_APART = {"float32": 2, "float16": 2, "dynamic_range": 8, "full_int8": 8}
 
 
-@pytest.mark.parametrize("name", MODELS)
 def test_every_variant_answers_right_within_a_few_images_of_the_saved_model(pipeline_run, name):
     from ampflow.components.convert_tflite.checks import SavedModelReference, TFLiteRunner
     from ampflow.components.prepare_data import load_arrays
@@ -275,7 +267,6 @@ def test_every_variant_answers_right_within_a_few_images_of_the_saved_model(pipe
         assert abs(right - reference_right) <= bound, (variant, right, reference_right)
 
 
-@pytest.mark.parametrize("name", MODELS)
 def test_served_model_answers_like_the_saved_model(pipeline_run, name):
     from ampflow.components.convert_tflite.checks import SavedModelReference
     from ampflow.components.prepare_data import load_arrays
