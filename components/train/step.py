@@ -285,14 +285,15 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     (components/train/launcher.py) and returns the chief's result. Under a multi-worker
     TF_CONFIG every worker trains, and only the chief writes into `output_dir`.
     """
-    import keras
-
     from ampflow.components.prepare_data import load_dataset_info
-    from ampflow.components.train.precision import configure_precision
 
     info = load_dataset_info(config.data_dir)  # a bad data_dir fails before any compute
-    if config.workers > 1:
+    if config.workers > 1:  # the launcher: no TF here (its start-up delayed the workers' ~5 s)
         return _run_local_workers(config)
+    import keras
+
+    from ampflow.components.train.precision import configure_precision
+
     runtime = make_runtime(config)  # first TF call: MultiWorkerMirroredStrategy requires it
     if config.batch_size != AUTO_BATCH:
         _check_batch_fits_split(config, info, runtime)
