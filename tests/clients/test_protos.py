@@ -51,17 +51,24 @@ def test_generated_code_regenerates_byte_for_byte(grpc_tools_path, tmp_path):
     assert not different, f"regenerate with tools/generate_protos.py: {different}"
 
 
-def test_vendored_protos_compile_to_tensorflow_serving_2_21_descriptors(grpc_tools_path,
-                                                                        tmp_path):
+@pytest.fixture(scope="module")
+def tf_first(grpc_tools_path, tmp_path_factory) -> subprocess.CompletedProcess:
+    """One process (a TensorFlow start-up, the cost of these tests): tensorflow and
+    tensorflow_serving imported first, the vendored protos compared with the 2.21.0 wheels'
+    (_COMPARE), then the client imported beside them and used with them (_BOTH, tf-first)."""
+    root = tmp_path_factory.mktemp("tf-first")
+    script = root / "tf_first.py"
+    script.write_text(_COMPARE + "\nsys.argv[1:] = ['tf-first']\n" + _BOTH)
+    return subprocess.run([sys.executable, str(script), str(CLIENT_ROOT / "protos"),
+                           str(root / "set.pb")], env=_env(grpc_tools_path, CLIENT_ROOT / "src"),
+                          capture_output=True, text=True)
+
+
+def test_vendored_protos_compile_to_tensorflow_serving_2_21_descriptors(tf_first):
     """Every vendored file equals, field for field, the one in the 2.21.0 wheels."""
-    script = tmp_path / "compare.py"
-    script.write_text(_COMPARE)
-    out = subprocess.run([sys.executable, str(script), str(CLIENT_ROOT / "protos"),
-                          str(tmp_path / "set.pb")], env=_env(grpc_tools_path),
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
+    assert tf_first.returncode == 0, tf_first.stdout + tf_first.stderr
     vendored = len(list((CLIENT_ROOT / "protos").rglob("*.proto")))
-    assert f"compared {vendored} files, all equal" in out.stdout
+    assert f"compared {vendored} files, all equal" in tf_first.stdout
 
 
 _COMPARE = r'''
@@ -106,15 +113,17 @@ print(f"compared {n} files, all equal")
 '''
 
 
-def test_client_and_tensorflow_serving_api_import_together_and_interoperate(tmp_path):
-    """One process: tensorflow + tensorflow_serving first, then the client (and the reverse)."""
+def test_client_and_tensorflow_serving_api_import_together_and_interoperate(tmp_path, tf_first):
+    """One process: tensorflow + tensorflow_serving first, then the client (`tf_first`); and
+    one with the client first."""
+    assert tf_first.returncode == 0, tf_first.stdout + tf_first.stderr
+    assert "interoperate" in tf_first.stdout
     script = tmp_path / "both.py"
     script.write_text(_BOTH)
-    for order in ("tf-first", "client-first"):
-        out = subprocess.run([sys.executable, str(script), order],
-                             env=_env(CLIENT_ROOT / "src"), capture_output=True, text=True)
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert "interoperate" in out.stdout
+    out = subprocess.run([sys.executable, str(script), "client-first"],
+                         env=_env(CLIENT_ROOT / "src"), capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "interoperate" in out.stdout
 
 
 _BOTH = r'''
