@@ -139,10 +139,10 @@ def test_revision_never_ready_times_out_and_re_applies_the_previous_version(
     with FakeApiServer(kserve=True, isvc_stall={("digits", "2")}) as api:
         run_deploy(_config(api, tmp_path, export_base, 1))
         with pytest.raises(DeployError) as info:
-            run_deploy(_config(api, tmp_path, export_base, 2, rollout_timeout_s=3))
+            run_deploy(_config(api, tmp_path, export_base, 2, rollout_timeout_s=1))
         isvc = _isvc(api)
     message = str(info.value)
-    assert message.startswith(f"InferenceService {NAMESPACE}/digits was not Ready within 3s: "
+    assert message.startswith(f"InferenceService {NAMESPACE}/digits was not Ready within 1s: "
                               "RevisionMissing: ")
     assert "rolled back: the spec of version 1 was re-applied" in message
     assert isvc["metadata"]["annotations"]["ampflow.dev/model-version"] == "1"
@@ -151,8 +151,8 @@ def test_revision_never_ready_times_out_and_re_applies_the_previous_version(
 
 def test_first_deploy_never_ready_says_nothing_served_before(export_base, tmp_path):
     with FakeApiServer(kserve=True, isvc_stall={("digits", "1")}) as api:
-        with pytest.raises(DeployError, match=r"not Ready within 2s.*this was its first deploy"):
-            run_deploy(_config(api, tmp_path, export_base, 1, rollout_timeout_s=2))
+        with pytest.raises(DeployError, match=r"not Ready within 1s.*this was its first deploy"):
+            run_deploy(_config(api, tmp_path, export_base, 1, rollout_timeout_s=1))
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
