@@ -118,6 +118,10 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     distribution = json.loads(trained.read_text())["distribution"]
     assert (distribution["strategy"], distribution["num_workers"]) == ("multi_worker", 2)
     assert "started worker 1 of 2" in second
+    # the train task only launches its workers: it starts no TensorFlow of its own first
+    # (that import delayed the workers by seconds); TensorFlow's start-up lines are theirs
+    launcher = (logs / "train-amp.log").read_text().split("started worker 0 of 2")[0]
+    assert not [line for line in launcher.splitlines() if NOISE.search(line.strip())], launcher
 
 
 def _latest_run(workdir):
