@@ -11,7 +11,8 @@ alike; the result is the median over rounds):
   encoding: what the server and the transport cost, comparable with the echo);
 - REST :predict on the same server (ampflow's client, and a prebuilt JSON body over
   http.client); gRPC with server-side batching;
-- throughput at concurrency 8 and 32, unbatched and batched, next to in-process throughput.
+- throughput at concurrency 8 and 32, unbatched and batched, next to in-process throughput and
+  the bare echo's at the same concurrency through the same client threads (the harness's ceiling).
 Reports p50/p99 latency, requests/s, and the goal ratios of issue #22. Warm-up requests are
 excluded. Writes JSON + Markdown naming the host's CPU and its flags.
 
@@ -262,18 +263,37 @@ def timed(call, count: int) -> dict:
     return summarize(latencies, time.perf_counter() - started)
 
 
-def concurrent(address: str, name: str, batch: np.ndarray, concurrency: int, args) -> dict:
-    """Throughput of `concurrency` client threads, one channel each, through ampflow's client."""
+def predict_caller(address: str, name: str, batch: np.ndarray, args):
+    """One client thread's Predict through ampflow's client (its own channel), and its close."""
     from ampflow.serving.client import PredictionClient
 
-    clients = [PredictionClient(address, timeout_s=30) for _ in range(concurrency)]
+    client = PredictionClient(address, timeout_s=30)
+    return (lambda: client.predict(args.model_name, {name: batch})), client.close
+
+
+def echo_caller(address: str, args):
+    """One client thread's bare echo round trip (its own channel), and its close.
+
+    The ceiling the same harness reaches against a server that does no work.
+    """
+    import grpc
+
+    channel = grpc.insecure_channel(address)
+    echo = channel.unary_unary(ECHO_METHOD)
+    payload = os.urandom(args.echo_bytes)
+    return (lambda: echo(payload, timeout=30)), channel.close
+
+
+def concurrent(make_caller, concurrency: int, args) -> dict:
+    """Throughput of `concurrency` client threads in this process, one channel each."""
+    callers = [make_caller() for _ in range(concurrency)]
     per_thread = max(1, args.requests // concurrency) * 2
 
     def worker(i: int, count: int) -> list[float]:
-        out = []
+        call, out = callers[i][0], []
         for _ in range(count):
             t0 = time.perf_counter()
-            clients[i].predict(args.model_name, {name: batch})
+            call()
             out.append(time.perf_counter() - t0)
         return out
 
@@ -285,8 +305,8 @@ def concurrent(address: str, name: str, batch: np.ndarray, concurrency: int, arg
             wall = time.perf_counter() - started
         return summarize([x for r in results for x in r], wall)
     finally:
-        for client in clients:
-            client.close()
+        for _call, close in callers:
+            close()
 
 
 # ---- the run -------------------------------------------------------------------------------
@@ -299,9 +319,13 @@ def run_rounds(calls: dict, servers: dict, name: str, batch: np.ndarray, args) -
     rounds = []
     for index in range(args.rounds):
         latency = {path: timed(calls[path], args.requests) for path in LATENCY_PATHS}
+        makers = {"echo": lambda: echo_caller(servers["echo"], args),
+                  **{mode: (lambda mode=mode: predict_caller(servers[mode].address, name,
+                                                              batch, args))
+                     for mode in ("unbatched", "batched")}}
         throughput = [{"mode": mode, "concurrency": c,
-                       **concurrent(servers[mode].address, name, batch, c, args)}
-                      for c in args.concurrency for mode in ("unbatched", "batched")]
+                       **concurrent(makers[mode], c, args)}
+                      for c in args.concurrency for mode in ("echo", "unbatched", "batched")]
         rounds.append({"latency": latency, "throughput": throughput,
                        "ratios": round_ratios(latency, throughput)})
         print(f"round {index + 1}/{args.rounds}:",
@@ -321,9 +345,14 @@ def round_ratios(latency: dict, throughput: list[dict]) -> dict:
               "rest_over_grpc": p50["rest"] / p50["grpc"],
               "rest_raw_over_grpc_raw": p50["rest_raw"] / p50["grpc_raw"]}
     in_process_rps = latency["in_process"]["requests_per_s"]
+    echo_rps = {row["concurrency"]: row["requests_per_s"] for row in throughput
+                if row["mode"] == "echo"}
     for row in throughput:
         key = f"{row['mode']}_c{row['concurrency']}_over_in_process"
         ratios[key] = row["requests_per_s"] / in_process_rps
+        if row["mode"] != "echo":
+            key = f"{row['mode']}_c{row['concurrency']}_over_echo"
+            ratios[key] = row["requests_per_s"] / echo_rps[row["concurrency"]]
     return ratios
 
 
@@ -386,7 +415,12 @@ def to_markdown(report: dict) -> str:
     lines += ["",
               f"With a prebuilt request (no client-side encoding): overhead "
               f"{extra['grpc_raw_overhead_ms']:.3f} ms = "
-              f"{extra['grpc_raw_overhead_over_echo']:.2f}x the echo.", "",
+              f"{extra['grpc_raw_overhead_over_echo']:.2f}x the echo."]
+    if "batched_c32_over_echo" in extra:
+        lines.append(f"Batched c=32 throughput is {extra['batched_c32_over_echo']:.2f}x the "
+                     f"bare echo's at c=32 through the same client harness (the ceiling a "
+                     f"Python gRPC server reaches here with no work at all).")
+    lines += ["",
               "## Latency, concurrency 1", "",
               "| path | p50 ms | p99 ms | requests/s | p50 over in-process ms |",
               "|---|---:|---:|---:|---:|"]
@@ -401,7 +435,8 @@ def to_markdown(report: dict) -> str:
               "|---|---:|---:|---:|---:|---:|"]
     in_rps = med["latency"]["in_process"]["requests_per_s"]
     for row in med["throughput"]:
-        lines.append(f"| {LABELS['grpc_' + row['mode']]} | {row['concurrency']} | "
+        label = LABELS["echo" if row["mode"] == "echo" else "grpc_" + row["mode"]]
+        lines.append(f"| {label} | {row['concurrency']} | "
                      f"{row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
                      f"{row['requests_per_s']:.0f} | {row['requests_per_s'] / in_rps:.2f}x |")
     lines.append("")
@@ -434,8 +469,8 @@ def main(argv=None) -> int:
                 calls, closers = make_calls(version_dir, name, batch, unbatched, batched,
                                             echo.address, f"127.0.0.1:{rest_port}", args)
                 try:
-                    rounds = run_rounds(calls, {"unbatched": unbatched, "batched": batched},
-                                        name, batch, args)
+                    rounds = run_rounds(calls, {"unbatched": unbatched, "batched": batched,
+                                                "echo": echo.address}, name, batch, args)
                 finally:
                     for close in closers:
                         close()
