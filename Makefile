@@ -51,7 +51,11 @@ demo: $(STAMP)
 # Many tests wait on a subprocess starting TensorFlow (single-threaded imports) or on a server,
 # which leaves a core idle when run one at a time. Side by side on 4 such files (72 tests, load
 # ~2): one process 130 s and 121 s, -n 2 --dist loadfile 106 s, -n 2 --dist load 146 s.
-PYTEST_WORKERS ?= -n 2 --dist loadfile
+# The files go out longest first (tests/suite_order.py, from tests/file_durations.json);
+# --no-loadscope-reorder keeps that order (xdist's own puts the most tests first, which left
+# the long one-test files for last, on one worker). Refresh the seconds after adding or
+# splitting a long file: make test PYTEST_ADDOPTS=--record-file-durations=tests/file_durations.json
+PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 ## test: lint, then the whole test suite: 1,356 tests in 928 s of pytest with -n 2 on a quiet 2-core
 ## clean clone (1036 s and 1171 s with other work running; before -n 2: 997 tests in 1301 s).

@@ -11,6 +11,25 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
+from suite_order import DurationRecorder, longest_files_first, read_durations  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-file-durations", metavar="PATH", default=None,
+                     help="merge each test file's seconds into PATH (tests/file_durations.json "
+                          "orders the files longest first: tests/suite_order.py)")
+
+
+def pytest_configure(config):
+    path = config.getoption("--record-file-durations")
+    if path and not hasattr(config, "workerinput"):  # xdist's controller sees every report
+        config.pluginmanager.register(DurationRecorder(path), "ampflow-file-durations")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own fixture-based reordering
+def pytest_collection_modifyitems(config, items):
+    """Longest files first, so the two xdist workers finish together (tests/suite_order.py)."""
+    items[:] = longest_files_first(items, read_durations())
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,8 @@
   real kfp compiler, gRPC and REST over loopback to an in-process server, real TF, SavedModels
   and TFLite interpreters.
 - No test carries the same marker twice.
+- `tests/file_durations.json` (the order the files run in, longest first) names no file that is
+  gone.
 """
 
 from __future__ import annotations
@@ -101,3 +103,12 @@ def test_no_test_carries_a_marker_twice():
         if len(marks) != len(set(marks)):
             duplicated.append(f"{path.relative_to(TESTS)}::{node.name}")
     assert duplicated == []
+
+
+def test_the_file_durations_name_only_test_files_that_exist():
+    # tests/file_durations.json orders the files longest first (tests/suite_order.py); a
+    # renamed or split file would keep its old name there and its new one would run as if short
+    from suite_order import read_durations
+
+    stale = [name for name in read_durations() if not (TESTS.parent / name).is_file()]
+    assert stale == []
