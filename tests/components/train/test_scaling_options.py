@@ -58,34 +58,6 @@ def _dense_model(input_shape, num_classes, image_size):
     return keras.Model(inputs, float32_head(x, num_classes))
 
 
-def _inf_on_worker_1(input_shape, num_classes, image_size):
-    """The dense model whose gradients are infinite on replica 1 (worker 1) only."""
-    import keras
-    import tensorflow as tf
-
-    from ampflow.components.train.models import float32_head
-
-    class InfGradientOnReplica1(keras.layers.Layer):
-        def call(self, x):
-            context = tf.distribute.get_replica_context()  # None while building in a scope
-            replica = context.replica_id_in_sync_group if context is not None else 0
-
-            @tf.custom_gradient
-            def identity(t):
-                def grad(dy):
-                    return dy * tf.cast(tf.where(tf.equal(replica, 1), float("inf"), 1.0),
-                                        dy.dtype)
-
-                return tf.identity(t), grad
-
-            return identity(x)
-
-    inputs = keras.Input(shape=input_shape, name="images")
-    x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
-    x = InfGradientOnReplica1()(keras.layers.Dense(16, activation="relu")(x))
-    return keras.Model(inputs, float32_head(x, num_classes))
-
-
 def _one_step(runtime, data_dir: Path, out: Path, model: str, policy: str, mode: str) -> dict:
     """Build the seeded model, take one train step under `mode`; weights before and after."""
     import keras
@@ -135,7 +107,11 @@ def _worker(data_dir: str, out_dir: str) -> None:
     from ampflow.components.train.step import make_runtime
 
     register_model("test_scaling_dense", _dense_model)
-    register_model("test_scaling_inf_on_worker_1", _inf_on_worker_1)
+    # worker_driver.py (this file's folder: the script's sys.path[0]) has the model whose
+    # gradients are infinite on replica 1 (here worker 1) only
+    from worker_driver import _inf_gradient_on_replica_1
+
+    register_model("test_scaling_inf_on_worker_1", _inf_gradient_on_replica_1)
     out = Path(out_dir)
     runtime = make_runtime(TrainConfig(data_dir=Path(data_dir), output_dir=out))
     results: dict = {}
