@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
+import time
 from pathlib import Path
 
 import kubernetes_validate
@@ -120,6 +122,17 @@ def serve_config(container: dict):
     assert container["command"] == ["ampflow"] and container["args"][0] == "serve"
     args = build_parser(("ampflow.serving.cli",)).parse_args(container["args"])
     return serve_config_from_args(args)
+
+
+def settled_on_the_claim(version_dir: Path) -> None:
+    """Date the version's files an hour back, as a model on the claim before the pod starts.
+
+    The server loads at start only a version whose files are older than its settle period
+    (the poll wait, 30 s in these args); a just-written one would cost a 30 s sleep.
+    """
+    an_hour_ago = time.time() - 3600
+    for path in [version_dir, *version_dir.rglob("*")]:
+        os.utime(path, (an_hour_ago, an_hour_ago))
 
 
 def test_kserve_kustomization_renders_and_validates_against_the_crds(render):
@@ -330,7 +343,6 @@ def test_the_predictor_command_line_serves_and_its_probes_answer(render, tmp_pat
     probes' paths answer 200 on the port the probes use. Only what cannot run here is changed:
     loopback instead of 0.0.0.0, free ports, the store's path instead of /mnt/models."""
     import socket
-    import time
     import urllib.error
     import urllib.request
 
@@ -341,8 +353,10 @@ def test_the_predictor_command_line_serves_and_its_probes_answer(render, tmp_pat
     isvc = one(objects, "InferenceService")
     model_name = isvc["metadata"]["annotations"]["ampflow.dev/model-name"]
     store = tmp_path / "mnt-models"
-    write_model_version(store, int(isvc["metadata"]["annotations"]["ampflow.dev/model-version"]),
-                        model_name=model_name)
+    version_dir = write_model_version(
+        store, int(isvc["metadata"]["annotations"]["ampflow.dev/model-version"]),
+        model_name=model_name)
+    settled_on_the_claim(version_dir)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         rest_port = s.getsockname()[1]
