@@ -2,7 +2,8 @@
 
 `python v2_clients_script.py GRPC_ADDR REST_ADDR MODEL IMAGES.npy triton|kserve` prints one
 JSON object: each client's answers (outputs as lists) and each error case as
-{"status", "message"}. tritonclient and kserve each register the `inference.*` messages in
+{"status", "message"}; the kserve run adds kserve's own descriptor of the `inference` proto.
+tritonclient and kserve each register the `inference.*` messages in
 protobuf's default pool, so one process can import only one of them: one run per SDK.
 Only the clients' public APIs are used, except tritonclient's `_post` for the one request no
 SDK can make (a body that is not JSON).
@@ -166,6 +167,18 @@ async def kserve_clients(grpc_address: str, rest_address: str, model: str,
     return out
 
 
+def kserve_descriptor() -> str:
+    """kserve's own `inference` FileDescriptorProto, base64 (the vendored proto's reference)."""
+    import base64
+
+    from google.protobuf import descriptor_pb2
+    from kserve.protocol.grpc import grpc_predict_v2_pb2
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    grpc_predict_v2_pb2.DESCRIPTOR.CopyToProto(proto)
+    return base64.b64encode(proto.SerializeToString()).decode("ascii")
+
+
 def main() -> None:
     """Print every client's answers as one JSON object."""
     grpc_address, rest_address, model, images_path, sdk = sys.argv[1:6]
@@ -175,7 +188,8 @@ def main() -> None:
                   "triton_grpc": triton_grpc(grpc_address, model, images)}
     else:
         result = {"kserve": asyncio.run(kserve_clients(grpc_address, rest_address, model,
-                                                       images))}
+                                                       images)),
+                  "kserve_descriptor": kserve_descriptor()}
     print(json.dumps(result))
 
 
