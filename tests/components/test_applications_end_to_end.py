@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,33 @@ def _set_batch_norm_statistics_from_data(model_dir: Path, data_dir: Path) -> Non
     model.save(model_dir / "model.keras")
 
 
+@functools.cache
+def _trained_model(model_dir: Path):
+    """The run's Keras model as load_trained_model reads it from disk, loaded once a session.
+
+    Two tests read it (neither changes it); a ResNet-50 load costs seconds of CPU.
+    """
+    from ampflow.components.train import load_trained_model
+
+    return load_trained_model(model_dir)[0]
+
+
+@functools.cache
+def _saved_model_reference(version_dir: Path):
+    """The exported SavedModel's serving_default, loaded once a session for the two tests."""
+    from ampflow.components.convert_tflite.checks import SavedModelReference
+
+    return SavedModelReference(version_dir, "serving_default")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_cached_models():
+    """Frees the cached models after each file, so a worker's later files do not hold them."""
+    yield
+    _trained_model.cache_clear()
+    _saved_model_reference.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def pipeline_run(tmp_path_factory, small_mnist):
     """Factory: `pipeline_run(name)` → train, evaluate, export and convert `name` once."""
@@ -137,10 +165,9 @@ def pipeline_run(tmp_path_factory, small_mnist):
 
 def test_inference_outputs_depend_on_the_input(pipeline_run, name):
     from ampflow.components.prepare_data import load_arrays
-    from ampflow.components.train import load_trained_model
 
     run = pipeline_run(name)
-    model, _ = load_trained_model(run.model_dir)
+    model = _trained_model(run.model_dir)
     images, _ = load_arrays(run.data_dir, "test", limit=32)
     probabilities = model.predict(images.astype(np.float32), verbose=0)
     assert probabilities.std(axis=0).max() > 1e-3  # else every comparison would be vacuous
@@ -206,10 +233,8 @@ def test_tflite_folds_batch_norm_into_the_convolutions(pipeline_run, name):
     import keras
     import tensorflow as tf
 
-    from ampflow.components.train import load_trained_model
-
     run = pipeline_run(name)
-    model, _ = load_trained_model(run.model_dir)
+    model = _trained_model(run.model_dir)
     backbone = next(layer for layer in model.layers if isinstance(layer, keras.Model))
     residual_adds = sum(isinstance(layer, keras.layers.Add) for layer in backbone.layers)
     convs = sum(isinstance(layer, (keras.layers.Conv2D, keras.layers.DepthwiseConv2D))
@@ -249,14 +274,14 @@ MAX_RIGHT_ANSWERS_APART = {"float32": 2, "float16": 2, "dynamic_range": 8, "full
 
 
 def test_every_variant_answers_right_within_a_few_images_of_the_saved_model(pipeline_run, name):
-    from ampflow.components.convert_tflite.checks import SavedModelReference, TFLiteRunner
+    from ampflow.components.convert_tflite.checks import TFLiteRunner
     from ampflow.components.prepare_data import load_arrays
 
     run = pipeline_run(name)
     images, labels = load_arrays(run.data_dir, "test")
     images = images.astype(np.float32)
     assert len(labels) == TEST_IMAGES
-    reference = SavedModelReference(run.export.version_dir, "serving_default")
+    reference = _saved_model_reference(run.export.version_dir)
     reference_right = int(np.sum(reference.predict(images, 32).argmax(axis=-1) == labels))
     for variant, bound in MAX_RIGHT_ANSWERS_APART.items():
         result = run.conversion.variants[variant]
@@ -268,7 +293,6 @@ def test_every_variant_answers_right_within_a_few_images_of_the_saved_model(pipe
 
 
 def test_served_model_answers_like_the_saved_model(pipeline_run, name):
-    from ampflow.components.convert_tflite.checks import SavedModelReference
     from ampflow.components.prepare_data import load_arrays
     from ampflow.serving.client import PredictionClient
     from ampflow.serving.config import ModelConfig, ServerConfig
@@ -277,7 +301,7 @@ def test_served_model_answers_like_the_saved_model(pipeline_run, name):
     run = pipeline_run(name)
     images, _ = load_arrays(run.data_dir, "test", limit=8)
     images = images.astype(np.float32)
-    expected = SavedModelReference(run.export.version_dir, "serving_default").predict(images, 8)
+    expected = _saved_model_reference(run.export.version_dir).predict(images, 8)
     server = start_local_server(ServerConfig(
         models=(ModelConfig(run.export.model_name, run.export.model_base),),
         host="127.0.0.1", port=0, grace_s=1.0))
