@@ -144,10 +144,12 @@ def test_checkpoint_write_on_a_full_disk_fails_clearly_and_keeps_the_previous_on
 
 @pytest.mark.slow  # trains through the ampflow CLI in a child process
 def test_train_on_a_full_disk_exits_1_with_one_line(prepared_digits, tmp_path):
-    """`ampflow train` whose process cannot write its first checkpoint: one line, exit 1."""
+    """`ampflow train` whose process cannot write its first checkpoint: one line, exit 1.
+
+    Two steps: the first checkpoint is written at the end of epoch 1, whatever its length."""
     cmd = [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(prepared_digits),
            "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt"),
-           "--epochs", "1", "--precision", "float32"]
+           "--epochs", "1", "--steps-per-epoch", "2", "--precision", "float32"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240,
                           preexec_fn=_file_size_limited)
@@ -175,11 +177,16 @@ def test_train_killed_then_latest_checkpoint_torn_resumes_from_the_previous_one(
 
     durable = tmp_path / "durable"
     epochs = 15
+    # What is checked is epoch-level (which checkpoint, which epochs, how many lines), not the
+    # steps inside an epoch: 10 steps instead of the digits' full 45 keep ten epochs after the
+    # kill point to kill the run in, at a quarter of the training.
+    steps_per_epoch = 10
 
     def cmd(out):
         return [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(prepared_digits),
                 "--output-dir", str(out), "--checkpoint-dir", str(durable), "--epochs",
-                str(epochs), "--precision", "float32"]
+                str(epochs), "--steps-per-epoch", str(steps_per_epoch), "--precision",
+                "float32"]
 
     def epochs_logged() -> int:
         log = durable / "epochs.jsonl"
