@@ -205,7 +205,16 @@ def test_auto_batch_size_with_the_real_probe_and_an_injected_limit_finds_the_sma
     peaks: what the process held before each does not count, as in MemoryLimit)."""
     import keras
 
-    probe = train_step_probe(_tiny_model, (32, 32, 3), 10, "float32")
+    measured = {}
+
+    def probe(batch):
+        """The real probe, run once per batch: the search is handed the very peaks the limit
+        was set from (a second run of batch 8 or 16 would cost a model build and two steps)."""
+        if batch not in measured:
+            measured[batch] = real_probe(batch)
+        return measured[batch]
+
+    real_probe = train_step_probe(_tiny_model, (32, 32, 3), 10, "float32")
     peak_8, peak_16 = probe(8).region_bytes, probe(16).region_bytes
     assert peak_8 < peak_16
     assert keras.mixed_precision.global_policy().name == "float32"  # restored
@@ -219,6 +228,7 @@ def test_auto_batch_size_with_the_real_probe_and_an_injected_limit_finds_the_sma
     assert any(a.batch_size == choice.batch_size + 4 and not a.ok
                for a in choice.search.attempts)
     assert "injected limit" in choice.reason
+    assert sorted(measured) == sorted({8, 16, *(a.batch_size for a in choice.search.attempts)})
     json.dumps(choice.to_json())
 
 
