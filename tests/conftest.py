@@ -13,6 +13,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest  # noqa: E402
 from suite_order import DurationRecorder, longest_files_first, read_durations  # noqa: E402
 
+import ampflow  # noqa: E402, F401  (its fast_start, before a test module imports TensorFlow)
+
 
 def pytest_addoption(parser):
     parser.addoption("--record-file-durations", metavar="PATH", default=None,
