@@ -290,6 +290,7 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     info = load_dataset_info(config.data_dir)  # a bad data_dir fails before any compute
     if config.workers > 1:  # the launcher: no TF here (its start-up delayed the workers' ~5 s)
         return _run_local_workers(config)
+    refuse_before_tensorflow(config)
     import keras
 
     from ampflow.components.train.precision import configure_precision
@@ -410,6 +411,27 @@ def _is_peer_loss(error: BaseException) -> bool:
     peer_errors = (tf.errors.UnavailableError, tf.errors.AbortedError,
                    tf.errors.CancelledError, tf.errors.DeadlineExceededError)
     return isinstance(error, peer_errors) or "Collective ops is aborted" in str(error)
+
+
+def refuse_before_tensorflow(config: TrainConfig) -> None:
+    """What can be refused without TensorFlow is refused before it starts.
+
+    A malformed TF_CONFIG, this worker's port already taken, a `--model` that names nothing, a
+    builder module that does not import or lacks its function: each is one ConfigError line
+    at once, not after the ~3-4 CPU-seconds of TensorFlow's start-up (on a cluster, every
+    restart of a bad worker paid it). The same checks run again where they are used.
+    """
+    from ampflow.components.train.cluster import check_own_port_free, read_tf_config
+    from ampflow.components.train.models import model_names
+    from ampflow.components.train.user_model import import_builder, parse_model_spec
+
+    cluster = read_tf_config()
+    if cluster is not None and cluster.num_workers > 1 and config.strategy in (
+            "auto", "multi_worker"):
+        check_own_port_free(cluster)
+    spec = parse_model_spec(config.model, model_names())
+    if spec.kind == "builder":
+        import_builder(spec, config.model_path)
 
 
 def make_runtime(config: TrainConfig):

@@ -226,3 +226,39 @@ def test_train_unwritable_checkpoint_dir_is_a_clear_error(prepared_digits, tmp_p
         run_train(TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "out",
                               checkpoint_dir=str(blocker / "ckpt")))
     assert not (tmp_path / "out" / "metadata.json").exists()
+
+
+_REFUSED_BEFORE_TF = {  # env, --model, the start of the one error line
+    "bad-tf-config": ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": 3}'}, "small_cnn",
+                      "TF_CONFIG must name this process's task"),
+    "unknown-model": ({}, "small_cnm", "model must be a built-in name"),
+    "builder-module-missing": ({}, "no_such_pkg.models:build",
+                               "model module 'no_such_pkg.models' does not import"),
+}
+
+
+@pytest.mark.parametrize("case", list(_REFUSED_BEFORE_TF))
+def test_what_needs_no_tensorflow_is_refused_before_it_starts(case, prepared_digits, tmp_path):
+    # a bad TF_CONFIG or --model used to wait for TensorFlow's start-up (3-4 CPU-s; on a
+    # cluster, at every restart of a bad worker) before its one-line error
+    import os
+    import subprocess
+    import sys
+
+    env, model, message = _REFUSED_BEFORE_TF[case]
+    script = ("import sys\n"
+              "from ampflow.components.train import TrainConfig, run_train\n"
+              "from ampflow.errors import ConfigError\n"
+              "try:\n"
+              f"    run_train(TrainConfig(data_dir={str(prepared_digits)!r}, "
+              f"output_dir={str(tmp_path / 'out')!r}, model={model!r}))\n"
+              "except ConfigError as e:\n"
+              "    print('refused:', e)\n"
+              "print('tensorflow imported:', 'tensorflow' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused, imported = done.stdout.splitlines()
+    assert refused.startswith(f"refused: {message}"), done.stdout
+    assert imported == "tensorflow imported: False"
+    assert not (tmp_path / "out").exists()
