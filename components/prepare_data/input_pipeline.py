@@ -197,7 +197,8 @@ def _augmented(ds: tf.data.Dataset, seed: int) -> tf.data.Dataset:
 
     The per-example seeds come from `Dataset.random(seed, rerandomize_each_iteration=True)`
     zipped alongside, and the ops are stateless: the result does not depend on how tf.data
-    schedules the parallel map, only on `seed` and the epoch.
+    schedules the parallel map, only on `seed`, the epoch and TensorFlow's global seed
+    (`Dataset.random` pairs its seed with it; training sets it from its own seed first).
     """
     image_spec = ds.element_spec[0]
     if not image_spec.shape.is_fully_defined():

@@ -239,13 +239,24 @@ def test_input_pipeline_augment_is_seeded(prepared_digits):
 
 
 def test_input_pipeline_augment_draws_new_crops_every_epoch():
+    # The crops depend on TensorFlow's global seed too (Dataset.random pairs its seed with it),
+    # which whatever ran before in the process may have set: the claim must hold for any. An
+    # 8x8 image had ~50 possible crop+flip outcomes, so 6 epochs repeated one often enough that
+    # "at least 5 distinct" failed under some global seeds; a 64x64 one has ~20,000.
     import tensorflow as tf
 
-    image = tf.reshape(tf.range(8 * 8, dtype=tf.float32) * 3.0, (8, 8, 1))
+    image = tf.reshape(tf.range(64 * 64, dtype=tf.float32), (64, 64, 1))
     ds = tf.data.Dataset.from_tensors((image, tf.constant(0, tf.int64)))
-    epochs = make_input_pipeline(ds, batch_size=1, training=True, augment=True, seed=1).repeat()
-    crops = [x.numpy() for x, _ in epochs.take(6)]
-    assert len({c.tobytes() for c in crops}) >= 5  # one image, a new crop each epoch
+    try:
+        for global_seed in range(20):
+            tf.random.set_seed(global_seed)
+            epochs = make_input_pipeline(ds, batch_size=1, training=True, augment=True,
+                                         seed=1).repeat()
+            crops = [x.numpy() for x, _ in epochs.take(6)]
+            # one image, a new crop each epoch
+            assert len({c.tobytes() for c in crops}) >= 5, global_seed
+    finally:
+        tf.random.set_seed(None)
 
 
 def test_input_pipeline_augment_for_evaluation_is_a_config_error(prepared_digits):
