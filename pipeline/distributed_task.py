@@ -36,7 +36,10 @@ def train_workers_arguments(options) -> dict[str, Any]:
     # built as "<uuid>/<task>" reached the task as that literal text, one job name for every
     # run. One run has one AMP train task, so its id alone names the job.
     return {"workers": options.train_workers, "tfjob_settings": settings.to_json(),
-            "run_key": dsl.PIPELINE_JOB_ID_PLACEHOLDER}
+            "run_key": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            "packed_allreduce": options.packed_allreduce,
+            "allreduce_bytes_per_pack": options.allreduce_bytes_per_pack,
+            "allreduce_dtype": options.allreduce_dtype}
 
 
 def configure_train_workers_task(task, options) -> None:

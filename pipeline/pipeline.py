@@ -48,7 +48,7 @@ from ampflow.components.train.kubeflow_job import (
     TRAIN_CPU,
     TRAIN_MEMORY,
 )
-from ampflow.components.train.step import TrainConfig
+from ampflow.components.train.step import TrainConfig, check_allreduce_options
 from ampflow.errors import ConfigError
 from ampflow.pipeline.settings import LOCAL_IMAGE, as_component
 
@@ -82,12 +82,17 @@ DEFAULT_SERVING_OVERLAY = DeployConfig.__dataclass_fields__["overlay"].default
 # What the deploy step publishes (the SavedModel, or one TFLite variant): its own defaults.
 SERVING_DEFAULTS = {name: DeployConfig.__dataclass_fields__[name].default
                     for name in ("serving_format", "tflite_variant")}
+_TRAIN_FIELDS = TrainConfig.__dataclass_fields__
 TRAIN_DEFAULTS = {
-    **{name: TrainConfig.__dataclass_fields__[name].default for name in (
+    **{name: _TRAIN_FIELDS[name].default for name in (
         "model", "epochs", "batch_size", "learning_rate", "precision", "seed")},
     "xla": next(word for word, value in TRISTATE.items()
-                if value is TrainConfig.__dataclass_fields__["jit_compile"].default),
+                if value is _TRAIN_FIELDS["jit_compile"].default),
 }
+
+# The train step's all-reduce flags (PipelineOptions with train_workers > 1) and defaults.
+_DEFAULT_ALLREDUCE = {name: _TRAIN_FIELDS[name].default for name in (
+    "packed_allreduce", "allreduce_bytes_per_pack", "allreduce_dtype")}
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,20 @@ class PipelineOptions:
     train_workers: int = field(default=1, metadata={
         "help": "> 1: the AMP train task runs a TFJob with this many workers (checkpoints on "
                 "the training claim, not the workspace)."})
+    # How the AMP train task's workers all-reduce (train_workers > 1): the train step's flags,
+    # with its defaults (TrainConfig, measured in docs/how-to/multi-worker.md). The float32
+    # baseline is one process and has no all-reduce.
+    packed_allreduce: bool = field(default=_TRAIN_FIELDS["packed_allreduce"].default, metadata={
+        "help": "With train_workers > 1: all-reduce gradients and step statistics in one packed "
+                "collective per step (train --packed-allreduce)."})
+    allreduce_bytes_per_pack: int = field(
+        default=_TRAIN_FIELDS["allreduce_bytes_per_pack"].default, metadata={
+            "help": "With train_workers > 1: split the packed all-reduce into packs of about "
+                    "this many bytes; 0 = one pack (train --allreduce-bytes-per-pack)."})
+    allreduce_dtype: str = field(default=_TRAIN_FIELDS["allreduce_dtype"].default, metadata={
+        "choices": _TRAIN_FIELDS["allreduce_dtype"].metadata["choices"],
+        "help": "With train_workers > 1: sum gradients across workers in float32 or in the "
+                "policy's compute dtype (half the bytes; train --allreduce-dtype)."})
     cache_data: bool = True
     default_resources: Resources = field(default_factory=Resources)
     gate_resources: Resources = field(
@@ -211,6 +230,14 @@ class PipelineOptions:
             raise ConfigError(f"train_workers must be >= 1. Received: {self.train_workers}")
         if self.train_retries < 0:
             raise ConfigError(f"train_retries must be >= 0. Received: {self.train_retries}")
+        check_allreduce_options(self.packed_allreduce, self.allreduce_bytes_per_pack,
+                                self.allreduce_dtype)
+        changed = [f"{name}={getattr(self, name)!r}" for name, default in
+                   _DEFAULT_ALLREDUCE.items() if getattr(self, name) != default]
+        if self.train_workers == 1 and changed:
+            raise ConfigError("packed_allreduce, allreduce_bytes_per_pack and allreduce_dtype "
+                              "set how train workers all-reduce: they need train_workers > 1. "
+                              f"Received: train_workers=1, {', '.join(changed)}")
         if self.checkpoints not in CHECKPOINT_STORES:
             raise ConfigError(invalid_choice("checkpoints", self.checkpoints, CHECKPOINT_STORES))
         if self.workspace_access_mode not in ACCESS_MODES:

@@ -40,6 +40,11 @@ from ampflow.pipeline.task_logs import TaskLogRouter, plain, routed_output
 from ampflow.serving.model_format import DEFAULT_MODEL_NAME
 
 log = logging.getLogger(__name__)
+# run-local's flags that are PipelineOptions (compile time), not pipeline parameters; the
+# all-reduce ones take PipelineOptions' defaults and help.
+COMPILE_TIME = ("with_float32_baseline", "train_workers", "packed_allreduce",
+                "allreduce_bytes_per_pack", "allreduce_dtype")
+_OPTIONS = PipelineOptions.__dataclass_fields__
 # How much of a failed task's log the error repeats (the whole log is in <workdir>/logs/).
 LOG_TAIL_LINES = 15
 
@@ -108,6 +113,12 @@ class LocalRunConfig:
     train_workers: int = field(default=1, metadata={
         "help": "Train on this many local worker processes (MultiWorkerMirroredStrategy over "
                 "loopback, the TF_CONFIG contract of a TFJob)."})
+    packed_allreduce: bool = field(default=_OPTIONS["packed_allreduce"].default,
+                                   metadata=_OPTIONS["packed_allreduce"].metadata)
+    allreduce_bytes_per_pack: int = field(default=_OPTIONS["allreduce_bytes_per_pack"].default,
+                                          metadata=_OPTIONS["allreduce_bytes_per_pack"].metadata)
+    allreduce_dtype: str = field(default=_OPTIONS["allreduce_dtype"].default,
+                                 metadata=_OPTIONS["allreduce_dtype"].metadata)
     with_float32_baseline: bool = field(default=True, metadata={
         "help": "Also train a float32 baseline (in parallel on a cluster): the gate then "
                 "compares AMP-trained with float32-trained accuracy, and the report shows the "
@@ -121,6 +132,13 @@ class LocalRunConfig:
         check_model_names(self.model, self.model_name)
         check_serving_format(self.serving_format, self.tflite_variant, self.tflite_variants,
                              "local")
+        self.pipeline_options()  # its checks (the all-reduce flags need train_workers > 1)
+
+    def pipeline_options(self) -> PipelineOptions:
+        """The compile-time options of a local run: no GPU, no model-store claim."""
+        return PipelineOptions(gpu=False, model_store_pvc=None,
+                               base_model_uri=self.base_model_uri,
+                               **{name: getattr(self, name) for name in COMPILE_TIME})
 
     @property
     def pipeline_root(self) -> Path:
@@ -149,7 +167,7 @@ class LocalRunConfig:
 
     def arguments(self) -> dict[str, Any]:
         """The pipeline parameters of this run."""
-        skip = {"workdir", "with_float32_baseline", "train_workers"}  # compile-time options
+        skip = {"workdir", *COMPILE_TIME}
         names = {f.name for f in fields(LocalRunConfig)} - skip  # not a subclass's extras
         args = {k: v for k, v in asdict(self).items() if k in names}
         args.update(serving_target="local", serving_model_store=str(self.model_store.resolve()))
@@ -192,9 +210,7 @@ def run_local(config: LocalRunConfig, *, verbose: bool = False,
     before = set(root.iterdir())
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root),
                raise_on_error=True, workspace_root=str(config.workspace))
-    options = PipelineOptions(gpu=False, with_float32_baseline=config.with_float32_baseline,
-                              model_store_pvc=None, train_workers=config.train_workers,
-                              base_model_uri=config.base_model_uri)
+    options = config.pipeline_options()
     pipeline = build_pipeline(options)
     names = step_names(pipeline)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -22,6 +22,9 @@ def train(
     run_key: str = "",
     batch_size_multiplier: int = 1,
     model_path: str = "",
+    packed_allreduce: bool = True,
+    allreduce_bytes_per_pack: int = 0,
+    allreduce_dtype: str = "float32",
     base_model: Input[Model] = None,
 ):
     """Train with mixed precision; publish the model and its training metrics.
@@ -35,6 +38,8 @@ def train(
     `workers` > 1 trains on that many workers: inside a cluster, as a TFJob described by
     `tfjob_settings` (set at compile time; `run_key` names the job so a retry finds it);
     elsewhere (the local runner) as local processes with TF_CONFIG.
+    `packed_allreduce`, `allreduce_bytes_per_pack` and `allreduce_dtype` are train's flags of
+    the same names: how `workers` > 1 all-reduce (PipelineOptions sets them at compile time).
     `batch_size_multiplier` trains one process at that many times `batch_size`: the float32
     baseline of an N-worker AMP task gets N, so both see the same global batch and steps and
     differ only in precision.
@@ -65,7 +70,8 @@ def train(
         jit_compile=jit, epochs=epochs, batch_size=batch_size * batch_size_multiplier,
         learning_rate=learning_rate,
         seed=seed, checkpoint_dir=checkpoint_dir or None, autotune=autotune, workers=workers,
-        scale_learning_rate=scale_learning_rate)
+        scale_learning_rate=scale_learning_rate, packed_allreduce=packed_allreduce,
+        allreduce_bytes_per_pack=allreduce_bytes_per_pack, allreduce_dtype=allreduce_dtype)
     if workers > 1 and tfjob_settings and os.environ.get("KUBERNETES_SERVICE_HOST"):
         from ampflow.components.train.kubeflow_job import TFJobSettings, run_training_job
 

@@ -54,6 +54,22 @@ def _model_choices() -> tuple[str, ...]:
     return model_names()
 
 
+def check_allreduce_options(packed_allreduce: bool, allreduce_bytes_per_pack: int,
+                            allreduce_dtype: str) -> None:
+    """How the replicas all-reduce: TrainConfig's rules, also the pipeline's (train_workers)."""
+    if allreduce_dtype not in ALLREDUCE_DTYPES:
+        raise ConfigError(invalid_choice("allreduce_dtype", allreduce_dtype, ALLREDUCE_DTYPES))
+    if allreduce_bytes_per_pack < 0:
+        raise ConfigError("allreduce_bytes_per_pack must be >= 0 (0 = one pack). Received: "
+                          f"allreduce_bytes_per_pack={allreduce_bytes_per_pack}")
+    if not packed_allreduce and (allreduce_bytes_per_pack or allreduce_dtype != "float32"):
+        raise ConfigError(
+            "allreduce_bytes_per_pack and allreduce_dtype set how the packed all-reduce "
+            "works: they need packed_allreduce. Received: packed_allreduce=False, "
+            f"allreduce_bytes_per_pack={allreduce_bytes_per_pack}, "
+            f"allreduce_dtype={allreduce_dtype!r}")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on; written next to the model it produced."""
@@ -229,19 +245,8 @@ class TrainConfig:
         if self.launcher_port is not None and not 0 < self.launcher_port < 65536:
             raise ConfigError("launcher_port must be in [1, 65535]. "
                               f"Received: launcher_port={self.launcher_port}")
-        if self.allreduce_dtype not in ALLREDUCE_DTYPES:
-            raise ConfigError(invalid_choice("allreduce_dtype", self.allreduce_dtype,
-                                             ALLREDUCE_DTYPES))
-        if self.allreduce_bytes_per_pack < 0:
-            raise ConfigError("allreduce_bytes_per_pack must be >= 0 (0 = one pack). Received: "
-                              f"allreduce_bytes_per_pack={self.allreduce_bytes_per_pack}")
-        if not self.packed_allreduce and (self.allreduce_bytes_per_pack
-                                          or self.allreduce_dtype != "float32"):
-            raise ConfigError(
-                "allreduce_bytes_per_pack and allreduce_dtype set how the packed all-reduce "
-                "works: they need packed_allreduce. Received: packed_allreduce=False, "
-                f"allreduce_bytes_per_pack={self.allreduce_bytes_per_pack}, "
-                f"allreduce_dtype={self.allreduce_dtype!r}")
+        check_allreduce_options(self.packed_allreduce, self.allreduce_bytes_per_pack,
+                                self.allreduce_dtype)
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
 

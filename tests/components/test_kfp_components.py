@@ -37,6 +37,21 @@ def test_train_component_rejects_a_bad_jit_setting(tmp_path, prepared_digits):
               metrics=_artifact(dsl.Metrics, tmp_path / "metrics"), xla="maybe")
 
 
+@pytest.mark.parametrize("allreduce, message", [
+    ({"allreduce_dtype": "float8"}, "allreduce_dtype must be one of"),
+    ({"allreduce_bytes_per_pack": -1}, "allreduce_bytes_per_pack must be >= 0"),
+    ({"packed_allreduce": False, "allreduce_dtype": "compute"}, "they need packed_allreduce"),
+])
+def test_train_component_hands_the_allreduce_flags_to_the_train_step(tmp_path, allreduce,
+                                                                    message):
+    # the train step's own checks refuse each: the component passed it on (a dropped flag
+    # would reach the missing data dir instead, a different error)
+    with pytest.raises(ConfigError, match=message):
+        train(data=_artifact(dsl.Dataset, tmp_path / "no-data"),
+              model=_artifact(dsl.Model, tmp_path / "m"),
+              metrics=_artifact(dsl.Metrics, tmp_path / "metrics"), workers=2, **allreduce)
+
+
 def _evaluate(tmp_path, prepared_digits, model_dir, **thresholds):
     outputs = {
         "metrics": _artifact(dsl.Metrics, tmp_path / "metrics"),

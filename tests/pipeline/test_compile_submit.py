@@ -133,6 +133,33 @@ def test_compile_train_pods_are_kept_from_the_cluster_autoscaler(default_ir, tmp
         assert executors[name]["podMetadata"] == metadata
 
 
+def test_compile_passes_the_allreduce_options_to_the_multi_worker_train_task(tmp_path):
+    spec, _ = _load(compile_pipeline(tmp_path / "p.yaml", PipelineOptions(
+        image=IMAGE, gpu=False, train_workers=2, allreduce_dtype="compute",
+        allreduce_bytes_per_pack=1 << 20)))
+    tasks = spec["root"]["dag"]["tasks"]
+    constants = {name: value["runtimeValue"]["constant"]
+                 for name, value in tasks["train"]["inputs"]["parameters"].items()
+                 if "runtimeValue" in value}
+    assert {k: constants[k] for k in ("packed_allreduce", "allreduce_bytes_per_pack",
+                                      "allreduce_dtype")} == {
+        "packed_allreduce": True, "allreduce_bytes_per_pack": 1 << 20,
+        "allreduce_dtype": "compute"}
+    # the float32 baseline is one process: no all-reduce to set
+    assert "allreduce_dtype" not in tasks["train-2"]["inputs"]["parameters"]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"allreduce_dtype": "compute"}, "they need train_workers > 1"),
+    ({"train_workers": 2, "allreduce_dtype": "half"}, "allreduce_dtype must be one of"),
+    ({"train_workers": 2, "packed_allreduce": False, "allreduce_bytes_per_pack": 4096},
+     "they need packed_allreduce"),
+])
+def test_compile_refuses_allreduce_options_that_would_do_nothing_or_fail(options, message):
+    with pytest.raises(ConfigError, match=message):
+        PipelineOptions(image=IMAGE, gpu=False, **options)
+
+
 def test_compile_gate_task_stops_the_run_before_export(default_ir):
     spec, _ = default_ir
     tasks = spec["root"]["dag"]["tasks"]

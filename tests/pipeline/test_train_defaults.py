@@ -107,3 +107,19 @@ def test_the_data_and_tflite_parameters_take_their_steps_defaults(tmp_path):
     # prepare_data's component has no default dataset: the pipeline always passes one
     assert inspect.signature(convert_tflite).parameters["variants"].default == homes[
         "tflite_variants"]
+
+
+ALLREDUCE = ("packed_allreduce", "allreduce_bytes_per_pack", "allreduce_dtype")
+
+
+def test_the_allreduce_options_take_the_train_steps_defaults():
+    # compile/submit (PipelineOptions), run-local and the KFP component spell out none of them
+    from ampflow.components.train.component import train
+
+    component = inspect.signature(train).parameters
+    options = {f.name: f for f in dataclasses.fields(PipelineOptions)}
+    local = {f.name: f.default for f in dataclasses.fields(LocalRunConfig)}
+    for name in ALLREDUCE:
+        home = TrainConfig.__dataclass_fields__[name]
+        assert options[name].default == local[name] == component[name].default == home.default
+        assert options[name].metadata.get("choices") == home.metadata.get("choices"), name
