@@ -82,19 +82,35 @@ class SignatureCall:
         self.fn = fn
         self._constant = tf.constant
         self.fast = False
+        self.runtime_call: RuntimeCall | None = None
         try:
             self._order, self._specs = _flat_input_order(fn)
             self.fast = _has_flat_call(fn)
         except Exception as e:  # an unusual signature keeps the public call, nothing else
             log.info("signature %s: no fast call (%s)", getattr(fn, "name", "?"), e)
+        if self.fast:
+            try:
+                self.runtime_call = RuntimeCall(fn)
+            except Exception as e:  # the flat call stays: same graph, TF's Python around it
+                log.info("signature %s: no runtime call (%s)", getattr(fn, "name", "?"), e)
 
     def __call__(self, inputs: dict) -> dict:
         flat = self._flat_tensors(inputs) if self.fast else None
         if flat is None:
             outputs = self.fn(**inputs)
         else:
-            outputs = self.fn._call_flat(flat, self.fn.captured_inputs)
+            outputs = self._call_flat(flat)
         return {key: value.numpy() for key, value in outputs.items()}
+
+    def _call_flat(self, flat: list) -> dict:
+        captured = self.fn.captured_inputs
+        runtime_call = self.runtime_call
+        if runtime_call is not None and runtime_call.applies():
+            try:
+                return runtime_call(flat, captured)
+            except Exception:  # noqa: S110 - the flat call below raises TF's own error for it
+                pass
+        return self.fn._call_flat(flat, captured)
 
     def _flat_tensors(self, inputs: dict) -> list | None:
         """The inputs as the flat tensor list, or None when they do not match the specs."""
@@ -108,6 +124,47 @@ class SignatureCall:
                 return None
             flat.append(self._constant(value))
         return flat
+
+
+class RuntimeCall:
+    """A signature's graph run by TensorFlow's runtime call, as `_call_flat` ends up doing.
+
+    With no gradient tape and eager execution (every request in the server), a concrete
+    function's `_call_flat` comes down to `context.call_function(name, inputs, n)` and packing
+    the outputs into the signature's dict; the Python on the way (tape and distribution checks,
+    control-dependency and error-rewriting scopes) costs about 50 µs a call, a fifth of the
+    tiny contract model's whole run (docs/explanation/serving-path.md). This makes that same
+    runtime call and the same packing. Anything else (a tape recording, graph mode) takes
+    `_call_flat`, and so does a call that fails here, so an error is TensorFlow's own message.
+    """
+
+    def __init__(self, fn) -> None:
+        import tensorflow as tf
+        from tensorflow.python.eager import record
+
+        atomic = fn._inference_function
+        function_type = atomic.function_type
+        outputs = function_type.flat_outputs
+        if any(o.dtype in (tf.resource, tf.variant) for o in outputs):
+            raise ValueError("an output holds a resource or variant (handle data to set)")
+        self._context = atomic._bound_context
+        self._name = atomic.name
+        self._count = len(outputs)
+        self._arity = len(atomic.cached_definition.signature.input_arg)
+        self._pack = function_type.pack_output
+        self._could_record = record.could_possibly_record
+        if not callable(getattr(self._context, "call_function", None)):
+            raise ValueError("no context.call_function in this TensorFlow")
+
+    def applies(self) -> bool:
+        """Whether a call now may skip `_call_flat`: eager, and nothing could record it."""
+        return self._context.executing_eagerly() and not self._could_record()
+
+    def __call__(self, flat: list, captured) -> dict:
+        args = [*flat, *captured]
+        if len(args) != self._arity:
+            raise ValueError(f"{len(args)} inputs for a function of {self._arity}")
+        return self._pack(self._context.call_function(self._name, args, self._count))
 
 
 def _has_flat_call(fn) -> bool:

@@ -2,7 +2,9 @@
 
 - `SignatureCall` (servable.py) calls a signature's concrete function with its flat argument
   order worked out at load time; anything that does not match the signature takes the
-  public call, so an error is still TensorFlow's own.
+  public call, so an error is still TensorFlow's own. Its `RuntimeCall` makes the runtime
+  call that `_call_flat` makes, without TensorFlow's Python around it, and leaves a recording
+  tape or a failing call to `_call_flat`.
 - No request ever traces a new function: every batch size runs the one concrete function
   the SavedModel holds, batched or not.
 - `tensors.decode_checked` reads numeric `tensor_content` as a view of the request's bytes;
@@ -117,6 +119,77 @@ def test_fast_call_of_a_string_signature_answers_the_public_call(servable):
     public = _public(servable, "classify", {"inputs": batch})
     np.testing.assert_array_equal(fast["scores"], public["scores"])
     np.testing.assert_array_equal(fast["classes"], public["classes"])
+
+
+def test_both_signatures_of_the_contract_model_take_the_runtime_call(servable):
+    for signature in ("serving_default", "classify"):
+        call = servable._functions[signature]
+        assert call.runtime_call is not None and call.runtime_call.applies(), signature
+
+
+def _classify_batch(count: int, seed: int) -> np.ndarray:
+    examples = [tf.train.Example(features=tf.train.Features(feature={"image": tf.train.Feature(
+        float_list=tf.train.FloatList(value=image.ravel()))})).SerializeToString()
+        for image in sample_images(count, seed=seed)]
+    batch = np.empty(count, dtype=object)
+    batch[:] = examples
+    return batch
+
+
+@pytest.mark.parametrize("signature, inputs", [
+    ("serving_default", {"images": sample_images(5, seed=11)}),
+    ("classify", {"inputs": _classify_batch(3, seed=12)}),
+], ids=["serving_default", "classify"])
+def test_the_runtime_call_answers_exactly_the_flat_call(servable, signature, inputs):
+    call = servable._functions[signature]
+    flat = call._flat_tensors(inputs)
+    direct = call.runtime_call(flat, call.fn.captured_inputs)
+    through_tf = call.fn._call_flat(flat, call.fn.captured_inputs)
+    assert direct.keys() == through_tf.keys()
+    for key in direct:
+        assert direct[key].dtype == through_tf[key].dtype
+        np.testing.assert_array_equal(direct[key].numpy(), through_tf[key].numpy())
+
+
+def test_under_a_gradient_tape_the_flat_call_runs_and_records(servable):
+    call = servable._functions["serving_default"]
+    images = tf.constant(sample_images(2, seed=3))
+    with tf.GradientTape() as tape:
+        tape.watch(images)
+        assert not call.runtime_call.applies()  # a tape could record: TF's own call
+        outputs = call._call_flat([images])
+        loss = tf.reduce_sum(outputs["probabilities"] * tf.range(10, dtype=tf.float32))
+    gradient = tape.gradient(loss, images)
+    assert gradient is not None and float(tf.reduce_max(tf.abs(gradient))) > 0
+
+
+def test_a_runtime_failure_is_tensorflows_own_error(servable):
+    # a string that is not a tf.Example passes every spec check and fails inside the graph
+    batch = np.empty(1, dtype=object)
+    batch[:] = [b"not a serialized tf.Example"]
+    with pytest.raises(tf.errors.InvalidArgumentError) as public:
+        _public(servable, "classify", {"inputs": batch})
+    with pytest.raises(tf.errors.InvalidArgumentError) as served:
+        servable.run("classify", {"inputs": batch})
+    assert str(served.value) == str(public.value)
+
+
+def test_a_tensorflow_without_the_runtime_call_keeps_the_flat_call(servable):
+    from ampflow.serving.servable import SignatureCall
+
+    class Older:  # a TensorFlow whose functions have no `_inference_function`
+        def __init__(self, fn):
+            self.structured_input_signature = fn.structured_input_signature
+            self.function_type = fn.function_type
+            self.captured_inputs = fn.captured_inputs
+            self._call_flat = fn._call_flat
+
+    call = SignatureCall(Older(servable._functions["serving_default"].fn))
+    assert call.fast and call.runtime_call is None
+    images = sample_images(3, seed=4)
+    for key, value in call({"images": images}).items():
+        np.testing.assert_array_equal(value, _public(servable, "serving_default",
+                                                     {"images": images})[key])
 
 
 @pytest.mark.parametrize("inputs", [
