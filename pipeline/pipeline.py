@@ -196,15 +196,15 @@ class PipelineOptions:
     # with its defaults (TrainConfig, measured in docs/how-to/multi-worker.md). The float32
     # baseline is one process and has no all-reduce.
     packed_allreduce: bool = field(default=_TRAIN_FIELDS["packed_allreduce"].default, metadata={
-        "help": "With train_workers > 1: all-reduce gradients and step statistics in one packed "
+        "help": "With --train-workers > 1: all-reduce gradients and step statistics in one packed "
                 "collective per step (train --packed-allreduce)."})
     allreduce_bytes_per_pack: int = field(
         default=_TRAIN_FIELDS["allreduce_bytes_per_pack"].default, metadata={
-            "help": "With train_workers > 1: split the packed all-reduce into packs of about "
+            "help": "With --train-workers > 1: split the packed all-reduce into packs of about "
                     "this many bytes; 0 = one pack (train --allreduce-bytes-per-pack)."})
     allreduce_dtype: str = field(default=_TRAIN_FIELDS["allreduce_dtype"].default, metadata={
         "choices": _TRAIN_FIELDS["allreduce_dtype"].metadata["choices"],
-        "help": "With train_workers > 1: sum gradients across workers in float32 or in the "
+        "help": "With --train-workers > 1: sum gradients across workers in float32 or in the "
                 "policy's compute dtype (half the bytes; train --allreduce-dtype)."})
     cache_data: bool = True
     default_resources: Resources = field(default_factory=Resources)

@@ -105,11 +105,8 @@ class SignatureCall:
     def _call_flat(self, flat: list) -> dict:
         captured = self.fn.captured_inputs
         runtime_call = self.runtime_call
-        if runtime_call is not None and runtime_call.applies():
-            try:
-                return runtime_call(flat, captured)
-            except Exception:  # noqa: S110 - the flat call below raises TF's own error for it
-                pass
+        if runtime_call is not None and runtime_call.applies(len(flat) + len(captured)):
+            return runtime_call(flat, captured)  # runs the graph once, failing or not
         return self.fn._call_flat(flat, captured)
 
     def _flat_tensors(self, inputs: dict) -> list | None:
@@ -132,15 +129,19 @@ class RuntimeCall:
     With no gradient tape and eager execution (every request in the server), a concrete
     function's `_call_flat` comes down to `context.call_function(name, inputs, n)` and packing
     the outputs into the signature's dict; the Python on the way (tape and distribution checks,
-    control-dependency and error-rewriting scopes) costs about 50 µs a call, a fifth of the
-    tiny contract model's whole run (docs/explanation/serving-path.md). This makes that same
-    runtime call and the same packing. Anything else (a tape recording, graph mode) takes
-    `_call_flat`, and so does a call that fails here, so an error is TensorFlow's own message.
+    a control-dependency scope) costs about 35 µs a call, a sixth of the tiny contract model's
+    whole run (benchmarks/serving/signature_call.py, docs/explanation/serving-path.md). This
+    makes that same runtime call, inside the same error-rewriting scope (so a failure inside
+    the graph raises TensorFlow's own message, and the graph runs once either way), and the
+    same packing. Anything else (a tape that could record, graph mode) takes `_call_flat`.
     """
 
     def __init__(self, fn) -> None:
         import tensorflow as tf
         from tensorflow.python.eager import record
+        from tensorflow.python.eager.polymorphic_function.atomic_function import (
+            InterpolateRuntimeError,
+        )
 
         atomic = fn._inference_function
         function_type = atomic.function_type
@@ -153,18 +154,19 @@ class RuntimeCall:
         self._arity = len(atomic.cached_definition.signature.input_arg)
         self._pack = function_type.pack_output
         self._could_record = record.could_possibly_record
+        self._errors = InterpolateRuntimeError(atomic)
         if not callable(getattr(self._context, "call_function", None)):
             raise ValueError("no context.call_function in this TensorFlow")
 
-    def applies(self) -> bool:
-        """Whether a call now may skip `_call_flat`: eager, and nothing could record it."""
-        return self._context.executing_eagerly() and not self._could_record()
+    def applies(self, arity: int) -> bool:
+        """Whether a call of `arity` tensors may skip `_call_flat` now: eager, no tape."""
+        return (arity == self._arity and self._context.executing_eagerly()
+                and not self._could_record())
 
     def __call__(self, flat: list, captured) -> dict:
-        args = [*flat, *captured]
-        if len(args) != self._arity:
-            raise ValueError(f"{len(args)} inputs for a function of {self._arity}")
-        return self._pack(self._context.call_function(self._name, args, self._count))
+        with self._errors:
+            outputs = self._context.call_function(self._name, [*flat, *captured], self._count)
+        return self._pack(outputs)
 
 
 def _has_flat_call(fn) -> bool:

@@ -121,10 +121,23 @@ def test_fast_call_of_a_string_signature_answers_the_public_call(servable):
     np.testing.assert_array_equal(fast["classes"], public["classes"])
 
 
-def test_both_signatures_of_the_contract_model_take_the_runtime_call(servable):
+def test_both_signatures_of_the_contract_model_take_the_runtime_call(servable, monkeypatch):
+    images = sample_images(2, seed=8)
+    expected = servable.run("serving_default", {"images": images})
+    expected_scores = servable.run("classify", {"inputs": _classify_batch(2, seed=9)})["scores"]
+
+    def not_this_way(*_args):
+        raise AssertionError("the runtime call must answer, not _call_flat")
+
     for signature in ("serving_default", "classify"):
-        call = servable._functions[signature]
-        assert call.runtime_call is not None and call.runtime_call.applies(), signature
+        assert servable._functions[signature].runtime_call is not None, signature
+        monkeypatch.setattr(servable._functions[signature].fn, "_call_flat", not_this_way)
+    answer = servable.run("serving_default", {"images": images})
+    for key, value in expected.items():
+        np.testing.assert_array_equal(answer[key], value)
+    np.testing.assert_array_equal(
+        servable.run("classify", {"inputs": _classify_batch(2, seed=9)})["scores"],
+        expected_scores)
 
 
 def _classify_batch(count: int, seed: int) -> np.ndarray:
@@ -156,7 +169,7 @@ def test_under_a_gradient_tape_the_flat_call_runs_and_records(servable):
     images = tf.constant(sample_images(2, seed=3))
     with tf.GradientTape() as tape:
         tape.watch(images)
-        assert not call.runtime_call.applies()  # a tape could record: TF's own call
+        assert not call.runtime_call.applies(2)  # a tape could record: TF's own call
         outputs = call._call_flat([images])
         loss = tf.reduce_sum(outputs["probabilities"] * tf.range(10, dtype=tf.float32))
     gradient = tape.gradient(loss, images)
@@ -172,6 +185,28 @@ def test_a_runtime_failure_is_tensorflows_own_error(servable):
     with pytest.raises(tf.errors.InvalidArgumentError) as served:
         servable.run("classify", {"inputs": batch})
     assert str(served.value) == str(public.value)
+
+
+def test_a_call_that_fails_in_the_graph_runs_it_once(tmp_path):
+    """A failing request must not run the model a second time (stateful ops, cost)."""
+    module = tf.Module()
+    module.calls = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+    def serve(x):
+        with tf.control_dependencies([module.calls.assign_add(1)]):
+            checked = tf.debugging.assert_positive(x, message="x must be positive")
+        with tf.control_dependencies([checked]):
+            return {"y": x * 2.0}
+
+    tf.saved_model.save(module, str(tmp_path / "1"), signatures={"serving_default": serve})
+    counted = ServableVersion("counter", 1, tmp_path / "1")
+    assert counted._functions["serving_default"].runtime_call is not None
+    np.testing.assert_array_equal(
+        counted.run("serving_default", {"x": np.array([1.0, 2.0], np.float32)})["y"], [2, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="x must be positive"):
+        counted.run("serving_default", {"x": np.array([-1.0], np.float32)})
+    assert int(counted._loaded.calls.numpy()) == 2  # one call each, the failing one too
 
 
 def test_a_tensorflow_without_the_runtime_call_keeps_the_flat_call(servable):
