@@ -57,15 +57,15 @@ demo: $(STAMP)
 # splitting a long file: make test PYTEST_ADDOPTS=--record-file-durations=tests/file_durations.json
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-## test: lint, then the whole test suite: 1,492 tests in 632 s of pytest with -n 2 on a quiet 2-core
-## clean clone (another run: 700 s; 893 s for 1,471 before the longest-first order and the
+## test: lint, then the whole test suite: 1,500 tests in 632-753 s of pytest with -n 2 on a quiet
+## 2-core clean clone (three runs; 893 s for 1,471 before the longest-first order and the
 ## lighter TF start-up).
 test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS)
 
 ## test-fast: lint, then every test that trains no real model and loads no server (-m "not slow"):
-## 1,295 tests in 142 s with -n 2 on a quiet 2-core clean clone (another run: 128 s).
+## 1,303 tests in 128-148 s with -n 2 on a quiet 2-core clean clone (three runs).
 test-fast: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) -m "not slow"
