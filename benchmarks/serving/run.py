@@ -144,6 +144,23 @@ class EchoProcess:
 
 # ---- the model ------------------------------------------------------------------------------
 
+def model_base(model_base_path: str | None, tmp: Path, model_name: str) -> Path:
+    """The given model base dir, or the tiny contract model written under `tmp`."""
+    if model_base_path:
+        return Path(model_base_path)
+    from ampflow.serving.testing import write_model_version
+
+    write_model_version(tmp / model_name, 1, model_name=model_name)
+    return tmp / model_name
+
+
+def write_report(out: Path, name: str, report: dict, markdown: str) -> None:
+    """`<name>.json` and `<name>.md` under `out`, and the Markdown on stdout."""
+    write_json_atomic(out / f"{name}.json", report)
+    (out / f"{name}.md").write_text(markdown)
+    print(markdown)
+
+
 def latest_version_dir(base: Path) -> Path:
     versions = sorted(int(p.name) for p in base.iterdir() if p.name.isdigit())
     if not versions:
@@ -451,13 +468,7 @@ def main(argv=None) -> int:
     timer.daemon = True
     timer.start()
     with tempfile.TemporaryDirectory(prefix="ampflow-bench-") as tmp:
-        if args.model_base_path:
-            base = Path(args.model_base_path)
-        else:
-            from ampflow.serving.testing import write_model_version
-
-            base = Path(tmp) / args.model_name
-            write_model_version(base, 1, model_name=args.model_name)
+        base = model_base(args.model_base_path, Path(tmp), args.model_name)
         version_dir = latest_version_dir(base)
         name, batch = input_batch(version_dir, args.rows)
         rest_port = free_port()
@@ -483,10 +494,7 @@ def main(argv=None) -> int:
               "rows": args.rows, "rounds": args.rounds, "requests": args.requests,
               "host": cpu_info(), "median": median, "goals": goal_rows(median["ratios"]),
               "per_round": rounds}
-    out = Path(args.out)
-    write_json_atomic(out / f"{args.name}.json", report)
-    (out / f"{args.name}.md").write_text(to_markdown(report))
-    print(to_markdown(report))
+    write_report(Path(args.out), args.name, report, to_markdown(report))
     return 0
 
 

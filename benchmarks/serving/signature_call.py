@@ -26,9 +26,13 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import cpu_info, input_batch, latest_version_dir  # noqa: E402
-
-from ampflow.files import write_json_atomic  # noqa: E402
+from run import (  # noqa: E402
+    cpu_info,
+    input_batch,
+    latest_version_dir,
+    model_base,
+    write_report,
+)
 
 WAYS = ("public", "flat", "runtime")
 
@@ -101,26 +105,15 @@ def to_markdown(result: dict) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ampflow-bench-") as tmp:
-        if args.model_base_path:
-            base = Path(args.model_base_path)
-        else:
-            from ampflow.serving.testing import write_model_version
-
-            base = Path(tmp) / "bench"
-            write_model_version(base, 1, model_name="bench")
-        version_dir = latest_version_dir(base)
-        per_round = measure(make_ways(version_dir, args.rows), args.rounds,
-                            args.calls)
+        version_dir = latest_version_dir(model_base(args.model_base_path, Path(tmp), "bench"))
+        per_round = measure(make_ways(version_dir, args.rows), args.rounds, args.calls)
     result = {"label": args.name,
               "model": str(version_dir) if args.model_base_path else
               "tiny contract model (ampflow.serving.testing, 8x8x1 -> 10 classes)",
               "signature": "serving_default", "rows": args.rows, "rounds": args.rounds,
               "calls": args.calls, "host": cpu_info(), **report(per_round),
               "per_round_us": per_round}
-    out = Path(args.out)
-    write_json_atomic(out / f"{args.name}.json", result)
-    (out / f"{args.name}.md").write_text(to_markdown(result))
-    print(to_markdown(result))
+    write_report(Path(args.out), args.name, result, to_markdown(result))
     return 0
 
 
