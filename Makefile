@@ -57,8 +57,8 @@ demo: $(STAMP)
 # splitting a long file: make test PYTEST_ADDOPTS=--record-file-durations=tests/file_durations.json
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-## test: lint, then the whole test suite: 1,500 tests in 632-753 s of pytest with -n 2 on a quiet
-## 2-core clean clone (three runs; 893 s for 1,471 before the longest-first order and the
+## test: lint, then the whole test suite: 1,500 tests in 632-804 s of pytest with -n 2 on a quiet
+## 2-core clean clone (four runs; 893 s for 1,471 before the longest-first order and the
 ## lighter TF start-up).
 test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
