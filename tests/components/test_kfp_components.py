@@ -2,7 +2,7 @@
 
 The components are thin wrappers; these tests check the wrapping (artifact paths in, KFP
 metrics/metadata out, a failed gate failing the task) without a runner. The whole DAG through
-the kfp local runner is tested in tests/pipeline/test_run_local.py.
+the kfp local runner is tested in tests/pipeline/test_demo.py and test_image_folder_pipeline.py.
 """
 
 import json

@@ -3,8 +3,9 @@
 The command runs in a child process, so the test sees exactly what a terminal shows (stdout
 and stderr, TensorFlow's C++ lines included) and what the demo leaves in its workdir. The demo
 is `run-local` plus a server and a query, so its first run is also where every artifact of a
-whole local pipeline run is checked (the in-process `run_local` API is tested by the failing
-gate run in test_run_local.py).
+whole local pipeline run is checked; its second run, in the same workdir, is the run the
+parity gate stops (the in-process `run_local` API's successful run is
+tests/pipeline/test_image_folder_pipeline.py's).
 """
 
 import hashlib
@@ -15,7 +16,7 @@ import sys
 
 import pytest
 
-# two whole demo runs of up to 900 s each (RUN_TIMEOUT_S); pyproject's 600 s is per test
+# two demo runs of up to 900 s each (RUN_TIMEOUT_S); pyproject's 600 s is per test
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.serving,
               pytest.mark.timeout(1900)]
 RUN_TIMEOUT_S = 900
@@ -32,7 +33,7 @@ NOISE = re.compile(r"cuInit|cudart|cuda drivers|oneDNN custom operations|absl::I
 MAX_LINES = 80
 
 
-def _demo(workdir, *flags):
+def _demo(workdir, *flags, exit_code=0):
     # 2 epochs check the flow; AMP-vs-float32 accuracy still moves by points there, so the
     # training-parity thresholds are opened (their statistics: test_training_parity.py)
     cmd = [sys.executable, "-m", "ampflow.cli", "demo", "--workdir", str(workdir), "--epochs",
@@ -40,11 +41,11 @@ def _demo(workdir, *flags):
            "--max-baseline-accuracy-drop", "100", "--baseline-alpha", "1e-300", *flags]
     run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=RUN_TIMEOUT_S)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == exit_code, run.stdout[-4000:]
     return run.stdout
 
 
-def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_new_version(
+def test_demo_prints_a_line_per_step_and_the_results_and_a_rerun_the_gate_stops_says_why(
         tmp_path):
     first = _demo(tmp_path)
     lines = first.splitlines()
@@ -93,23 +94,14 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     assert saved["logs"]["train-amp"] == str(logs / "train-amp.log")
     _check_every_artifact(tmp_path)
 
-    # the second run checks versioning, --verbose and train_workers: without the baseline
-    # branch it trains once, on two local worker processes (MultiWorkerMirroredStrategy over
-    # loopback with the TF_CONFIG a TFJob sets), started by the train task itself
-    # (and only what those checks need: one TFLite variant, one query; the 4 variants and the
-    # queries' line are the first run's checks)
+    # the second run, in the same workdir: the run the FP32-parity gate stops (a threshold of 0
+    # on the twin comparison), with --verbose, and trained by two local worker processes
+    # (MultiWorkerMirroredStrategy over loopback with the TF_CONFIG a TFJob sets) that the train
+    # task itself starts. Without the baseline branch it trains once, for one epoch.
     second = plain(_demo(tmp_path, "--no-with-float32-baseline", "--verbose",
-                         "--train-workers", "2", "--tflite-variants", "float32",
-                         "--num-queries", "1"))
-    again = json.loads((tmp_path / "results.json").read_text())
-    assert again["serving"]["version"] == 2  # each run is a new served version
-    assert again["serving"]["served_accuracy"] > 0.5
-    assert again["serving"]["served_examples"] == 359
-    _check_served_accuracy_is_the_twins(again["serving"], _latest_run(tmp_path))
-    names = sorted(p.name for p in (tmp_path / "serving" / "ampflow").iterdir())
-    # the version dirs, and the deploy's claim lock (hidden: no server loads it); no claim left
-    assert [n for n in names if not n.startswith(".")] == ["1", "2"]
-    assert set(names) - {"1", "2"} <= {".versions.lock"}, names
+                         "--train-workers", "2", "--epochs", "1",
+                         "--max-relative-logit-diff", "0", exit_code=1))
+    _check_the_gate_stopped_the_run(second, tmp_path, _latest_run(tmp_path))
     # --verbose streams what the logs hold, TensorFlow's start-up lines included
     assert "KFP Executor" in second and "Executing task 'train'" in second
     assert "failed call to cuInit" in second
@@ -122,6 +114,44 @@ def test_demo_prints_a_line_per_step_and_the_results_saves_them_and_serves_each_
     # (that import delayed the workers by seconds); TensorFlow's start-up lines are theirs
     launcher = (logs / "train-amp.log").read_text().split("started worker 0 of 2")[0]
     assert not [line for line in launcher.splitlines() if NOISE.search(line.strip())], launcher
+
+
+def _check_the_gate_stopped_the_run(output: str, workdir, run) -> None:
+    """The error ends the output: the failed task, each failed check measured against its
+    threshold, where the evaluate report and log are; nothing of the run was exported, the
+    served version 1 is untouched and the previous run's results are gone."""
+    evaluated = run / "evaluate-parity"
+    message = output[output.index("ampflow demo: error: "):]
+    assert message.startswith("ampflow demo: error: the local pipeline run stopped at step "
+                              "'parity-gate'.\n"), message
+    assert "The FP32-parity gate failed 1 check(s), so nothing was exported:" in message
+    assert re.search(r"^  - max_relative_logit_diff: measured \S+ vs threshold <= 0$", message,
+                     re.M), message
+    assert f"evaluate report: {evaluated / 'report'}" in message
+    assert f"evaluate log:    {workdir / 'logs' / 'evaluate-parity.log'}" in message
+    # progress: a line as each task starts and ends
+    assert re.search(r"^  evaluate-parity +done in .* gate FAIL \(3 of 4 checks\)", output,
+                     re.M), output[-4000:]
+    assert re.search(r"^  parity-gate +FAILED after \d+\.\d s$", output, re.M), output[-4000:]
+    assert not re.search(r"^  (export-savedmodel|serve) ", output, re.M), output[-4000:]
+    gate_log = (workdir / "logs" / "parity-gate.log").read_text()
+    assert "GateFailedError" in gate_log and "max_relative_logit_diff: measured" in gate_log
+    assert not (workdir / "results.json").exists() and not (workdir / "results.txt").exists()
+    tasks = {p.name for p in run.iterdir()}
+    assert {"train", "evaluate-parity"} <= tasks and "export-savedmodel" not in tasks
+    assert not json.loads((evaluated / "verdict" / "verdict.json").read_text())["passed"]
+    # evaluate succeeded, so every output a KFP backend would upload exists
+    assert {"report", "verdict"} <= {p.name for p in evaluated.iterdir()}
+    outputs = json.loads((evaluated / "executor_output.json").read_text())
+    assert outputs["parameterValues"]["gate_passed"] is False
+    published = {name: a["artifacts"][0]["metadata"] for name, a in outputs["artifacts"].items()}
+    assert published["metrics"]["gate_passed"] == 0.0
+    assert len(published["confusion"]["confusionMatrix"]["rows"]) == 10
+    assert "max_relative_logit_diff" in published["verdict"]["failed_checks"]
+    names = sorted(p.name for p in (workdir / "serving" / "ampflow").iterdir())
+    # the first run's version dir, and the deploy's claim lock (hidden: no server loads it)
+    assert [n for n in names if not n.startswith(".")] == ["1"]
+    assert set(names) - {"1"} <= {".versions.lock"}, names
 
 
 def _latest_run(workdir):
