@@ -431,10 +431,16 @@ def test_mirrored_strategy_two_replicas_in_one_process_train_and_publish(prepare
 def test_worker_killed_with_sigkill_stops_the_job_and_a_restart_resumes(prepared_digits,
                                                                         tmp_path):
     """The launcher stops the survivor at once; the rerun (as a TFJob restart) resumes from the
-    durable checkpoint dir and finishes the planned epochs."""
+    durable checkpoint dir and finishes the planned epochs.
+
+    The model (a user's builder) has BatchNormalization: each worker updates its moving
+    statistics from its own shard, and they are averaged before evaluation, checkpoints and the
+    save, so both workers end identical, resumed statistics included (the weights hash covers
+    them too)."""
     checkpoints = tmp_path / "durable"
     argv = [sys.executable, "-m", "ampflow.cli", *_train_args(
-        prepared_digits, tmp_path / "out", "--precision", "float32", "--batch-size", "16",
+        prepared_digits, tmp_path / "out", "--model", "worker_driver:batch_norm_cnn",
+        "--model-path", str(DRIVER.parent), "--precision", "float32", "--batch-size", "16",
         "--epochs", "6", "--steps-per-epoch", "10", "--workers", "2", "--checkpoint-dir",
         str(checkpoints))]
     first = subprocess.Popen(argv, env=_env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -473,6 +479,9 @@ def test_worker_killed_with_sigkill_stops_the_job_and_a_restart_resumes(prepared
     assert meta["checkpoint"]["resumed_at_step"] >= 2 * meta["steps_per_epoch"]
     assert [e["epoch"] for e in meta["epochs"]] == list(range(1, 7))
     assert meta["distribution"]["weights_identical_on_all_workers"] is True
+    shas = re.findall(r"\[worker (\d)\] .*final weights sha256 ([0-9a-f]{64})", second.stderr)
+    assert sorted(shas) == [("0", meta["weights_sha256"]), ("1", meta["weights_sha256"])], (
+        second.stderr[-3000:])
     assert not (checkpoints / "backup").exists()
 
 
@@ -505,19 +514,3 @@ def test_survivor_of_a_killed_peer_exits_with_the_retryable_code(prepared_digits
     assert noticed_after < 60
     assert "ampflow train: error: lost contact with another worker" in output
     assert (checkpoints / "backup").is_dir()  # what the restarted job resumes from
-
-
-@pytest.mark.slow
-def test_batch_norm_statistics_are_averaged_across_workers(prepared_digits, tmp_path):
-    """Each worker updates BatchNormalization's moving statistics from its own shard; they are
-    averaged before evaluation, checkpoints and the save, so both workers end identical (the
-    weights hash covers the moving statistics too)."""
-    out = tmp_path / "out"
-    procs = _start_by_hand(_train_args(prepared_digits, out, "--model", "test_batch_norm_cnn",
-                                       "--precision", "float32", "--batch-size", "16",
-                                       "--epochs", "2", "--steps-per-epoch", "5"))
-    outputs = _finish(procs)
-    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
-    meta = json.loads((out / "metadata.json").read_text())
-    assert _sha(outputs[0]) == _sha(outputs[1]) == meta["weights_sha256"]
-    assert meta["distribution"]["weights_identical_on_all_workers"] is True

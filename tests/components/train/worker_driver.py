@@ -39,8 +39,11 @@ def _inf_gradient_on_replica_1(input_shape, num_classes, image_size):
     return keras.Model(inputs, float32_head(x, num_classes))
 
 
-def _batch_norm_cnn(input_shape, num_classes, image_size):
-    """Small, with the fused BatchNormalization whose moving statistics each replica updates."""
+def batch_norm_cnn(input_shape, num_classes, image_size=None):
+    """Small, with the fused BatchNormalization whose moving statistics each replica updates.
+
+    Also a user's builder (`--model worker_driver:batch_norm_cnn --model-path <this dir>`): the
+    local launcher's workers run `python -m ampflow.cli`, which knows no test model by name."""
     import keras
 
     from ampflow.components.train.layers import FusedBatchNormalization
@@ -66,7 +69,7 @@ def main() -> int:
     from ampflow.components.train.models import register_model
 
     register_model("test_inf_gradient_on_replica_1", _inf_gradient_on_replica_1)
-    register_model("test_batch_norm_cnn", _batch_norm_cnn)
+    register_model("test_batch_norm_cnn", batch_norm_cnn)
     return ampflow_main(sys.argv[1:])
 
 
