@@ -12,6 +12,8 @@
 - No test carries the same marker twice.
 - `tests/file_durations.json` (the order the files run in, longest first) names no file that is
   gone.
+- No test starts a child with `preexec_fn`: it makes Python fork() with gRPC's fork handlers in
+  a process that runs gRPC, and gRPC can abort the child (tests/full_disk.py says how).
 """
 
 from __future__ import annotations
@@ -112,3 +114,11 @@ def test_the_file_durations_name_only_test_files_that_exist():
 
     stale = [name for name in read_durations() if not (TESTS.parent / name).is_file()]
     assert stale == []
+
+
+def test_no_test_starts_a_child_with_preexec_fn():
+    users = [f"{path.relative_to(TESTS)}:{number}"
+             for path in sorted(TESTS.rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\bpreexec_fn\s*=", line)]
+    assert users == []

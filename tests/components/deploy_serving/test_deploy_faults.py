@@ -1,7 +1,7 @@
 """A deploy whose disk fills up half-way (issue 24, item 2).
 
-The full disk is RLIMIT_FSIZE set in the deploy's own process (`preexec_fn`; SIGXFSZ ignored
-so a write past the limit fails with EFBIG, as a full disk fails with ENOSPC): a tiny
+The full disk is RLIMIT_FSIZE set in the deploy's own process (tests/full_disk.py; SIGXFSZ
+ignored so a write past the limit fails with EFBIG, as a full disk fails with ENOSPC): a tiny
 filesystem would need root or FUSE. The copy must fail with one line, leave no version dir a
 server would load (nor a staging dir, nor its version claim), and the running server must keep
 serving the version it had.
@@ -10,12 +10,11 @@ serving the version it had.
 from __future__ import annotations
 
 import os
-import resource
-import signal
 import subprocess
 import sys
 
 import pytest
+from full_disk import file_size_limited
 
 from ampflow.components.deploy_serving import model_store
 from ampflow.serving.config import ModelConfig, ServerConfig
@@ -26,10 +25,6 @@ pytestmark = pytest.mark.timeout(300)
 
 FILE_SIZE_LIMIT = 16 * 1024  # bytes: the model's variables and graph are larger
 
-
-def _file_size_limited():
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # kept across exec: EFBIG, not a kill
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
 
 
 def test_deploy_on_a_full_disk_fails_clearly_and_the_server_keeps_its_version(tmp_path):
@@ -45,9 +40,10 @@ def test_deploy_on_a_full_disk_fails_clearly_and_the_server_keeps_its_version(tm
     try:
         assert client.wait_until_available("ampflow", timeout=30) == 1
         done = subprocess.run(
-            [sys.executable, "-m", "ampflow.cli", "deploy", "--saved-model-dir", str(new),
-             "--model-store", str(store)],
-            capture_output=True, text=True, timeout=240, preexec_fn=_file_size_limited,
+            file_size_limited([sys.executable, "-m", "ampflow.cli", "deploy",
+                               "--saved-model-dir", str(new), "--model-store", str(store)],
+                              FILE_SIZE_LIMIT),
+            capture_output=True, text=True, timeout=240,
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         assert done.returncode == 1, done.stderr[-3000:]
         assert "Traceback" not in done.stderr

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from full_disk import file_size_limited
 
 from ampflow.components.train import checkpoints
 
@@ -102,17 +102,12 @@ def test_no_checkpoint_starts_from_scratch(tmp_path):
     assert (path, step) == (None, 0)
 
 
-def _file_size_limited():
-    """preexec_fn: a full disk for the child (writes past the limit fail with EFBIG)."""
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # kept across exec: EFBIG, not a kill
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
-
 
 def test_checkpoint_write_on_a_full_disk_fails_clearly_and_keeps_the_previous_one(tmp_path):
     """The child saves checkpoint 1, its disk fills up, and the save of 2 fails."""
     script = textwrap.dedent(f"""
         import resource, signal, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[2])!r}]
         import numpy as np, tensorflow as tf
         from ampflow.components.train import checkpoints
         from test_checkpoint_faults import _state
@@ -151,8 +146,8 @@ def test_train_on_a_full_disk_exits_1_with_one_line(prepared_digits, tmp_path):
            "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt"),
            "--epochs", "1", "--steps-per-epoch", "2", "--precision", "float32"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240,
-                          preexec_fn=_file_size_limited)
+    done = subprocess.run(file_size_limited(cmd, FILE_SIZE_LIMIT), capture_output=True,
+                          text=True, env=env, timeout=240)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if "could not write the checkpoint" in line]
