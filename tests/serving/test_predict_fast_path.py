@@ -270,7 +270,9 @@ def test_no_request_traces_a_function_whatever_its_batch_size(model_store, tmp_p
                 predict_request(MODEL, sample_images(n, seed=n)), timeout=30), sizes))
         after = set(context.context().list_function_names())
     assert [a.outputs["probabilities"].tensor_shape.dim[0].size for a in answers] == sizes
-    assert after == before
+    # no function was added; some may have gone: an earlier test's model, collected meanwhile,
+    # takes its functions out of the context (seen in a whole make test run)
+    assert after - before == set()
 
 
 # ---- decoding: zero copy, strict ---------------------------------------------------------
