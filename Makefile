@@ -57,9 +57,10 @@ demo: $(STAMP)
 # splitting a long file: make test PYTEST_ADDOPTS=--record-file-durations=tests/file_durations.json
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-## test: lint, then the whole test suite: 1,500 tests in 632-804 s of pytest with -n 2 on a quiet
-## 2-core clean clone (four runs; 893 s for 1,471 before the longest-first order and the
-## lighter TF start-up).
+## test: lint, then the whole test suite: 1,499 tests in 660-679 s of pytest with -n 2 on a quiet
+## 2-core clean clone (three runs; 632-804 s for 1,500 before two pipeline runs and a two-worker
+## run were folded into others; 893 s for 1,471 before the longest-first order and the lighter
+## TF start-up). -n 3 measured 646 s with 9 % more CPU (contention): within noise, so -n 2.
 test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS)
