@@ -239,7 +239,9 @@ def _serve_with_fake_binary(tmp_path, *flags):
     fake.parent.mkdir(exist_ok=True)
     fake.write_text('#!/bin/sh\necho "argv: $*"\n')
     fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    # TMPDIR: the exec'd server keeps its config folder (it runs from it), so it goes here
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
+           "TMPDIR": str(tmp_path)}
     return subprocess.run(
         [sys.executable, "-m", "ampflow.serving.cli", "serve", "--model-base-path",
          str(tmp_path / "m"), "--port", "8555", *flags],
@@ -252,6 +254,8 @@ def test_cli_serve_auto_execs_binary_only_when_it_can_honour_the_binding(tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert "argv: --port=8555 --model_config_file=" in proc.stdout
     assert "--enable_batching=true" in proc.stdout and "--rest_api_port=8556" in proc.stdout
+    config_dir, = tmp_path.glob("ampflow-tf-serving-*")  # nothing left in the machine's /tmp
+    assert f"--model_config_file={config_dir}/models.config" in proc.stdout
 
 
 @pytest.mark.parametrize("flags, reason", [
