@@ -9,6 +9,7 @@ from ampflow.components.convert_tflite.step import (
 )
 from ampflow.components.convert_tflite.variants import (
     VARIANTS,
+    SavedModelConverter,
     convert_variant,
     draw_representative,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "VARIANTS",
     "ConvertConfig",
     "ConvertResult",
+    "SavedModelConverter",
     "VariantResult",
     "convert_variant",
     "draw_representative",

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ampflow.components.convert_tflite.config import ConvertConfig
+from ampflow.components.convert_tflite.variants import SavedModelConverter
 from ampflow.components.export_savedmodel.versions import list_versions
 from ampflow.errors import ConfigError, GateFailedError, ModelLoadError
 from ampflow.files import ensure_writable_dir, staging_dir, write_json_atomic
@@ -73,12 +74,13 @@ def run_convert(config: ConvertConfig) -> ConvertResult:
     ref_summary = _reference_summary(reference, saved_model_dir, images, labels, ref_probs, config)
     labels_list = _labels(saved_model_dir, info)
     results: dict[str, VariantResult] = {}
+    converter = SavedModelConverter(saved_model_dir, config.signature_key)  # one for all
     with staging_dir(config.output_dir, replaces="report.json") as tmp:
         for i, variant in enumerate(config.variants, 1):
             position = f"{variant} (variant {i}/{len(config.variants)})"
             log.info("%s: converting", position)  # one opaque call; full_int8 calibrates
             results[variant] = _convert_and_check(
-                config, variant, saved_model_dir, reference.input_shape, tmp,
+                config, variant, converter, reference.input_shape, tmp,
                 images, labels, ref_probs, ref_summary, labels_list, edge, position)
         _add_size_ratios(results)
         passed = all(r.passed for r in results.values())
@@ -107,18 +109,17 @@ def resolve_saved_model_dir(path: str | os.PathLike) -> Path:
     return path / str(versions[-1])
 
 
-def _convert_and_check(config, variant, saved_model_dir, input_shape, tmp: Path, images, labels,
-                       ref_probs, ref_summary, labels_list, edge,
+def _convert_and_check(config, variant, converter: SavedModelConverter, input_shape, tmp: Path,
+                       images, labels, ref_probs, ref_summary, labels_list, edge,
                        position: str | None = None) -> VariantResult:
     from ampflow.components.convert_tflite import checks
     from ampflow.components.convert_tflite.explain import explain_unfrozen_variables
     from ampflow.components.convert_tflite.report import variant_metadata
-    from ampflow.components.convert_tflite.variants import convert_variant
 
+    saved_model_dir = Path(converter.saved_model_dir)
     representative = _representative(config) if variant == "full_int8" else None
-    flatbuffer = convert_variant(saved_model_dir, variant, signature_key=config.signature_key,
-                                 representative=representative, int8_io=config.int8_io,
-                                 input_shape=input_shape)
+    flatbuffer = converter.convert(variant, representative=representative,
+                                   int8_io=config.int8_io, input_shape=input_shape)
     path = tmp / f"{variant}.tflite"
     path.write_bytes(flatbuffer)
     runner = checks.TFLiteRunner(path, signature_key=config.signature_key,
