@@ -86,6 +86,26 @@ def test_run_export_mixed_float16_signatures_follow_contract(mixed_export):
         "outputs": described["serving_default"]["outputs"]}
 
 
+def test_every_signature_calls_one_model_function_instead_of_holding_the_model(mixed_export):
+    # The model's graph is written once for the three signatures (the SavedModel of ResNet-50
+    # shrank from 2.8 to 1.8 MB, its load from 1.6 to 1.3 CPU-s): the convolutions are only in
+    # the shared function's traces, and each signature's function calls one of those.
+    from ampflow.serving.model_format import read_saved_model
+
+    library = read_saved_model(mixed_export.version_dir).meta_graphs[0].graph_def.library
+    with_convs = {f.signature.name for f in library.function
+                  if any(n.op == "Conv2D" for n in f.node_def)}
+    assert with_convs and all("probabilities_of" in name for name in with_convs), with_convs
+    for kind in ("predict", "predict_encoded", "classify"):
+        functions = [f for f in library.function
+                     if f.signature.name.startswith(f"__inference_{kind}_")]
+        assert functions, kind
+        for function in functions:
+            called = {attr.func.name for n in function.node_def for attr in n.attr.values()
+                      if attr.HasField("func")}
+            assert called & with_convs, (function.signature.name, called)
+
+
 def test_run_export_mixed_float16_graph_has_no_half_tensors(mixed_export, trained_model,
                                                             tmp_path):
     from ampflow.components.export_savedmodel.signatures import (
