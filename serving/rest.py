@@ -325,8 +325,11 @@ class RestServer:
             if tls.client_ca_file is not None:
                 ssl_options.update(ssl_ca_certs=str(tls.client_ca_file),
                                    ssl_cert_reqs=ssl.CERT_REQUIRED)
+        # log_config=None: uvicorn's default runs logging.config.dictConfig, which closes every
+        # logging handler of the process (an embedding app's, pytest's capture) and gives
+        # uvicorn's loggers their own; its lines now go through the process's handlers.
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off",
+            app, log_config=None, log_level="warning", access_log=False, lifespan="off",
             ws="none", interface="asgi3", loop="asyncio",
             timeout_keep_alive=limits.keepalive_timeout_s,
             limit_concurrency=None, http=guarded_h11_protocol(limits),
