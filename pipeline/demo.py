@@ -123,7 +123,7 @@ def _query(address: str, config: DemoConfig, result) -> dict:
             version = client.wait_until_available(config.model_name, timeout=120)
         except ServingError as e:
             raise ServingError(f"{e}; see the server log in {config.log_dir}/serve.log") from e
-        sig = client.metadata(config.model_name)[DEFAULT_SIGNATURE]
+        sig = client.signature_defs(config.model_name)[DEFAULT_SIGNATURE]
         _step("serve", f"done in {time.monotonic() - started:5.1f} s  version {version} "
                        f"AVAILABLE: serving_default {', '.join(sorted(sig.inputs))} → "
                        f"{', '.join(sorted(sig.outputs))}")

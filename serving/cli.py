@@ -294,10 +294,11 @@ def _predict(args: argparse.Namespace) -> int:
     with _client(args) as client:
         _wait_until_available(client, args)
         args.signature = args.signature or _default_signature(client, args)
-        signature = client.signature(args.model_name, args.version, args.signature)
+        # (signature_defs, not signature(): no TensorFlow import to read the method and specs)
+        specs = client.input_specs(args.model_name, args.version, args.signature)
+        signature = client.signature_defs(args.model_name, args.version)[args.signature]
         if signature.method_name == CLASSIFY_METHOD:
             return _classify(client, args)
-        specs = client.input_specs(args.model_name, args.version, args.signature)
         if len(specs) != 1:
             raise ServingError(f"`ampflow predict` needs a single-input signature. Received: "
                                f"inputs {sorted(specs)}")
@@ -332,7 +333,7 @@ def _default_signature(client, args: argparse.Namespace) -> str:
     from ampflow.serving.client import is_image_file
 
     if all(is_image_file(path) for path in args.inputs) and \
-            IMAGE_BYTES_SIGNATURE in client.metadata(args.model_name, args.version):
+            IMAGE_BYTES_SIGNATURE in client.signature_defs(args.model_name, args.version):
         return IMAGE_BYTES_SIGNATURE
     return DEFAULT_SIGNATURE
 
@@ -383,7 +384,7 @@ def _image_shape(client, args: argparse.Namespace) -> tuple[int, ...] | None:
     ([-1, H, W, C]: images are resized to it); else None (images are sent as they are).
     """
     specs = client.input_specs(args.model_name, args.version) if DEFAULT_SIGNATURE in \
-        client.metadata(args.model_name, args.version) else {}
+        client.signature_defs(args.model_name, args.version) else {}
     if len(specs) == 1:
         (spec,) = specs.values()
         if spec.shape is not None and len(spec.shape) == 4:
@@ -413,7 +414,7 @@ def _metadata(args: argparse.Namespace) -> int:
 
     with _client(args) as client:
         _wait_until_available(client, args)
-        sigs = client.metadata(args.model_name, args.version)
+        sigs = client.signature_defs(args.model_name, args.version)
     print(json.dumps({name: json_format.MessageToDict(sig) for name, sig in sigs.items()},
                      indent=2, sort_keys=True))
     return 0

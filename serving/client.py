@@ -117,6 +117,15 @@ class PredictionClient(ampflow_client.Client):
         with ampflow_errors():
             return tensorflow_signatures(super().metadata(model, version))
 
+    def signature_defs(self, model: str, version: int | None = None) -> dict:
+        """GetModelMetadata's signatures as the client decodes them, without TensorFlow.
+
+        `metadata()`'s fields in the client's own proto classes: what predict reads, so a
+        query (`ampflow predict` included) does not import TensorFlow to convert them.
+        """
+        with ampflow_errors():
+            return super().metadata(model, version)
+
     def signature(self, model: str, version: int | None = None,
                   signature: str = DEFAULT_SIGNATURE):
         """One SignatureDef of the model, from metadata; a clear error when it is absent."""

@@ -45,6 +45,11 @@ class RestClient(ampflow_client.RestClient):
         with ampflow_errors():
             return tensorflow_signatures(super().metadata(model, version))
 
+    def signature_defs(self, model: str, version: int | None = None) -> dict:
+        """GET metadata as the client decodes it, without TensorFlow (`PredictionClient`'s)."""
+        with ampflow_errors():
+            return super().metadata(model, version)
+
     def signature(self, model: str, version: int | None = None,
                   signature: str = DEFAULT_SIGNATURE):
         """One SignatureDef of the model, from metadata; a clear error when it is absent.

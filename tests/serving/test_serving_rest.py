@@ -338,3 +338,63 @@ def test_cli_predict_over_rest_matches_grpc(model_store, tmp_path, start_server,
     assert capsys.readouterr().out == grpc_out
     assert serving_main(["model-status", "--protocol", "rest", "--port", rest_port]) == 0
     assert "version 1: AVAILABLE" in capsys.readouterr().out
+
+
+@local_only
+def test_starting_the_rest_api_leaves_the_process_logging_alone(model_store, tmp_path,
+                                                               start_server):
+    # uvicorn's default log config closed every logging handler of the process that started a
+    # REST API (found as pytest's own capture stream closed under a test that served REST).
+    import logging
+
+    class Recording(logging.Handler):
+        closed = False
+
+        def emit(self, record):
+            pass
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    handler = Recording()
+    logging.getLogger().addHandler(handler)
+    try:
+        base = tmp_path / MODEL
+        install_version(model_store, base, 1)
+        start_server(base, rest_api_port=free_port())
+        assert not handler.closed
+        assert logging.getLogger("uvicorn").handlers == []  # its lines go to the process's
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+@pytest.mark.serving
+@local_only
+def test_cli_predict_and_metadata_never_import_tensorflow(model_store, tmp_path, start_server):
+    # A query reads the signature's method and specs from the client's own protos: converting
+    # them to TensorFlow's cost every `ampflow predict` a TensorFlow import (about 3 CPU-s).
+    import subprocess
+    import sys
+
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    server = start_server(base, rest_api_port=free_port())
+    npy = tmp_path / "digit.npy"
+    np.save(npy, sample_images(1, seed=9)[0])
+    rest_port = server.rest_address.rsplit(":", 1)[1]
+    commands = [["predict", "--port", str(server.port), str(npy)],
+                ["predict", "--protocol", "rest", "--port", rest_port, str(npy)],
+                ["predict", "--port", str(server.port), "--signature", "classify", str(npy)],
+                ["model-metadata", "--port", str(server.port)]]
+    code = ("import sys; from ampflow.cli import main\n"
+            f"for argv in {commands!r}:\n"
+            "    assert main(argv) == 0, argv\n"
+            "print('tensorflow imported:', 'tensorflow' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("model ampflow version 1 signature") == 3, done.stdout
+    assert '"method_name": "tensorflow/serving/classify"' in done.stdout.replace(
+        '"methodName"', '"method_name"')
+    assert done.stdout.rstrip().endswith("tensorflow imported: False"), done.stdout

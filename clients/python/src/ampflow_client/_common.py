@@ -68,6 +68,15 @@ class SignatureLookups:
     def metadata(self, model: str, version: int | None = None) -> dict:
         raise NotImplementedError
 
+    def signature_defs(self, model: str, version: int | None = None) -> dict:
+        """GetModelMetadata's signatures as this client decodes them (its own proto classes).
+
+        The same as `metadata()` here. ampflow's subclasses convert `metadata()` to
+        TensorFlow's classes, which imports TensorFlow (about 3 CPU-s); the specs a request
+        needs are read from these instead, so a query never pays for it.
+        """
+        return self.metadata(model, version)
+
     def signature(self, model: str, version: int | None = None,
                   signature: str = DEFAULT_SIGNATURE):
         """One SignatureDef of the model; a clear error naming the ones it has if absent.
@@ -76,30 +85,35 @@ class SignatureLookups:
         (TF Serving loads a new number for a new model), so every later call, a REST predict
         reading its input and output specs included, costs no metadata round trip.
         """
-        cache = self.__dict__.setdefault("_pinned_signatures", {})
-        if version is not None and (model, version) in cache:
-            sigs = cache[model, version]
-        else:
-            sigs = self.metadata(model, version)
-            if version is not None:
-                cache[model, version] = sigs
-        if signature not in sigs:
-            raise ServingError("GetModelMetadata", _not_found(),
-                               f"signature {signature!r} not found in model {model!r}. "
-                               f"Available: {sorted(sigs)}")
-        return sigs[signature]
+        return self._find(self.metadata, model, version, signature)
 
     def input_specs(self, model: str, version: int | None = None,
                     signature: str = DEFAULT_SIGNATURE) -> dict[str, TensorSpec]:
         """Input key -> dtype/shape of a signature, from metadata."""
-        sig = self.signature(model, version, signature)
+        sig = self._find(self.signature_defs, model, version, signature)
         return {k: tensor_spec(k, info) for k, info in sig.inputs.items()}
 
     def output_specs(self, model: str, version: int | None = None,
                      signature: str = DEFAULT_SIGNATURE) -> dict[str, TensorSpec]:
         """Output key -> dtype/shape of a signature, from metadata."""
-        sig = self.signature(model, version, signature)
+        sig = self._find(self.signature_defs, model, version, signature)
         return {k: tensor_spec(k, info) for k, info in sig.outputs.items()}
+
+    def _find(self, fetch, model: str, version: int | None, signature: str):
+        """`signature` from `fetch(model, version)`, pinned versions' answers kept."""
+        cache = self.__dict__.setdefault("_pinned_signatures", {})
+        key = (fetch.__name__, model, version)
+        if version is not None and key in cache:
+            sigs = cache[key]
+        else:
+            sigs = fetch(model, version)
+            if version is not None:
+                cache[key] = sigs
+        if signature not in sigs:
+            raise ServingError("GetModelMetadata", _not_found(),
+                               f"signature {signature!r} not found in model {model!r}. "
+                               f"Available: {sorted(sigs)}")
+        return sigs[signature]
 
 
 def _not_found():
