@@ -57,16 +57,17 @@ demo: $(STAMP)
 # splitting a long file: make test PYTEST_ADDOPTS=--record-file-durations=tests/file_durations.json
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-## test: lint, then the whole test suite: 1,499 tests in 660-754 s of pytest with -n 2 on a
-## 2-core clean clone (four runs; 632-804 s for 1,500 before two pipeline runs and a two-worker
-## run were folded into others; 893 s for 1,471 before the longest-first order and the lighter
-## TF start-up). -n 3 measured 646 s with 9 % more CPU (contention): within noise, so -n 2.
+## test: lint, then the whole test suite: 1,502 tests in 590-621 s of pytest with -n 2 on a
+## 2-core clean clone (three runs; 660-754 s for 1,499 before the shared TFLite converter and
+## the signatures' shared model function; 893 s for 1,471 before the longest-first order and
+## the lighter TF start-up). -n 3 measured 646 s against 660 s with 9 % more CPU (contention):
+## within noise, so -n 2.
 test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS)
 
 ## test-fast: lint, then every test that trains no real model and loads no server (-m "not slow"):
-## 1,304 tests in 143 s with -n 2 on a 2-core clean clone (128-148 s for 1,284-1,303 before).
+## 1,306 tests in 119 s with -n 2 on a 2-core clean clone (128-148 s for 1,284-1,304 before).
 test-fast: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) -m "not slow"
