@@ -45,6 +45,18 @@ class RestClient(ampflow_client.RestClient):
         with ampflow_errors():
             return tensorflow_signatures(super().metadata(model, version))
 
+    def input_specs(self, model: str, version: int | None = None,
+                    signature: str = DEFAULT_SIGNATURE) -> dict:
+        """Input key -> dtype/shape of a signature (a missing one is ampflow's error)."""
+        with ampflow_errors():
+            return super().input_specs(model, version, signature)
+
+    def output_specs(self, model: str, version: int | None = None,
+                     signature: str = DEFAULT_SIGNATURE) -> dict:
+        """Output key -> dtype/shape of a signature (a missing one is ampflow's error)."""
+        with ampflow_errors():
+            return super().output_specs(model, version, signature)
+
     def signature_defs(self, model: str, version: int | None = None) -> dict:
         """GET metadata as the client decodes it, without TensorFlow (`PredictionClient`'s)."""
         with ampflow_errors():

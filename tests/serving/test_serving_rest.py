@@ -383,17 +383,25 @@ def test_cli_predict_and_metadata_never_import_tensorflow(model_store, tmp_path,
     npy = tmp_path / "digit.npy"
     np.save(npy, sample_images(1, seed=9)[0])
     rest_port = server.rest_address.rsplit(":", 1)[1]
-    commands = [["predict", "--port", str(server.port), str(npy)],
-                ["predict", "--protocol", "rest", "--port", rest_port, str(npy)],
-                ["predict", "--port", str(server.port), "--signature", "classify", str(npy)],
-                ["model-metadata", "--port", str(server.port)]]
+    commands = [(["predict", "--port", str(server.port), str(npy)], 0),
+                (["predict", "--protocol", "rest", "--port", rest_port, str(npy)], 0),
+                (["predict", "--port", str(server.port), "--signature", "classify", str(npy)], 0),
+                (["model-metadata", "--port", str(server.port)], 0),
+                # a signature the model lacks: one line naming the ones it has, either API
+                (["predict", "--port", str(server.port), "--signature", "nope", str(npy)], 1),
+                (["predict", "--protocol", "rest", "--port", rest_port, "--signature", "nope",
+                  str(npy)], 1)]
     code = ("import sys; from ampflow.cli import main\n"
-            f"for argv in {commands!r}:\n"
-            "    assert main(argv) == 0, argv\n"
+            f"for argv, expected in {commands!r}:\n"
+            "    assert main(argv) == expected, argv\n"
             "print('tensorflow imported:', 'tensorflow' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
+    missing = [line for line in done.stderr.splitlines() if "'nope' not found" in line]
+    assert len(missing) == 2 and all(line.startswith("ampflow predict: error: ")
+                                     and "Available: " in line for line in missing), done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stdout.count("model ampflow version 1 signature") == 3, done.stdout
     assert '"method_name": "tensorflow/serving/classify"' in done.stdout.replace(
         '"methodName"', '"method_name"')
