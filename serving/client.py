@@ -88,7 +88,39 @@ def image_examples(examples) -> list:
     return list(examples)
 
 
-class PredictionClient(ampflow_client.Client):
+class AmpflowSignatureLookups:
+    """The signature calls of ampflow's gRPC and REST clients (first base of each).
+
+    `metadata()` gives TensorFlow's SignatureDef protos, to compare with a SavedModel's; the
+    lookups a request needs (`input_specs`, `output_specs`) read `signature_defs()`, the
+    client's own protos, so a query (`ampflow predict` included) never imports TensorFlow
+    (about 3 CPU-s) to convert them. Every call's errors are ampflow's.
+    """
+
+    def metadata(self, model: str, version: int | None = None) -> dict:
+        """GetModelMetadata: signature name -> TensorFlow's SignatureDef proto."""
+        with ampflow_errors():
+            return tensorflow_signatures(super().metadata(model, version))
+
+    def signature_defs(self, model: str, version: int | None = None) -> dict:
+        """GetModelMetadata's signatures as the client decodes them, without TensorFlow."""
+        with ampflow_errors():
+            return super().metadata(model, version)
+
+    def input_specs(self, model: str, version: int | None = None,
+                    signature: str = DEFAULT_SIGNATURE) -> dict:
+        """Input key -> dtype/shape of a signature (a missing one is ampflow's error)."""
+        with ampflow_errors():
+            return super().input_specs(model, version, signature)
+
+    def output_specs(self, model: str, version: int | None = None,
+                     signature: str = DEFAULT_SIGNATURE) -> dict:
+        """Output key -> dtype/shape of a signature (a missing one is ampflow's error)."""
+        with ampflow_errors():
+            return super().output_specs(model, version, signature)
+
+
+class PredictionClient(AmpflowSignatureLookups, ampflow_client.Client):
     """TF Serving client over one channel; use as a context manager or call `close()`."""
 
     def __init__(self, address: str, **kwargs) -> None:
@@ -111,32 +143,6 @@ class PredictionClient(ampflow_client.Client):
             return super().wait_until_available(model, timeout, version)
         except client_errors.ServingError as e:
             raise ServingError(e.message) from e
-
-    def metadata(self, model: str, version: int | None = None) -> dict:
-        """GetModelMetadata: signature name -> TensorFlow's SignatureDef proto."""
-        with ampflow_errors():
-            return tensorflow_signatures(super().metadata(model, version))
-
-    def input_specs(self, model: str, version: int | None = None,
-                    signature: str = DEFAULT_SIGNATURE) -> dict:
-        """Input key -> dtype/shape of a signature (a missing one is ampflow's error)."""
-        with ampflow_errors():
-            return super().input_specs(model, version, signature)
-
-    def output_specs(self, model: str, version: int | None = None,
-                     signature: str = DEFAULT_SIGNATURE) -> dict:
-        """Output key -> dtype/shape of a signature (a missing one is ampflow's error)."""
-        with ampflow_errors():
-            return super().output_specs(model, version, signature)
-
-    def signature_defs(self, model: str, version: int | None = None) -> dict:
-        """GetModelMetadata's signatures as the client decodes them, without TensorFlow.
-
-        `metadata()`'s fields in the client's own proto classes: what predict reads, so a
-        query (`ampflow predict` included) does not import TensorFlow to convert them.
-        """
-        with ampflow_errors():
-            return super().metadata(model, version)
 
     def signature(self, model: str, version: int | None = None,
                   signature: str = DEFAULT_SIGNATURE):

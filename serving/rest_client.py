@@ -11,11 +11,11 @@ from __future__ import annotations
 import ampflow_client
 import grpc
 
-from ampflow.serving.client import ampflow_errors, image_examples, tensorflow_signatures
+from ampflow.serving.client import AmpflowSignatureLookups, ampflow_errors, image_examples
 from ampflow.serving.model_format import CLASSIFY_SIGNATURE, DEFAULT_SIGNATURE
 
 
-class RestClient(ampflow_client.RestClient):
+class RestClient(AmpflowSignatureLookups, ampflow_client.RestClient):
     """TF Serving's REST API client (real or `ampflow serve --rest-api-port`), stdlib HTTP only.
 
     It has the calls of `PredictionClient` that `ampflow predict` needs.
@@ -39,28 +39,6 @@ class RestClient(ampflow_client.RestClient):
         for row in rows:
             row["error_code"] = grpc.StatusCode[row["error_code"]].value[0]
         return rows
-
-    def metadata(self, model: str, version: int | None = None) -> dict:
-        """GET metadata: signature name -> TensorFlow's SignatureDef proto."""
-        with ampflow_errors():
-            return tensorflow_signatures(super().metadata(model, version))
-
-    def input_specs(self, model: str, version: int | None = None,
-                    signature: str = DEFAULT_SIGNATURE) -> dict:
-        """Input key -> dtype/shape of a signature (a missing one is ampflow's error)."""
-        with ampflow_errors():
-            return super().input_specs(model, version, signature)
-
-    def output_specs(self, model: str, version: int | None = None,
-                     signature: str = DEFAULT_SIGNATURE) -> dict:
-        """Output key -> dtype/shape of a signature (a missing one is ampflow's error)."""
-        with ampflow_errors():
-            return super().output_specs(model, version, signature)
-
-    def signature_defs(self, model: str, version: int | None = None) -> dict:
-        """GET metadata as the client decodes it, without TensorFlow (`PredictionClient`'s)."""
-        with ampflow_errors():
-            return super().metadata(model, version)
 
     def signature(self, model: str, version: int | None = None,
                   signature: str = DEFAULT_SIGNATURE):
