@@ -57,8 +57,8 @@ demo: $(STAMP)
 # splitting a long file: make test PYTEST_ADDOPTS=--record-file-durations=tests/file_durations.json
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-## test: lint, then the whole test suite: 1,502 tests in 535-621 s of pytest with -n 2 on a
-## 2-core clean clone (six runs; 660-754 s for 1,499 before the shared TFLite converter and
+## test: lint, then the whole test suite: 1,502 tests in 516-621 s of pytest with -n 2 on a
+## 2-core clean clone (seven runs; 660-754 s for 1,499 before the shared TFLite converter and
 ## the signatures' shared model function; 893 s for 1,471 before the longest-first order and
 ## the lighter TF start-up). -n 3 measured 646 s against 660 s with 9 % more CPU (contention):
 ## within noise, so -n 2.
