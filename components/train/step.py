@@ -37,6 +37,7 @@ CONFIG_FILE = "config.json"
 MODEL_FILE = "model.keras"
 HISTORY_FILE = "loss_scale_history.json"
 EPOCH_LOG_FILE = "epochs.jsonl"
+FEW_STEPS_PER_EPOCH = 5  # fewer optimizer steps per epoch get a warning at train start
 OPTIMIZERS = ("adam", "adamw", "sgd")
 AUTO_BATCH = "auto"
 LR_SCHEDULES = ("constant", "cosine")
@@ -545,6 +546,10 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     learning_rate = config.learning_rate * (runtime.num_replicas if config.scale_learning_rate
                                             else 1)
     train_ds, test_ds, steps = training_data(config, info, global_batch)
+    if steps < FEW_STEPS_PER_EPOCH:  # said now: a model that then learns nothing is no surprise
+        log.warning("an epoch is %d step(s) (%d training examples at a global batch of %d): too "
+                    "few to learn from; lower --batch-size or add training examples", steps,
+                    info["splits"]["train"], global_batch)
     model = build_compiled_model(config, info, setup, runtime, learning_rate,
                                  total_steps=steps * config.epochs)
 
