@@ -69,6 +69,10 @@ def run_check_model(config: CheckModelConfig):
     finally:
         keras.mixed_precision.set_global_policy(previous)
     print(report.table())
+    if not report.errors:  # what train checks next: the model reloads for evaluate and export
+        from ampflow.components.train.user_model import check_reloads
+
+        check_reloads(report.model, config.model, config.model_path)
     if config.output_dir is not None:
         from ampflow.files import ensure_writable_dir
 

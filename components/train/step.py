@@ -383,7 +383,9 @@ def preflight_model(config: TrainConfig, info: dict) -> tuple[dict, dict]:
         raise ConfigError(f"model {config.model!r} cannot train under {report.policy}: "
                           + "; ".join(report.errors))
     from ampflow.components.train.models import model_names
-    from ampflow.components.train.user_model import layer_dtypes, parse_model_spec
+    from ampflow.components.train.user_model import check_reloads, layer_dtypes, parse_model_spec
+
+    check_reloads(report.model, config.model, config.model_path)
 
     block = {"spec": config.model, "kind": parse_model_spec(config.model, model_names()).kind,
              "model_path": config.model_path, "policy": report.policy,
@@ -489,8 +491,13 @@ def load_trained_model(model_dir: str | os.PathLike):
     custom_objects = _user_custom_objects(model_path, metadata)
     try:
         model = keras.saving.load_model(model_path, compile=False, custom_objects=custom_objects)
-    except Exception as e:
-        raise ModelLoadError(f"{model_path} could not be loaded (corrupt?): {e}") from e
+    except Exception as e:  # the archive is intact (checked above): Keras cannot rebuild it
+        from ampflow.components.train.user_model import last_line
+
+        raise ModelLoadError(
+            f"{model_path} is intact but Keras cannot rebuild the model from it (a custom layer "
+            f"whose config does not rebuild it is the usual cause; `ampflow check-model` names "
+            f"the layer). Received: {last_line(e)}") from e
     return model, metadata
 
 
