@@ -122,8 +122,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="with --allow-reload-config: base paths a reload may name must lie "
                         "under one of these dirs (repeatable; none: only the configured ones)")
     p.add_argument("--wait-for-base-path", action="store_true",
-                   help="start even if a model base path does not exist yet, and load it once "
-                        "it appears (default: fail at start)")
+                   help="start even if a model base path does not exist yet or holds no "
+                        "version, and load the first version a deploy writes there, logging "
+                        "every poll until then (default: fail at start)")
     _add_connection_limit_flags(p)
     p.add_argument("--server", default="auto", choices=["auto", "local", "tf-serving"],
                    help="auto: tensorflow_model_server if on PATH and it can honour every flag "
@@ -199,7 +200,7 @@ def _parse_labels(items: list[str]) -> dict[str, int]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ampflow.serving import tf_serving_binary
+    from ampflow.serving import preflight, tf_serving_binary
 
     config = serve_config_from_args(args)
     binary = tf_serving_binary.find_binary() if args.server != "local" else None
@@ -209,12 +210,16 @@ def _serve(args: argparse.Namespace) -> int:
     if binary is not None:
         reasons = tf_serving_binary.cannot_honour(config)
         if not reasons:
+            preflight.check_server(config)
             tf_serving_binary.exec_binary(config, binary)
         if args.server == "tf-serving":
             raise ConfigError("--server tf-serving cannot run with these flags: "
                               f"{'; '.join(reasons)}. Received: {binary}")
         log.warning("not using %s (on PATH): %s; serving with the local server instead",
                     binary, "; ".join(reasons))
+    # before TensorFlow is imported (seconds) or any model loaded: a path one level off or a
+    # busy port is one line at once (the server checks again, for its library callers)
+    preflight.check_server(config)
     from ampflow.serving.server import serve_forever
 
     return serve_forever(config)

@@ -160,7 +160,10 @@ class ModelRegistry:
         elif not found:
             problem = f"model {state.config.name}: base path {base} holds no version dirs " \
                       f"(<base>/<number>/saved_model.pb){meant_dir_hint(base)}"
-        if problem != state.path_problem:
+        if problem and problem == state.path_problem:  # every poll until a version appears
+            log.info("model %s: still no version in %s; looking again in the next poll",
+                     state.config.name, base)
+        elif problem != state.path_problem:
             if problem:
                 log.warning("%s; waiting for a version to appear", problem)
             state.path_problem = problem

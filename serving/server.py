@@ -17,7 +17,6 @@ import signal
 import ssl
 import threading
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 from google.protobuf import descriptor_pool
@@ -26,7 +25,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from tensorflow_serving.apis import model_service_pb2, prediction_service_pb2
 
 from ampflow.errors import ConfigError, ServingError
-from ampflow.serving import model_registry
+from ampflow.serving import model_registry, preflight
 from ampflow.serving.batching import Batcher
 from ampflow.serving.config import ServerConfig
 from ampflow.serving.connection_limits import grpc_server_options
@@ -126,8 +125,8 @@ class _Metrics:
 
 
 def start_local_server(config: ServerConfig) -> RunningServer:
-    """Load the configured models, then listen; returns once the port is bound."""
-    _check_base_paths(config)
+    """Check base paths and ports, bind, load the configured models; returns once listening."""
+    preflight.check_server(config)
     credentials = _server_credentials(config.tls) if config.tls else None
     metrics = _Metrics() if config.metrics_port else None
     observe = metrics.observe if metrics else None
@@ -238,19 +237,6 @@ def prediction_service_pb2_grpc_add(server: grpc.Server, core: InferenceCore, ob
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(core, observe), server)
 
 
-def _check_base_paths(config: ServerConfig) -> None:
-    """A base path that does not exist fails the start, unless the operator asked to wait."""
-    if config.wait_for_base_path:
-        return
-    for model in config.models:
-        if not Path(model.base_path).is_dir():
-            raise ConfigError(
-                f"model base path must be an existing directory. Received: model {model.name} "
-                f"base_path={model.base_path} (not found; pass --wait-for-base-path to start "
-                "anyway and load it once it appears)"
-            )
-
-
 def _bind(server: grpc.Server, config: ServerConfig, credentials) -> int:
     target = f"[{config.host}]:{config.port}" if ":" in config.host else \
         f"{config.host}:{config.port}"
@@ -260,9 +246,11 @@ def _bind(server: grpc.Server, config: ServerConfig, credentials) -> int:
         else:
             port = server.add_secure_port(target, credentials)
     except RuntimeError as e:
-        raise ServingError(f"cannot bind the gRPC port. Received: {target} ({e})") from e
+        raise ConfigError(f"--port must be a port free on {config.host}. Received: {target} "
+                          f"({e})") from e
     if port == 0:
-        raise ServingError(f"cannot bind the gRPC port (in use?). Received: {target}")
+        raise ConfigError(f"--port must be a port free on {config.host}. Received: {target} "
+                          "(in use?)")
     return port
 
 

@@ -239,6 +239,7 @@ def _serve_with_fake_binary(tmp_path, *flags):
     fake.parent.mkdir(exist_ok=True)
     fake.write_text('#!/bin/sh\necho "argv: $*"\n')
     fake.chmod(0o755)
+    (tmp_path / "m" / "1").mkdir(parents=True)  # a version: `serve` refuses a base path without
     # TMPDIR: the exec'd server keeps its config folder (it runs from it), so it goes here
     env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
            "TMPDIR": str(tmp_path)}
@@ -300,7 +301,7 @@ def test_cli_serve_missing_base_path_fails_at_start(tmp_path, capsys):
 
 
 def test_cli_serve_garbage_tls_certificate_says_so_not_cannot_bind(tmp_path, capsys):
-    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "1").mkdir(parents=True)
     for name in ("cert.pem", "key.pem"):
         (tmp_path / name).write_text("garbage\n")
     assert serving_main(["serve", "--server", "local", "--port", "0", "--model-base-path",
@@ -313,12 +314,14 @@ def test_cli_serve_garbage_tls_certificate_says_so_not_cannot_bind(tmp_path, cap
 
 @pytest.mark.serving
 @local_only
-def test_base_path_one_level_too_high_warns_with_the_meant_dir(
+def test_base_path_that_becomes_a_store_while_waiting_warns_with_the_meant_dir(
         model_store, tmp_path, start_server, caplog):
     base = tmp_path / "models" / MODEL
-    install_version(model_store, base, 1)
-    start_server(base.parent)  # the parent of the model dir
+    base.parent.mkdir()
+    server = start_server(base.parent, wait_for_base_path=True)  # (a store is refused at start)
     assert "holds no version dirs" in caplog.text
+    install_version(model_store, base, 1)  # a deploy writes one level below
+    server.registry.poll_once()
     assert f"did you mean {base}, which holds versions [1]" in caplog.text
 
 
