@@ -55,6 +55,13 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
                                    "gate: max drop vs float32-trained (points)"),
     "baseline_alpha": (float, GATE_DEFAULTS["baseline_alpha"],
                        "gate: significance of the McNemar test"),
+    "chance_alpha": (float, GATE_DEFAULTS["chance_alpha"],
+                     "gate: significance of the binomial test against chance"),
+    "min_accuracy": (float, GATE_DEFAULTS["min_accuracy"], "gate: min accuracy (0: not gated)"),
+    "metric_thresholds": (str, GATE_DEFAULTS["metric_thresholds"],
+                          "gate: NAME>=VALUE,NAME<=VALUE on metrics.json's numbers"),
+    "serving_alpha": (float, GATE_DEFAULTS["serving_alpha"],
+                      "gate: significance of the McNemar test against the model serving"),
     "tflite_variants": (str, DATA_DEFAULTS["tflite_variants"], "TFLite variants"),
     "model_name": (str, DEFAULT_MODEL_NAME, "served model name (TF Serving's --model_name)"),
     "serving_target": (str, SERVING_TARGETS[0], ", ".join(SERVING_TARGETS)),
@@ -154,6 +161,21 @@ def check_arguments(arguments: dict[str, object]) -> None:
     given = {name: str(arguments.get(name, PIPELINE_PARAMETERS[name][1])) for name in (
         "serving_format", "tflite_variant", "tflite_variants", "serving_target")}
     check_serving_format(**given)
+    check_gate_arguments(arguments)
+
+
+def check_gate_arguments(arguments: dict[str, object]) -> None:
+    """The gate's settings, checked by the evaluate step's own config before anything runs.
+
+    A bad `metric_thresholds` or an alpha out of (0, 1) would otherwise stop the run at
+    evaluate, after training.
+    """
+    from pathlib import Path
+
+    from ampflow.components.evaluate_parity.config import EvaluateConfig
+
+    gate = {name: arguments[name] for name in GATE_DEFAULTS if name in arguments}
+    EvaluateConfig(model_dir=Path("."), data_dir=Path("."), output_dir=Path("."), **gate)
 
 
 def check_serving_format(serving_format: str, tflite_variant: str, tflite_variants: str,

@@ -19,7 +19,15 @@ How it behaves on a KFP backend, and why it is wired this way:
 - The workspace PVC spec is explicit: a stock API server has no default one, and the backend
   refuses a workspace without `accessModes` (every version) or, on 2.15/2.16, without
   `storageClassName` (`submit` fills in the cluster's default class there, or says so).
-- The deploy task (and its model-store PVC mount) exists only under `serving_target != "none"`,
+- `evaluate-parity` blesses the model on its own (above chance, thresholds, parity). Against
+  the model now serving it is compared by `compare-with-serving`, then `serving-gate` fails
+  the run as `parity-gate` does: the first tasks under `serving_target != "none"`. They read
+  the highest version under `<serving_model_store>/<model_name>` (where deploy writes: the
+  model-store claim, which only this branch's tasks mount), score it on the examples evaluate
+  judged, and stop a significantly worse model before deploy (paired test). Export and
+  convert write only the run's own artifacts, so nothing reaches a server. A gs:// store is
+  not read (the comparison says so).
+- The deploy task (and the model-store PVC mounts) exist only under `serving_target != "none"`,
   and deploys into the run's own namespace unless `serving_namespace` is set: a PVC belongs to
   one namespace, and a pod that mounts a missing PVC stays Pending forever (`submit` checks the
   claim exists first). Serving in another namespace needs a gs:// model store and no PVC.
@@ -65,7 +73,8 @@ FLOAT32_CHECKPOINTS = "checkpoints/train-float32"
 # of the relative logit check (None there) is any value < 0 here.
 AUTO_RELATIVE_LOGIT_DIFF = -1.0
 GATE_DEFAULTS = {name: EvaluateConfig.__dataclass_fields__[name].default for name in (
-    "max_accuracy_drop", "min_agreement", "max_baseline_accuracy_drop", "baseline_alpha")}
+    "max_accuracy_drop", "min_agreement", "max_baseline_accuracy_drop", "baseline_alpha",
+    "chance_alpha", "min_accuracy", "metric_thresholds", "serving_alpha")}
 # The training parameters' defaults: the train step's own (TrainConfig), read by the pipeline's
 # signature, its parameter table (parameters.py), run-local/demo and tied to the KFP component's
 # spelt-out defaults by tests/pipeline/test_train_defaults.py. XLA is `auto|on|off` everywhere
@@ -147,8 +156,9 @@ class PipelineOptions:
     train_retries: int = field(default=2, metadata={
         "help": "Times a failed train pod is retried (it resumes from its checkpoint)."})
     # The PVC that k8s/ mounts into TF Serving as its model store; the deploy task (which runs
-    # only when serving_target != "none") mounts it at `model_store_mount`, so that
-    # `serving_model_store` (a pipeline parameter) can point there. None: no mount (gs://).
+    # only when serving_target != "none") and the serving gate before it (which reads the
+    # model serving) mount it at `model_store_mount`, so that `serving_model_store` (a pipeline
+    # parameter) can point there. None: no mount (gs://).
     model_store_pvc: str | None = MODEL_STORE_PVC
     model_store_mount: str = MODEL_STORE_MOUNT
     # The float32-trained baseline: a second train task in parallel with the AMP one, so that
@@ -388,7 +398,12 @@ def build_pipeline(options: PipelineOptions | None = None):
 
     from ampflow.components.convert_tflite.component import convert_tflite
     from ampflow.components.deploy_serving.component import deploy_serving
-    from ampflow.components.evaluate_parity.component import evaluate_parity, parity_gate
+    from ampflow.components.evaluate_parity.component import (
+        compare_with_serving,
+        evaluate_parity,
+        parity_gate,
+        serving_gate,
+    )
     from ampflow.components.export_savedmodel.component import export_savedmodel
     from ampflow.components.prepare_data.component import prepare_data
     from ampflow.components.train.component import train
@@ -401,7 +416,7 @@ def build_pipeline(options: PipelineOptions | None = None):
     options = options or PipelineOptions()
     ops = {f.__name__: as_component(f, options.image) for f in (
         prepare_data, train, evaluate_parity, parity_gate, export_savedmodel, convert_tflite,
-        deploy_serving)}
+        compare_with_serving, serving_gate, deploy_serving)}
 
     @dsl.pipeline(name=PIPELINE_NAME, description=__doc__.splitlines()[0],
                   pipeline_config=options.pipeline_config())
@@ -420,6 +435,10 @@ def build_pipeline(options: PipelineOptions | None = None):
         max_relative_logit_diff: float = AUTO_RELATIVE_LOGIT_DIFF,
         max_baseline_accuracy_drop: float = GATE_DEFAULTS["max_baseline_accuracy_drop"],
         baseline_alpha: float = GATE_DEFAULTS["baseline_alpha"],
+        chance_alpha: float = GATE_DEFAULTS["chance_alpha"],
+        min_accuracy: float = GATE_DEFAULTS["min_accuracy"],
+        metric_thresholds: str = GATE_DEFAULTS["metric_thresholds"],
+        serving_alpha: float = GATE_DEFAULTS["serving_alpha"],
         tflite_variants: str = DATA_DEFAULTS["tflite_variants"],
         model_name: str = "ampflow",
         serving_target: str = "none",
@@ -473,7 +492,8 @@ def build_pipeline(options: PipelineOptions | None = None):
             **baseline_args, max_accuracy_drop=max_accuracy_drop,
             min_agreement=min_agreement, max_relative_logit_diff=max_relative_logit_diff,
             max_baseline_accuracy_drop=max_baseline_accuracy_drop,
-            baseline_alpha=baseline_alpha)
+            baseline_alpha=baseline_alpha, chance_alpha=chance_alpha, min_accuracy=min_accuracy,
+            metric_thresholds=metric_thresholds)
         _resources(parity, options.default_resources)
 
         gate = ops["parity_gate"](verdict=parity.outputs["verdict"])
@@ -492,20 +512,27 @@ def build_pipeline(options: PipelineOptions | None = None):
         with dsl.If(serving_target != "none", name="serving-target-set"):
             claim = {"model_store_claim": options.model_store_pvc} if options.model_store_pvc \
                 else {}  # the claim a kserve InferenceService reads (pvc://<claim>/...)
+            # the model now serving is read where deploy writes: on the model-store claim,
+            # which only the tasks of this branch mount (the default run needs no claim)
+            compared = ops["compare_with_serving"](
+                data=data.outputs["data"], verdict=parity.outputs["verdict"],
+                serving_model_store=serving_model_store, model_name=model_name,
+                serving_alpha=serving_alpha)
+            _resources(compared, options.default_resources)
+            compared.set_caching_options(False)  # what is serving changes between runs
+            _mount_model_store(compared, options)
+            release = ops["serving_gate"](comparison=compared.outputs["comparison"])
+            _resources(release, options.gate_resources)
             deployed = ops["deploy_serving"](
                 saved_model=exported.outputs["saved_model"], target=serving_target,
                 model_store=serving_model_store, server_address=serving_address,
                 namespace=options.serving_namespace or "", overlay=serving_overlay,
                 tflite=converted.outputs["tflite"], serving_format=serving_format,
-                tflite_variant=tflite_variant, **claim)
+                tflite_variant=tflite_variant, **claim).after(release)
             _resources(deployed, options.default_resources)
             deployed.set_caching_options(False)  # a deployment is a side effect, never cached
             _serving_client(deployed)
-            if options.model_store_pvc:
-                from kfp import kubernetes
-
-                kubernetes.mount_pvc(deployed, pvc_name=options.model_store_pvc,
-                                     mount_path=options.model_store_mount)
+            _mount_model_store(deployed, options)
 
     return ampflow_pipeline
 
@@ -546,6 +573,15 @@ def _train_task(task, options: PipelineOptions) -> None:
         kubernetes.add_node_selector(task, *options.node_selector)
     if options.toleration:
         kubernetes.add_toleration(task, **options.toleration)
+
+
+def _mount_model_store(task, options: PipelineOptions) -> None:
+    """Mount the model-store claim (if any) where `serving_model_store` points by default."""
+    if options.model_store_pvc:
+        from kfp import kubernetes
+
+        kubernetes.mount_pvc(task, pvc_name=options.model_store_pvc,
+                             mount_path=options.model_store_mount)
 
 
 def _serving_client(task) -> None:

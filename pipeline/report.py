@@ -50,7 +50,14 @@ def key_metrics(result) -> dict[str, Any]:
             if key in metrics:
                 out[f"parity.{key}"] = metrics[key]
         out.update(training_parity(metrics))
+        out.update(release_quality(metrics))
         out["parity.gate"] = "passed" if metrics.get("gate", {}).get("passed") else "FAILED"
+    from ampflow.components.evaluate_parity.serving_gate import SERVING_VERDICT_FILE
+
+    compared = _json(art.get("compare-with-serving", {}).get("comparison"), SERVING_VERDICT_FILE)
+    if compared:
+        out.update(release_quality(compared.get("metrics") or {}) or
+                   {"release.vs_serving": compared.get("message")})
     saved = art.get("export-savedmodel", {}).get("saved_model")
     if saved and Path(saved).is_dir():
         versions = sorted(str(p.relative_to(saved)) for p in Path(saved).glob("*/*")
@@ -86,6 +93,23 @@ def training_parity(metrics: dict[str, Any]) -> dict[str, str]:
             f"{m['training_speedup']:.3g}x ± {m['training_speedup_stderr']:.2g} (SE; "
             f"{m['amp_train_img_per_s']:.0f} vs {m['baseline_train_img_per_s']:.0f} img/s)"),
     }
+
+
+def release_quality(metrics: dict[str, Any]) -> dict[str, str]:
+    """The accuracy against chance and against the model serving (when one was), as printed."""
+    m = {k: (float("nan") if v is None else v) for k, v in metrics.items()}
+    out = {}
+    if "chance_accuracy" in m:
+        out["release.vs_chance"] = (f"accuracy {m['amp_accuracy']:.4f} vs chance "
+                                    f"{m['chance_accuracy']:.4f} (binomial p = "
+                                    f"{m['chance_binomial_p_value']:.3g})")
+    if "serving_accuracy" in m:
+        out["release.vs_serving"] = (
+            f"version {int(m['serving_version'])}: {m['serving_accuracy']:.4f}, "
+            f"{m['serving_accuracy_delta_points']:+.2f} points (right only now: "
+            f"{int(m['serving_new_only_correct'])}, only served: "
+            f"{int(m['serving_only_correct'])}; McNemar p = {m['serving_mcnemar_p_value']:.3g})")
+    return out
 
 
 def results(result, served: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -170,11 +194,33 @@ def _evaluate_headline(task_dir: Path) -> str:
             f"accuracy drop {metrics['accuracy_drop_points']:.2f} points vs the float32 twin")
     if metrics.get("baseline_accuracy_delta_points") is not None:
         text += f", {metrics['baseline_accuracy_delta_points']:+.2f} vs float32-trained"
+    if metrics.get("serving_accuracy_delta_points") is not None:
+        text += (f", {metrics['serving_accuracy_delta_points']:+.2f} vs serving version "
+                 f"{int(metrics['serving_version'])}")
     return text
 
 
 def _gate_headline(task_dir: Path) -> str:
     return "passed: export may go on"
+
+
+def _compare_headline(task_dir: Path) -> str:
+    from ampflow.components.evaluate_parity.serving_gate import SERVING_VERDICT_FILE
+
+    verdict = _json(task_dir / "comparison", SERVING_VERDICT_FILE)
+    if not verdict:
+        return ""
+    metrics = verdict.get("metrics") or {}
+    if "serving_accuracy" not in metrics:
+        return verdict["message"]
+    return (f"{'PASS' if verdict['passed'] else 'FAIL'}: "
+            f"{metrics['serving_accuracy_delta_points']:+.2f} points vs serving version "
+            f"{int(metrics['serving_version'])} (McNemar p = "
+            f"{metrics['serving_mcnemar_p_value']:.3g})")
+
+
+def _serving_gate_headline(task_dir: Path) -> str:
+    return "passed: deploy may go on"
 
 
 def _export_headline(task_dir: Path) -> str:
@@ -202,14 +248,17 @@ def _deploy_headline(task_dir: Path) -> str:
 
 _HEADLINES = {"prepare-data": _data_headline, "train": _train_headline,
               "evaluate-parity": _evaluate_headline, "parity-gate": _gate_headline,
+              "compare-with-serving": _compare_headline, "serving-gate": _serving_gate_headline,
               "export-savedmodel": _export_headline, "convert-tflite": _convert_headline,
               "deploy-serving": _deploy_headline}
 
 
-def gate_failure(evaluate_dir: Path) -> list[str]:
-    """The failed checks of an evaluate task's verdict, as `name: measured X vs threshold op Y`.
+def gate_failure(evaluate_dir: Path) -> tuple[list[str], list[str]]:
+    """The failed checks of an evaluate task's verdict (`name: why`), and its notes.
 
-    [] when the gate passed or the verdict cannot be read.
+    A check is explained by its sentence or its measured value against its threshold; a note
+    says what no check can (a test split too small to decide). ([], []) when the gate passed
+    or the verdict cannot be read.
     """
     from ampflow.components.evaluate_parity.verdict import explain_check, load_verdict
     from ampflow.errors import ModelLoadError
@@ -217,8 +266,21 @@ def gate_failure(evaluate_dir: Path) -> list[str]:
     try:
         verdict = load_verdict(Path(evaluate_dir) / "verdict")
     except (ModelLoadError, OSError):
-        return []
-    return [] if verdict["passed"] else [explain_check(c) for c in verdict["failed_checks"]]
+        return [], []
+    if verdict["passed"]:
+        return [], []
+    notes = [n for n in verdict.get("notes") or [] if isinstance(n, str)]
+    return [explain_check(c) for c in verdict["failed_checks"]], notes
+
+
+def serving_failure(compare_dir: Path) -> str | None:
+    """The paired numbers of a failed comparison with the model serving; None if it passed."""
+    from ampflow.components.evaluate_parity.serving_gate import SERVING_VERDICT_FILE
+
+    verdict = _json(Path(compare_dir) / "comparison", SERVING_VERDICT_FILE)
+    if not verdict or verdict.get("passed") is not False:
+        return None
+    return str(verdict.get("message"))
 
 
 def _json(path, name: str | None = None) -> dict | None:

@@ -23,7 +23,11 @@ from ampflow.components.deploy_serving.config import SERVING_FORMATS, TFLITE_VAR
 from ampflow.components.train.precision import POLICIES
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.files import ensure_writable_dir
-from ampflow.pipeline.parameters import check_model_names, check_serving_format
+from ampflow.pipeline.parameters import (
+    check_gate_arguments,
+    check_model_names,
+    check_serving_format,
+)
 from ampflow.pipeline.pipeline import (
     AUTO_RELATIVE_LOGIT_DIFF,
     DATA_DEFAULTS,
@@ -98,6 +102,18 @@ class LocalRunConfig:
     baseline_alpha: float = field(default=GATE_DEFAULTS["baseline_alpha"], metadata={
         "help": "Parity gate: significance level of the one-sided paired (McNemar) test of "
                 "AMP-trained vs float32-trained correctness."})
+    chance_alpha: float = field(default=GATE_DEFAULTS["chance_alpha"], metadata={
+        "help": "Release gate: significance level of the one-sided binomial test that the "
+                "accuracy is above chance (the test split's majority-class rate)."})
+    min_accuracy: float = field(default=GATE_DEFAULTS["min_accuracy"], metadata={
+        "help": "Release gate: min test accuracy, 0 to 1 (0: not gated)."})
+    metric_thresholds: str = field(default=GATE_DEFAULTS["metric_thresholds"], metadata={
+        "help": "Release gate: more absolute thresholds, NAME>=VALUE or NAME<=VALUE, "
+                "comma-separated, on the evaluate step's metrics.json numbers."})
+    serving_alpha: float = field(default=GATE_DEFAULTS["serving_alpha"], metadata={
+        "help": "Release gate: significance level of the one-sided paired (McNemar) test "
+                "against the model serving from <workdir>/serving (its latest version), on "
+                "the same test examples."})
     tflite_variants: str = field(default=DATA_DEFAULTS["tflite_variants"], metadata={
         "help": "Comma-separated TFLite variants to convert and check."})
     model_name: str = field(default=DEFAULT_MODEL_NAME, metadata={
@@ -132,6 +148,7 @@ class LocalRunConfig:
         check_model_names(self.model, self.model_name)
         check_serving_format(self.serving_format, self.tflite_variant, self.tflite_variants,
                              "local")
+        check_gate_arguments({name: getattr(self, name) for name in GATE_DEFAULTS})
         self.pipeline_options()  # its checks (the all-reduce flags need train_workers > 1)
 
     def pipeline_options(self) -> PipelineOptions:
@@ -290,7 +307,7 @@ def _failure_message(config: LocalRunConfig, root: Path, before: set[Path], task
 
     Why: the failed gate checks from the evaluate task's verdict, else the end of the log.
     """
-    from ampflow.pipeline.report import gate_failure
+    from ampflow.pipeline.report import gate_failure, serving_failure
 
     step = router.step_names.get(task, task) if task else None
     lines = [f"the local pipeline run stopped at step '{step or '?'}'."]
@@ -298,11 +315,17 @@ def _failure_message(config: LocalRunConfig, root: Path, before: set[Path], task
         run_dir: Path | None = _new_run_dir(root, before)
     except PipelineError:
         run_dir = None
-    failed_checks = gate_failure(run_dir / "evaluate-parity") if run_dir else []
-    if failed_checks:
+    failed_checks, notes = gate_failure(run_dir / "evaluate-parity") if run_dir else ([], [])
+    worse = serving_failure(run_dir / "compare-with-serving") if run_dir else None
+    if worse:
+        lines.append(f"The model is significantly worse than the one serving, so nothing was "
+                     f"deployed: {worse}")
+        lines.append(f"comparison:      {run_dir / 'compare-with-serving' / 'comparison'}")
+    elif failed_checks:
         lines.append(f"The FP32-parity gate failed {len(failed_checks)} check(s), so nothing "
                      "was exported:")
         lines += [f"  - {check}" for check in failed_checks]
+        lines += [f"  note: {note}" for note in notes]
         lines.append(f"evaluate report: {run_dir / 'evaluate-parity' / 'report'}")
         lines.append(f"evaluate log:    {router.log_path('evaluate-parity')}")
     elif task:

@@ -11,6 +11,8 @@ def _summary(result) -> dict:
         "gate": "passed" if result.passed else f"FAILED: {result.verdict['message']}",
         "policy": metrics["context"]["policy"],
         "amp_accuracy": metrics["amp_accuracy"],
+        "chance_accuracy": (f"{metrics['chance_accuracy']:.4g} (one-sided binomial p = "
+                            f"{metrics['chance_binomial_p_value']:.3g})"),
         "fp32_twin_accuracy": metrics["fp32_twin_accuracy"],
         "argmax_agreement": metrics["argmax_agreement"],
         "max_relative_logit_diff": metrics["max_relative_logit_diff"],
@@ -23,6 +25,12 @@ def _summary(result) -> dict:
             f"{metrics['baseline_mcnemar_p_value']:.3g})")
         summary["training_speedup"] = (f"{metrics['training_speedup']:.3g}x ± "
                                        f"{metrics['training_speedup_stderr']:.2g} (SE)")
+    if "serving_accuracy" in metrics:
+        summary["serving_accuracy"] = (
+            f"{metrics['serving_accuracy']:.4g} (version {int(metrics['serving_version'])}; "
+            f"{metrics['serving_accuracy_delta_points']:+.2f} points, one-sided McNemar p = "
+            f"{metrics['serving_mcnemar_p_value']:.3g})")
+    summary.update({f"note {i}": note for i, note in enumerate(result.verdict["notes"], 1)})
     summary["output_dir"] = str(result.output_dir)
     return summary
 
@@ -37,9 +45,11 @@ def register(subparsers) -> None:
         config_cls=EvaluateConfig,
         run=run_evaluate,
         summarize=_summary,
-        help="FP32 parity gate: the AMP model vs its float32 twin and a float32-trained "
-             "baseline.",
+        help="Release gate: above chance, the AMP model vs its float32 twin, a float32-trained "
+             "baseline and the model serving.",
         description="Score a mixed-precision model and its float32 twin (same weights, float32 "
-                    "policy) on a dataset split; write metrics.json, confusion_matrix.json, "
-                    "verdict.json and report.md with plots; exit non-zero if the gate fails.",
+                    "policy) on a dataset split, test its accuracy against chance and, with "
+                    "--serving-base-path, against the model serving there; write metrics.json, "
+                    "confusion_matrix.json, verdict.json and report.md with plots; exit "
+                    "non-zero if the gate fails.",
     )

@@ -33,14 +33,18 @@ def evaluate_parity(
     max_relative_logit_diff: float = -1.0,
     max_baseline_accuracy_drop: float = 3.0,
     baseline_alpha: float = 0.01,
+    chance_alpha: float = 0.01,
+    min_accuracy: float = 0.0,
+    metric_thresholds: str = "",
 ) -> NamedTuple("Outputs", [("gate_passed", bool), ("gate_message", str)]):
-    """Score the AMP model against its float32 twin and the float32-trained baseline.
+    """Score the AMP model against chance, its float32 twin and the float32-trained model.
 
     Always succeeds and publishes: `verdict` (the evaluation dir: verdict.json, metrics.json,
     report.md, plots; export reads it), KFP `metrics`, the `confusion` matrix and a
     self-contained Markdown `report`; `gate_passed`/`gate_message` show the outcome in the UI.
-    `max_relative_logit_diff` < 0 means the per-dtype default. The other defaults are
-    `EvaluateConfig`'s (written out here: KFP copies this function's source into the task).
+    `max_relative_logit_diff` < 0 means the per-dtype default. The model serving is compared
+    by `serving_gate`, in the serving branch. The other defaults are `EvaluateConfig`'s
+    (written out here: KFP copies this function's source into the task).
     """
     import json
     from collections import namedtuple
@@ -57,6 +61,8 @@ def evaluate_parity(
         max_relative_logit_diff=(max_relative_logit_diff if max_relative_logit_diff >= 0
                                  else None),
         max_baseline_accuracy_drop=max_baseline_accuracy_drop, baseline_alpha=baseline_alpha,
+        chance_alpha=chance_alpha, min_accuracy=min_accuracy,
+        metric_thresholds=metric_thresholds,
         fail_on_gate=False))  # the gate task decides; this task always publishes
     for name, value in scalar_metrics(result.metrics).items():
         metrics.log_metric(name, value)
@@ -67,7 +73,8 @@ def evaluate_parity(
     verdict.metadata.update({
         "passed": result.passed, "message": result.verdict["message"],
         "failed_checks": [c["name"] for c in result.verdict["failed_checks"]],
-        "model_sha256": result.verdict["model_sha256"]})
+        "model_sha256": result.verdict["model_sha256"],
+        "notes": result.verdict["notes"], "baselines": result.verdict["baselines"]})
     outputs = namedtuple("Outputs", ["gate_passed", "gate_message"])
     return outputs(result.passed, result.verdict["message"])
 
@@ -77,3 +84,46 @@ def parity_gate(verdict: Input[Artifact]):
     from ampflow.components.evaluate_parity.verdict import require_passed
 
     require_passed(verdict.path)
+
+
+
+def compare_with_serving(
+    data: Input[Dataset],
+    verdict: Input[Artifact],
+    comparison: Output[Artifact],
+    metrics: Output[Metrics],
+    serving_model_store: str,
+    model_name: str = "ampflow",
+    serving_alpha: float = 0.01,
+) -> NamedTuple("Outputs", [("gate_passed", bool), ("gate_message", str)]):
+    """Compare the evaluated model with the one serving, on the same examples; always publish.
+
+    Reads the highest version under `<serving_model_store>/<model_name>` (a path this task can
+    read: the model-store claim, mounted as for deploy), scores it on the examples evaluate
+    judged and pairs the answers: `comparison` holds serving_verdict.json (none serving yet:
+    the first release, passed), `metrics` its numbers; `serving_gate` decides.
+    """
+    from collections import namedtuple
+
+    from ampflow.components.evaluate_parity.serving_gate import (
+        ServingGateConfig,
+        run_serving_gate,
+    )
+
+    result = run_serving_gate(ServingGateConfig(
+        eval_dir=verdict.path, data_dir=data.path, output_dir=comparison.path,
+        serving_base_path=f"{serving_model_store.rstrip('/')}/{model_name}",
+        serving_alpha=serving_alpha, fail_on_gate=False))
+    for name, value in result.scalar_metrics().items():
+        metrics.log_metric(name, value)
+    comparison.metadata.update({"passed": result.passed, "message": result.message,
+                                "baseline": result.verdict["baselines"]["serving"]})
+    outputs = namedtuple("Outputs", ["gate_passed", "gate_message"])
+    return outputs(result.passed, result.message)
+
+
+def serving_gate(comparison: Input[Artifact]):
+    """Fail the run before deploy when the model is significantly worse than the one serving."""
+    from ampflow.components.evaluate_parity.serving_gate import require_not_worse
+
+    require_not_worse(comparison.path)

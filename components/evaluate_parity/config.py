@@ -21,6 +21,16 @@ The gate's defaults, and why:
   `baseline_alpha=0.01`, and the drop must not exceed `max_baseline_accuracy_drop=3`
   points (BASELINE_MAX_DROP_POINTS has the measurements that chose both; training.py explains
   the statistics).
+- release quality (release.py explains the statistics): the accuracy must be above the
+  majority-class rate of the split by a one-sided binomial test at `chance_alpha=0.01` (the
+  level of the gate's other tests); a split on which that test would find a model halfway
+  between chance and perfect with probability under `min_power=0.8` (the usual design power)
+  is said to be too small. `min_accuracy` and `metric_thresholds` are off by default: what is
+  good enough is the deployment's call.
+- with a serving base path that holds a version: the one-sided exact McNemar test must not
+  find the new model worse than the one serving at `serving_alpha=0.01`. Unlike the float32
+  baseline, the served model was trained on other data or code, so no drop cap: only what the
+  test set can show.
 - `min_training_speedup` is off by default: the speedup depends on the hardware (none on a CPU
   without bfloat16 units: docs/DESIGN.md, "Measured facts"), so gating on it is a
   per-deployment choice.
@@ -48,6 +58,9 @@ MIN_AGREEMENT = 0.99
 # 10,000 images, 300 of them discordant, it flags a one-sided loss of 0.4 points.
 BASELINE_MAX_DROP_POINTS = 3.0
 BASELINE_ALPHA = 0.01
+CHANCE_ALPHA = 0.01
+MIN_POWER = 0.8
+SERVING_ALPHA = 0.01
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,24 @@ class EvaluateConfig:
     min_training_speedup: float | None = field(default=None, metadata={
         "help": "With a baseline: min training throughput ratio AMP/float32; unset = not "
                 "gated (the speedup is hardware-dependent)."})
+    chance_alpha: float = field(default=CHANCE_ALPHA, metadata={
+        "help": "Significance level of the one-sided binomial test that the accuracy is above "
+                "the split's majority-class rate (chance); the gate fails above it."})
+    min_power: float = field(default=MIN_POWER, metadata={
+        "help": "Power the chance test must have against a model halfway between chance and "
+                "perfect; a smaller split is reported as too small to decide."})
+    min_accuracy: float = field(default=0.0, metadata={
+        "help": "Min accuracy of the AMP model on the split, 0 to 1; 0 = not gated."})
+    metric_thresholds: str = field(default="", metadata={
+        "help": "More absolute thresholds, NAME>=VALUE or NAME<=VALUE, comma-separated, on the "
+                "numbers of metrics.json (e.g. 'fp32_twin_accuracy>=0.9'); empty = none."})
+    serving_base_path: str | None = field(default=None, metadata={
+        "help": "Base path of the model now serving (<model_store>/<model_name>, TF Serving's "
+                "layout): its highest version is scored on the same examples and the gate "
+                "fails on a significant regression; no version there = the first release."})
+    serving_alpha: float = field(default=SERVING_ALPHA, metadata={
+        "help": "Significance level of the one-sided paired (McNemar) test that fails the gate "
+                "when the model is less accurate than the one serving."})
     fail_on_gate: bool = field(default=True, metadata={
         "help": "Raise (exit non-zero) when the gate fails; the outputs are written either way."})
 
@@ -96,6 +127,14 @@ class EvaluateConfig:
         if self.baseline_alpha is None or not 0.0 < self.baseline_alpha < 1.0:
             raise ConfigError("baseline_alpha must be in (0, 1). Received: "
                               f"baseline_alpha={self.baseline_alpha}")
+        for name in ("chance_alpha", "serving_alpha", "min_power"):
+            value = getattr(self, name)
+            if value is None or not 0.0 < value < 1.0:
+                raise ConfigError(f"{name} must be in (0, 1). Received: {name}={value}")
+        _require_in_range("min_accuracy", self.min_accuracy, 0.0, 1.0)
+        from ampflow.components.evaluate_parity.release import parse_metric_thresholds
+
+        parse_metric_thresholds(self.metric_thresholds)
         if self.max_relative_logit_diff is not None and not self.max_relative_logit_diff >= 0:
             raise ConfigError("max_relative_logit_diff must be >= 0. Received: "
                               f"max_relative_logit_diff={self.max_relative_logit_diff}")

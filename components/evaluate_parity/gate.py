@@ -38,6 +38,8 @@ class Check:
     op: str
     threshold: float
     description: str = ""
+    reason: str = ""  # the outcome in words with its numbers, where a sentence says more
+
 
     @property
     def passed(self) -> bool:
@@ -52,7 +54,9 @@ class Check:
         return out
 
     def explain(self) -> str:
-        """`name: measured X vs threshold op Y`, the line a failed gate prints."""
+        """`name: reason`, else `name: measured X vs threshold op Y`: what a failed gate prints."""
+        if self.reason:
+            return f"{self.name}: {self.reason}"
         measured, bound = _fmt(self.value), _fmt(self.threshold)
         return f"{self.name}: measured {measured} vs threshold {self.op} {bound}"
 
@@ -62,6 +66,7 @@ class Verdict:
     """All checks of one evaluation and whether they all passed."""
 
     checks: tuple[Check, ...]
+    notes: tuple[str, ...] = ()  # what the checks cannot say (a split too small to decide)
 
     @property
     def passed(self) -> bool:
@@ -77,7 +82,8 @@ class Verdict:
         """One line per failed check (or a pass line), naming measured value and threshold."""
         if self.passed:
             return f"parity gate passed ({len(self.checks)} checks)"
-        lines = "; ".join(check.explain() for check in self.failed)
+        lines = "; ".join([check.explain() for check in self.failed]
+                          + [f"note: {note}" for note in self.notes])
         return f"parity gate failed {len(self.failed)}/{len(self.checks)} checks: {lines}"
 
 

@@ -1,7 +1,9 @@
 """What the evaluate step writes, all at once: a staging dir renamed to `output_dir`.
 
 metrics.json, verdict.json (the gate's artifact, read by export and the pipeline's gate
-task), confusion_matrix.json, the plots and report.md (report.py), config.json; the list and
+task), confusion_matrix.json, the plots and report.md (report.py), config.json,
+predictions.json (the model's answer to each example, which the serving gate pairs with the
+served model's); the list and
 the fields are docs/ARTIFACTS.md's. Non-finite numbers are written as null.
 """
 
@@ -30,16 +32,20 @@ CONFUSION_MATRIX_FILE = "confusion_matrix.json"
 REPORT_FILE = "report.md"
 CONFIG_FILE = "config.json"
 LOSS_SCALE_HISTORY_FILE = "loss_scale_history.json"
+PREDICTIONS_FILE = "predictions.json"  # serving_gate.py reads it
 
 
 def verdict_payload(config: EvaluateConfig, verdict: Verdict, policy: str,
-                    model_hashes: dict[str, str]) -> dict[str, Any]:
-    """The content of verdict.json: the gate's outcome, every check, and the judged model."""
+                    model_hashes: dict[str, str],
+                    baselines: dict[str, Any] | None = None) -> dict[str, Any]:
+    """verdict.json: the gate's outcome, every check, the judged model, its baselines."""
     return {
         "passed": verdict.passed,
         "failed_checks": [check.as_dict() for check in verdict.failed],
         "checks": [check.as_dict() for check in verdict.checks],
         "message": verdict.message(),
+        "notes": list(verdict.notes),
+        "baselines": baselines or {},
         "model_dir": os.fspath(config.model_dir),
         "policy": policy,
         "metrics_file": METRICS_FILE,
@@ -71,6 +77,10 @@ def write_outputs(config: EvaluateConfig, metrics: dict[str, Any], verdict: dict
                                        metrics["context"]["policy"])
         (tmp / REPORT_FILE).write_text(report.render_markdown(metrics, verdict))
         write_json_atomic(tmp / CONFIG_FILE, _config_dict(config))
+        write_json_atomic(tmp / PREDICTIONS_FILE, {  # what the serving gate pairs with
+            "split": config.split, "limit": config.limit,
+            "labels": scores["amp"].labels.tolist(),
+            "predictions": scores["amp"].predictions.tolist()})
         write_json_atomic(tmp / VERDICT_FILE, verdict)
 
 

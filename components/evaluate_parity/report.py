@@ -183,7 +183,7 @@ def _tick_labels(names: list[str]) -> list[str]:
 
 
 def render_markdown(metrics: dict[str, Any], verdict: dict[str, Any]) -> str:
-    """The report: verdict, gate table, accuracy table, training parity, plots."""
+    """The report: verdict, gate table, release quality, accuracy table, training parity, plots."""
     ctx = metrics["context"]
     status = "PASSED" if verdict["passed"] else "FAILED"
     lines = [
@@ -204,6 +204,7 @@ def render_markdown(metrics: dict[str, Any], verdict: dict[str, Any]) -> str:
     for check in verdict["checks"]:
         lines.append(f"| {check['name']} | {_cell(check['value'])} | {check['op']} "
                      f"{_cell(check['threshold'])} | {'pass' if check['passed'] else '**FAIL**'} |")
+    lines += _release_section(verdict)
     lines += ["", "## Inference parity (numerics: AMP vs its float32 twin, same weights)", "",
               "| measure | value |", "|---|---|"]
     for key in ("amp_accuracy", "fp32_twin_accuracy", "accuracy_drop_points", "argmax_agreement",
@@ -219,6 +220,25 @@ def render_markdown(metrics: dict[str, Any], verdict: dict[str, Any]) -> str:
               f"![logit differences]({LOGIT_DIFF_PNG})", "",
               f"![loss-scale history]({LOSS_SCALE_PNG})", ""]
     return "\n".join(lines)
+
+
+def _release_section(verdict: dict[str, Any]) -> list[str]:
+    """Above chance, the absolute thresholds and the model serving: each outcome in words."""
+    release = [c for c in verdict["checks"] if c["name"].startswith(_RELEASE_CHECKS)]
+    serving = (verdict.get("baselines") or {}).get("serving")
+    lines = ["", "## Release quality (absolute, and against the model serving)", ""]
+    lines += [f"- {'pass' if c['passed'] else '**FAIL**'}: {c.get('reason') or c['description']}"
+              for c in release]
+    if serving and serving.get("version") is None:
+        lines.append(f"- no comparison with a served model: {serving['base_path']}: "
+                     f"{serving.get('why_none')}")
+    elif not serving:
+        lines.append("- no comparison with a served model: no serving target")
+    lines += [f"- note: {note}" for note in verdict.get("notes") or []]
+    return lines
+
+
+_RELEASE_CHECKS = ("chance_", "serving_", "min_accuracy", "threshold:")
 
 
 def _training_section(metrics: dict[str, Any], ctx: dict[str, Any]) -> list[str]:

@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.evaluate_parity import outputs, training
+from ampflow.components.evaluate_parity import outputs, release, training
 from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.components.evaluate_parity.gate import Check, Verdict, default_relative_logit_bound
 from ampflow.components.evaluate_parity.parity import LogitParity, ModelScores, logit_parity
+from ampflow.components.evaluate_parity.serving_gate import local_base_path
 from ampflow.components.evaluate_parity.verdict import HASH_KEY, model_sha256
 from ampflow.errors import ConfigError, GateFailedError
 from ampflow.progress import Progress, keras_callback
@@ -65,13 +66,22 @@ def run_evaluate(config: EvaluateConfig) -> EvaluateResult:
         model_hashes["baseline_" + HASH_KEY] = model_sha256(config.baseline_model_dir)
     _require_writable_parent(config.output_dir)
 
+    served = release.find_served_version(local_base_path(config.serving_base_path))
     images, labels = load_arrays(config.data_dir, config.split, limit=config.limit)
     images = images.astype(np.float32)
+    served_scores = (release.score_served(served, images, labels, _class_names(info),
+                                          config.batch_size) if served else None)
     scores = _score_all(config, model, metadata, baseline, images, labels)
+    if served_scores is not None:
+        scores["serving"] = served_scores
     policy = _policy(metadata, model)
-    metrics, verdict_obj, parity = _measure(config, metadata, policy, baseline, info, scores)
-    verdict = outputs.verdict_payload(config, verdict_obj, policy, model_hashes)
+    metrics, verdict_obj, parity = _measure(config, metadata, policy, baseline, info, scores,
+                                            served)
+    verdict = outputs.verdict_payload(config, verdict_obj, policy, model_hashes,
+                                      _baselines(config, baseline, served))
     outputs.write_outputs(config, metrics, verdict, _class_names(info), scores, parity)
+    for note in verdict_obj.notes:
+        log.warning("%s", note)
     log.info("%s", verdict_obj.message())
     if not verdict_obj.passed and config.fail_on_gate:
         raise GateFailedError(f"{verdict_obj.message()} (outputs in {config.output_dir})")
@@ -118,6 +128,17 @@ def _load_baseline(config: EvaluateConfig, info: dict[str, Any]):
             f"Received: a model trained under {policy!r}"
         )
     return model, metadata
+
+
+def _baselines(config: EvaluateConfig, baseline, served) -> dict[str, Any]:
+    """Which baselines the verdict judged against: verdict.json's `baselines`."""
+    from ampflow.components.evaluate_parity.serving_gate import served_baseline
+
+    return {"chance": "the majority-class rate of the split",
+            "float32_twin": os.fspath(config.model_dir),
+            "float32_trained": (os.fspath(config.baseline_model_dir)
+                                if baseline is not None else None),
+            "serving": served_baseline(served, config.serving_base_path)}
 
 
 def _require_writable_parent(output_dir: Path) -> None:
@@ -170,7 +191,7 @@ def _score(model, images: np.ndarray, labels: np.ndarray, batch_size: int,
 
 
 def _measure(
-    config, metadata, policy, baseline, info, scores
+    config, metadata, policy, baseline, info, scores, served=None
 ) -> tuple[dict[str, Any], Verdict, LogitParity]:
     """All parity measures (flat scalars + per-class + context), the gate, the raw diffs."""
     amp, twin = scores["amp"], scores["fp32_twin"]
@@ -190,12 +211,21 @@ def _measure(
         "max_relative_logit_diff": parity.max_relative_diff,
         "amp_nonfinite_logits": amp.nonfinite_count,
     }
-    checks = _inference_checks(config, metrics, bound)
+    chance = release.chance_test(amp, _class_names(info), config.chance_alpha, config.min_power,
+                                 config.split)
+    metrics.update(chance.metrics())
+    checks = [chance.check(), *_inference_checks(config, metrics, bound)]
     if baseline is not None:
         metrics.update(training.training_metrics(amp, scores["baseline"], metadata, baseline[1]))
         checks += training.training_checks(metrics, config.max_baseline_accuracy_drop,
                                            config.baseline_alpha, config.min_training_speedup)
-    verdict = Verdict(tuple(checks))
+    if served is not None:
+        comparison = release.compare_with_served(amp, scores["serving"], served,
+                                                 config.serving_alpha, config.split)
+        metrics.update(comparison.metrics())
+        checks.append(comparison.check())
+    checks += release.threshold_checks(metrics, config.min_accuracy, config.metric_thresholds)
+    verdict = Verdict(tuple(checks), notes=(chance.too_small_note(),) if chance.too_small else ())
     metrics["gate_passed"] = 1.0 if verdict.passed else 0.0
     metrics["per_class_accuracy"] = _per_class(scores, info)
     metrics["context"] = _context(config, metadata, baseline, policy, compute_dtype, bound)

@@ -63,9 +63,10 @@ def require_passed(eval_dir: str | os.PathLike) -> dict[str, Any]:
     if verdict["passed"]:
         return verdict
     lines = [explain_check(check) for check in verdict["failed_checks"]]
+    notes = [f"note: {note}" for note in verdict.get("notes") or [] if isinstance(note, str)]
     raise GateFailedError(
         f"the FP32-parity gate failed {len(lines)} check(s), so the run stops before export: "
-        + "; ".join(lines)
+        + "; ".join(lines + notes)
         + ". The evaluate task's report and metrics show every measure.")
 
 
@@ -92,6 +93,6 @@ def explain_check(check: Any) -> str:
 
     try:
         return Check(str(check["name"]), float(check["value"]), str(check["op"]),
-                     float(check["threshold"])).explain()
+                     float(check["threshold"]), reason=str(check.get("reason") or "")).explain()
     except (TypeError, KeyError, ValueError):
         return str(check)

@@ -77,12 +77,20 @@ def test_compile_deploy_and_its_pvc_mount_exist_only_under_a_serving_target_cond
     inner = spec["components"][condition["componentRef"]["name"]]["dag"]["tasks"]
     assert _task_with_component(inner, "comp-deploy-serving") == ["deploy-serving"]
     assert inner["deploy-serving"]["cachingOptions"].get("enableCache") is not True
-    # the PVC mount belongs to the deploy executor, which only that conditional task runs
+    # the comparison with the model serving runs first in the branch, never cached, and
+    # deploy waits for its gate
+    assert _task_with_component(inner, "comp-compare-with-serving") == ["compare-with-serving"]
+    assert inner["compare-with-serving"]["cachingOptions"].get("enableCache") is not True
+    assert inner["serving-gate"]["dependentTasks"] == ["compare-with-serving"]
+    assert "serving-gate" in inner["deploy-serving"]["dependentTasks"]
+    # the PVC mounts belong to the executors only that conditional branch runs: deploy, and
+    # the comparison that reads the model serving from the same store
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     mounts = {name: e["pvcMount"] for name, e in executors.items() if "pvcMount" in e}
-    assert list(mounts) == ["exec-deploy-serving"]
-    assert mounts["exec-deploy-serving"][0]["mountPath"] == "/models"
-    assert mounts["exec-deploy-serving"][0]["constant"] == "tf-serving-models"
+    assert sorted(mounts) == ["exec-compare-with-serving", "exec-deploy-serving"]
+    for mount in mounts.values():
+        assert mount[0]["mountPath"] == "/models"
+        assert mount[0]["constant"] == "tf-serving-models"
 
 
 def test_compile_deploy_task_deploys_into_the_runs_own_namespace_by_default(default_ir, tmp_path):

@@ -1,0 +1,394 @@
+"""The release checks: above chance, good enough, and no worse than the model now serving.
+
+The parity checks (step.py, training.py) compare the AMP model with float32 versions of
+itself, and a model that learned nothing agrees perfectly with another that learned nothing.
+TFX's Evaluator blesses a model only past absolute thresholds *and* against a baseline, the
+model now serving, so that a release is never worse than what users already get. These are
+those checks:
+
+- **Above chance.** The majority-class rate p0 of the split is what a model that ignores its
+  input gets by always answering the most frequent class. If the model were no better,
+  its number of correct answers X would be at most Binomial(n, p0); the one-sided p-value
+  P(X >= correct) is the chance of doing this well by luck, and the gate fails when it is
+  above `chance_alpha`. p0 is read from the same split (a plug-in estimate; on a balanced
+  split it is exactly 1/K).
+- **Power.** A split of n examples can only show what n examples can: the check says, in one
+  line with what to do, when n is too small for the test at `chance_alpha` to find, with
+  probability `min_power`, a model halfway between chance and perfect (accuracy
+  (1 + p0) / 2). It is a note, not a failed check: a significant result on a small split
+  is still significant, but a failed one proves little.
+- **Absolute thresholds** (off by default): `min_accuracy`, and `metric_thresholds`,
+  `NAME>=VALUE` or `NAME<=VALUE` on any number of metrics.json.
+- **No regression against the model serving.** The highest version under the serving base
+  path (`<model_store>/<model_name>`, TF Serving's layout) is run as a server runs it (its
+  `serving_default` signature, SavedModel or TFLite: `ampflow.serving.servable`), on the same
+  test examples, and training.py's paired test (one-sided exact McNemar) says whether the new
+  model is significantly less accurate, at `serving_alpha`. It is read from the store, never
+  retrained. No version there yet is the first release: nothing to compare, and the verdict
+  says so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ampflow.components.evaluate_parity.gate import Check
+from ampflow.components.evaluate_parity.parity import ModelScores
+from ampflow.errors import ConfigError
+
+# The accuracy the power note is computed against: halfway from chance to perfect.
+POWER_TARGET = "halfway between chance and perfect accuracy"
+_THRESHOLD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*([^\s,]+)\s*")
+
+
+# --- the binomial test ---------------------------------------------------------------------
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), summed exactly in log space (any n, no scipy)."""
+    if not 0 <= k <= n:
+        raise ValueError(f"k must be in [0, n]. Received: k={k}, n={n}")
+    if k == 0 or p >= 1.0:
+        return 1.0
+    if p <= 0.0:
+        return 0.0
+    terms = _log_pmf(n, p)[k:]
+    top = float(np.max(terms))
+    return min(1.0, math.exp(top) * math.fsum(np.exp(terms - top)))
+
+
+def _log_pmf(n: int, p: float) -> np.ndarray:
+    """The log of P(X = i), i = 0..n, for X ~ Binomial(n, p), 0 < p < 1."""
+    i = np.arange(n + 1, dtype=np.float64)
+    # log C(n, i) = sum over j = 1..i of log((n - j + 1) / j)
+    log_comb = np.concatenate([[0.0], np.cumsum(np.log((n - i[1:] + 1) / i[1:]))])
+    return log_comb + i * math.log(p) + (n - i) * math.log1p(-p)
+
+
+def _upper_tails(n: int, p: float) -> np.ndarray:
+    """P(X >= k) for k = 0..n (one pass: the cumulative sum from the top)."""
+    pmf = np.exp(_log_pmf(n, p))
+    return np.minimum(np.cumsum(pmf[::-1])[::-1], 1.0)
+
+
+def chance_test_power(n: int, chance: float, alpha: float) -> float:
+    """Probability that the test at `alpha` finds a model of accuracy (1 + chance) / 2."""
+    if n <= 0 or chance >= 1.0:
+        return 0.0
+    significant = np.nonzero(_upper_tails(n, chance) <= alpha)[0]
+    if significant.size == 0:  # even n of n correct would not be significant
+        return 0.0
+    return float(_upper_tails(n, (1.0 + chance) / 2.0)[significant[0]])
+
+
+def examples_needed(chance: float, alpha: float, power: float, start: int = 1,
+                    limit: int = 100_000) -> int | None:
+    """The smallest split size >= start at which the test reaches `power` (None: over limit).
+
+    Scanned exactly (the power of a discrete test is a sawtooth in n, not monotone), upward
+    from half the normal approximation's estimate (or `start`, if larger).
+    """
+    if chance >= 1.0:
+        return None
+    target = (1.0 + chance) / 2.0
+    z = _normal_quantile(1 - alpha) * math.sqrt(chance * (1 - chance)) + _normal_quantile(
+        power) * math.sqrt(target * (1 - target))
+    estimate = max(start, int((z / (target - chance)) ** 2 / 2))
+    n = max(start, min(estimate, limit))
+    while n <= limit:
+        if chance_test_power(n, chance, alpha) >= power:
+            return n
+        n += 1
+    return None
+
+
+def _normal_quantile(q: float) -> float:
+    """Inverse of the standard normal CDF (bisection on erfc: exact enough for an estimate)."""
+    low, high = -10.0, 10.0
+    for _ in range(80):
+        mid = (low + high) / 2
+        if 0.5 * math.erfc(-mid / math.sqrt(2)) < q:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+@dataclass(frozen=True)
+class ChanceTest:
+    """The model's accuracy against the majority-class rate of the same split."""
+
+    num_examples: int
+    correct: int
+    chance: float  # the majority-class rate of the split
+    majority_class: str
+    p_value: float  # one-sided: P(X >= correct) for X ~ Binomial(n, chance)
+    alpha: float
+    power: float  # of the test at alpha against accuracy (1 + chance) / 2
+    min_power: float
+    split: str
+
+    @property
+    def accuracy(self) -> float:
+        """The model's accuracy on the split."""
+        return self.correct / self.num_examples
+
+    @property
+    def too_small(self) -> bool:
+        """Whether the split is too small for the test's stated power."""
+        return self.power < self.min_power
+
+    def sentence(self) -> str:
+        """The verdict in words: `accuracy A is [not] above chance C (...)`."""
+        above = self.p_value <= self.alpha
+        return (f"accuracy {self.accuracy:.3f} is {'' if above else 'not '}above chance "
+                f"{self.chance:.3f} (the majority-class rate of the {self.num_examples} "
+                f"{self.split} examples, class {self.majority_class!r}): one-sided binomial "
+                f"p = {self.p_value:.3g} {'<=' if above else '>'} alpha {self.alpha:g}")
+
+    def too_small_note(self) -> str:
+        """One line: the split is too small to decide, and what to do about it."""
+        needed = examples_needed(self.chance, self.alpha, self.min_power,
+                                 start=self.num_examples + 1)
+        need = f"at least {needed}" if needed else "far more"
+        return (f"the {self.split} split of {self.num_examples} examples is too small to decide "
+                f"whether the model beats chance: the binomial test at alpha {self.alpha:g} "
+                f"finds a model {POWER_TARGET} ({(1 + self.chance) / 2:.3f}) with probability "
+                f"{self.power:.2f}, and needs {need} examples for {self.min_power:g}; hold out "
+                "more examples (prepare-data --test-fraction, or a test/ folder of images)")
+
+    def metrics(self) -> dict[str, Any]:
+        """The flat entries of metrics.json."""
+        return {"chance_accuracy": self.chance, "chance_binomial_p_value": self.p_value,
+                "chance_test_power": self.power}
+
+    def check(self) -> Check:
+        """The gate's check: the p-value must be at most alpha."""
+        return Check("chance_binomial_p_value", self.p_value, "<=", self.alpha,
+                     "one-sided binomial test of the accuracy against the majority-class rate",
+                     reason=self.sentence())
+
+
+def chance_test(scores: ModelScores, class_names: list[str], alpha: float, min_power: float,
+                split: str) -> ChanceTest:
+    """The binomial test of `scores`' accuracy against its split's majority-class rate."""
+    n = int(scores.labels.shape[0])
+    counts = np.bincount(scores.labels, minlength=len(class_names))
+    majority = int(np.argmax(counts))
+    chance = float(counts[majority]) / n
+    correct = int(np.sum(scores.predictions == scores.labels))
+    return ChanceTest(num_examples=n, correct=correct, chance=chance,
+                      majority_class=class_names[majority],
+                      p_value=binomial_tail(correct, n, chance), alpha=alpha,
+                      power=chance_test_power(n, chance, alpha), min_power=min_power,
+                      split=split)
+
+
+# --- absolute thresholds -------------------------------------------------------------------
+
+def parse_metric_thresholds(text: str | None) -> tuple[tuple[str, str, float], ...]:
+    """`NAME>=VALUE,NAME<=VALUE` -> ((name, op, value), ...); ConfigError in one line."""
+    out = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        match = _THRESHOLD.fullmatch(item)
+        try:
+            value = float(match.group(3)) if match else math.nan
+        except ValueError:
+            value = math.nan
+        if not match or not math.isfinite(value):
+            raise ConfigError("metric_thresholds must be NAME>=VALUE or NAME<=VALUE, comma-"
+                              "separated, on metrics.json's numbers (e.g. amp_accuracy>=0.9). "
+                              f"Received: {item.strip()!r}")
+        out.append((match.group(1), match.group(2), value))
+    return tuple(out)
+
+
+def threshold_checks(metrics: dict[str, Any], min_accuracy: float,
+                     thresholds: str | None) -> list[Check]:
+    """`min_accuracy` (0: off) and the metric thresholds, as gate checks."""
+    from ampflow.cliutil import did_you_mean
+
+    checks = []
+    if min_accuracy > 0:
+        accuracy = metrics["amp_accuracy"]
+        checks.append(Check("min_accuracy", accuracy, ">=", min_accuracy,
+                            "accuracy of the AMP model on the split",
+                            reason=f"accuracy {accuracy:.3f} is "
+                                   f"{'at least' if accuracy >= min_accuracy else 'below'} "
+                                   f"min_accuracy {min_accuracy:g}"))
+    numbers = {k: v for k, v in metrics.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for name, op, value in parse_metric_thresholds(thresholds):
+        if name not in numbers:
+            raise ConfigError(f"metric_thresholds must name numbers of metrics.json; this "
+                              f"evaluation measures no {name!r}. Received: "
+                              f"{name}{op}{value:g}{did_you_mean(name, numbers)}")
+        checks.append(Check(f"threshold:{name}", float(numbers[name]), op, value,
+                            f"metric_thresholds: {name} {op} {value:g}"))
+    return checks
+
+
+# --- the model now serving -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServedVersion:
+    """The version a server of the base path serves: the highest complete one."""
+
+    base_path: str
+    version: int
+    path: Path
+
+
+def find_served_version(base_path: str | os.PathLike | None) -> ServedVersion | None:
+    """The highest complete version under `base_path` (TF Serving's default policy), if any.
+
+    A version is complete when it holds `saved_model.pb` or one `.tflite` file; staging dirs
+    (hidden) and half-copied numbers are not versions. No dir, or none: the first release.
+    """
+    from ampflow.serving.model_format import SAVED_MODEL_PB, version_dirs
+    from ampflow.serving.tflite_servable import tflite_file
+
+    if not base_path:
+        return None
+    complete = {v: p for v, p in version_dirs(base_path).items()
+                if (p / SAVED_MODEL_PB).is_file() or tflite_file(p) is not None}
+    if not complete:
+        return None
+    version = max(complete)
+    return ServedVersion(os.fspath(base_path), version, complete[version])
+
+
+def score_served(served: ServedVersion, images: np.ndarray, labels: np.ndarray,
+                 class_names: list[str], batch_size: int) -> ModelScores:
+    """The served version's answers on the split, through `serving_default` as a server runs it.
+
+    ConfigError, before any example is scored, when the two models cannot be compared on the
+    same examples (another input shape, other classes). The scores' `logits` are the served
+    probabilities: only their argmax (the served `class_ids`) is used.
+    """
+    from ampflow.serving.model_format import (
+        DEFAULT_SIGNATURE,
+        IMAGES_INPUT,
+        PROBABILITIES_OUTPUT,
+    )
+    from ampflow.serving.servable import load_servable
+
+    model_name = Path(served.base_path).name
+    servable = load_servable(model_name, served.version, served.path)
+    _require_comparable(served, servable, images.shape[1:], class_names)
+    probabilities = []
+    for start in range(0, len(images), batch_size):
+        out = servable.run(DEFAULT_SIGNATURE, {IMAGES_INPUT: images[start:start + batch_size]})
+        probabilities.append(np.asarray(out[PROBABILITIES_OUTPUT], dtype=np.float32))
+    return ModelScores(logits=np.concatenate(probabilities), labels=labels)
+
+
+def _require_comparable(served: ServedVersion, servable, image_shape: tuple,
+                        class_names: list[str]) -> None:
+    from ampflow.serving.model_format import (
+        DEFAULT_SIGNATURE,
+        IMAGES_INPUT,
+        PROBABILITIES_OUTPUT,
+    )
+
+    where = f"the model serving at {served.path} (version {served.version})"
+    signature = servable.signature_defs.get(DEFAULT_SIGNATURE)
+    if signature is None or IMAGES_INPUT not in signature.inputs:
+        raise ConfigError(f"{where} has no {DEFAULT_SIGNATURE!r} signature with an "
+                          f"{IMAGES_INPUT!r} input, so it cannot be scored on this split")
+    shape = [d.size for d in signature.inputs[IMAGES_INPUT].tensor_shape.dim][1:]
+    outputs = signature.outputs.get(PROBABILITIES_OUTPUT)
+    classes = outputs.tensor_shape.dim[-1].size if outputs is not None else -1
+    labels = _served_labels(served.path)
+    problems = []
+    if shape != list(image_shape):
+        problems.append(f"it takes images {shape}, this split holds {list(image_shape)}")
+    if classes != len(class_names):
+        problems.append(f"it answers {classes} classes, this split has {len(class_names)}")
+    elif labels is not None and labels != class_names:
+        problems.append(f"its classes are {labels}, this split's {class_names}")
+    if problems:
+        raise ConfigError(
+            f"{where} cannot be compared with this model on the same examples: "
+            + "; ".join(problems) + ". Serve the new model under another model name, or "
+            "evaluate without a serving baseline (serving_target none)")
+
+
+def _served_labels(version_dir: Path) -> list[str] | None:
+    for path in (version_dir / "assets" / "labels.txt", version_dir / "labels.txt"):
+        if path.is_file():
+            return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    return None
+
+
+@dataclass(frozen=True)
+class ServingComparison:
+    """The new model against the served version on the same examples (training.PairedTest)."""
+
+    served: ServedVersion
+    accuracy: float
+    served_accuracy: float
+    num_examples: int
+    new_only: int  # examples only the new model classifies correctly
+    served_only: int  # examples only the served version classifies correctly
+    p_value: float  # one-sided: P(losing >= served_only discordant examples | equal accuracy)
+    method: str
+    alpha: float
+    split: str
+
+    @property
+    def delta_points(self) -> float:
+        """New accuracy minus served accuracy, in percentage points."""
+        return 100.0 * (self.new_only - self.served_only) / self.num_examples
+
+    def sentence(self) -> str:
+        """The comparison in words, with the paired numbers."""
+        worse = self.p_value < self.alpha
+        head = (f"accuracy {self.accuracy:.3f} is significantly below the serving model's "
+                if worse else f"accuracy {self.accuracy:.3f} vs the serving model's ")
+        return (f"{head}{self.served_accuracy:.3f} (version {self.served.version} at "
+                f"{self.served.base_path}): on the same {self.num_examples} {self.split} "
+                f"examples it is right on {self.new_only} that the serving model gets wrong "
+                f"and wrong on {self.served_only} that it gets right ({self.delta_points:+.2f} "
+                f"points), one-sided McNemar p = {self.p_value:.3g} "
+                f"{'<' if worse else '>='} alpha {self.alpha:g}")
+
+    def metrics(self) -> dict[str, Any]:
+        """The flat entries of metrics.json."""
+        return {
+            "serving_version": float(self.served.version),
+            "serving_accuracy": self.served_accuracy,
+            "serving_accuracy_delta_points": self.delta_points,
+            "serving_new_only_correct": float(self.new_only),
+            "serving_only_correct": float(self.served_only),
+            "serving_mcnemar_p_value": self.p_value,
+            "serving_mcnemar_method": self.method,
+        }
+
+    def check(self) -> Check:
+        """The gate's check: the new model must not be significantly less accurate."""
+        return Check("serving_mcnemar_p_value", self.p_value, ">=", self.alpha,
+                     "one-sided paired (McNemar) test: chance of losing this many examples to "
+                     "the model now serving by luck, if both were equally accurate",
+                     reason=self.sentence())
+
+
+def compare_with_served(new: ModelScores, served_scores: ModelScores, served: ServedVersion,
+                        alpha: float, split: str) -> ServingComparison:
+    """The paired test of training.py, new model vs served version, on the same examples."""
+    from ampflow.components.evaluate_parity.training import paired_test
+
+    test = paired_test(new, served_scores)
+    return ServingComparison(served=served, accuracy=new.accuracy,
+                             served_accuracy=served_scores.accuracy,
+                             num_examples=test.num_examples, new_only=test.amp_only,
+                             served_only=test.baseline_only, p_value=test.p_value,
+                             method=test.method, alpha=alpha, split=split)

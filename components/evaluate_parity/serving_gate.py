@@ -1,0 +1,210 @@
+"""The gate against the model now serving, as a step of its own: the pipeline's serving branch.
+
+`run_evaluate` with a `serving_base_path` compares inline (one verdict, for `ampflow
+evaluate`). In the pipeline the evaluate task runs in every run and mounts no model store (a
+run without a serving target needs no claim), so the comparison runs where the store is
+mounted, in the serving branch before deploy: this step reads what evaluate recorded (the
+split, the labels and the model's answer to each example: predictions.json), scores the
+served version on the same examples through `serving_default`, and writes
+serving_verdict.json: the paired test of release.py, its numbers and the version compared.
+No version serving yet is the first release: passed, and said so.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ampflow.components.evaluate_parity import release
+from ampflow.components.evaluate_parity.config import SERVING_ALPHA
+from ampflow.components.evaluate_parity.gate import Verdict
+from ampflow.components.evaluate_parity.outputs import PREDICTIONS_FILE, _json_safe
+from ampflow.components.evaluate_parity.parity import ModelScores
+from ampflow.errors import ConfigError, GateFailedError, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+SERVING_VERDICT_FILE = "serving_verdict.json"
+GATE_NAME = "no regression against the model serving"
+
+
+@dataclass(frozen=True)
+class ServingGateConfig:
+    """What the comparison with the model serving reads and its significance level."""
+
+    eval_dir: Path = field(metadata={"help": "The evaluate step's output dir."})
+    data_dir: Path = field(metadata={"help": "The prepared dataset dir evaluate scored."})
+    output_dir: Path = field(metadata={"help": "Directory that receives serving_verdict.json."})
+    serving_base_path: str | None = field(default=None, metadata={
+        "help": "<model_store>/<model_name>: the highest version there is compared."})
+    serving_alpha: float = field(default=SERVING_ALPHA, metadata={
+        "help": "Significance level of the one-sided paired (McNemar) test."})
+    batch_size: int = field(default=256, metadata={"help": "Examples per inference batch."})
+    fail_on_gate: bool = field(default=True, metadata={
+        "help": "Raise when the model is significantly worse; the verdict is written either way."})
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.serving_alpha < 1.0:
+            raise ConfigError("serving_alpha must be in (0, 1). Received: "
+                              f"serving_alpha={self.serving_alpha}")
+        if self.batch_size <= 0:
+            raise ConfigError(f"batch_size must be > 0. Received: batch_size={self.batch_size}")
+
+
+@dataclass(frozen=True)
+class ServingGateResult:
+    """serving_verdict.json's content and where it was written."""
+
+    output_dir: Path
+    verdict: dict[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        """Whether the model is not significantly worse than the one serving (or none serves)."""
+        return bool(self.verdict["passed"])
+
+    @property
+    def message(self) -> str:
+        """The outcome in one line, with the paired numbers."""
+        return str(self.verdict["message"])
+
+    def scalar_metrics(self) -> dict[str, float]:
+        """The finite numbers of the comparison, for KFP `Metrics.log_metric`."""
+        return {k: float(v) for k, v in self.verdict["metrics"].items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+    def raise_if_failed(self) -> None:
+        """GateFailedError (the refusal, in one line) when the comparison failed."""
+        if not self.passed:
+            raise GateFailedError(refusal(self.verdict))
+
+
+def run_serving_gate(config: ServingGateConfig) -> ServingGateResult:
+    """Compare evaluate's recorded answers with the served version's; write; then gate."""
+    from ampflow.components.evaluate_parity.verdict import load_verdict
+
+    evaluated = load_verdict(config.eval_dir)
+    recorded = read_predictions(config.eval_dir)
+    served = release.find_served_version(local_base_path(config.serving_base_path))
+    if served is None:
+        verdict = _first_release(config)
+    else:
+        comparison = _compare(config, recorded, served)
+        check = comparison.check()
+        outcome = Verdict((check,))
+        verdict = {"gate": GATE_NAME, "passed": outcome.passed,
+                   "failed_checks": [c.as_dict() for c in outcome.failed],
+                   "checks": [check.as_dict()], "message": comparison.sentence(),
+                   "metrics": comparison.metrics(),
+                   "baselines": {"serving": served_baseline(served)}}
+    verdict["model_sha256"] = evaluated.get("model_sha256")
+    _write(config.output_dir, verdict)
+    log.info("%s", verdict["message"])
+    result = ServingGateResult(Path(config.output_dir), verdict)
+    if config.fail_on_gate:
+        result.raise_if_failed()
+    return result
+
+
+def local_base_path(base_path: str | None) -> str | None:
+    """The serving base path if it can be read here; an object store is said, not read."""
+    if base_path and "://" in base_path:
+        log.warning("the model serving at %s is not compared: a serving base path is read on "
+                    "a file system (a mounted volume), not in an object store", base_path)
+        return None
+    return base_path or None
+
+
+def served_baseline(served: release.ServedVersion | None,
+                    base_path: str | None = None) -> dict[str, Any] | None:
+    """The `serving` entry of a verdict's `baselines`: what was compared, or why nothing."""
+    if served is not None:
+        return {"base_path": served.base_path, "version": served.version,
+                "path": os.fspath(served.path)}
+    if not base_path:
+        return None
+    why = ("an object store: read on a mounted file system only" if "://" in base_path
+           else "no version serving there: the first release")
+    return {"base_path": base_path, "version": None, "why_none": why}
+
+
+def refusal(verdict: dict[str, Any]) -> str:
+    """The one-line refusal of a failed comparison."""
+    return (f"the model is significantly worse than the one serving, so it is not deployed: "
+            f"{verdict['message']}")
+
+
+def require_not_worse(comparison_dir: str | os.PathLike) -> dict[str, Any]:
+    """The comparison's verdict if it passed; GateFailedError with the paired numbers if not."""
+    from ampflow.files import read_artifact_json
+
+    verdict = read_artifact_json(comparison_dir, SERVING_VERDICT_FILE,
+                                 artifact="a comparison with the model serving",
+                                 hint="run the comparison first", error=ModelLoadError)
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("passed"), bool):
+        raise ModelLoadError(f"{Path(comparison_dir) / SERVING_VERDICT_FILE} must hold an "
+                             f"object with a bool 'passed'. Received: {str(verdict)[:200]}")
+    if not verdict["passed"]:
+        raise GateFailedError(refusal(verdict))
+    return verdict
+
+
+def read_predictions(eval_dir: str | os.PathLike) -> dict[str, Any]:
+    """What evaluate recorded: split, limit, labels and the model's answers, as arrays."""
+    from ampflow.files import read_artifact_json
+
+    raw = read_artifact_json(eval_dir, PREDICTIONS_FILE, artifact="an evaluation output",
+                             hint="evaluate with this version of ampflow", error=ModelLoadError)
+    try:
+        labels = np.asarray(raw["labels"], dtype=np.int64)
+        predictions = np.asarray(raw["predictions"], dtype=np.int64)
+        if labels.shape != predictions.shape or labels.ndim != 1:
+            raise ValueError("labels and predictions must be two lists of one length")
+        return {"split": str(raw["split"]), "limit": raw.get("limit"), "labels": labels,
+                "predictions": predictions}
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(f"{Path(eval_dir) / PREDICTIONS_FILE} is not evaluate's record of "
+                             f"its predictions: {e}") from e
+
+
+def _compare(config: ServingGateConfig, recorded: dict[str, Any],
+             served: release.ServedVersion) -> release.ServingComparison:
+    """Score the served version on the examples evaluate judged; pair the answers."""
+    from ampflow.components.evaluate_parity.step import _class_names
+    from ampflow.components.prepare_data import load_arrays, load_dataset_info
+
+    info = load_dataset_info(config.data_dir)
+    images, labels = load_arrays(config.data_dir, recorded["split"], limit=recorded["limit"])
+    if not np.array_equal(labels, recorded["labels"]):
+        raise ConfigError(f"data_dir must be the dataset evaluate scored: its {recorded['split']}"
+                          f" split has other labels than {PREDICTIONS_FILE} in eval_dir. "
+                          f"Received: data_dir={config.data_dir}")
+    names = _class_names(info)
+    served_scores = release.score_served(served, images.astype(np.float32), labels, names,
+                                         config.batch_size)
+    # the recorded answers as one-hot scores: the paired test reads only their argmax
+    new = ModelScores(logits=np.eye(len(names), dtype=np.float32)[recorded["predictions"]],
+                      labels=labels)
+    return release.compare_with_served(new, served_scores, served, config.serving_alpha,
+                                       recorded["split"])
+
+
+def _first_release(config: ServingGateConfig) -> dict[str, Any]:
+    baseline = served_baseline(None, config.serving_base_path)
+    why = baseline["why_none"] if baseline else "no serving base path"
+    return {"gate": GATE_NAME, "passed": True, "failed_checks": [], "checks": [],
+            "message": f"no model serving to compare with ({why})", "metrics": {},
+            "baselines": {"serving": baseline}}
+
+
+def _write(output_dir: Path, verdict: dict[str, Any]) -> None:
+    from ampflow.files import staging_dir, write_json_atomic
+
+    with staging_dir(Path(output_dir), replaces=SERVING_VERDICT_FILE) as tmp:
+        write_json_atomic(tmp / SERVING_VERDICT_FILE, _json_safe(verdict))
