@@ -25,6 +25,7 @@ from typing import Any
 
 from ampflow.cliutil import invalid_choice
 from ampflow.components.train.cluster import PEER_LOST_EXIT_CODE, STRATEGIES
+from ampflow.components.train.guard import GuardLimits
 from ampflow.components.train.loop import ALLREDUCE_DTYPES
 from ampflow.components.train.precision import POLICIES, HardwareInfo, PrecisionSetup
 from ampflow.errors import AmpflowError, ConfigError, ModelLoadError, TrainingDivergedError
@@ -41,6 +42,7 @@ FEW_STEPS_PER_EPOCH = 5  # fewer optimizer steps per epoch get a warning at trai
 OPTIMIZERS = ("adam", "adamw", "sgd")
 AUTO_BATCH = "auto"
 LR_SCHEDULES = ("constant", "cosine")
+_GUARD = GuardLimits()  # the loss-scale guard's defaults, declared once (guard.py)
 # Architectures made for natural photos, where random crops and flips are the usual training.
 AUGMENTED_BY_DEFAULT = ("resnet50", "mobilenet_v2")
 # What later steps read from metadata.json to rebuild, evaluate and export the model.
@@ -129,12 +131,25 @@ class TrainConfig:
     seed: int = field(default=42, metadata={"help": "Seed for weights, shuffling and dropout."})
     steps_per_epoch: int | None = field(default=None, metadata={
         "help": "Cap the steps of each epoch (default: the whole training split)."})
-    loss_scale_floor: float = field(default=1.0, metadata={
-        "help": "Stop the run if the dynamic loss scale falls below this."})
-    max_skipped_fraction: float = field(default=0.05, metadata={
-        "help": "Stop the run if more than this fraction of steps after warm-up is skipped."})
-    guard_warmup_steps: int = field(default=50, metadata={
-        "help": "Steps before the skipped-step check starts (the scale settles first)."})
+    # The loss-scale guard (components/train/guard.py has the rule and why; docs/explanation/
+    # amp-checks.md): the defaults are GuardLimits's.
+    loss_scale_floor: float = field(default=_GUARD.floor, metadata={
+        "help": "Stop the run if the dynamic loss scale falls below this (from 32768 that takes "
+                "16 more halvings than doublings: gradients that overflow at every scale)."})
+    max_consecutive_skipped_steps: int = field(default=_GUARD.max_consecutive_skipped, metadata={
+        "help": "Stop the run if more than this many steps in a row are skipped for non-finite "
+                "gradients (15: the halvings from 32768 to 1)."})
+    max_skipped_fraction: float = field(default=_GUARD.max_skipped_fraction, metadata={
+        "help": "Stop the run if more than this fraction of the last --guard-window-steps steps "
+                "after warm-up is skipped, and at least --guard-min-skipped-steps of them (a "
+                "few skips on a short run are loss scaling at work, never a rate); 1 = off."})
+    guard_window_steps: int = field(default=_GUARD.window_steps, metadata={
+        "help": "Steps the skipped-step rate is taken over (a sliding window, judged only "
+                "once full)."})
+    guard_min_skipped_steps: int = field(default=_GUARD.min_skipped_steps, metadata={
+        "help": "Skipped steps in the window below which the rate never stops a run."})
+    guard_warmup_steps: int = field(default=_GUARD.warmup_steps, metadata={
+        "help": "Steps before the skipped-step rate is counted (the scale settles first)."})
     telemetry_every_n_steps: int = field(default=1, metadata={
         "help": "Record the loss scale every N steps."})
     checkpoint_dir: str | None = field(default=None, metadata={
@@ -237,6 +252,12 @@ class TrainConfig:
         if not 0 <= self.max_skipped_fraction <= 1:
             raise ConfigError("max_skipped_fraction must be in [0, 1]. Received: "
                               f"max_skipped_fraction={self.max_skipped_fraction}")
+        for name in ("guard_window_steps", "guard_min_skipped_steps"):
+            if not getattr(self, name) >= 1:
+                raise ConfigError(f"{name} must be >= 1. Received: {name}={getattr(self, name)}")
+        for name in ("guard_warmup_steps", "max_consecutive_skipped_steps", "loss_scale_floor"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name} must be >= 0. Received: {name}={getattr(self, name)}")
         for name in ("checkpoint_every_n_steps", "cpus_per_worker"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -251,6 +272,14 @@ class TrainConfig:
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
 
+
+    def guard_limits(self) -> GuardLimits:
+        """The loss-scale guard's thresholds from this config."""
+        return GuardLimits(
+            floor=self.loss_scale_floor, max_skipped_fraction=self.max_skipped_fraction,
+            warmup_steps=self.guard_warmup_steps, window_steps=self.guard_window_steps,
+            min_skipped_steps=self.guard_min_skipped_steps,
+            max_consecutive_skipped=self.max_consecutive_skipped_steps)
 
     @property
     def effective_augment(self) -> bool:
@@ -541,12 +570,7 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     from ampflow.components.train.build import build_compiled_model, training_data
     from ampflow.components.train.loop import LoopConfig, TrainLoop, backup_dir
     from ampflow.components.train.memory import PeakMemory
-    from ampflow.components.train.telemetry import (
-        EpochLog,
-        GuardLimits,
-        LossScaleTelemetry,
-        read_epoch_log,
-    )
+    from ampflow.components.train.telemetry import EpochLog, LossScaleTelemetry, read_epoch_log
 
     keras.utils.set_random_seed(config.seed)  # the same on every worker
     global_batch = config.batch_size * runtime.num_replicas
@@ -573,8 +597,7 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         packed_allreduce=config.packed_allreduce,
         allreduce_bytes_per_pack=config.allreduce_bytes_per_pack,
         allreduce_dtype=config.allreduce_dtype))
-    limits = GuardLimits(config.loss_scale_floor, config.max_skipped_fraction,
-                         config.guard_warmup_steps)
+    limits = config.guard_limits()
     # Every worker runs the guard on the same agreed numbers, so all stop at the same step;
     # only the chief writes telemetry, the epoch log and TensorBoard.
     telemetry = LossScaleTelemetry(limits, every_n=config.telemetry_every_n_steps,

@@ -1,8 +1,10 @@
-"""Loss-scale telemetry and the guard that stops a run whose scale or loss went bad.
+"""Loss-scale telemetry, and the guard that stops a run whose scale or loss went bad.
 
 Keras 3's dynamic loss scale halves on every overflow with no lower bound, and a skipped step
-(non-finite gradients) never shows up as a NaN loss: a run can quietly stop learning. The guard
-turns three symptoms into a `TrainingDivergedError` that names the likely causes.
+(non-finite gradients) never shows up as a NaN loss: a run can quietly stop learning. The
+callback reads the loss, the scale and the skipped-step count on the steps it records and hands
+them to `LossScaleGuard` (guard.py: the rule, and why it decides on evidence rather than on a
+rate over a few steps), which raises a `TrainingDivergedError` naming the likely causes.
 """
 
 from __future__ import annotations
@@ -10,30 +12,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import keras
 
+from ampflow.components.train.guard import GuardLimits, LossScaleGuard
 from ampflow.components.train.loop import TELEMETRY_KEY, unpack_step_telemetry
-from ampflow.errors import TrainingDivergedError
-
-LIKELY_CAUSES = (
-    "likely causes: an output layer computing in float16 (keep logits/softmax float32), "
-    "a learning rate too high, or an op that is unsafe in float16 (exp/log/large reductions "
-    "without a float32 cast)"
-)
-
-
-@dataclass(frozen=True)
-class GuardLimits:
-    """When to stop: scale under `floor`, or over `max_skipped_fraction` skipped after warm-up."""
-
-    floor: float = 1.0
-    max_skipped_fraction: float = 0.05
-    warmup_steps: int = 50
-    min_window: int = 20
 
 
 class LossScaleTelemetry(keras.callbacks.Callback):
@@ -55,7 +40,7 @@ class LossScaleTelemetry(keras.callbacks.Callback):
         self._epoch = 0
         self._writer = None
         self._tensorboard_dir = tensorboard_dir
-        self._skipped_at_warmup: int | None = None
+        self.guard = LossScaleGuard(limits)
         # The packed values of the latest recorded step, named, with its epoch and step: the
         # progress display shows them (components/train/loop.py), so it reads nothing itself.
         self.last_read: dict[str, float] | None = None
@@ -105,14 +90,11 @@ class LossScaleTelemetry(keras.callbacks.Callback):
 
     def _judge(self, step: int, loss: float | None, scale: float | None, skipped: int | None,
                record: bool) -> None:
-        if loss is not None and not math.isfinite(loss):
-            raise TrainingDivergedError(
-                f"the training loss became non-finite ({loss}) at step {step}; " + LIKELY_CAUSES)
-        if scale is None:  # no loss scaling: nothing else to watch
-            return
-        if record or scale < self.limits.floor:
+        # Record before judging: a run the guard stops keeps its last step in the history.
+        finite = loss is None or math.isfinite(loss)  # the history stays strict JSON
+        if scale is not None and finite and (record or scale < self.limits.floor):
             self._record(step, scale, skipped, loss)
-        self._check(step, scale, skipped)
+        self.guard.observe(step, loss, scale, skipped)
 
     def on_train_end(self, logs=None):
         if self._writer is not None:
@@ -133,11 +115,8 @@ class LossScaleTelemetry(keras.callbacks.Callback):
             "steps": last["step"],
             "skipped_steps": last["skipped_steps"],
             "skipped_fraction": last["skipped_steps"] / max(1, last["step"]),
-            "guard": {
-                "floor": self.limits.floor,
-                "max_skipped_fraction": self.limits.max_skipped_fraction,
-                "warmup_steps": self.limits.warmup_steps,
-            },
+            "longest_skipped_run": self.guard.longest_run,
+            "guard": self.limits.to_json(),
         }
 
     def save(self, path: Path) -> None:
@@ -154,31 +133,6 @@ class LossScaleTelemetry(keras.callbacks.Callback):
             with self._writer.as_default(step=step):
                 tf.summary.scalar("loss_scale", scale)
                 tf.summary.scalar("skipped_steps", skipped)
-
-    def _check(self, step: int, scale: float, skipped: int) -> None:
-        limits = self.limits
-        if scale < limits.floor:
-            raise TrainingDivergedError(
-                f"the dynamic loss scale fell to {scale:g}, below the floor {limits.floor:g}, at "
-                f"step {step} ({skipped} steps skipped for non-finite gradients); "
-                + LIKELY_CAUSES
-            )
-        if step == limits.warmup_steps or (
-            self._skipped_at_warmup is None and step > limits.warmup_steps
-        ):
-            self._skipped_at_warmup = skipped
-        if self._skipped_at_warmup is None:
-            return
-        window = step - limits.warmup_steps
-        if window < limits.min_window:
-            return
-        fraction = (skipped - self._skipped_at_warmup) / window
-        if fraction > limits.max_skipped_fraction:
-            raise TrainingDivergedError(
-                f"{fraction:.1%} of the {window} steps after warm-up were skipped for "
-                f"non-finite gradients (limit {limits.max_skipped_fraction:.1%}); healthy "
-                "runs skip well under 1 %; " + LIKELY_CAUSES
-            )
 
 
 class EpochLog(keras.callbacks.Callback):

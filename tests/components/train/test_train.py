@@ -59,7 +59,11 @@ def test_train_mixed_bfloat16_records_no_loss_scaling(trained_model):
 
 
 def _inf_gradient_cnn(input_shape, num_classes, image_size):
-    """A model whose backward pass always overflows: every step is skipped by the optimizer."""
+    """A model whose backward pass always overflows: every step is skipped by the optimizer.
+
+    The inf comes from 1/0 at run time, not from an inf constant, which the AMP check refuses
+    under mixed_float16 before any step runs (an overflowing constant that is multiplied).
+    """
     import keras
     import tensorflow as tf
 
@@ -69,7 +73,7 @@ def _inf_gradient_cnn(input_shape, num_classes, image_size):
         def call(self, x):
             @tf.custom_gradient
             def identity_with_inf_grad(t):
-                return tf.identity(t), lambda dy: dy * float("inf")
+                return tf.identity(t), lambda dy: dy + tf.math.reciprocal(tf.zeros_like(dy))
 
             return identity_with_inf_grad(x)
 
@@ -99,13 +103,18 @@ def test_train_infinite_gradients_trip_the_scale_floor_and_publish_nothing(prepa
 
 
 @pytest.mark.slow
-def test_train_skipped_step_rate_over_limit_stops_the_run(prepared_digits, tmp_path):
+def test_train_every_step_skipped_with_a_lowered_floor_stops_the_run(prepared_digits, tmp_path):
+    """The floor out of the way, the run of skipped steps stops it (guard.py, rule 3)."""
     config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path, model="test_inf_gradient",
                          precision="mixed_float16", epochs=4, steps_per_epoch=10,
-                         guard_warmup_steps=2, loss_scale_floor=1e-30)
-    with pytest.raises(TrainingDivergedError, match=r"were skipped.*limit 5.0%.*likely causes"):
+                         loss_scale_floor=1e-30)
+    with pytest.raises(TrainingDivergedError,
+                       match=r"16 steps in a row were skipped.*up to step 16 \(limit 15.*"
+                             r"likely causes"):
         run_train(config)
     assert not (tmp_path / "metadata.json").exists()
+    history = json.loads((tmp_path / "loss_scale_history.json").read_text())
+    assert history[-1]["step"] == history[-1]["skipped_steps"] == 16
 
 
 @pytest.mark.slow
