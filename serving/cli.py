@@ -320,9 +320,11 @@ def _predict(args: argparse.Namespace) -> int:
                 "(use --signature)")
         result = client.predict(args.model_name, batch, args.version, args.signature,
                                 version_label=args.version_label)
-    if args.output not in result.outputs:
-        raise ServingError(f"output {args.output!r} not in the response. Received: "
-                           f"{sorted(result.outputs)} (use --output)")
+        if args.output not in result.outputs:
+            raise ServingError(f"output {args.output!r} not in the response. Received: "
+                               f"{sorted(result.outputs)} (use --output)")
+        if labels is None:  # the names the model ships, when it does
+            labels = client.class_names(args.model_name, result.version)
     print(f"model {args.model_name} version {result.version} signature {result.signature}")
     rows = top_k(result.outputs[args.output], args.top_k, labels)
     _print_rows(args.inputs, rows)

@@ -88,14 +88,23 @@ def image_examples(examples) -> list:
     return list(examples)
 
 
-class AmpflowSignatureLookups:
-    """The signature calls of ampflow's gRPC and REST clients (first base of each).
+class AmpflowCalls:
+    """What ampflow's gRPC and REST clients add to the client distribution's, once for both.
 
-    `metadata()` gives TensorFlow's SignatureDef protos, to compare with a SavedModel's; the
-    lookups a request needs (`input_specs`, `output_specs`) read `signature_defs()`, the
-    client's own protos, so a query (`ampflow predict` included) never imports TensorFlow
-    (about 3 CPU-s) to convert them. Every call's errors are ampflow's.
+    (The first base of each.) `status()` rows carry numeric error codes. `metadata()` gives
+    TensorFlow's SignatureDef protos, to compare with a SavedModel's; the lookups a request
+    needs (`input_specs`, `output_specs`) read `signature_defs()`, the client's own protos, so
+    a query (`ampflow predict` included) never imports TensorFlow (about 3 CPU-s) to convert
+    them. Every call's errors are ampflow's.
     """
+
+    def status(self, model: str, version: int | None = None) -> list[dict]:
+        """GetModelStatus as dicts: version, state (name), error_code (number), error_message."""
+        with ampflow_errors():
+            rows = super().status(model, version)
+        for row in rows:
+            row["error_code"] = grpc.StatusCode[row["error_code"]].value[0]
+        return rows
 
     def metadata(self, model: str, version: int | None = None) -> dict:
         """GetModelMetadata: signature name -> TensorFlow's SignatureDef proto."""
@@ -120,21 +129,13 @@ class AmpflowSignatureLookups:
             return super().output_specs(model, version, signature)
 
 
-class PredictionClient(AmpflowSignatureLookups, ampflow_client.Client):
+class PredictionClient(AmpflowCalls, ampflow_client.Client):
     """TF Serving client over one channel; use as a context manager or call `close()`."""
 
     def __init__(self, address: str, **kwargs) -> None:
         self._tf_stub = None
         with ampflow_errors():
             super().__init__(address, **kwargs)
-
-    def status(self, model: str, version: int | None = None) -> list[dict]:
-        """GetModelStatus as dicts: version, state (name), error_code (number), error_message."""
-        with ampflow_errors():
-            rows = super().status(model, version)
-        for row in rows:
-            row["error_code"] = grpc.StatusCode[row["error_code"]].value[0]
-        return rows
 
     def wait_until_available(self, model: str, timeout: float = 60.0,
                              version: int | None = None) -> int:

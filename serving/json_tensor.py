@@ -20,6 +20,7 @@ from tensorflow.core.example import example_pb2, feature_pb2
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from ampflow.serving import tensors
+from ampflow.serving.model_format import IMAGE_BYTES_SIGNATURE
 from ampflow.serving.status import ServingStatusError, clip
 from ampflow.serving.status import invalid_argument as invalid
 
@@ -162,7 +163,7 @@ def _tensor(name: str, value, dtype: int) -> tensor_pb2.TensorProto:
     if not kinds <= expected:
         bad = next(leaf for leaf in leaves if type(leaf) not in expected)
         raise invalid(f"JSON Value: {_debug(bad)} Type: {_json_type(bad)} is not of expected "
-                      f"type: {tensors.dtype_name(dtype)[3:].lower()}")
+                      f"type: {tensors.dtype_name(dtype)[3:].lower()}{_b64_hint(bad, name)}")
     np_dtype = tensors.DTYPES[dtype][0]
     try:
         array = np.asarray(leaves, dtype=np_dtype) if leaves else np.zeros(0, np_dtype)
@@ -171,6 +172,16 @@ def _tensor(name: str, value, dtype: int) -> tensor_pb2.TensorProto:
                       f"{tensors.dtype_name(dtype)}") from None
     proto.tensor_content = array.tobytes()
     return proto
+
+
+def _b64_hint(leaf, name: str) -> str:
+    """What to do with encoded bytes sent to a numeric input: the encoded-image signature."""
+    if not _is_b64(leaf):
+        return ""
+    return (f" (input {clip(name)} takes numbers; {{\"b64\": ...}} carries encoded bytes, "
+            f"which a string input takes: an encoded image goes to the "
+            f"\"{IMAGE_BYTES_SIGNATURE}\" signature, \"signature_name\": "
+            f"\"{IMAGE_BYTES_SIGNATURE}\")")
 
 
 def _string_leaf(leaf) -> bytes:

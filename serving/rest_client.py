@@ -9,13 +9,12 @@ TensorFlow-free `ampflow-client` distribution (clients/python).
 from __future__ import annotations
 
 import ampflow_client
-import grpc
 
-from ampflow.serving.client import AmpflowSignatureLookups, ampflow_errors, image_examples
+from ampflow.serving.client import AmpflowCalls, ampflow_errors, image_examples
 from ampflow.serving.model_format import CLASSIFY_SIGNATURE, DEFAULT_SIGNATURE
 
 
-class RestClient(AmpflowSignatureLookups, ampflow_client.RestClient):
+class RestClient(AmpflowCalls, ampflow_client.RestClient):
     """TF Serving's REST API client (real or `ampflow serve --rest-api-port`), stdlib HTTP only.
 
     It has the calls of `PredictionClient` that `ampflow predict` needs.
@@ -31,14 +30,6 @@ class RestClient(AmpflowSignatureLookups, ampflow_client.RestClient):
         """One HTTP call; JSON in and out; TF Serving's `{"error"}` becomes an RpcError."""
         with ampflow_errors():
             return super().call(method, path, payload)
-
-    def status(self, model: str, version: int | None = None) -> list[dict]:
-        """GET status, as `PredictionClient.status` returns it (numeric error codes)."""
-        with ampflow_errors():
-            rows = super().status(model, version)
-        for row in rows:
-            row["error_code"] = grpc.StatusCode[row["error_code"]].value[0]
-        return rows
 
     def signature(self, model: str, version: int | None = None,
                   signature: str = DEFAULT_SIGNATURE):

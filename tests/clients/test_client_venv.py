@@ -339,7 +339,9 @@ def test_cli_predict_in_the_client_venv_prints_top_k(client_venv, servers, tmp_p
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "model ampflow version 1 signature serving_default"
-    assert re.fullmatch(r"row 0: \d \(\d\) [01]\.\d{4}, \d \(\d\) [01]\.\d{4}", lines[1])
+    # the class names the model ships (its classify signature answers labels.txt), not ids
+    assert re.fullmatch(r"row 0: digit_(\d) \(\1\) [01]\.\d{4}, digit_(\d) \(\2\) [01]\.\d{4}",
+                        lines[1]), lines
     assert lines[2].startswith("row 1: ") and len(lines) == 3
     picture = tmp_path / "x.png"
     picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(32))  # starts like a PNG

@@ -100,3 +100,17 @@ def test_classify_without_a_version_reports_the_version_it_asked(rest_address):
                                   signature="classify")
     assert client.calls[-1] == ("POST", f"/v1/models/{MODEL}/versions/2:classify")
     assert result.version == 2
+
+
+# Issue 38: predictions printed `2 (2)`; the names the model ships (assets/labels.txt) are
+# answered by its classify signature, read once per pinned version
+@pytest.mark.parametrize("package", ["ampflow_client", "ampflow.serving"])
+def test_class_names_are_the_labels_the_model_ships_asked_once_per_version(rest_address,
+                                                                           package):
+    from ampflow.serving.testing import DEFAULT_LABELS
+
+    with _counting_client(rest_address, package) as client:
+        assert client.class_names(MODEL, 2) == list(DEFAULT_LABELS)
+        client.calls.clear()
+        assert client.class_names(MODEL, 2) == list(DEFAULT_LABELS)
+    assert client.calls == []

@@ -39,7 +39,8 @@ def server(model_store, tmp_path_factory):
     config = ServerConfig(models=(ModelConfig(MODEL, base, version_policy="all"),
                                   ModelConfig("empty", base.parent / "empty")),
                           host="127.0.0.1", port=0, max_message_bytes=LIMIT,
-                          max_request_batch_size=BATCH_CAP, grace_s=1.0)
+                          max_request_batch_size=BATCH_CAP, grace_s=1.0,
+                          wait_for_base_path=True)  # (the empty one is served when filled)
     with running_server(config) as running:
         yield running
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 import urllib.error
@@ -201,6 +202,9 @@ def _bad_cases():
         "bool_for_float": ("POST", f"/v1/models/{MODEL}:predict",
                            {"instances": [[[[True]] * 8] * 8]}, grpc.StatusCode.INVALID_ARGUMENT,
                            "is not of expected type: float"),
+        "b64_for_float": ("POST", f"/v1/models/{MODEL}:predict",
+                          {"instances": [{"b64": "iVBORw0K"}]}, grpc.StatusCode.INVALID_ARGUMENT,
+                          'an encoded image goes to the "image_bytes" signature'),
         "string_for_float": ("POST", f"/v1/models/{MODEL}:predict",
                              {"instances": [[[["1.5"]] * 8] * 8]},
                              grpc.StatusCode.INVALID_ARGUMENT, "is not of expected type"),
@@ -333,6 +337,8 @@ def test_cli_predict_over_rest_matches_grpc(model_store, tmp_path, start_server,
     np.save(npy, sample_images(1, seed=9)[0])
     assert serving_main(["predict", "--port", str(server.port), str(npy)]) == 0
     grpc_out = capsys.readouterr().out
+    # the class names the model ships (assets/labels.txt, answered by classify), not ids
+    assert re.search(r"digit\.npy: digit_\d \(\d\) [01]\.\d{4}, digit_\d", grpc_out), grpc_out
     rest_port = server.rest_address.rsplit(":", 1)[1]
     assert serving_main(["predict", "--protocol", "rest", "--port", rest_port, str(npy)]) == 0
     assert capsys.readouterr().out == grpc_out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -11,7 +12,14 @@ from ampflow_client._proto.tensorflow.core.example import example_pb2
 from ampflow_client.errors import ConfigError, ServingError
 from ampflow_client.tensors import numpy_dtype
 
+log = logging.getLogger(__name__)
+
 DEFAULT_SIGNATURE = "serving_default"  # what TF Serving uses when a request names none
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+# ampflow's model contract (docs/ARTIFACTS.md): the classify signature parses this float_list
+# feature (the raw pixels) and answers `classes`, every class name in class-id order
+IMAGE_FEATURE = "image"
+CLASSES_OUTPUT = "classes"
 # TF Serving's ModelVersionStatus.State numbers
 STATE_NAMES = {0: "UNKNOWN", 10: "START", 20: "LOADING", 30: "AVAILABLE", 40: "UNLOADING",
                50: "END"}
@@ -98,6 +106,42 @@ class SignatureLookups:
         """Output key -> dtype/shape of a signature, from metadata."""
         sig = self._find(self.signature_defs, model, version, signature)
         return {k: tensor_spec(k, info) for k, info in sig.outputs.items()}
+
+    def class_names(self, model: str, version: int | None = None) -> list[str] | None:
+        """The class names the model ships, in class-id order; None when it ships none.
+
+        An ampflow export keeps them in `assets/labels.txt`, which no serving API returns, and
+        answers them from its classify signature (`classes`: every class, in id order, for
+        each example), so one Classify of one blank image reads them, from TF Serving and
+        `ampflow serve` alike. A model without that signature (a TFLite variant) has none.
+        Asked once per pinned version, as its signatures are.
+        """
+        cache = self.__dict__.setdefault("_class_names", {})
+        if version is not None and (model, version) in cache:
+            return cache[(model, version)]
+        try:
+            names = self._ask_class_names(model, version)
+        except Exception as e:  # noqa: BLE001 - any client's error: the answer stands, ids only
+            log.warning("class names of model %s not read (%s); printing class ids", model,
+                        str(e).splitlines()[0] if str(e) else type(e).__name__)
+            names = None
+        if version is not None:
+            cache[(model, version)] = names
+        return names
+
+    def _ask_class_names(self, model: str, version: int | None) -> list[str] | None:
+        sigs = self.signature_defs(model, version)
+        classify = [name for name, sig in sorted(sigs.items())
+                    if sig.method_name == CLASSIFY_METHOD and CLASSES_OUTPUT in sig.outputs]
+        pixels = sigs.get(DEFAULT_SIGNATURE)
+        shapes = [tensor_spec(k, info).shape for k, info in pixels.inputs.items()] \
+            if pixels is not None else []
+        if not classify or len(shapes) != 1 or shapes[0] is None or len(shapes[0]) != 4 \
+                or min(shapes[0][1:]) < 1:
+            return None
+        blank = {IMAGE_FEATURE: np.zeros(int(np.prod(shapes[0][1:])), np.float32)}
+        result = self.classify(model, [blank], version, classify[0])
+        return [label for label, _score in result.classes[0]] if result.classes else None
 
     def _find(self, fetch, model: str, version: int | None, signature: str):
         """`signature` from `fetch(model, version)`, pinned versions' answers kept."""

@@ -11,11 +11,10 @@ import argparse
 import json
 import sys
 
-from ampflow_client._common import DEFAULT_SIGNATURE
+from ampflow_client._common import CLASSIFY_METHOD, DEFAULT_SIGNATURE
 from ampflow_client.errors import ClientError, ConfigError
 
 IMAGE_BYTES_SIGNATURE = "image_bytes"  # ampflow's encoded-image signature (docs/ARTIFACTS.md)
-CLASSIFY_METHOD = "tensorflow/serving/classify"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,6 +105,8 @@ def predict(client, args: argparse.Namespace) -> list[str]:
     if args.output not in result.outputs:
         raise ConfigError(f"output {args.output!r} not in the response. Received: "
                           f"{sorted(result.outputs)} (use --output)")
+    if labels is None:  # the names the model ships, when it does
+        labels = client.class_names(args.model_name, result.version)
     rows = top_k(result.outputs[args.output], args.top_k, labels)
     names = args.inputs if len(rows) == len(args.inputs) else [f"row {i}"
                                                                 for i in range(len(rows))]
@@ -137,10 +138,30 @@ def main(argv: list[str] | None = None) -> int:
                     raise ConfigError("health is a gRPC service; TF Serving's REST API has "
                                       "none (use status). Received: --rest")
                 print(client.health())
+            sys.stdout.flush()  # a closed pipe is found here, not at exit after main
     except ClientError as e:
         print(f"ampflow-client: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `ampflow-client metadata | head -1`: the reader went away
+        return closed_pipe()
     return 0
+
+
+def closed_pipe() -> int:
+    """End quietly, as a shell's SIGPIPE would (exit 141).
+
+    Stdout is pointed at /dev/null so that Python's own flush at exit does not fail again
+    and print a traceback.
+    """
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # a replaced stdout without a file descriptor
+        pass
+    return 141
 
 
 if __name__ == "__main__":
