@@ -24,6 +24,11 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
         load_dataset_info,
         run_prepare_data,
     )
+    from ampflow.components.prepare_data.text_input import (
+        load_text_split,
+        load_texts,
+        make_text_pipeline,
+    )
 
 _EXPORTS = {
     "load_arrays": "input_pipeline",
@@ -35,6 +40,9 @@ _EXPORTS = {
     "PreparedData": "step",
     "load_dataset_info": "step",
     "run_prepare_data": "step",
+    "load_text_split": "text_input",
+    "load_texts": "text_input",
+    "make_text_pipeline": "text_input",
 }
 
 __all__ = [
@@ -45,7 +53,10 @@ __all__ = [
     "load_arrays",
     "load_dataset_info",
     "load_split",
+    "load_text_split",
+    "load_texts",
     "make_input_pipeline",
+    "make_text_pipeline",
     "run_prepare_data",
 ]
 

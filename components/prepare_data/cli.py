@@ -19,14 +19,22 @@ def register(subparsers) -> None:
         "prepare-data",
         config_cls=PrepareDataConfig,
         run=run_prepare_data,
-        summarize=lambda r: {
-            "dataset": f"{r.info['name']} {r.info['version']}",
-            "splits": r.info["splits"],
-            "image_shape": r.info["image_shape"],
-            "classes": r.info["num_classes"],
-            "skipped_files": r.info["skipped_files"]["count"],
-            "output_dir": str(r.output_dir),
-        },
-        help="Prepare a TFDS dataset, the offline default or a folder of images into a "
-             "data dir.",
+        summarize=_summary,
+        help="Prepare a TFDS dataset (images or text), an offline one, a folder of images or "
+             "texts, or a table of texts into a data dir.",
     )
+
+
+def _summary(result) -> dict:
+    """What the command prints: the dataset, its splits and shape (or text feature), skips."""
+    info = result.info
+    shape = ({"text_feature": info["text_key"]} if info.get("modality") == "text"
+             else {"image_shape": info["image_shape"]})
+    return {
+        "dataset": f"{info['name']} {info['version']}",
+        "splits": info["splits"],
+        **shape,
+        "classes": info["num_classes"],
+        "skipped_files": info["skipped_files"]["count"],
+        "output_dir": str(result.output_dir),
+    }

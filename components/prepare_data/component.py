@@ -4,22 +4,36 @@ from kfp.dsl import Dataset, Output
 
 
 def prepare_data(dataset: str, data: Output[Dataset], tfds_data_dir: str = "",
-                 image_size: str = "", image_folder: str = ""):
-    """Prepare a TFDS dataset, the offline default, or a folder of images into `data`.
+                 image_size: str = "", image_folder: str = "", text_folder: str = "",
+                 text_file: str = "", text_column: str = "text", label_column: str = "label",
+                 text_feature: str = "", max_text_bytes: int = 100_000):
+    """Prepare a TFDS dataset, an offline one, or a folder of images or texts into `data`.
+
+    The defaults are literals (KFP runs this function's source in the container) equal to
+    PrepareDataConfig's, which a test checks.
 
     image_size: "H W", "HxW" or one number for a square: the size the pipeline trains and
         serves at (needed for images of varying size; "" keeps the dataset's own size).
-    image_folder: a folder of class sub-folders, read instead of `dataset`. It is a path on the
-        machine that runs this step: a local path under the kfp local runner; on a cluster, a
-        path inside the step's container (a mounted volume), not a bucket URI.
+    image_folder, text_folder, text_file: read instead of `dataset` (one of them at most): a
+        folder of class sub-folders of images or of .txt files, or a .csv/.tsv/.jsonl table
+        with `text_column` and `label_column`. Each is a path on the machine that runs this
+        step: a local path under the kfp local runner; on a cluster, a path inside the step's
+        container (a mounted volume), not a bucket URI.
+    text_feature: the string feature of a TFDS text dataset ("" detects it).
+    max_text_bytes: a larger text file or table cell is left out and counted.
     """
     from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
 
     result = run_prepare_data(PrepareDataConfig(
         output_dir=data.path, dataset=dataset, tfds_data_dir=tfds_data_dir or None,
-        image_size=image_size or None, image_folder=image_folder or None))
+        image_size=image_size or None, image_folder=image_folder or None,
+        text_folder=text_folder or None, text_file=text_file or None, text_column=text_column,
+        label_column=label_column, text_feature=text_feature or None,
+        max_text_bytes=max_text_bytes))
     info = result.info
+    shape = ({"text_key": info["text_key"]} if info["modality"] == "text"
+             else {"image_shape": info["image_shape"]})
     data.metadata.update({"name": info["name"], "version": info["version"],
-                          "splits": info["splits"], "image_shape": info["image_shape"],
+                          "modality": info["modality"], "splits": info["splits"], **shape,
                           "num_classes": info["num_classes"],
                           "skipped_files": info["skipped_files"]["count"]})

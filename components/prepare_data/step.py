@@ -1,4 +1,4 @@
-"""prepare-data: any TFDS dataset, the offline default, or a folder of images, into a data_dir.
+"""prepare-data: a TFDS dataset, an offline one, a folder of images or texts, or a text table.
 
 Output (see docs/ARTIFACTS.md): `<output_dir>/tfds/` (a TFDS data_dir, unless an existing one
 is given), `<output_dir>/config.json` (the resolved config) and `<output_dir>/dataset_info.json`,
@@ -10,6 +10,11 @@ the dataset's own fixed size; C from images.model_channels), `source_image_shape
 images' shape (null for a varying dimension), `resize` the rule (images.py), `holdout` the
 seeded stratified test split of a dataset without a test split (holdout.py), `skipped_files`
 the files of an image folder that are not in the dataset, and why.
+
+A text dataset (`"modality": "text"`: a TFDS dataset with a string feature and a ClassLabel,
+`--text-folder`, `--text-file`, `ampflow_rotten_tomatoes`) is described instead by its
+`text_key` and `label_key`, and `skipped_files` counts every file or row left out by reason
+(text.py holds the contract; text_folder.py and text_table.py the rules).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from ampflow.components.prepare_data.config import (
     PrepareDataConfig,
 )
 from ampflow.components.prepare_data.holdout import stratified_holdout
-from ampflow.errors import ConfigError, DatasetError
+from ampflow.components.prepare_data.text import MODALITY_IMAGE, MODALITY_TEXT
+from ampflow.errors import AmpflowError, ConfigError, DatasetError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -62,14 +68,18 @@ def run_prepare_data(config: PrepareDataConfig) -> PreparedData:
         output_dir = ensure_writable_dir(config.output_dir, "output_dir")
         data_dir = ensure_writable_dir(config.resolved_tfds_data_dir, "tfds_data_dir")
         builder = _open_builder(config, data_dir)
-        _image_shape(builder.info, config)  # refuse a variable size before any preparation
+        roles = _roles(builder.info, config)  # refuse what ampflow cannot train, before preparing
         _prepare(builder, config, data_dir)
-        info = _describe(builder, config, data_dir)
+        info = _describe(builder, config, data_dir, roles)
         write_json_atomic(output_dir / CONFIG_FILE, info["config"])
         write_json_atomic(output_dir / DATASET_INFO_FILE, info)  # last: it marks the dir complete
     _log_skipped(info)
-    log.info("dataset ready: %s %s at image shape %s", info["name"], info["splits"],
-             info["image_shape"])
+    if roles.modality == MODALITY_TEXT:
+        log.info("dataset ready: %s %s, text feature %r, %d classes", info["name"],
+                 info["splits"], info["text_key"], info["num_classes"])
+    else:
+        log.info("dataset ready: %s %s at image shape %s", info["name"], info["splits"],
+                 info["image_shape"])
     return PreparedData(output_dir=output_dir, info=info)
 
 
@@ -92,6 +102,16 @@ def _open_builder(config: PrepareDataConfig, data_dir: Path):
         from ampflow.components.prepare_data.image_folder import open_image_folder
 
         return open_image_folder(config.image_folder, data_dir)
+    if config.text_folder is not None:
+        from ampflow.components.prepare_data.text_folder import open_text_folder
+
+        return open_text_folder(config.text_folder, data_dir, config.max_text_bytes)
+    if config.text_file is not None:
+        from ampflow.components.prepare_data.text_table import open_text_table
+
+        return open_text_table(config.text_file, data_dir, text_column=config.text_column,
+                               label_column=config.label_column,
+                               max_text_bytes=config.max_text_bytes)
     return _builder(config.dataset, data_dir)
 
 
@@ -101,6 +121,7 @@ def _builder(name: str, data_dir: Path):
     from ampflow.components.prepare_data import (  # noqa: F401  (registers their builders)
         offline_digits,
         offline_mnist,
+        offline_rotten_tomatoes,
     )
 
     base_name = name.split(":")[0].split("/")[0]
@@ -125,11 +146,15 @@ def _prepare(builder, config: PrepareDataConfig, data_dir: Path) -> None:
         log.info("%s already prepared in %s; reusing it", builder.info.full_name, data_dir)
         return
     _require_network_for(builder, data_dir)
+    if hasattr(builder, "require_source"):  # an offline builder whose file is fetched once
+        builder.require_source()
     log.info("preparing %s into %s", builder.info.full_name, data_dir)
     tfds.disable_progress_bar()
-    source = config.image_folder or config.dataset
+    source = config.image_folder or config.text_folder or config.text_file or config.dataset
     try:
         builder.download_and_prepare()
+    except AmpflowError:
+        raise  # already one clear line
     except Exception as e:  # TFDS raises many types; the user needs one clear line
         raise DatasetError(f"Could not prepare dataset {str(source)!r} in {data_dir}: {e}") from e
 
@@ -160,36 +185,161 @@ def _is_catalog_builder(builder) -> bool:
     return type(builder).__module__.startswith("tensorflow_datasets.")
 
 
-def _describe(builder, config: PrepareDataConfig, data_dir: Path) -> dict[str, Any]:
-    info = builder.info
+# The name a TFDS text dataset's text feature most often has, most likely first: the choice
+# when it has several string features (ag_news_subset: title and description).
+TEXT_FEATURE_NAMES = ("text", "sentence", "content", "description", "review", "document")
+
+
+@dataclass(frozen=True)
+class _Roles:
+    """Which features are the example and the class: what ampflow trains on."""
+
+    modality: str  # MODALITY_IMAGE or MODALITY_TEXT
+    data_key: str  # the image or text feature
+    label_key: str
+
+
+def _roles(info, config: PrepareDataConfig) -> _Roles:
+    """The image or text feature and the class feature, or one clear line why there are none.
+
+    An `Image` feature at `image_key` makes an image dataset (checked by `_image_shape`:
+    a varying size needs --image-size), unless `--text-feature` asks for text. Otherwise the
+    dataset must be a text classification one: a string feature (`_text_key`) and a
+    `ClassLabel`.
+    """
+    import tensorflow_datasets as tfds
+
     features = info.features
-    image_shape = _image_shape(info, config)
-    source_shape = [None if d is None else int(d) for d in features[config.image_key].shape]
-    label_feature = features[config.label_key]
-    splits, specs, holdout = _splits(builder, config)
-    metadata = info.metadata or {}
-    skipped = list(metadata.get("skipped_files", []))
-    return {
+    has_image = any(isinstance(f, tfds.features.Image) for f in features.values())
+    if config.text_feature is None and has_image:
+        _image_shape(info, config)  # names a wrong --image-key, refuses a varying size
+        return _Roles(MODALITY_IMAGE, config.image_key, config.label_key)
+    label_key = _label_key(info, config)
+    return _Roles(MODALITY_TEXT, _text_key(info, config, label_key), label_key)
+
+
+def _label_key(info, config: PrepareDataConfig) -> str:
+    import tensorflow_datasets as tfds
+
+    features = info.features
+    class_labels = [k for k, f in features.items() if isinstance(f, tfds.features.ClassLabel)]
+    if config.label_key in class_labels:
+        return config.label_key
+    if config.label_key not in features and len(class_labels) == 1:
+        log.info("%s has no %r feature: its class feature is %r", info.name, config.label_key,
+                 class_labels[0])
+        return class_labels[0]
+    raise DatasetError(
+        f"dataset must be an image or text classification dataset (an Image or string "
+        f"feature and a ClassLabel {config.label_key!r}). Received: dataset={info.name!r} with "
+        f"features {_feature_summary(features)}")
+
+
+def _text_key(info, config: PrepareDataConfig, label_key: str) -> str:
+    features = info.features
+    strings = [k for k, f in features.items() if k != label_key and _is_string(f)]
+    if config.text_feature is not None:
+        if config.text_feature not in strings:
+            raise ConfigError(
+                f"text_feature must name a string feature of {info.name}. Received: "
+                f"text_feature={config.text_feature!r}; its string features are "
+                f"{', '.join(strings) or 'none'}")
+        return config.text_feature
+    if not strings:
+        raise DatasetError(
+            f"dataset must be an image or text classification dataset (an Image or string "
+            f"feature and a ClassLabel). Received: dataset={info.name!r} with features "
+            f"{_feature_summary(features)}")
+    preferred = [name for name in TEXT_FEATURE_NAMES if name in strings]
+    if len(strings) > 1 and not preferred:
+        raise ConfigError(
+            f"{info.name} has several string features ({', '.join(strings)}): pass "
+            "--text-feature NAME (text_feature) to say which holds the text")
+    key = strings[0] if len(strings) == 1 else preferred[0]
+    if len(strings) > 1:
+        log.info("%s has string features %s: using %r (--text-feature chooses another)",
+                 info.name, strings, key)
+    return key
+
+
+def _is_string(feature) -> bool:
+    """A scalar string feature (`Text`, or a `Tensor` of shape () and dtype string)."""
+    import tensorflow_datasets as tfds
+
+    return (isinstance(feature, tfds.features.Tensor) and tuple(feature.shape) == ()
+            and np.dtype(feature.np_dtype) == np.dtype(object))
+
+
+def _feature_summary(features) -> str:
+    """'text (Text), score (Tensor float32)': the features, on one line."""
+    def kind(f) -> str:
+        name = type(f).__name__
+        if name == "Tensor":
+            dtype = np.dtype(f.np_dtype)
+            return f"Tensor {'string' if dtype == np.dtype(object) else dtype.name}"
+        return name
+    return ", ".join(f"{k} ({kind(f)})" for k, f in features.items())
+
+
+def _describe(builder, config: PrepareDataConfig, data_dir: Path,
+              roles: _Roles) -> dict[str, Any]:
+    """dataset_info.json: what both kinds share, then the image or the text facts."""
+    info = builder.info
+    label_feature = info.features[roles.label_key]
+    splits, specs, holdout = _splits(builder, config, roles)
+    common = {
         "name": info.name,
         "version": str(info.version),
         "full_name": info.full_name,
         "tfds_data_dir": os.fspath(Path(data_dir).resolve()),
-        "image_folder": (os.fspath(Path(config.image_folder).expanduser().resolve())
-                         if config.image_folder is not None else None),
+        "modality": roles.modality,
         "splits": splits,
         "split_specs": specs,
         "holdout": holdout,
-        "image_shape": image_shape,
-        "source_image_shape": source_shape,
+        "num_classes": int(label_feature.num_classes),
+        "class_names": list(label_feature.names),
+        "label_key": roles.label_key,
+        "config": {k: _jsonable(v) for k, v in dataclasses.asdict(config).items()},
+    }
+    if roles.modality == MODALITY_TEXT:
+        return {**common, **_describe_text(info, config, roles)}
+    return {**common, **_describe_image(info, config)}
+
+
+def _describe_image(info, config: PrepareDataConfig) -> dict[str, Any]:
+    features = info.features
+    metadata = info.metadata or {}
+    skipped = list(metadata.get("skipped_files", []))
+    return {
+        "image_folder": (os.fspath(Path(config.image_folder).expanduser().resolve())
+                         if config.image_folder is not None else None),
+        "image_shape": _image_shape(info, config),
+        "source_image_shape": [None if d is None else int(d)
+                               for d in features[config.image_key].shape],
         "resize": {"method": images.RESIZE_METHOD, "antialias": images.RESIZE_ANTIALIAS,
                    "keeps_aspect_ratio": images.KEEPS_ASPECT_RATIO},
         "image_dtype": np.dtype(features[config.image_key].np_dtype).name,
-        "num_classes": int(label_feature.num_classes),
-        "class_names": list(label_feature.names),
         "image_key": config.image_key,
-        "label_key": config.label_key,
         "skipped_files": {"count": len(skipped), "files": skipped},
-        "config": {k: _jsonable(v) for k, v in dataclasses.asdict(config).items()},
+    }
+
+
+def _describe_text(info, config: PrepareDataConfig, roles: _Roles) -> dict[str, Any]:
+    """The text facts: the feature, the source, and every file or row left out, by reason."""
+    metadata = info.metadata or {}
+    listed = list(metadata.get("skipped_files", []))
+    by_reason = dict(metadata.get("skipped_by_reason") or metadata.get("dropped") or {})
+    source = metadata.get("text_source")
+    return {
+        "text_key": roles.data_key,
+        "text_dtype": "string",
+        "text_source": source,
+        "text_source_kind": metadata.get("text_source_kind"),
+        "text_source_details": metadata.get("details"),
+        "max_text_bytes": config.max_text_bytes if source else None,
+        "image_shape": None,  # not an image dataset: readers that branch on it see so
+        "skipped_files": {"count": int(sum(by_reason.values())), "by_reason": by_reason,
+                          "listed": len(listed), "files": listed},
     }
 
 
@@ -228,21 +378,37 @@ def _image_shape(info, config: PrepareDataConfig) -> list[int]:
     return [int(height), int(width), images.model_channels(source[2])]
 
 
-def _splits(builder, config: PrepareDataConfig):
+def _splits(builder, config: PrepareDataConfig, roles: _Roles):
     """(example counts, TFDS split specs, held-out split or None) of the train and test roles."""
     info = builder.info
     train = _num_examples(info, "train", config.train_split)
     specs = {"train": config.train_split, "test": config.test_split}
     if config.test_split == DEFAULT_TEST_SPLIT and DEFAULT_TEST_SPLIT not in info.splits:
-        holdout = _holdout(builder, config, train)
+        holdout = _holdout(builder, config, train, roles)
         specs["test"] = config.train_split
         test = len(holdout["test_indices"])
         return {"train": train - test, "test": test}, specs, holdout
     test = _num_examples(info, "test", config.test_split)
+    if roles.modality == MODALITY_TEXT:
+        _require_labelled(builder, config.test_split, "test_split", roles)
     specs["train"] = _train_spec_without_test(info, config)
     if specs["train"] != config.train_split:
         train = sum(b - a for _, a, b in _ranges(info, specs["train"]))
     return {"train": train, "test": test}, specs, None
+
+
+def _require_labelled(builder, spec: str, role: str, roles: _Roles,
+                      labels: np.ndarray | None = None) -> None:
+    """Refuse a split whose examples carry no class (TFDS's -1: GLUE's test splits)."""
+    labels = _read_labels(builder, spec, roles) if labels is None else labels
+    unlabelled = int(np.sum(labels < 0))
+    if unlabelled:
+        others = [s for s in builder.info.splits.keys() if s != spec]
+        raise DatasetError(
+            f"{role} must be labelled. Received: {role}={spec!r} of {builder.info.name} with "
+            f"{unlabelled} of {len(labels)} examples unlabelled (label -1, as in GLUE's test "
+            f"splits): pass --{role.replace('_', '-')} with a labelled split "
+            f"({', '.join(sorted(others)) or 'none other'}, or a slice of train)")
 
 
 def _train_spec_without_test(info, config: PrepareDataConfig) -> str:
@@ -303,12 +469,15 @@ def _num_examples(info, role: str, spec: str) -> int:
         ) from e
 
 
-def _holdout(builder, config: PrepareDataConfig, num_examples: int) -> dict[str, Any]:
+def _holdout(builder, config: PrepareDataConfig, num_examples: int,
+             roles: _Roles) -> dict[str, Any]:
     """Hold out `test_fraction` of each class of the training split (holdout.py's rule)."""
-    labels = _read_labels(builder, config)
+    labels = _read_labels(builder, config.train_split, roles)
     if len(labels) != num_examples:
         raise DatasetError(f"read {len(labels)} labels from {config.train_split!r} of "
                            f"{builder.info.name}, expected {num_examples}")
+    if roles.modality == MODALITY_TEXT:
+        _require_labelled(builder, config.train_split, "train_split", roles, labels)
     test = stratified_holdout(labels, config.test_fraction, config.split_seed)
     log.info("%s has no %r split: holding out %d of %d examples of %r (%.0f%% of each class, "
              "seed %d)", builder.info.name, DEFAULT_TEST_SPLIT, len(test), num_examples,
@@ -325,25 +494,36 @@ def _holdout(builder, config: PrepareDataConfig, num_examples: int) -> dict[str,
     }
 
 
-def _read_labels(builder, config: PrepareDataConfig) -> np.ndarray:
-    """The labels of the training split in TFDS read order, without decoding an image."""
+def _read_labels(builder, spec: str, roles: _Roles) -> np.ndarray:
+    """The labels of a split spec in TFDS read order, without decoding an image."""
     import tensorflow_datasets as tfds
 
-    ds = builder.as_dataset(split=config.train_split, shuffle_files=False,
-                            decoders={config.image_key: tfds.decode.SkipDecoding()})
-    batches = [b for b in ds.map(lambda ex: ex[config.label_key]).batch(4096)
+    decoders = ({roles.data_key: tfds.decode.SkipDecoding()}
+                if roles.modality == MODALITY_IMAGE else None)
+    ds = builder.as_dataset(split=spec, shuffle_files=False, decoders=decoders)
+    batches = [b for b in ds.map(lambda ex: ex[roles.label_key]).batch(4096)
                .as_numpy_iterator()]
     return np.concatenate(batches) if batches else np.zeros(0, np.int64)
 
 
 def _log_skipped(info: dict[str, Any]) -> None:
     skipped = info["skipped_files"]
-    if skipped["count"]:
-        from ampflow.components.prepare_data.image_folder import describe_skipped
+    if not skipped["count"]:
+        return
+    from ampflow.components.prepare_data.image_folder import describe_skipped
 
-        log.warning("skipped %d files of %s (unreadable, corrupt or not an image; all listed in "
-                    "dataset_info.json under skipped_files): %s", skipped["count"],
-                    info["image_folder"], describe_skipped(skipped["files"]))
+    if info.get("modality") == MODALITY_TEXT:
+        reasons = ", ".join(f"{n} {r}" for r, n in skipped["by_reason"].items())
+        where = info.get("text_source") or info["name"]
+        listed = [{**s, "path": f"{s['path']}:{s['line']}" if "line" in s else s["path"]}
+                  for s in skipped["files"]]
+        log.warning("left out %d texts of %s (%s; in dataset_info.json under skipped_files)%s",
+                    skipped["count"], where, reasons,
+                    f": {describe_skipped(listed)}" if listed else "")
+        return
+    log.warning("skipped %d files of %s (unreadable, corrupt or not an image; all listed in "
+                "dataset_info.json under skipped_files): %s", skipped["count"],
+                info["image_folder"], describe_skipped(skipped["files"]))
 
 
 @contextlib.contextmanager

