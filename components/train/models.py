@@ -1,9 +1,10 @@
-"""Models by name, all taking RAW pixels and ending in a float32 output layer.
+"""Models by name: image models take RAW pixels, text models int32 token ids; all end in float32.
 
 Rescaling (and resizing for the ImageNet architectures) is the model's first layer, so the
-served model takes what a client sends. The `logits` Dense layer and the `probabilities`
-softmax are pinned to float32 whatever the global policy: softmax/cross-entropy in float16
-overflows and loses the small probabilities that the loss needs.
+served model takes what a client sends. The text models (`bert_tiny` … `bert_base`,
+text_models.py) take the ids of components/train/tokenizer.py, 0 = padding. The `logits` Dense
+layer and the `probabilities` softmax are pinned to float32 whatever the global policy:
+softmax/cross-entropy in float16 overflows and loses the small probabilities the loss needs.
 """
 
 from __future__ import annotations
@@ -12,12 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ampflow.components.train.text_models import BERT_SHAPES, bert_builder
+
 # Set the Keras global dtype policy for a block (one home: user_model.py, which rebuilds under it)
 from ampflow.components.train.user_model import policy_scope
 from ampflow.serving.model_format import IMAGES_INPUT  # the served signature's input name
 
 ModelBuilder = Callable[[tuple[int, int, int], int, "int | None"], Any]
+# build(sequence_length, vocabulary_size, num_classes): the user text builder's contract too
+TextModelBuilder = Callable[[int, int, int], Any]
 _REGISTRY: dict[str, ModelBuilder] = {}
+_TEXT_REGISTRY: dict[str, TextModelBuilder] = {}
 # keras.applications refuse inputs below 32×32; the digits are 8×8, so these resize inside.
 _DEFAULT_IMAGE_SIZE = {"resnet50": 32, "mobilenet_v2": 32}
 
@@ -27,9 +33,30 @@ def register_model(name: str, builder: ModelBuilder) -> None:
     _REGISTRY[name] = builder
 
 
+def register_text_model(name: str, builder: TextModelBuilder) -> None:
+    """Make `builder(sequence_length, vocabulary_size, num_classes) -> keras.Model` a text model.
+
+    Built by name through `make_text_model`.
+    """
+    _TEXT_REGISTRY[name] = builder
+
+
 def model_names() -> tuple[str, ...]:
-    """Built-in names `build_model` accepts (besides builders and .keras files)."""
+    """Every built-in name `--model` accepts, image and text (besides builders and .keras files).
+
+    The one list `parse_model_spec` classifies against.
+    """
+    return tuple(sorted({*_REGISTRY, *_TEXT_REGISTRY}))
+
+
+def image_model_names() -> tuple[str, ...]:
+    """Built-in image models (`make_model`)."""
     return tuple(sorted(_REGISTRY))
+
+
+def text_model_names() -> tuple[str, ...]:
+    """Built-in text models (`make_text_model`)."""
+    return tuple(sorted(_TEXT_REGISTRY))
 
 
 @dataclass(frozen=True)
@@ -82,23 +109,76 @@ def make_model(
     with policy_scope(policy):
         import keras
 
-        target = keras.mixed_precision.global_policy().name
         if spec.kind == "builtin":
+            if name not in _REGISTRY:
+                raise _wrong_modality(name, "a text model (it takes token ids)", "images",
+                                      image_model_names())
             size = image_size or _DEFAULT_IMAGE_SIZE.get(name)
             return BuiltModel(_REGISTRY[name](input_shape, num_classes, size), spec)
-        if spec.kind == "builder":
-            builder = user_model.import_builder(spec, model_path)
-            model = user_model.call_builder(spec, builder, input_shape, num_classes)
-            fixes: list[str] = []
-        else:
-            loaded = user_model.load_model_file(spec.text, model_path)
-            model = user_model.rebuild_with_policy(loaded, target)
-            fixes = [f"loaded {spec.text} and rebuilt every layer under {target} (a saved "
-                     "model keeps the dtypes it was saved with), weights copied"]
-        source = f"model {spec.text!r}"
-        user_model.check_io(model, input_shape, num_classes, source)
+        model, fixes = _user_model(spec, model_path, keras.mixed_precision.global_policy().name,
+                                   lambda builder: user_model.call_builder(
+                                       spec, builder, input_shape, num_classes), "image")
+        user_model.check_io(model, input_shape, num_classes, f"model {spec.text!r}")
         standard, head_fixes = user_model.standard_head(model)
         return BuiltModel(standard, spec, tuple(fixes + head_fixes), original=model)
+
+
+def make_text_model(
+    name: str,
+    sequence_length: int,
+    vocabulary_size: int,
+    num_classes: int,
+    *,
+    policy: str | None = None,
+    model_path: str | None = None,
+) -> BuiltModel:
+    """`make_model` for text: a model taking int32 token ids `[batch, sequence_length]`.
+
+    `name` is a built-in text model, a user's builder (called as `build(sequence_length,
+    vocabulary_size, num_classes)`) or a `.keras` text model to fine-tune (rebuilt under the
+    policy, weights copied; it must be tokenized with the vocabulary it was trained with).
+    """
+    from ampflow.components.train import user_model
+
+    spec = user_model.parse_model_spec(name, model_names())
+    sequence_length, vocabulary_size = int(sequence_length), int(vocabulary_size)
+    num_classes = int(num_classes)
+    with policy_scope(policy):
+        import keras
+
+        if spec.kind == "builtin":
+            if name not in _TEXT_REGISTRY:
+                raise _wrong_modality(name, "an image model (it takes pixels)", "text",
+                                      text_model_names())
+            model = _TEXT_REGISTRY[name](sequence_length, vocabulary_size, num_classes)
+            return BuiltModel(model, spec)
+        model, fixes = _user_model(spec, model_path, keras.mixed_precision.global_policy().name,
+                                   lambda builder: user_model.call_text_builder(
+                                       spec, builder, sequence_length, vocabulary_size,
+                                       num_classes), "text")
+        user_model.check_text_io(model, sequence_length, num_classes, f"model {spec.text!r}")
+        standard, head_fixes = user_model.standard_head(model)
+        return BuiltModel(standard, spec, tuple(fixes + head_fixes), original=model)
+
+
+def _user_model(spec, model_path, target: str, call, task: str):
+    """A user's model (builder or `.keras` file) under the `target` policy, and what was fixed."""
+    from ampflow.components.train import user_model
+
+    if spec.kind == "builder":
+        return call(user_model.import_builder(spec, model_path, task=task)), []
+    loaded = user_model.load_model_file(spec.text, model_path)
+    return user_model.rebuild_with_policy(loaded, target), [
+        f"loaded {spec.text} and rebuilt every layer under {target} (a saved model keeps the "
+        "dtypes it was saved with), weights copied"]
+
+
+def _wrong_modality(name: str, what: str, data: str, choices: tuple[str, ...]):
+    from ampflow.errors import ConfigError
+
+    return ConfigError(f"model {name!r} is {what}, and this dataset holds {data}: choose one of "
+                       f"{', '.join(choices)}, a builder or a .keras file. Received: "
+                       f"model={name!r}")
 
 
 def float32_head(x, num_classes: int):
@@ -190,3 +270,5 @@ def _with_fused_batch_norm(backbone):
 register_model("small_cnn", _small_cnn)
 register_model("resnet50", _application("ResNet50"))
 register_model("mobilenet_v2", _application("MobileNetV2"))
+for _name in BERT_SHAPES:
+    register_text_model(_name, bert_builder(_name))

@@ -13,6 +13,13 @@
 - a path to a `.keras` file: a trained model fine-tuned from its current weights. Custom
   layers in it are imported from the module their config records (`custom_objects_in`).
 
+For text data (a prepared dataset of texts, components/train/tokenizer.py) a builder is called
+as `function(sequence_length, vocabulary_size, num_classes)` and its model takes int32 token
+ids `(None, sequence_length)`: 0 is padding (a model derives its attention mask from it), 1 is
+`[UNK]`, every id is below `vocabulary_size`. It returns `(None, num_classes)` logits or
+probabilities, as an image model does (`call_text_builder`, `check_text_io`). A `.keras` text
+model is fine-tuned the same way, tokenized with the vocabulary it was trained with.
+
 Whatever the form, ampflow then gives the model its **standard head**: a float32 `logits` layer
 and a float32 `probabilities` softmax (`standard_head`), which evaluate's parity check, export's
 signatures and TFLite conversion rely on. A softmax the user put last is recomputed in float32
@@ -46,6 +53,9 @@ PROBABILITIES_LAYER = "probabilities"
 HEAD_LAYERS = (LOGITS_LAYER, PROBABILITIES_LAYER)
 _BUILDER = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 KINDS = ("builtin", "builder", "file")
+# A builder's arguments per kind of data: a sample call its signature must bind, and their names.
+_BUILDER_CONTRACTS = {"image": (((8, 8, 1), 2), "input_shape, num_classes"),
+                      "text": ((16, 100, 2), "sequence_length, vocabulary_size, num_classes")}
 
 
 @dataclass(frozen=True)
@@ -94,8 +104,11 @@ def add_model_path(model_path: str | Path | None) -> None:
         sys.path.insert(0, str(path))
 
 
-def import_builder(spec: ModelSpec, model_path: str | Path | None = None):
-    """Import the builder function named by `spec`; every failure is one ConfigError line."""
+def import_builder(spec: ModelSpec, model_path: str | Path | None = None, task: str = "image"):
+    """Import the builder function named by `spec`; every failure is one ConfigError line.
+
+    `task` ("image" or "text") is the contract its arguments are checked against.
+    """
     add_model_path(model_path)
     module = import_user_module(spec.module, model_path)
     builder = getattr(module, spec.function, None)
@@ -108,10 +121,11 @@ def import_builder(spec: ModelSpec, model_path: str | Path | None = None):
     if not callable(builder):
         raise ConfigError(f"model builder {spec.text!r} must be a function. Received: "
                           f"{type(builder).__name__}")
+    probe, arguments = _BUILDER_CONTRACTS[task]
     try:
-        inspect.signature(builder).bind((8, 8, 1), 2)
+        inspect.signature(builder).bind(*probe)
     except TypeError as e:
-        raise ConfigError(f"model builder {spec.text!r} must accept (input_shape, num_classes). "
+        raise ConfigError(f"model builder {spec.text!r} must accept ({arguments}). "
                           f"Received: a function with signature {inspect.signature(builder)} "
                           f"({e})") from e
     except ValueError:  # a builtin without a signature: let the call decide
@@ -561,3 +575,53 @@ def _activation_name(layer) -> str:
     return getattr(activation, "__name__", str(activation))
 
 
+# ---- text models (the contract in the module docstring) -------------------------------------
+
+
+def call_text_builder(spec: ModelSpec, builder, sequence_length: int, vocabulary_size: int,
+                      num_classes: int):
+    """Call the user's text builder and check it returned a functional or Sequential model.
+
+    A Sequential without `keras.Input` gets the int32 token-id input of the contract.
+    """
+    import keras
+
+    arguments = f"sequence_length={sequence_length}, vocabulary_size={vocabulary_size}, " \
+                f"num_classes={num_classes}"
+    try:
+        model = builder(int(sequence_length), int(vocabulary_size), int(num_classes))
+    except Exception as e:
+        last = f"{type(e).__name__}: {e}".strip().splitlines()[-1]
+        raise ConfigError(f"model builder {spec.text!r} failed when called with {arguments}. "
+                          f"Received: {last}") from e
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"model builder {spec.text!r} must return a keras.Model. Received: "
+                          f"{type(model).__name__}")
+    if isinstance(model, keras.Sequential) and not _has_inputs(model):
+        model = keras.Sequential([keras.Input((int(sequence_length),), dtype="int32"),
+                                  *model.layers], name=model.name)
+    if not _has_inputs(model):
+        raise ConfigError(f"model builder {spec.text!r} must return a functional or Sequential "
+                          "model (a subclassed keras.Model has no graph to check or give a "
+                          f"float32 head). Received: a {type(model).__name__} without inputs")
+    return model
+
+
+def check_text_io(model, sequence_length: int, num_classes: int, source: str) -> None:
+    """The model takes int32 ids `(None, sequence_length)`, returns `(None, num_classes)`."""
+    inputs, outputs = list(model.inputs or []), list(model.outputs or [])
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ConfigError(f"{source} must be a functional or Sequential model with one input "
+                          f"(the token ids) and one output. Received: {len(inputs)} input(s), "
+                          f"{len(outputs)} output(s)")
+    got_in, dtype = tuple(inputs[0].shape), str(inputs[0].dtype)
+    if got_in != (None, int(sequence_length)) or dtype != "int32":
+        raise ConfigError(
+            f"{source} must take int32 token ids [None, {sequence_length}] (0 = padding: "
+            f"keras.Input(shape=({sequence_length},), dtype='int32'); the sequence length is "
+            f"--max-sequence-length). Received: a model whose input is {list(got_in)} {dtype}")
+    got_out = tuple(outputs[0].shape)
+    if len(got_out) != 2 or got_out[-1] != num_classes:
+        raise ConfigError(f"{source} must return [batch, {num_classes}] (logits or softmax "
+                          f"probabilities, one per class). Received: output shape "
+                          f"{list(got_out)}")

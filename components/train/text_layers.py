@@ -1,0 +1,118 @@
+"""The layers of ampflow's text encoders, written for mixed precision.
+
+What AMP needs in a Transformer, and where each rule is kept (docs/how-to/text-models.md):
+- the softmax of the attention scores in float32: Keras 3.15's `MultiHeadAttention` builds its
+  `Softmax` under the layer's policy, so under `mixed_float16` the softmax runs in float16
+  whenever the layer takes its explicit path (attention dropout > 0, or scores returned); only
+  the fused `ops.dot_product_attention` path (no dropout) upcasts. `Float32SoftmaxAttention`
+  gives the explicit path a float32 `Softmax` and casts the probabilities back to the compute
+  dtype for the product with the values, so both paths compute the softmax in float32;
+- masks with a value the dtype holds: the float32 softmax masks with -1e9 in float32 (Keras's
+  `Softmax`), the fused path with -0.7 × float32's max after its float32 upcast; a float16
+  tensor never holds the constant (float16's max is 65504: -1e9 would be -inf, and 0 × -inf is
+  NaN);
+- LayerNormalization computes in float32 (Keras upcasts half precision inside it);
+- the padding mask comes from the ids (0 = padding), so a model needs nothing but token ids.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from ampflow.components.train.tokenizer import PADDING_ID
+
+
+@keras.saving.register_keras_serializable(package="ampflow")
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """Token embedding + learned position embedding (BERT's, without segment embeddings)."""
+
+    def __init__(self, vocabulary_size: int, sequence_length: int, hidden_size: int,
+                 initializer_range: float = 0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.vocabulary_size = int(vocabulary_size)
+        self.sequence_length = int(sequence_length)
+        self.hidden_size = int(hidden_size)
+        self.initializer_range = float(initializer_range)
+        init = keras.initializers.TruncatedNormal(stddev=self.initializer_range)
+        self.token_embedding = keras.layers.Embedding(
+            self.vocabulary_size, self.hidden_size, embeddings_initializer=init,
+            dtype=self.dtype_policy, name="token_embedding")
+        self.position_embedding = keras.layers.Embedding(
+            self.sequence_length, self.hidden_size, embeddings_initializer=init,
+            dtype=self.dtype_policy, name="position_embedding")
+
+    def build(self, input_shape):
+        self.token_embedding.build(input_shape)
+        self.position_embedding.build((self.sequence_length,))
+
+    def call(self, token_ids):
+        positions = ops.arange(ops.shape(token_ids)[-1], dtype="int32")
+        return self.token_embedding(token_ids) + self.position_embedding(positions)[None]
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.hidden_size)
+
+    def get_config(self):
+        return {**super().get_config(), "vocabulary_size": self.vocabulary_size,
+                "sequence_length": self.sequence_length, "hidden_size": self.hidden_size,
+                "initializer_range": self.initializer_range}
+
+
+@keras.saving.register_keras_serializable(package="ampflow")
+class AttentionMaskFromIds(keras.layers.Layer):
+    """Token ids `[batch, seq]` → the boolean attention mask `[batch, 1, seq]` (key is a token).
+
+    Broadcast over the query positions: every position attends to the tokens only, never to
+    padding (id 0).
+    """
+
+    def call(self, token_ids):
+        return ops.expand_dims(ops.not_equal(token_ids, PADDING_ID), axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], 1, input_shape[-1])
+
+    def compute_output_spec(self, token_ids):
+        return keras.KerasTensor(self.compute_output_shape(token_ids.shape), dtype="bool")
+
+
+@keras.saving.register_keras_serializable(package="ampflow")
+class Float32SoftmaxAttention(keras.layers.MultiHeadAttention):
+    """`MultiHeadAttention` whose softmax of the attention scores runs in float32 on every path.
+
+    Same weights, config and results as Keras's layer under float32; under a mixed policy the
+    projections and both products stay in the compute dtype and only the softmax (with its
+    mask) is float32: the scores are cast up on the way in, the probabilities back down.
+    """
+
+    def _build_attention(self, rank):
+        super()._build_attention(rank)
+        self._softmax = keras.layers.Softmax(axis=self._softmax.axis, dtype="float32",
+                                             name="softmax_float32")
+
+    def _masked_softmax(self, attention_scores, attention_mask=None):
+        probabilities = super()._masked_softmax(attention_scores, attention_mask)
+        return ops.cast(probabilities, self.compute_dtype)
+
+
+@keras.saving.register_keras_serializable(package="ampflow")
+class MaskedMeanPooling(keras.layers.Layer):
+    """The mean of the token vectors over the tokens only (padding left out): `[batch, hidden]`.
+
+    Each vector is weighted by 1/count before the sum, so the sum never exceeds the vectors'
+    own size, whatever the sequence length, in float16 too. An all-padding text (an empty
+    string) pools to zeros, not NaN.
+    """
+
+    def call(self, inputs):
+        hidden, token_ids = inputs
+        mask = ops.cast(ops.not_equal(token_ids, PADDING_ID), hidden.dtype)
+        count = ops.maximum(ops.sum(ops.cast(ops.not_equal(token_ids, PADDING_ID), "int32"),
+                                    axis=1, keepdims=True), 1)
+        weights = mask / ops.cast(count, hidden.dtype)
+        return ops.sum(hidden * ops.expand_dims(weights, -1), axis=1)
+
+    def compute_output_shape(self, input_shape):
+        hidden_shape, _ = input_shape
+        return (hidden_shape[0], hidden_shape[-1])
