@@ -63,6 +63,11 @@ _CLEAR_REFS = Path("/proc/self/clear_refs")
 # Messages of out-of-memory errors that TF does not raise as ResourceExhaustedError.
 _OOM_TEXT = re.compile(r"out of memory|\bOOM\b|RESOURCE_EXHAUSTED|Dst tensor is not initialized",
                        re.IGNORECASE)
+# A probe step that loss scaling skips (non-finite gradients) never runs the optimizer's update,
+# whose temporaries are part of every real step's peak: under mixed_float16 the probe runs on,
+# one step at a time and at most this many more, until one update was applied. Each skip
+# halves the scale, so gradients that are finite at any scale >= 1 get there within 16.
+MAX_PROBE_EXTRA_STEPS = 16
 
 
 # ---- measuring a region's peak ---------------------------------------------------------------
@@ -474,10 +479,16 @@ def train_step_probe(model_factory: Callable[[tuple[int, ...], int], Any],
     `steps` steps of ampflow's own train step (`TrainLoop`, the default strategy, with
     `jit_compile`) on random pixels 0..255 and random labels, inside a `PeakMemory`, whose
     result it returns. Running the step twice includes what the first step leaves allocated
-    (optimizer slots, XLA's buffers). Memory is freed after every call (clear_session + gc);
-    the global dtype policy is restored.
+    (optimizer slots, XLA's buffers): a step's memory is fixed by its shapes and graph, so one
+    steady-state step after the first is the whole evidence, provided it took the branch that
+    training takes. Under mixed_float16 the first steps may be skipped by loss scaling, which
+    never runs the update, so the probe runs on until one update was applied (at most
+    MAX_PROBE_EXTRA_STEPS more; a warning if none was). Each call's steps are appended to
+    `probe.runs` (batch, steps, updates applied). Memory is freed after every call
+    (clear_session + gc); the global dtype policy is restored.
     """
     shape = tuple(int(d) for d in input_shape)
+    runs: list[dict[str, int]] = []
 
     def probe(batch: int) -> MemoryPeak:
         import keras
@@ -503,15 +514,33 @@ def train_step_probe(model_factory: Callable[[tuple[int, ...], int], Any],
                 images = tf.random.uniform((batch, *shape), 0.0, 255.0, seed=seed)
                 labels = tf.random.uniform((batch,), 0, num_classes, tf.int64, seed=seed)
                 data = tf.data.Dataset.from_tensors((images, labels)).repeat()
-                loop.run_steps(iter(data), steps)
-                del loop, model, data, images, labels
+                iterator = iter(data)
+                loop.run_steps(iterator, steps)
+                extra = _run_until_an_update(loop, iterator, model.optimizer, policy)
+                runs.append({"batch": batch, "steps": steps + extra,
+                             "applied": int(model.optimizer.iterations.numpy())})
+                del loop, model, data, images, labels, iterator
+            if not runs[-1]["applied"]:
+                log.warning("batch %d: loss scaling skipped all %d probe steps, so its peak "
+                            "leaves out the optimizer update", batch, runs[-1]["steps"])
             return region.result
         finally:
             keras.backend.clear_session()
             gc.collect()
             keras.mixed_precision.set_global_policy(previous)
 
+    probe.runs = runs
     return probe
+
+
+def _run_until_an_update(loop, iterator, optimizer, policy: str) -> int:
+    """Run single steps until `optimizer` applied an update (mixed_float16 only); how many."""
+    extra = 0
+    while (policy == "mixed_float16" and extra < MAX_PROBE_EXTRA_STEPS
+           and int(optimizer.iterations.numpy()) == 0):
+        loop.run_steps(iterator, 1)
+        extra += 1
+    return extra
 
 
 def _probe_optimizer(optimizer_factory, policy: str):

@@ -311,3 +311,35 @@ def test_report_with_one_peak_only_shows_it_without_a_ratio():
     metrics, text = _report(_meta(9 * 2**30), {"epochs": [], "memory": {"peak_bytes": None}})
     assert "train_peak_memory_ratio" not in metrics
     assert "float32 not recorded" in text
+
+
+def _overflowing_model(input_shape, num_classes):
+    """A tiny model whose gradients overflow float16 at the first several loss scales: its
+    backward multiplies by 1e4 (finite in float16), so a scaled gradient over 6.55 is inf: with
+    the hidden gradients' largest |dL/dy| between 0.01 and 1, that takes 6 to 13 halvings."""
+    import keras
+    import tensorflow as tf
+
+    class LoudGradient(keras.layers.Layer):
+        def call(self, x):
+            @tf.custom_gradient
+            def identity(t):
+                return tf.identity(t), lambda dy: dy * tf.constant(1e4, dy.dtype)
+
+            return identity(x)
+
+    inputs = keras.Input(shape=input_shape)
+    x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
+    x = keras.layers.Dense(16)(LoudGradient()(keras.layers.Dense(16, activation="relu")(x)))
+    return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax",
+                                                  dtype="float32")(x))
+
+
+def test_train_step_probe_measures_an_applied_update_under_loss_scaling():
+    """Loss scaling skips the first steps (no optimizer update: its temporaries would be
+    missing from the peak), so the probe runs on until one update was applied (issue 37)."""
+    probe = train_step_probe(_overflowing_model, (8, 8, 1), 10, "mixed_float16")
+    probe(8)
+    [run] = probe.runs
+    assert run["batch"] == 8 and run["applied"] >= 1
+    assert run["steps"] > 2  # the two steps of the old probe were both skipped
