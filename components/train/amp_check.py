@@ -14,12 +14,21 @@ optimizer update, nothing executed) and reads its graph:
   does. Casts are sorted by what they cast: a variable read (Keras's autocast of a float32
   variable to the compute dtype, expected), a constant, a layer's input at a dtype boundary, or
   the layer's own math;
-- Softmax, Log, Exp and large reductions that compute in float16 outside the head.
+- Softmax, Log, Exp and large reductions that compute in float16 outside the head;
+- attention (docs/how-to/text-models.md): a softmax over attention scores (the product of two
+  computed tensors: an Einsum or batched MatMul, not a layer's weights) computed in float16 is
+  named with the attention layer that owns it (Keras 3.15's `MultiHeadAttention` builds its
+  `Softmax` under the layer's policy on its explicit path: attention dropout or returned
+  scores); a half-precision constant the dtype cannot hold (a `-1e9` mask under
+  `mixed_float16` is -inf, and `(1 - mask) * -inf` is NaN wherever the mask keeps a score) is
+  named with the layer and the value; a float32 `Softmax` inside an attention layer is the
+  rule kept (ampflow's `Float32SoftmaxAttention`), not a hand-set dtype.
 
 Findings (`Finding.kind`; severity error / warning / info / fixed):
 `half_precision_output`, `hard_coded_dtype`, `hand_set_dtype`, `float16_unsafe_op`,
-`float32_by_design`, `nested_input_cast`, `policy_not_applied`, `no_gradient`, and the refusals
-`not_functional`, `input_shape`, `output_shape`, `no_trainable_variables`,
+`float16_attention_softmax`, `overflowing_constant` (an error where a Mul reads it: NaN is
+certain), `float32_by_design`, `nested_input_cast`, `policy_not_applied`, `no_gradient`, and the
+refusals `not_functional`, `input_shape`, `output_shape`, `no_trainable_variables`,
 `half_precision_variables`, `trace_failed`. A report with `errors` means the model cannot train
 under the policy; the caller raises ConfigError with them.
 
@@ -60,6 +69,15 @@ REDUCTION_OPS = ("Sum", "Mean", "Prod", "EuclideanNorm")
 # float16 has 11 significant bits: from 2**11 terms on, a running sum stops growing by terms of
 # its own average size, and 2048 activations of about 32 overflow 65504.
 LARGE_REDUCTION = 2048
+# The largest finite value of each half type: a constant beyond it is ±inf in that type.
+HALF_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+# Ops that make attention scores from two computed tensors (a layer's weights on one side is a
+# projection, not scores); and the ops between the scores and their softmax (scale, mask).
+SCORE_OPS = ("Einsum", "BatchMatMulV2", "BatchMatMulV3", "BatchMatMul")
+_SCORE_PATH_OPS = ("Identity", "Cast", "Mul", "AddV2", "Add", "Sub", "SelectV2", "Select",
+                   "RealDiv", "Maximum", "Minimum", "Reshape", "Transpose")  # (a multi-axis
+# softmax, as MultiHeadAttention's, is a transpose and reshape around the Softmax op)
+_ATTENTION_BY_DESIGN = "the softmax of the attention scores in float32 (the AMP rule for attention)"
 # Why a built-in layer casts to float32 inside itself (the classes Keras keeps in float32).
 _BY_DESIGN = {
     "BatchNormalization": "mean/variance and the normalization in float32",
@@ -71,6 +89,9 @@ _BY_DESIGN = {
     "GlobalAveragePooling1D": "mean in float32 (keras.ops.mean upcasts half precision)",
     "GlobalAveragePooling2D": "mean in float32 (keras.ops.mean upcasts half precision)",
     "GlobalAveragePooling3D": "mean in float32 (keras.ops.mean upcasts half precision)",
+    "MultiHeadAttention": "softmax of the attention scores in float32 (its fused "
+                          "dot_product_attention path: no attention dropout)",
+    "Float32SoftmaxAttention": _ATTENTION_BY_DESIGN,
 }
 _TABLE_ROWS = 20  # the log table stays short for any model; amp_report.json has every layer
 _TABLE_WARNINGS = 8
@@ -290,7 +311,9 @@ def check_amp(model, policy: str, *, input_shape, num_classes: int, batch_size: 
         findings += _hand_set_findings(layers, rows, head, compute)
     if trace is not None and not trace.error:
         findings += _cast_findings(rows, compute, policy)
-        findings += _unsafe_findings(trace, head, policy, large_reduction, notes)
+        findings += _unsafe_findings(trace, head, policy, large_reduction, notes,
+                                     _parents(layers))
+        findings += _constant_findings(trace)
         findings += _gradient_findings(trace)
         if trace.loss_casts:
             findings.append(Finding(
@@ -329,24 +352,49 @@ def _policy_applied(layers, compute: str, out_layer) -> bool:
 
 
 def amp_check_of(model: str, info: dict, *, model_path: str | None = None,
-                 image_size: int | None = None):
+                 image_size: int | None = None, sequence_length: int | None = None,
+                 vocabulary_size: int | None = None):
     """The AMP report of `model` built under the current global policy on `info`'s shapes.
 
     The model is checked as the user wrote it (so a half-precision output is named), with the
     float32 head that ampflow gives every model as its fix; the trace is of that fixed model,
-    the one that trains.
+    the one that trains. Text data (`info["modality"] == "text"`, components/prepare_data/
+    text.py) builds a text model on token ids `[batch, sequence_length]` (the tokenizer's
+    defaults where not given: the check needs shapes, not a fitted vocabulary).
     """
+    from ampflow.components.train.models import make_model
+
+    if info.get("modality") == "text":
+        from ampflow.components.train.tokenizer import TokenizerConfig
+
+        tokens = TokenizerConfig(**{k: v for k, v in (
+            ("max_sequence_length", sequence_length), ("vocabulary_size", vocabulary_size))
+            if v is not None})
+        return text_amp_check_of(model, tokens.max_sequence_length, tokens.vocabulary_size,
+                                 int(info["num_classes"]), model_path=model_path)
+    built = make_model(model, tuple(info["image_shape"]), info["num_classes"],
+                       image_size=image_size, model_path=model_path)
+    return _checked(built, tuple(info["image_shape"]), int(info["num_classes"]))
+
+
+def text_amp_check_of(model: str, sequence_length: int, vocabulary_size: int,
+                      num_classes: int, *, model_path: str | None = None):
+    """`amp_check_of` for a text model: int32 token ids `[batch, sequence_length]` in."""
+    from ampflow.components.train.models import make_text_model
+
+    built = make_text_model(model, sequence_length, vocabulary_size, num_classes,
+                            model_path=model_path)
+    return _checked(built, (int(sequence_length),), int(num_classes))
+
+
+def _checked(built, input_shape: tuple[int, ...], num_classes: int):
+    """The report of a `models.BuiltModel`: its original checked, its fixes added."""
     import dataclasses
 
     import keras
 
-    from ampflow.components.train.models import make_model
-
-    built = make_model(model, tuple(info["image_shape"]), info["num_classes"],
-                       image_size=image_size, model_path=model_path)
     report = check_amp(built.original, keras.mixed_precision.global_policy().name,
-                       input_shape=tuple(info["image_shape"]),
-                       num_classes=int(info["num_classes"]), fix_output=True)
+                       input_shape=input_shape, num_classes=num_classes, fix_output=True)
     extra = tuple(fix for fix in built.fixes if fix not in report.fixes)
     # report.model: the model as it trains (with ampflow's head), for the per-layer dtypes
     return dataclasses.replace(report, fixes=report.fixes + extra, model=built.model)
@@ -378,9 +426,10 @@ def _io_findings(model, input_shape: tuple[int, ...], num_classes: int) -> list[
                         "the model must have one input and one output. Received: "
                         f"{len(model.inputs)} input(s), {len(model.outputs)} output(s)")]
     got_in, want_in = tuple(model.inputs[0].shape), (None, *input_shape)
+    what = "token ids" if len(input_shape) == 1 else "images"
     if got_in != want_in:
         found.append(Finding("input_shape", "error",
-                             f"the model must take the data's images {list(want_in)}. "
+                             f"the model must take the data's {what} {list(want_in)}. "
                              f"Received: a model whose input is {list(got_in)}"))
     got_out = tuple(model.outputs[0].shape)
     if len(got_out) != 2 or got_out[-1] != num_classes:
@@ -498,10 +547,22 @@ def _hand_set_findings(layers, rows: list[LayerRow], head: set[int],
     odd = [(layer, path) for layer, path in layers
            if not _is_model(layer) and id(layer) not in head and compute_dtype(layer) != compute]
     casts = {row.path: row.casts.get("input") for row in rows}
+    parents = _parents(layers)
+    odd_ids = {id(layer) for layer, _ in odd}
     found = []
     for layer, path in odd:
-        entry = casts.get(path)
-        n = entry["forward"] + entry["backward"] if entry else 0
+        if _is_attention_softmax_layer(layer, parents):
+            found.append(Finding("float32_by_design", "info",
+                                 f"Softmax {path!r}: {_ATTENTION_BY_DESIGN}", layer.name,
+                                 {"path": path}))
+            continue
+        parent = parents.get(id(layer))
+        if id(parent) in odd_ids and compute_dtype(parent) == compute_dtype(layer):
+            continue  # a sublayer given its parent's dtype: named (and counted) with it
+        # the layer's own input casts and its sublayers' (a custom layer's first sublayer
+        # reads the cast of the layer's input)
+        n = sum(entry["forward"] + entry["backward"] for where, entry in casts.items()
+                if entry and (where == path or where.startswith(f"{path}/")))
         found.append(Finding(
             "hand_set_dtype", "warning",
             f"layer {layer.name!r} ({type(layer).__name__}) computes in "
@@ -510,6 +571,12 @@ def _hand_set_findings(layers, rows: list[LayerRow], head: set[int],
             f"chain with a Cast at its input and after it ({n} input casts in the train step)",
             layer.name, {"compute_dtype": compute_dtype(layer), "path": path, "input_casts": n}))
     return found
+
+
+def _is_attention_softmax_layer(layer, parents: dict[int, Any]) -> bool:
+    """A float32 Softmax layer inside a MultiHeadAttention: the attention rule, kept."""
+    return (type(layer).__name__ == "Softmax" and compute_dtype(layer) == "float32"
+            and _is_multi_head_attention(parents.get(id(layer))))
 
 
 # ---- the trace -------------------------------------------------------------------------------
@@ -535,6 +602,9 @@ class _Trace:
     loss_casts: int = 0
     no_gradient: list[str] = field(default_factory=list)
     variables: int = 0
+    # (op name, owner, value as written, dtype, NaN certain: the inf meets a Mul)
+    constants: list[tuple[str, Any, float, str, bool]] = field(default_factory=list)
+    attention_softmax: set[str] = field(default_factory=set)  # Softmax ops over scores
 
 
 @contextlib.contextmanager
@@ -655,10 +725,18 @@ def _read_graph(graph, scopes: dict[str, Any], result: _Trace) -> None:
                         name.rsplit("/", 1)[0]) is owner:
                     owner, category = _boundary_owner(op, scopes, owner)
             cast = _Cast(name, src.name, dst.name, False, category, owner)
+            if category == "constant" and dst.name in HALF_MAX:
+                _record_overflow(op, name, _constant_value(op.inputs[0].op), dst.name, owner,
+                                 result)
             forward[name] = cast
             result.casts.append(cast)
+        elif not is_backward and op.type == "Const" and op.outputs[0].dtype.name in HALF_MAX:
+            _record_overflow(op, name, _constant_value(op), op.outputs[0].dtype.name,
+                             _owner(name, scopes), result)
         elif not is_backward and op.outputs and op.type in UNSAFE_FLOAT16_OPS + REDUCTION_OPS:
             dtype = op.outputs[0].dtype
+            if op.type == "Softmax" and _over_scores(op):
+                result.attention_softmax.add(name)
             if dtype in (tf.float16, tf.bfloat16):
                 result.ops.append((op.type, name, dtype.name, _owner(name, scopes),
                                    _reduced_elements(op)))
@@ -675,6 +753,55 @@ def _read_graph(graph, scopes: dict[str, Any], result: _Trace) -> None:
             result.casts.append(_Cast(name, src, dst, True, match.category, match.owner))
         else:
             result.casts.append(_Cast(name, src, dst, True, "internal", _owner(name, scopes)))
+
+
+def _constant_value(op) -> float | None:
+    """The value of a small constant (through Identity ops) with the largest magnitude."""
+    import numpy as np
+    import tensorflow as tf
+
+    for _ in range(8):
+        if op.type == "Const":
+            value = tf.make_ndarray(op.get_attr("value"))
+            if value.size == 0 or value.size > 64 or not np.issubdtype(value.dtype, np.floating):
+                return None  # a mask constant is a scalar; a table of weights is not one
+            flat = value.astype(np.float64).reshape(-1)
+            return float(flat[np.argmax(np.abs(np.nan_to_num(flat, nan=0.0, posinf=np.inf,
+                                                              neginf=np.inf)))])
+        if op.type != "Identity" or not op.inputs:
+            return None
+        op = op.inputs[0].op
+    return None
+
+
+def _record_overflow(op, name: str, value: float | None, dtype: str, owner,
+                     result: _Trace) -> None:
+    """Note a constant that `dtype` cannot hold (±inf there), and whether a Mul reads it."""
+    import math
+
+    if value is None or not (math.isinf(value) or abs(value) > HALF_MAX[dtype]):
+        return
+    multiplied = any(c.type in ("Mul", "MulNoNan") for c in op.outputs[0].consumers())
+    result.constants.append((name, owner, value, dtype, multiplied))
+
+
+def _over_scores(softmax) -> bool:
+    """Whether a Softmax reads attention scores: a product of two computed tensors."""
+    frontier, seen = [softmax.inputs[0].op], set()
+    for _ in range(12):
+        following = []
+        for op in frontier:
+            if op.name in seen:
+                continue
+            seen.add(op.name)
+            if op.type in SCORE_OPS:
+                return all(_source_kind(t.op) == "computed" for t in op.inputs[:2])
+            if op.type in _SCORE_PATH_OPS:
+                following += [t.op for t in op.inputs]
+        frontier = following
+        if not frontier:
+            return False
+    return False
 
 
 def _boundary_owner(op, scopes, model):
@@ -784,7 +911,7 @@ def _pairs(pairs: dict) -> str:
 
 
 def _unsafe_findings(trace: _Trace, head: set[int], policy: str, large_reduction: int,
-                     notes: list[str]) -> list[Finding]:
+                     notes: list[str], parents: dict[int, Any]) -> list[Finding]:
     found: dict[tuple[str, str], Finding] = {}
     halves = []
     for op_type, name, dtype, owner, reduced in trace.ops:
@@ -797,6 +924,9 @@ def _unsafe_findings(trace: _Trace, head: set[int], policy: str, large_reduction
             continue
         key = (owner.name, op_type)
         if key in found:
+            continue
+        if op_type == "Softmax" and name in trace.attention_softmax:
+            found[key] = _attention_softmax_finding(_attention_layer(owner, parents), name)
             continue
         what = (f"{op_type} over {reduced} elements" if op_type in REDUCTION_OPS else op_type)
         where = (f"a keras.ops call in model {owner.name!r}'s own graph" if _is_model(owner)
@@ -814,6 +944,76 @@ def _unsafe_findings(trace: _Trace, head: set[int], policy: str, large_reduction
                      "bfloat16 outside the head: fine, bfloat16 has float32's exponent range "
                      "(these would be float16_unsafe_op under mixed_float16)")
     return list(found.values())
+
+
+def _parents(layers) -> dict[int, Any]:
+    """id(layer) → the layer it is a sublayer of (top-level layers have none)."""
+    by_path = {path: layer for layer, path in layers}
+    return {id(layer): by_path[path.rsplit("/", 1)[0]] for layer, path in layers
+            if "/" in path and path.rsplit("/", 1)[0] in by_path}
+
+
+def _attention_layer(owner, parents: dict[int, Any]):
+    """The layer to name for a softmax: a Keras Softmax/Activation's enclosing layer, if any."""
+    parent = parents.get(id(owner))
+    if type(owner).__name__ in ("Softmax", "Activation") and parent is not None \
+            and not _is_model(parent):
+        return parent
+    return owner
+
+
+def _attention_softmax_finding(layer, op_name: str) -> Finding:
+    keras_mha = _is_multi_head_attention(layer)
+    why = ("Keras's MultiHeadAttention builds its Softmax under the layer's policy: its "
+           "explicit path (attention dropout > 0, or scores returned) runs the softmax in "
+           "float16; with dropout=0 it takes the fused dot_product_attention path (softmax in "
+           "float32), or use ampflow's Float32SoftmaxAttention (components/train/"
+           "text_layers.py)" if keras_mha else
+           "cast the scores to float32 before the softmax (and mask them there), then the "
+           "probabilities back to self.compute_dtype")
+    return Finding(
+        "float16_attention_softmax", "warning",
+        f"layer {layer.name!r} ({type(layer).__name__}) computes the softmax of its attention "
+        "scores in float16: the scores round to 11 significant bits before exp (a score near "
+        "100 moves by up to 0.03, 3 % of its probability), probabilities below 6e-8 flush to "
+        f"0, and a score beyond 65504 is inf, NaN after the softmax; {why}",
+        layer.name, {"op": "Softmax", "tf_op": op_name, "class": type(layer).__name__})
+
+
+def _constant_findings(trace: _Trace) -> list[Finding]:
+    """A half-precision constant beyond its dtype's range (a mask's -1e9 in float16 is -inf)."""
+    import math
+
+    found: dict[str, Finding] = {}
+    for op_name, owner, value, dtype, multiplied in trace.constants:
+        where = owner.name if owner is not None else None
+        if where in found:
+            continue
+        what = (f"layer {owner.name!r} ({type(owner).__name__})" if owner is not None
+                and not _is_model(owner) else "the model's own graph")
+        written = f"{value:g}" if value == value else "nan"
+        if math.isinf(value):  # the graph holds the overflowed value only
+            written += (f" (a value beyond {dtype}'s largest, such as a -1e9 mask, becomes "
+                        "±inf when the graph is built)")
+        consequence = ("it is multiplied (as in scores + (1 - mask) * -1e9), and 0 × inf is "
+                       "NaN wherever the mask keeps a score: every output and loss is NaN"
+                       if multiplied else
+                       "a row whose every score is masked gets a NaN softmax")
+        found[where] = Finding(
+            "overflowing_constant", "error" if multiplied else "warning",
+            f"{what} uses the constant {written} in {dtype}, whose largest value is "
+            f"{HALF_MAX[dtype]:g}: it is {'-' if value < 0 else ''}inf there, and {consequence}; "
+            f"use a value {dtype} holds (e.g. -3e4 for float16, as Keras's Softmax does), or "
+            "mask in float32", where,
+            {"value": value if math.isfinite(value) else str(value), "dtype": dtype,
+             "tf_op": op_name, "multiplied": multiplied})
+    return list(found.values())
+
+
+def _is_multi_head_attention(layer) -> bool:
+    import keras
+
+    return isinstance(layer, keras.layers.MultiHeadAttention)
 
 
 def _gradient_findings(trace: _Trace) -> list[Finding]:
