@@ -103,6 +103,27 @@ def _meta(*epoch_rates, overall=None):
             "throughput_examples_per_sec": overall, "train_seconds": 10.0}
 
 
+@pytest.mark.parametrize(("amp_only", "base_only", "passes"), [
+    (0, 1, True),  # one image of 32 is 3.1 points: over the 3-point cap, and no evidence
+    (0, 6, True),  # 6 of 6 discordant against AMP: p = 1/64, not significant at 0.01
+    (0, 7, False),  # 7 of 7: p = 1/128, significant, and over the cap
+    (2, 9, False),  # 7 net, but p = 0.033: the cap alone fails it
+])
+def test_the_drop_cap_needs_a_net_loss_that_could_be_significant(amp_only, base_only, passes):
+    """Issue 37: on a 32-image split (a smoke run's --max-examples) one image broke the 3-point
+    cap. The cap never asks for less than the paired test's own minimum evidence."""
+    amp, base = _pair(both=32 - amp_only - base_only - 1, amp_only=amp_only,
+                      base_only=base_only, neither=1)
+    metrics = {**training_metrics(amp, base, {}, {}), "num_examples": 32}
+    [cap] = [c for c in training_checks(metrics, 3.0, 0.01, None)
+             if c.name == "baseline_accuracy_delta_points"]
+    assert cap.passed == passes
+    assert cap.threshold == pytest.approx(-600 / 32)  # 6 images, not 3 points
+    big = {**metrics, "num_examples": 359, "baseline_accuracy_delta_points": -3.1}
+    assert not next(c for c in training_checks(big, 3.0, 0.01, None)
+                    if c.name == "baseline_accuracy_delta_points").passed  # 3 points as before
+
+
 def test_training_speedup_ratio_of_means_with_delta_method_stderr():
     amp = _meta(50.0, 200.0, 210.0, 190.0)  # the first (compiling) epoch is left out
     base = _meta(40.0, 100.0, 104.0, 96.0)
