@@ -991,20 +991,21 @@ def _constant_findings(trace: _Trace) -> list[Finding]:
             continue
         what = (f"layer {owner.name!r} ({type(owner).__name__})" if owner is not None
                 and not _is_model(owner) else "the model's own graph")
-        written = f"{value:g}" if value == value else "nan"
+        largest = f"{dtype}'s largest value is {HALF_MAX[dtype]:g}"
         if math.isinf(value):  # the graph holds the overflowed value only
-            written += (f" (a value beyond {dtype}'s largest, such as a -1e9 mask, becomes "
-                        "±inf when the graph is built)")
-        consequence = ("it is multiplied (as in scores + (1 - mask) * -1e9), and 0 × inf is "
-                       "NaN wherever the mask keeps a score: every output and loss is NaN"
+            what_happened = (f"holds the constant {value:g} in {dtype} ({largest}: a mask value "
+                             "such as -1e9 becomes -inf when the graph is built)")
+        else:
+            what_happened = (f"casts the constant {value:g} to {dtype} ({largest}: it is "
+                             f"{'-' if value < 0 else ''}inf there)")
+        consequence = ("it is multiplied (as in scores + (1 - mask) * -1e9), and 0 × inf is NaN "
+                       "wherever the mask keeps a score: every output and loss is NaN"
                        if multiplied else
                        "a row whose every score is masked gets a NaN softmax")
         found[where] = Finding(
             "overflowing_constant", "error" if multiplied else "warning",
-            f"{what} uses the constant {written} in {dtype}, whose largest value is "
-            f"{HALF_MAX[dtype]:g}: it is {'-' if value < 0 else ''}inf there, and {consequence}; "
-            f"use a value {dtype} holds (e.g. -3e4 for float16, as Keras's Softmax does), or "
-            "mask in float32", where,
+            f"{what} {what_happened}; {consequence}; use a value {dtype} holds (e.g. -3e4 for "
+            "float16, as Keras's Softmax does), or mask in float32", where,
             {"value": value if math.isfinite(value) else str(value), "dtype": dtype,
              "tf_op": op_name, "multiplied": multiplied})
     return list(found.values())

@@ -9,6 +9,8 @@
   same model under mixed_bfloat16 (which holds -1e9) is not.
 """
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -84,18 +86,48 @@ def test_bert_tiny_keeps_the_rules_and_passes_the_amp_check(policy):
     assert model.get_layer("logits").compute_dtype == "float32"
 
 
-def test_a_minus_1e9_mask_under_float16_is_named_with_the_reason(tmp_path):
-    report = _user(tmp_path, "hand_attention", "mixed_float16")
-    named = {f.kind: f for f in report.findings if f.layer == "hand_attention"}
-    constant = named["overflowing_constant"]
-    assert constant.severity == "error" and not report.ok
-    assert "constant -inf (a value beyond float16's largest, such as a -1e9 mask" in \
-        constant.message and "65504" in constant.message
-    assert "NaN" in constant.message and constant.detail["multiplied"]
-    softmax = named["float16_attention_softmax"]
-    assert "softmax of its attention scores in float16" in softmax.message
-    table = report.table()
-    assert "hand_attention" in table and "overflowing_constant" in table
+@pytest.fixture
+def prepared_texts(tmp_path):
+    """A real prepared text dataset (prepare-data --text-folder): 3 classes of short texts."""
+    from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
+
+    for label, words in {"pos": "great fun", "neg": "dull boring", "odd": "strange"}.items():
+        folder = tmp_path / "texts" / label
+        folder.mkdir(parents=True)
+        for i in range(6):
+            (folder / f"{i}.txt").write_text(f"a {words} film, number {i}")
+    return run_prepare_data(PrepareDataConfig(text_folder=tmp_path / "texts",
+                                              output_dir=tmp_path / "prepared")).output_dir
+
+
+def test_check_model_names_a_minus_1e9_mask_under_float16_with_the_reason(
+        prepared_texts, tmp_path, capsys):
+    from ampflow.cli import main
+
+    code = main(["check-model", "--data-dir", str(prepared_texts), "--model",
+                 f"{text_builders.MODULE}:hand_attention", "--model-path",
+                 text_builders.write_module(tmp_path), "--precision", "mixed_float16",
+                 "--output-dir", str(tmp_path / "report")])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "ampflow check-model: error: model 'usertext:hand_attention' cannot train under " \
+           "mixed_float16: layer 'hand_attention' (HandAttention) holds the constant -inf in " \
+           "float16 (float16's largest value is 65504: a mask value such as -1e9" in err
+    assert "0 × inf is NaN wherever the mask keeps a score" in err
+    assert "hand_attention" in out and "overflowing_constant" in out  # the pre-flight table
+    report = json.loads((tmp_path / "report" / "amp_report.json").read_text())
+    named = {f["kind"]: f for f in report["findings"] if f["layer"] == "hand_attention"}
+    assert named["overflowing_constant"]["severity"] == "error"
+    assert "softmax of its attention scores in float16" in \
+        named["float16_attention_softmax"]["message"]
+
+
+def test_a_cast_constant_is_named_with_the_value_written(tmp_path):
+    report = _user(tmp_path, "hand_attention_cast_mask", "mixed_float16")
+    found = [f for f in report.findings if f.kind == "overflowing_constant"]
+    assert [f.layer for f in found] == ["hand_attention"] and not report.ok
+    assert "casts the constant -1e+09 to float16" in found[0].message
+    assert found[0].detail["value"] == -1e9
 
 
 def test_what_the_check_names_is_what_happens(tmp_path):

@@ -16,10 +16,11 @@ SOURCE = textwrap.dedent('''
         """One-head self-attention written by hand, masking padding with -1e9: the float16 trap
         (-1e9 is -inf in float16, and (1 - mask) * -inf is NaN where the mask keeps a score)."""
 
-        def __init__(self, units=16, mask_value=-1e9, **kwargs):
+        def __init__(self, units=16, mask_value=-1e9, cast_mask=False, **kwargs):
             super().__init__(**kwargs)
             self.units = units
             self.mask_value = mask_value
+            self.cast_mask = cast_mask  # tf.cast(-1e9, dtype): a float32 constant, then a Cast
             self.query = layers.Dense(units, dtype=self.dtype_policy, name="query")
             self.key = layers.Dense(units, dtype=self.dtype_policy, name="key")
             self.value = layers.Dense(units, dtype=self.dtype_policy, name="value")
@@ -28,11 +29,15 @@ SOURCE = textwrap.dedent('''
             scores = ops.matmul(self.query(x), ops.transpose(self.key(x), (0, 2, 1)))
             scores = scores / ops.sqrt(ops.cast(self.units, scores.dtype))
             keep = ops.cast(ops.not_equal(token_ids, 0), scores.dtype)[:, None, :]
-            scores = scores + (1.0 - keep) * self.mask_value
+            mask_value = self.mask_value
+            if self.cast_mask:
+                mask_value = ops.cast(ops.convert_to_tensor(mask_value, "float32"), scores.dtype)
+            scores = scores + (1.0 - keep) * mask_value
             return ops.matmul(ops.softmax(scores, axis=-1), self.value(x))
 
         def get_config(self):
-            return {**super().get_config(), "units": self.units, "mask_value": self.mask_value}
+            return {**super().get_config(), "units": self.units, "mask_value": self.mask_value,
+                    "cast_mask": self.cast_mask}
 
 
     def _classifier(sequence_length, vocabulary_size, num_classes, **attention):
@@ -45,6 +50,10 @@ SOURCE = textwrap.dedent('''
 
     def hand_attention(sequence_length, vocabulary_size, num_classes):
         return _classifier(sequence_length, vocabulary_size, num_classes)
+
+
+    def hand_attention_cast_mask(sequence_length, vocabulary_size, num_classes):
+        return _classifier(sequence_length, vocabulary_size, num_classes, cast_mask=True)
 
 
     def hand_attention_safe_mask(sequence_length, vocabulary_size, num_classes):
