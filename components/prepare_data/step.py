@@ -215,7 +215,12 @@ def _roles(info, config: PrepareDataConfig) -> _Roles:
         _image_shape(info, config)  # names a wrong --image-key, refuses a varying size
         return _Roles(MODALITY_IMAGE, config.image_key, config.label_key)
     label_key = _label_key(info, config)
-    return _Roles(MODALITY_TEXT, _text_key(info, config, label_key), label_key)
+    text_key = _text_key(info, config, label_key)
+    if config.image_size is not None:
+        raise ConfigError(
+            f"image_size applies to images; {info.name} is a text dataset (its text is "
+            f"{text_key!r}). Received: image_size={list(config.image_size)}")
+    return _Roles(MODALITY_TEXT, text_key, label_key)
 
 
 def _label_key(info, config: PrepareDataConfig) -> str:

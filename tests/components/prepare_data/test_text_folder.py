@@ -105,10 +105,14 @@ def test_text_folder_train_and_test_levels_are_the_splits(tmp_path):
 
 def test_text_folder_rerun_reuses_unchanged_and_rebuilds_changed(tmp_path, caplog):
     root = make_text_folder(tmp_path / "f", classes=("a", "b"), per_class=3)
+    (root / "b" / "blank.txt").write_text(" ")
     config = PrepareDataConfig(output_dir=tmp_path / "out", text_folder=root)
     first = run_prepare_data(config).info
     with caplog.at_level(logging.INFO):
-        assert run_prepare_data(config).info["full_name"] == first["full_name"]
+        again = run_prepare_data(config).info
+    assert again["full_name"] == first["full_name"]
+    assert again["skipped_files"] == first["skipped_files"]  # the count survives the reuse
+    assert again["skipped_files"]["by_reason"] == {"empty": 1}
     assert any("unchanged since it was prepared" in r.getMessage() for r in caplog.records)
     (root / "a" / "new.txt").write_text("one more")
     second = run_prepare_data(config).info

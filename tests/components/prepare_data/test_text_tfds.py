@@ -157,6 +157,14 @@ def test_tfds_text_dataset_unlabelled_test_split_names_the_labelled_ones(tmp_pat
     assert not (out / "dataset_info.json").exists()
 
 
+def test_tfds_text_dataset_with_an_image_size_is_a_config_error(tmp_path, data_dir):
+    with pytest.raises(ConfigError, match=r"image_size applies to images; ampflow_test_news is "
+                                          r"a text dataset.*Received: image_size=\[8, 8\]"):
+        run_prepare_data(PrepareDataConfig(output_dir=tmp_path / "out", image_size=8,
+                                           dataset="ampflow_test_news", tfds_data_dir=data_dir))
+    assert not (tmp_path / "out").exists()
+
+
 def test_tfds_text_feature_that_is_no_string_feature_is_a_config_error(tmp_path, data_dir):
     with pytest.raises(ConfigError, match=r"text_feature must name a string feature.*"
                                           r"Received: text_feature='body'.*title, description"):
