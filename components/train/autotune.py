@@ -1,196 +1,730 @@
-"""`ampflow train --autotune`: pick the (policy, XLA) pair by measuring it, not by rule.
+"""`ampflow train --autotune`: pick the (policy, XLA) pair by measuring it, within a hard budget.
 
 The rule-based `auto` (precision.py) is right on the hardware it was measured on, but not
-everywhere: XLA slowed every CPU policy here and usually helps on GPUs, and a bf16-capable CPU
-gains only on compute-bound models. So, before training, each candidate that the hardware
-supports runs a few warm-up steps (tracing and XLA compilation, excluded from the timing) and
-then `autotune_steps` timed steps of the real training step (`TrainLoop`, the same model,
-global batch and input pipeline the run uses), and the fastest wins. float32 without XLA is
-always measured first, so the choice is never slower than it on that machine; the rule's own
-choice is measured second, so a tight budget still compares the two that matter most.
+everywhere, so each candidate runs a few warm-up steps (tracing and XLA compilation, excluded
+from the timing) and then up to `autotune_steps` timed steps of the real training step
+(`TrainLoop`, the same model, batch and input pipeline the run uses); the fastest wins.
 
-The budget is checked between candidates, on the workers' agreed elapsed time (a worker that
-skipped a candidate alone would leave the others waiting in a collective).
+**Bounded.** The candidates run in ONE child process, started before this process touches
+TensorFlow (so it holds no GPU memory and a multi-worker strategy can still be made), which
+streams an event per warm-up and per timed step over a pipe. The parent kills it when the
+budget (`autotune_budget_s`) is spent, whatever it is doing (tracing, an XLA compile, one
+pathological step), and says which candidate was stopped and where: the budget bounds the
+whole search, not only the candidates not yet started. One TF start-up for the whole search,
+not one per candidate.
+
+**Quick.** A candidate is *dropped* as soon as it is clearly slower than the best so far:
+after `DROP_AFTER_STEPS` timed steps, if even its fastest step took more than `DROP_MARGIN` ×
+the best candidate's median step (its throughput's upper bound is below 1/DROP_MARGIN of the
+best's typical rate: noise on a shared machine slows some steps, not all three). A step still
+running after `DROP_AFTER_STEPS` × `DROP_MARGIN` × that median (and at least `stall_min_s`)
+could not make it faster either: the parent kills the child and starts a fresh one for the
+candidates left. Candidates the hardware rule (`precision.native_formats`) or the XLA rule
+knows to be emulated or pathologically slow are skipped with the reason unless asked for
+(`--autotune-policies`, `--autotune-xla both`): a half-precision format that is not native,
+float16 without XLA on a CPU, and XLA on a CPU for a model of `LARGE_CONV_MODEL` or more
+convolutions (ResNet-50: 11-15 img/s with XLA against 70-90 without, 80 s per candidate).
+
+float32 without XLA is measured first, so the choice is never slower than it on that machine;
+the rule's own choice second. The progress line's ETA comes from measured time only (the
+warm-ups and steps timed so far), capped by the budget left.
+
+Multi-worker: each worker's child measures its own local replicas; the workers then agree on
+each candidate's mean rate (a candidate counts only if every worker measured it), so every
+worker picks the same pair.
 """
 
 from __future__ import annotations
 
-import gc
+import json
 import logging
+import os
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ampflow.components.train.precision import (
-    _CPU_BF16_FLAGS,
+    GpuInfo,
     HardwareInfo,
     PrecisionSetup,
     choose_jit,
     choose_policy,
-    detect_hardware,
+    native_formats,
 )
 from ampflow.errors import ConfigError
-from ampflow.progress import Progress
 
 log = logging.getLogger(__name__)
 
 WARMUP_STEPS = 3
-_CPU_FP16_FLAGS = frozenset({"avx512_fp16", "amx_fp16"})
+DROP_AFTER_STEPS = 3  # timed steps before a candidate may be dropped
+DROP_MARGIN = 1.25  # dropped when its fastest step > this × the best's median step
+STALL_MIN_S = 10.0  # a step is killed as a stall only past this (a restart costs a TF start-up)
+LARGE_CONV_MODEL = 16  # convolutions from which XLA on a CPU is skipped unless asked for
+XLA_MODES = ("auto", "both", "off", "on")
 _TUNABLE = ("float32", "mixed_bfloat16", "mixed_float16")
+_ALL_PAIRS = tuple((p, x) for p in _TUNABLE for x in (False, True))
+_READ_EVERY_S = 1.0  # how often the parent wakes to check the budget and refresh the progress
 
 
-def native_support(hardware: HardwareInfo) -> dict[str, str | None]:
-    """{policy: None if the hardware computes it natively, else why it is not a candidate}."""
-    nvidia = [g for g in hardware.gpus if g.vendor == "nvidia"]
-    cc = tuple(nvidia[0].compute_capability or (0, 0)) if nvidia else None
-    support: dict[str, str | None] = {"float32": None}
-    if hardware.tpu or (cc and cc >= (8, 0)) or hardware.cpu_flags & _CPU_BF16_FLAGS:
-        support["mixed_bfloat16"] = None
-    else:
-        support["mixed_bfloat16"] = (
-            "no native bfloat16 math (needs a TPU, an NVIDIA GPU of compute capability >= 8.0 "
-            "or a CPU with AVX512_BF16/AMX): emulated, it runs slower than float32")
-    if (cc and cc >= (7, 0)) or hardware.cpu_flags & _CPU_FP16_FLAGS:
-        support["mixed_float16"] = None
-    else:
-        support["mixed_float16"] = (
-            "no native float16 math (needs an NVIDIA GPU of compute capability >= 7.0 or a CPU "
-            "with AVX512_FP16/AMX-FP16): it runs at float32 speed at best, and ~80x slower "
-            "without XLA on a CPU (docs/DESIGN.md, \"Precision policy\")")
-    return support
+# ---- which candidates ---------------------------------------------------------------------
 
+def candidates(hardware: HardwareInfo, policies: tuple[str, ...] | None = None,
+               xla: str = "auto", conv_layers: int = 0
+               ) -> tuple[list[tuple[str, bool]], list[dict[str, Any]]]:
+    """(ordered (policy, xla) pairs to measure, rows for the ones skipped and why).
 
-def candidates(hardware: HardwareInfo,
-               policies: tuple[str, ...] | None = None) -> tuple[list[tuple[str, bool]],
-                                                                 list[dict[str, Any]]]:
-    """(ordered (policy, xla) pairs to measure, rows for the ones skipped and why)."""
-    support = native_support(hardware)
-    requested = policies or _TUNABLE
-    unknown = [p for p in requested if p not in _TUNABLE]
+    Policies: the ones `native_formats` says the hardware computes natively (float32 always),
+    or exactly `policies`. XLA: both settings, less those known pathological on a CPU
+    (`xla="auto"`), or as `xla` says.
+    """
+    if xla not in XLA_MODES:
+        raise ConfigError(f"autotune_xla must be one of {XLA_MODES}. Received: {xla!r}")
+    unknown = [p for p in policies or () if p not in _TUNABLE]
     if unknown:
         raise ConfigError(f"autotune_policies must be among {_TUNABLE}. Received: {unknown}")
-    jit_options = (True,) if hardware.tpu else (False, True)
+    formats = native_formats(hardware)
     pairs, skipped = [], []
     for policy in _TUNABLE:
-        if policy not in requested:
+        support = formats.of_policy(policy)
+        if policies is not None and policy not in policies:
             continue
-        if support[policy] and policies is None:  # an explicit list measures it anyway
-            skipped += [{"policy": policy, "xla": jit, "status": "skipped",
-                         "reason": support[policy]} for jit in jit_options]
-            continue
-        pairs += [(policy, jit) for jit in jit_options]
+        for jit in _jit_options(hardware, xla):
+            reason = (None if policies is not None or support.native else
+                      f"not native here: {support.why} (measure it anyway with "
+                      "--autotune-policies)")
+            reason = reason or _xla_skip_reason(hardware, xla, policy, jit, conv_layers)
+            if reason:
+                skipped.append({"policy": policy, "xla": jit, "status": "skipped",
+                                "reason": reason})
+            else:
+                pairs.append((policy, jit))
     rule_policy, _ = choose_policy("auto", hardware)
     rule_jit, _ = choose_jit(None, hardware, rule_policy)
-    first = [p for p in ((("float32", False)), (rule_policy, rule_jit)) if p in pairs]
-    ordered = list(dict.fromkeys(first + pairs))
-    return ordered, skipped
+    first = [p for p in (("float32", False), (rule_policy, rule_jit)) if p in pairs]
+    return list(dict.fromkeys(first + pairs)), skipped
 
 
-def autotune(config, info: dict, runtime, hardware: HardwareInfo | None = None):
-    """Measure the candidates; set and return the fastest as a `PrecisionSetup`, and a report."""
+def _jit_options(hardware: HardwareInfo, xla: str) -> tuple[bool, ...]:
+    if xla == "on" or (hardware.tpu and xla == "auto"):
+        return (True,)
+    return (False,) if xla == "off" else (False, True)
+
+
+def _xla_skip_reason(hardware: HardwareInfo, xla: str, policy: str, jit: bool,
+                     conv_layers: int) -> str | None:
+    """Why XLA on/off is known pathological for this pair on a CPU (None: measure it)."""
+    if xla != "auto" or hardware.gpus or hardware.tpu:
+        return None
+    if policy == "mixed_float16" and not jit:
+        return ("float16 without XLA on a CPU: TF's float16 convolution gradients run ~0.02× "
+                "float32 (benchmarks/results/native_formats.md); --autotune-xla both measures it")
+    if jit and policy != "mixed_float16" and conv_layers >= LARGE_CONV_MODEL:
+        return (f"XLA on a CPU for a model of {conv_layers} convolutions: its compile takes most "
+                "of a minute and ResNet-50 ran at 0.16-0.2× the speed without XLA (no oneDNN "
+                "convolutions); --autotune-xla both measures it")
+    return None
+
+
+def count_convolutions(model) -> int:
+    """Convolution layers of `model`, nested models included (the XLA-on-CPU rule's size)."""
     import keras
 
-    from ampflow.components.train.build import training_data
+    return sum(isinstance(layer, keras.layers.Conv1D | keras.layers.Conv2D | keras.layers.Conv3D
+                          | keras.layers.DepthwiseConv2D | keras.layers.SeparableConv2D)
+               for layer in model._flatten_layers(include_self=False))
 
-    hardware = hardware or detect_hardware()
-    policies = tuple(p.strip() for p in config.autotune_policies.split(",") if p.strip()) \
-        if config.autotune_policies else None
-    pairs, rows = candidates(hardware, policies)
-    global_batch = config.batch_size * runtime.num_replicas
-    train_ds, _, _ = training_data(config, info, global_batch)
-    from ampflow.components.train.loop import distribute_datasets
 
-    dataset, _ = distribute_datasets(runtime, train_ds, None)
-    started = time.monotonic()
-    measured: list[dict[str, Any]] = []
-    progress = Progress(len(pairs), "autotune", unit="candidate", enabled=runtime.is_chief)
+# ---- the rules that stop a candidate ------------------------------------------------------
+
+def clearly_slower(step_seconds: list[float], best_median_s: float | None) -> bool:
+    """Whether a candidate's timed steps so far show it cannot beat the best (module doc)."""
+    return (best_median_s is not None and len(step_seconds) >= DROP_AFTER_STEPS
+            and min(step_seconds) > DROP_MARGIN * best_median_s)
+
+
+def stall_limit_s(best_median_s: float | None, stall_min_s: float = STALL_MIN_S) -> float | None:
+    """How long one timed step may run before its candidate is killed (None: no best yet)."""
+    if best_median_s is None:
+        return None
+    return max(stall_min_s, DROP_AFTER_STEPS * DROP_MARGIN * best_median_s)
+
+
+def eta_s(pending: list[bool], running: dict[str, Any] | None, steps: int,
+          measured: list[dict[str, Any]], budget_left_s: float) -> tuple[float, bool]:
+    """(seconds left, whether they are an estimate from measured time rather than the budget).
+
+    `pending`: the XLA setting of each candidate not started; `running`: {"xla", "phase_s"
+    (seconds into its current phase), "steps" (its timed steps so far), "warm" (warmed up)}.
+    From measured time only, per XLA setting (an XLA compile is another cost): a candidate
+    costs the mean warm-up measured with its setting plus `steps` at their median step; the
+    running one what is left of that. A setting not measured yet makes the time unknown: only
+    the budget left is shown. Never more than the budget left.
+    """
+    def cost(xla: bool, what: str) -> float | None:
+        key = "warmup_s" if what == "warm" else "step_ms_median"
+        values = [r[key] for r in measured if r.get("xla") == xla and key in r]
+        if not values:
+            return None
+        return statistics.mean(values) if what == "warm" else statistics.median(values) / 1000
+
+    estimate = 0.0
+    todo = [(x, "warm", 1.0) for x in pending] + [(x, "step", steps) for x in pending]
+    if running:
+        if running["steps"]:
+            estimate += (steps - len(running["steps"])) * statistics.median(running["steps"])
+        else:
+            todo.append((running["xla"], "step", steps))
+            if not running["warm"]:
+                warm = cost(running["xla"], "warm")
+                estimate += max((warm or 0.0) - running["phase_s"], 0.0)
+                todo += [] if warm is not None else [(running["xla"], "warm", 1.0)]
+    for xla, what, count in todo:
+        each = cost(xla, what)
+        if each is None:
+            return max(budget_left_s, 0.0), False
+        estimate += count * each
+    return max(min(estimate, budget_left_s), 0.0), estimate < budget_left_s
+
+
+# ---- the child: measures candidates, streams events ---------------------------------------
+
+def run_candidates(pairs: list[tuple[str, bool]], steps: int, global_batch: int,
+                   best_median_s: float | None, prepare: Callable, emit: Callable,
+                   clock: Callable[[], float] = time.perf_counter) -> None:
+    """Measure each pair: `prepare(policy, jit)` gives (warm_up(), one_step()); emit events.
+
+    Shared by the real child and the tests' child (which injects its steps' durations through
+    `clock`), so the drop rule the tests check is the one that runs.
+    """
     for policy, jit in pairs:
-        elapsed = runtime.agree(time.monotonic() - started)
-        if measured and elapsed > config.autotune_budget_s:
-            rows.append({"policy": policy, "xla": jit, "status": "skipped",
-                         "reason": f"time budget ({config.autotune_budget_s:g} s) spent"})
-            progress.update()
+        emit(event="start", policy=policy, xla=jit)
+        row: dict[str, Any] = {"policy": policy, "xla": jit}
+        try:
+            warm_up, one_step = prepare(policy, jit)
+            began = clock()
+            warm_up()
+            row["warmup_s"] = clock() - began
+            emit(event="warm", warmup_s=row["warmup_s"])
+            times: list[float] = []
+            for _ in range(steps):
+                began = clock()
+                one_step()
+                times.append(clock() - began)
+                emit(event="step", seconds=times[-1])
+                if clearly_slower(times, best_median_s):
+                    break
+        except Exception as e:  # a candidate that cannot run here (an XLA or kernel error)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            emit(event="done", row={**row, "status": "failed", "reason": reason})
             continue
-        progress.update(0, values=_progress_values(measured, f"{policy} xla={jit}"))
-        row = _measure(config, info, runtime, hardware, dataset, policy, jit, global_batch)
-        log.info("autotune %s xla=%s: %s", policy, jit,
-                 f"{row['images_per_sec']:.1f} img/s" if "images_per_sec" in row
-                 else row["reason"])
-        measured.append(row)
-        progress.update(values=_progress_values(measured, None))
-    progress.close()
-    rows = measured + rows
-    ok = [r for r in measured if r["status"] == "measured"]
-    if not ok:
-        raise ConfigError("autotune measured no candidate: " + "; ".join(
-            f"{r['policy']} xla={r['xla']}: {r.get('reason')}" for r in rows))
+        row.update(_rates(times, global_batch))
+        if len(times) < steps:
+            row.update(status="dropped", reason=(
+                f"clearly slower after {len(times)} of {steps} timed steps: its fastest step "
+                f"{1000 * min(times):.0f} ms > {DROP_MARGIN:g} × the best's median step "
+                f"{1000 * best_median_s:.0f} ms"))
+        else:
+            row["status"] = "measured"
+            median_s = row["step_ms_median"] / 1000
+            if best_median_s is None or median_s < best_median_s:
+                best_median_s = median_s
+        emit(event="done", row=row)
+
+
+def _rates(times: list[float], global_batch: int) -> dict[str, float]:
+    return {"timed_steps": len(times),
+            "images_per_sec": len(times) * global_batch / sum(times),
+            "step_ms": 1000 * sum(times) / len(times),
+            "step_ms_median": 1000 * statistics.median(times)}
+
+
+def _child_main(request_path: str, fd: int) -> int:
+    """The child's body: set up the run's data and model once, then `run_candidates`."""
+    out = os.fdopen(fd, "w", buffering=1)
+
+    def emit(**event: Any) -> None:
+        out.write(json.dumps(event) + "\n")
+
+    try:
+        request = json.loads(open(request_path).read())
+        run = _ChildRun(request)
+        pairs = ([tuple(p) for p in request["pairs"]] if request["pairs"] is not None
+                 else run.plan(emit))
+        run_candidates(pairs, run.config.autotune_steps, run.global_batch,
+                       request["best_median_s"], run.prepare, emit)
+    except Exception as e:
+        emit(event="error", message=(str(e).strip().splitlines() or [type(e).__name__])[0])
+        return 1
+    emit(event="end")
+    return 0
+
+
+class _ChildRun:
+    """The real child's data, runtime and candidate factory (one per search process)."""
+
+    def __init__(self, request: dict) -> None:
+        from ampflow.components.prepare_data import load_dataset_info
+        from ampflow.components.train.build import training_data
+        from ampflow.components.train.loop import distribute_datasets
+        from ampflow.components.train.precision import detect_hardware
+        from ampflow.components.train.step import TrainConfig, make_runtime
+
+        self.config = TrainConfig(**request["config"])
+        self.hardware = (hardware_from_dict(request["hardware"]) if request["hardware"]
+                         else detect_hardware())
+        self.info = load_dataset_info(self.config.data_dir)
+        self.runtime = make_runtime(self.config)
+        self.global_batch = self.config.batch_size * self.runtime.num_replicas
+        train_ds, _, _ = training_data(self.config, self.info, self.global_batch)
+        self.dataset, _ = distribute_datasets(self.runtime, train_ds, None)
+        self._loop = None
+
+    def plan(self, emit: Callable) -> list[tuple[str, bool]]:
+        """Count the model's convolutions (the XLA rule), choose the candidates, emit them."""
+        import keras
+
+        from ampflow.components.train.models import build_model
+
+        keras.mixed_precision.set_global_policy("float32")
+        model = build_model(self.config.model, tuple(self.info["image_shape"]),
+                            self.info["num_classes"], image_size=self.config.image_size,
+                            model_path=self.config.model_path)
+        conv_layers = count_convolutions(model)
+        del model
+        pairs, skipped = candidates(self.hardware, parse_policies(self.config.autotune_policies),
+                                    self.config.autotune_xla, conv_layers)
+        emit(event="plan", pairs=pairs, skipped=skipped, conv_layers=conv_layers,
+             global_batch_size=self.global_batch, hardware=self.hardware.describe())
+        return pairs
+
+    def prepare(self, policy: str, jit: bool):
+        """A fresh model and loop under the candidate's policy: (warm_up, one_step)."""
+        import gc
+
+        import keras
+
+        from ampflow.components.train.build import build_compiled_model
+        from ampflow.components.train.loop import LoopConfig, TrainLoop
+
+        self._loop = None
+        gc.collect()
+        keras.mixed_precision.set_global_policy(policy)
+        setup = PrecisionSetup(policy, "autotune candidate", jit, "autotune candidate",
+                               self.hardware.describe())
+        keras.utils.set_random_seed(self.config.seed)
+        model = build_compiled_model(self.config, self.info, setup, self.runtime,
+                                     self.config.learning_rate)
+        loop = TrainLoop(self.runtime, model, LoopConfig(
+            epochs=1, steps_per_epoch=self.config.autotune_steps,
+            global_batch_size=self.global_batch, jit_compile=jit,
+            loss_scaling=setup.loss_scaling, state_dir="", progress=False))
+        self._loop, iterator = loop, iter(self.dataset)
+        return (lambda: loop.run_steps(iterator, WARMUP_STEPS),
+                lambda: loop.run_steps(iterator, 1))
+
+
+# ---- the parent: spawns, reads, enforces the budget ---------------------------------------
+
+@dataclass
+class _Child:
+    process: Any
+    fd: int
+    buffer: bytes = b""
+
+
+CHILD_COMMAND = (sys.executable, "-m", "ampflow.components.train.autotune")
+
+
+def spawn_child(request: dict, command: tuple[str, ...] = CHILD_COMMAND) -> _Child:
+    """Start the measuring process; its events come on a pipe (stdout stays Keras's).
+
+    `command` is followed by the request file and the pipe's fd (tests start a fake child).
+    """
+    read_fd, write_fd = os.pipe()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="ampflow-autotune-",
+                                     delete=False) as f:
+        json.dump(request, f)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}  # measures locally
+    env["AMPFLOW_QUIET"] = "1"
+    try:
+        process = subprocess.Popen(
+            [*command, f.name, str(write_fd)],
+            pass_fds=(write_fd,), env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL)
+    finally:
+        os.close(write_fd)
+    process.request_path = f.name
+    return _Child(process, read_fd)
+
+
+@dataclass
+class SearchResult:
+    """What the child(ren) measured, for `choose` (the parent's rows, in candidate order)."""
+
+    rows: list[dict[str, Any]]
+    global_batch_size: int | None
+    conv_layers: int | None
+    elapsed_s: float
+    budget_s: float
+    stopped_at_budget: bool
+    hardware: str | None = None
+    restarts: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class _Search:
+    """The parent's side: follow the child's events, stop it at the budget or on a stall."""
+
+    def __init__(self, config, hardware: HardwareInfo | None, spawn: Callable, stall_min_s: float,
+                 clock: Callable[[], float]) -> None:
+        self.config, self.spawn, self.clock, self.stall_min_s = config, spawn, clock, stall_min_s
+        self.started = clock()
+        self.deadline = self.started + config.autotune_budget_s
+        self.request = {"config": config_to_dict(config), "pairs": None, "best_median_s": None,
+                        "hardware": hardware_to_dict(hardware) if hardware else None}
+        self.pending: list[tuple[str, bool]] | None = None  # None: the plan has not come yet
+        self.rows: dict[tuple[str, bool], dict[str, Any]] = {}
+        self.skipped: list[dict[str, Any]] = []
+        self.running: dict[str, Any] | None = None
+        self.plan: dict[str, Any] = {}
+        self.restarts = 0
+        self.finished = False  # the child sent "end"
+        self.stopped_at_budget = False
+        self.progress = None
+
+    # the loop
+    def run(self) -> SearchResult:
+        from ampflow.progress import Progress
+
+        self.progress = Progress(None, "autotune", unit="candidates done", show_rate=False)
+        try:
+            while self.pending is None or self.pending:
+                if self.clock() >= self.deadline:
+                    self._budget_spent()
+                    break
+                self.request.update(pairs=self.pending, best_median_s=self._best_median())
+                if not self._follow(self.spawn(self.request)):
+                    break
+        finally:
+            self.progress.close(values=self._values)
+        order = [p for p in self.plan.get("pairs", [])]
+        rows = [self.rows[p] for p in order if p in self.rows] + self.skipped
+        return SearchResult(rows, self.plan.get("global_batch_size"),
+                            self.plan.get("conv_layers"), self.clock() - self.started,
+                            self.config.autotune_budget_s, self.stopped_at_budget,
+                            self.plan.get("hardware"), self.restarts)
+
+    def _follow(self, child: _Child) -> bool:
+        """Read one child to its end; False when the search must stop (budget, setup error)."""
+        try:
+            while True:
+                now = self.clock()
+                if now >= self.deadline:
+                    self._stop(child, self._budget_reason())
+                    self._budget_spent()
+                    return False
+                limit = self._stall_limit()
+                if limit is not None and self.running and now - self.running["since"] > limit:
+                    self._stop(child, self._stall_reason(now - self.running["since"]), "dropped")
+                    self.restarts += 1
+                    return True
+                ready, _, _ = select.select([child.fd], [], [], max(0.0, min(
+                    _READ_EVERY_S, self.deadline - now)))
+                if ready:
+                    chunk = os.read(child.fd, 65536)
+                    if not chunk:
+                        return self._ended(child)
+                    child.buffer += chunk
+                    *lines, child.buffer = child.buffer.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            self._event(json.loads(line))
+                    if self.finished:  # its TF teardown takes seconds: not worth waiting for
+                        return True
+                self.progress.update(0, values=self._values)
+        finally:
+            _close(child)
+
+    def _event(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "plan":
+            self.pending = [tuple(p) for p in event["pairs"]]
+            self.skipped = event["skipped"]
+            self.plan = {**event, "pairs": list(self.pending)}
+            for row in self.skipped:
+                _log_row(row)
+        elif kind == "start":
+            self.running = {"pair": (event["policy"], event["xla"]), "since": self.clock(),
+                            "steps": [], "warmup_s": None}
+        elif kind == "warm":
+            self.running.update(warmup_s=event["warmup_s"], since=self.clock())
+        elif kind == "step":
+            self.running["steps"].append(event["seconds"])
+            self.running["since"] = self.clock()
+        elif kind == "done":
+            row = event["row"]
+            self._record((row["policy"], row["xla"]), row)
+        elif kind == "end":
+            self.finished = True
+        elif kind == "error":
+            raise ConfigError(f"autotune could not set up its candidates: {event['message']}")
+
+    def _record(self, pair: tuple[str, bool], row: dict[str, Any]) -> None:
+        self.rows[pair] = row
+        if self.pending and pair in self.pending:
+            self.pending.remove(pair)
+        self.running = None
+        _log_row(row)
+        self.progress.update(values=self._values)
+
+    def _ended(self, child: _Child) -> bool:
+        code = child.process.wait()
+        if self.running:  # died inside a candidate: that one failed, the others may still run
+            self._stop_row(f"the measuring process exited with code {code}", "failed")
+            self.restarts += 1
+            return True
+        if self.pending is None:
+            raise ConfigError(f"autotune's measuring process exited with code {code} before "
+                              "it planned its candidates (its log above says why)")
+        return True
+
+    # stopping
+    def _stop(self, child: _Child, reason: str, status: str = "stopped") -> None:
+        child.process.kill()
+        child.process.wait()
+        if self.running:
+            self._stop_row(reason, status)
+
+    def _stop_row(self, reason: str, status: str) -> None:
+        pair, steps = self.running["pair"], self.running["steps"]
+        row: dict[str, Any] = {"policy": pair[0], "xla": pair[1], "status": status,
+                               "reason": reason}
+        if self.running["warmup_s"] is not None:
+            row["warmup_s"] = self.running["warmup_s"]
+        if steps:
+            row.update(_rates(steps, self.plan.get("global_batch_size") or 0))
+        self._record(pair, row)
+
+    def _budget_spent(self) -> None:
+        self.stopped_at_budget = True
+        for pair in list(self.pending or ()):
+            self._record(pair, {"policy": pair[0], "xla": pair[1], "status": "skipped",
+                                "reason": f"time budget ({self.config.autotune_budget_s:g} s) "
+                                          "spent before it started"})
+
+    def _budget_reason(self) -> str:
+        where = "before its plan" if not self.running else (
+            "during its warm-up (tracing/compilation)" if self.running["warmup_s"] is None
+            else f"after {len(self.running['steps'])} of {self.config.autotune_steps} timed "
+                 "steps")
+        return f"stopped at the time budget ({self.config.autotune_budget_s:g} s) {where}"
+
+    def _stall_reason(self, seconds: float) -> str:
+        return (f"clearly slower: a timed step still running after {seconds:.1f} s, over "
+                f"{DROP_AFTER_STEPS} × {DROP_MARGIN:g} × the best's median step "
+                f"{1000 * self._best_median():.0f} ms; its process was stopped")
+
+    # what is known so far
+    def _best(self) -> dict[str, Any] | None:
+        ok = [r for r in self.rows.values() if r["status"] == "measured"]
+        return max(ok, key=lambda r: r["images_per_sec"]) if ok else None
+
+    def _best_median(self) -> float | None:
+        best = self._best()
+        return best["step_ms_median"] / 1000 if best else None
+
+    def _stall_limit(self) -> float | None:
+        if not self.running or self.running["warmup_s"] is None:
+            return None  # warm-up (compile) is not throughput: only the budget bounds it
+        return stall_limit_s(self._best_median(), self.stall_min_s)
+
+    def _values(self) -> dict[str, Any]:
+        from ampflow.progress import _duration
+
+        best, now = self._best(), self.clock()
+        running, state = None, None
+        if self.running:
+            policy, jit = self.running["pair"]
+            warm = self.running["warmup_s"] is not None
+            running = f"{policy} xla={jit} " + (
+                f"step {len(self.running['steps'])}/{self.config.autotune_steps}" if warm
+                else "warm-up")
+            state = {"xla": jit, "warm": warm, "steps": self.running["steps"],
+                     "phase_s": now - self.running["since"]}
+        pending = [x for p, x in self.pending or () if not (self.running
+                                                            and (p, x) == self.running["pair"])]
+        measured = list(self.rows.values())
+        if self.running and self.running["steps"]:  # the running one's own warm-up and steps
+            measured.append({"xla": self.running["pair"][1],
+                             "warmup_s": self.running["warmup_s"],
+                             "step_ms_median": 1000 * statistics.median(self.running["steps"])})
+        seconds, estimated = eta_s(pending, state, self.config.autotune_steps, measured,
+                                   self.deadline - now)
+        if self.pending is None:  # the plan has not come yet: nothing is known but the budget
+            seconds, estimated = max(self.deadline - now, 0.0), False
+        total = len(self.plan.get("pairs", ()))
+        return {"planned": total or None,
+                "running": running,
+                "fastest": (f"{best['policy']} xla={best['xla']} "
+                            f"{best['images_per_sec']:.1f} img/s" if best else None),
+                "ETA": (_duration(seconds) if estimated
+                        else f"<= {_duration(seconds)} (budget left; not measured yet)")}
+
+
+def _close(child: _Child) -> None:
+    if child.process.poll() is None:
+        child.process.kill()
+        child.process.wait()
+    try:
+        os.close(child.fd)
+    except OSError:
+        pass
+    path = getattr(child.process, "request_path", None)
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _log_row(row: dict[str, Any]) -> None:
+    what = (f"{row['images_per_sec']:.1f} img/s ({row.get('timed_steps')} timed steps)"
+            if row["status"] == "measured" else row.get("reason", ""))
+    log.info("autotune %s xla=%s: %s: %s", row["policy"], row["xla"], row["status"], what)
+
+
+def search(config, hardware: HardwareInfo | None = None, *, spawn: Callable = spawn_child,
+           stall_min_s: float = STALL_MIN_S,
+           clock: Callable[[], float] = time.monotonic) -> SearchResult:
+    """Measure the candidates in a child process within `config.autotune_budget_s` (doc above).
+
+    Call it before this process makes its tf.distribute strategy (run_train does).
+    """
+    parse_policies(config.autotune_policies)  # a bad list fails here, not in the child
+    if config.autotune_xla not in XLA_MODES:
+        raise ConfigError(f"autotune_xla must be one of {XLA_MODES}. "
+                          f"Received: {config.autotune_xla!r}")
+    return _Search(config, hardware, spawn, stall_min_s, clock).run()
+
+
+# ---- the choice -----------------------------------------------------------------------------
+
+def choose(result: SearchResult, runtime, hardware: HardwareInfo, config
+           ) -> tuple[PrecisionSetup, dict[str, Any]]:
+    """Pick the fastest measured candidate (agreed over workers); set it; return it and a report.
+
+    With nothing measured within the budget, the rule's choice (`auto`), and the report says so.
+    """
+    import keras
+
+    from ampflow.components.train.precision import configure_precision
+
+    rates = _agreed_rates(result.rows, runtime)
+    ok = [r for r in result.rows if r["status"] == "measured" and (r["policy"], r["xla"]) in rates]
     baseline = next((r for r in ok if r["policy"] == "float32" and not r["xla"]), None)
     for r in ok:
-        r["ratio_vs_float32"] = (r["images_per_sec"] / baseline["images_per_sec"]
-                                 if baseline else None)
-    best = max(ok, key=lambda r: r["images_per_sec"])
+        r["ratio_vs_float32"] = (rates[(r["policy"], r["xla"])]
+                                 / rates[("float32", False)] if baseline else None)
     rule_policy, _ = choose_policy("auto", hardware)
     rule_jit, _ = choose_jit(None, hardware, rule_policy)
-    why = (f"autotune: fastest of {len(ok)} measured candidates at "
-           f"{best['images_per_sec']:.1f} img/s"
-           + (f", {best['ratio_vs_float32']:.2f}x float32 without XLA" if baseline else "")
-           + f" (the rule would pick {rule_policy}, xla={rule_jit})")
-    keras.mixed_precision.set_global_policy(best["policy"])
-    setup = PrecisionSetup(best["policy"], why, best["xla"], why, hardware.describe())
-    log.info("autotune chose %s, xla=%s: %s", best["policy"], best["xla"], why)
+    formats = native_formats(hardware)
+    if ok:
+        best = max(ok, key=lambda r: rates[(r["policy"], r["xla"])])
+        rate = rates[(best["policy"], best["xla"])]
+        why = (f"autotune: fastest of {len(ok)} measured candidates at {rate:.1f} img/s"
+               + (f", {best['ratio_vs_float32']:.2f}x float32 without XLA" if baseline else "")
+               + f" (the rule would pick {rule_policy}, xla={rule_jit})")
+        keras.mixed_precision.set_global_policy(best["policy"])
+        setup = PrecisionSetup(best["policy"], why, best["xla"], why, hardware.describe(),
+                               formats)
+    else:
+        setup = configure_precision("auto", None, hardware)
+        why = ("autotune measured no candidate to the end within its budget "
+               f"({config.autotune_budget_s:g} s): the rule's choice, {setup.policy}, "
+               f"xla={setup.jit_compile}")
+        setup = PrecisionSetup(setup.policy, why, setup.jit_compile, setup.jit_reason,
+                               setup.hardware, formats)
+    log.info("autotune chose %s, xla=%s: %s", setup.policy, setup.jit_compile, why)
     report = {
-        "choice": {"policy": best["policy"], "xla": best["xla"]},
+        "choice": {"policy": setup.policy, "xla": setup.jit_compile},
         "reason": why,
         "rule_choice": {"policy": rule_policy, "xla": rule_jit},
-        "candidates": rows,
+        "candidates": result.rows,
         "warmup_steps": WARMUP_STEPS,
         "timed_steps": config.autotune_steps,
-        "global_batch_size": global_batch,
-        "budget_s": config.autotune_budget_s,
-        "elapsed_s": time.monotonic() - started,
+        "drop_rule": (f"after {DROP_AFTER_STEPS} timed steps, dropped if its fastest step > "
+                      f"{DROP_MARGIN:g} × the best's median step"),
+        "global_batch_size": result.global_batch_size,
+        "conv_layers": result.conv_layers,
+        "budget_s": result.budget_s,
+        "elapsed_s": result.elapsed_s,
+        "stopped_at_budget": result.stopped_at_budget,
+        "restarts": result.restarts,
         "hardware": hardware.describe(),
+        "native_formats": formats.as_metadata(),
     }
     return setup, report
 
 
-def _progress_values(measured: list[dict[str, Any]], running: str | None) -> dict[str, Any]:
-    """What the progress display shows: the candidate running and the fastest so far."""
-    ok = [r for r in measured if r["status"] == "measured"]
-    best = max(ok, key=lambda r: r["images_per_sec"]) if ok else None
-    return {"running": running,
-            "fastest": (f"{best['policy']} xla={best['xla']} {best['images_per_sec']:.1f} img/s"
-                        if best else None)}
+def _agreed_rates(rows: list[dict[str, Any]], runtime) -> dict[tuple[str, bool], float]:
+    """{pair: img/s} of the pairs every worker measured, the mean over the workers.
+
+    Every worker agrees on every possible pair in a fixed order, so the collectives match
+    even where the workers' candidate lists differ.
+    """
+    by_pair = {(r["policy"], r["xla"]): r for r in rows if r["status"] == "measured"}
+    if runtime is None or runtime.num_workers == 1:
+        return {p: r["images_per_sec"] for p, r in by_pair.items()}
+    rates = {}
+    for pair in _ALL_PAIRS:
+        row = by_pair.get(pair)
+        everyone = runtime.agree(1.0 if row else 0.0)
+        rate = runtime.agree(row["images_per_sec"] if row else 0.0)
+        if everyone >= 1.0 - 1e-9:
+            rates[pair] = rate
+    return rates
 
 
-def _measure(config, info, runtime, hardware, dataset, policy: str, jit: bool,
-             global_batch: int) -> dict[str, Any]:
-    """Warm up (compile), then time `autotune_steps` steps of the real train step."""
-    import keras
+# ---- (de)serialising the request ------------------------------------------------------------
 
-    from ampflow.components.train.build import build_compiled_model
-    from ampflow.components.train.loop import LoopConfig, TrainLoop
+def parse_policies(text: str | None) -> tuple[str, ...] | None:
+    """`--autotune-policies`: None (the native ones) or the listed ones, checked."""
+    if not text:
+        return None
+    policies = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in policies if p not in _TUNABLE]
+    if unknown or not policies:
+        raise ConfigError(f"autotune_policies must be among {_TUNABLE}. Received: {text!r}")
+    return policies
 
-    row: dict[str, Any] = {"policy": policy, "xla": jit}
-    keras.mixed_precision.set_global_policy(policy)
-    setup = PrecisionSetup(policy, "autotune candidate", jit, "autotune candidate",
-                           hardware.describe())
-    keras.utils.set_random_seed(config.seed)
-    try:
-        model = build_compiled_model(config, info, setup, runtime, config.learning_rate)
-        loop = TrainLoop(runtime, model, LoopConfig(
-            epochs=1, steps_per_epoch=config.autotune_steps, global_batch_size=global_batch,
-            jit_compile=jit, loss_scaling=setup.loss_scaling, state_dir=""))
-        iterator = iter(dataset)
-        began = time.perf_counter()
-        loop.run_steps(iterator, WARMUP_STEPS)
-        row["warmup_s"] = time.perf_counter() - began
-        began = time.perf_counter()
-        loop.run_steps(iterator, config.autotune_steps)
-        seconds = runtime.agree(time.perf_counter() - began)
-    except Exception as e:  # a candidate that cannot run here (an XLA or kernel error)
-        log.warning("autotune candidate %s xla=%s failed: %s", policy, jit, e)
-        return {**row, "status": "failed", "reason": str(e).strip().splitlines()[0][:300]}
-    finally:
-        gc.collect()
-    ips = config.autotune_steps * global_batch / seconds
-    return {**row, "status": "measured", "images_per_sec": ips,
-            "step_ms": 1000 * seconds / config.autotune_steps}
+
+def config_to_dict(config) -> dict[str, Any]:
+    """The TrainConfig for the child: JSON values; one local process (TF_CONFIG is dropped)."""
+    from dataclasses import fields
+
+    values = {f.name: getattr(config, f.name) for f in fields(config)}
+    values.update(workers=1, strategy="auto")
+    return {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in values.items()}
+
+
+def hardware_to_dict(hardware: HardwareInfo) -> dict[str, Any]:
+    """An injected HardwareInfo (tests) for the child."""
+    return {"gpus": [[g.name, g.vendor, g.compute_capability] for g in hardware.gpus],
+            "tpu": hardware.tpu, "cpu_flags": sorted(hardware.cpu_flags)}
+
+
+def hardware_from_dict(data: dict[str, Any]) -> HardwareInfo:
+    """The inverse of `hardware_to_dict`."""
+    return HardwareInfo(
+        gpus=tuple(GpuInfo(n, v, tuple(cc) if cc else None) for n, v, cc in data["gpus"]),
+        tpu=data["tpu"], cpu_flags=frozenset(data["cpu_flags"]))
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1], int(sys.argv[2])))

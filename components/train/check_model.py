@@ -52,22 +52,31 @@ class CheckModelConfig:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
 
 
-def run_check_model(config: CheckModelConfig):
-    """Build the model under the policy, check it, print the table; ConfigError if refused."""
+def run_check_model(config: CheckModelConfig, hardware=None):
+    """Build the model under the policy, check it, print the table; ConfigError if refused.
+
+    The table's notes name the hardware's native half-precision formats and warn of a policy
+    that is not native (`precision.native_formats`, the rule train's auto and --autotune use);
+    `hardware` (a `HardwareInfo`) is detected unless given.
+    """
+    import dataclasses
+
     import keras
 
     from ampflow.components.prepare_data import load_dataset_info
     from ampflow.components.train.amp_check import amp_check_of, write_amp_report
-    from ampflow.components.train.precision import configure_precision
+    from ampflow.components.train.precision import configure_precision, native_format_notes
 
     info = load_dataset_info(config.data_dir)
     previous = keras.mixed_precision.global_policy().name
     try:
-        configure_precision(config.precision, jit_compile=False)
+        setup = configure_precision(config.precision, jit_compile=False, hardware=hardware)
         report = amp_check_of(config.model, info, model_path=config.model_path,
                               image_size=config.image_size)
     finally:
         keras.mixed_precision.set_global_policy(previous)
+    report = dataclasses.replace(report, notes=report.notes + native_format_notes(
+        setup.policy, setup.native))
     print(report.table())
     if not report.errors:  # what train checks next: the model reloads for evaluate and export
         from ampflow.components.train.user_model import check_reloads

@@ -1,12 +1,25 @@
 """All precision and XLA set-up in one small function (as TF Model Garden's performance.py).
 
-`auto` follows docs/DESIGN.md ("Precision policy"): an NVIDIA GPU of compute capability ≥ 7.0
-(Tensor Cores) gets `mixed_float16` with dynamic loss scaling; a TPU, or a CPU with AVX512_BF16/AMX,
-gets `mixed_bfloat16`; anything else stays `float32`. XLA (`jit_compile`) is on by default on
-GPU/TPU; on a CPU it is off for float32 and mixed_bfloat16 (measured slower there) and on for
-mixed_float16 (TF's float16 CPU kernels without XLA are far slower still). Keras's own
-`jit_compile="auto"` decides silently, so we always log the *effective* setting and why.
-The hardware is an injectable value so that every branch is testable on any machine.
+Which half-precision formats the hardware computes natively is ONE rule, `native_formats`: the
+policy `auto` picks, the candidates `--autotune` measures by default, `check-model`'s warning
+and the `precision.native_formats` block of `metadata.json` all read it. Per hardware kind
+(docs/DESIGN.md, "Precision policy"; the CPU rows measured by benchmarks/native_formats.py):
+
+- NVIDIA GPU: float16 from compute capability 7.0 (Volta's Tensor Cores), bfloat16 from 8.0
+  (Ampere); below 7.0 neither.
+- TPU: bfloat16 (its matmul units); no float16.
+- CPU with AVX512_BF16 or AMX-BF16: bfloat16 (oneDNN runs bf16 conv/matmul ~1.5-2× float32).
+- Any CPU, AVX512_FP16 and AMX-FP16 included: no float16. TF's float16 CPU kernels do not use
+  those units (measured on a Xeon with AMX and AVX512_FP16: float16 convolutions 0.5× float32,
+  with their gradients 0.02×; matmul ~1×), so one flag does not make a format native.
+- AVX2-only CPU: neither (bfloat16 is emulated: ResNet-50 0.82× float32).
+
+`auto` takes the first native format of (float16, bfloat16), else float32. XLA (`jit_compile`)
+is on by default on GPU/TPU; on a CPU it is off for float32 and mixed_bfloat16 (measured
+slower there) and on for mixed_float16 (TF's float16 CPU kernels without XLA are far slower
+still). Keras's own `jit_compile="auto"` decides silently, so we always log the *effective*
+setting and why. The hardware is an injectable value so that every branch is testable on any
+machine.
 """
 
 from __future__ import annotations
@@ -20,6 +33,9 @@ log = logging.getLogger(__name__)
 
 POLICIES = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 _CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+_CPU_FP16_FLAGS = frozenset({"avx512_fp16", "amx_fp16"})
+HALF_POLICIES = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
+_MEASURED = "benchmarks/results/native_formats.md"
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,110 @@ class HardwareInfo:
 
 
 @dataclass(frozen=True)
+class FormatSupport:
+    """Whether one half-precision format is native on the hardware, and why (or why not)."""
+
+    native: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class NativeFormats:
+    """The rule's verdict for one machine: its kind and each half-precision format."""
+
+    kind: str
+    float16: FormatSupport
+    bfloat16: FormatSupport
+
+    def of_policy(self, policy: str) -> FormatSupport:
+        """The verdict for a policy's compute dtype (float32 is native everywhere)."""
+        dtype = HALF_POLICIES.get(policy)
+        if dtype is None:
+            return FormatSupport(True, "float32 is every device's native format")
+        return getattr(self, dtype)
+
+    def native_policies(self) -> tuple[str, ...]:
+        """The half-precision policies computed natively, float16 first (auto's preference)."""
+        return tuple(p for p in ("mixed_float16", "mixed_bfloat16") if self.of_policy(p).native)
+
+    def as_metadata(self) -> dict:
+        """`precision.native_formats` in metadata.json (docs/ARTIFACTS.md)."""
+        return {"kind": self.kind,
+                "formats": {name: {"native": f.native, "why": f.why}
+                            for name, f in (("float16", self.float16),
+                                            ("bfloat16", self.bfloat16))}}
+
+
+def native_formats(hardware: HardwareInfo) -> NativeFormats:
+    """THE rule of which half-precision formats `hardware` computes natively (module docstring).
+
+    `auto`, `--autotune`'s default candidates and `check-model` all call this one function.
+    """
+    if hardware.tpu:
+        return NativeFormats("TPU", FormatSupport(False, "a TPU has no float16 matmul units"),
+                             FormatSupport(True, "bfloat16 is the TPU's native matmul type"))
+    nvidia = [g for g in hardware.gpus if g.vendor == "nvidia"]
+    if nvidia:
+        return _gpu_formats(nvidia[0])
+    return _cpu_formats(hardware.cpu_flags)
+
+
+def _gpu_formats(gpu: GpuInfo) -> NativeFormats:
+    cc = tuple(gpu.compute_capability) if gpu.compute_capability else None
+    shown = f"{cc[0]}.{cc[1]}" if cc else "unknown"
+    kind = f"NVIDIA GPU {gpu.name} (compute capability {shown})"
+    fp16 = (FormatSupport(True, f"compute capability {shown} >= 7.0: float16 Tensor Cores")
+            if cc and cc >= (7, 0) else
+            FormatSupport(False, f"compute capability {shown} < 7.0: no Tensor Cores"))
+    bf16 = (FormatSupport(True, f"compute capability {shown} >= 8.0: bfloat16 Tensor Cores")
+            if cc and cc >= (8, 0) else
+            FormatSupport(False, f"compute capability {shown} < 8.0: no bfloat16 Tensor Cores "
+                                 "(emulated, slower than float32)"))
+    return NativeFormats(kind, fp16, bf16)
+
+
+def _cpu_formats(flags: frozenset[str]) -> NativeFormats:
+    bf16_flags = sorted(flags & _CPU_BF16_FLAGS)
+    fp16_flags = sorted(flags & _CPU_FP16_FLAGS)
+    if "amx_bf16" in flags:
+        kind = "CPU with AMX" + (f" and {', '.join(f.upper() for f in fp16_flags)}"
+                                 if fp16_flags else "")
+    elif bf16_flags:
+        kind = "CPU with AVX512_BF16, no AMX"
+    else:
+        kind = "CPU without bfloat16 instructions (AVX2/AVX-512F)"
+    bf16 = (FormatSupport(True, f"{', '.join(bf16_flags)}: oneDNN runs bfloat16 conv/matmul "
+                                f"about 1.5-2× float32 ({_MEASURED})")
+            if bf16_flags else
+            FormatSupport(False, "no AVX512_BF16/AMX-BF16: bfloat16 is emulated, slower than "
+                                 "float32 (ResNet-50 0.82×, "
+                                 "benchmarks/results/train_autotune_resnet50_no_bf16_cpu.md)"))
+    fp16 = FormatSupport(False, (
+        (f"{', '.join(fp16_flags)} present, but " if fp16_flags else "")
+        + "TF's float16 CPU kernels do not use AVX512_FP16/AMX-FP16: measured on a Xeon "
+          "with both, float16 convolutions 0.5× float32 forward and 0.02× with their "
+          f"gradients, matmul ~1× ({_MEASURED})"))
+    return NativeFormats(kind, fp16, bf16)
+
+
+def native_format_notes(policy: str, formats: NativeFormats) -> tuple[str, ...]:
+    """What `check-model` says of the hardware: the native formats, and a policy that is not.
+
+    The same verdicts `auto` and `--autotune` act on, so the three never disagree.
+    """
+    native = [HALF_POLICIES[p] for p in formats.native_policies()]
+    notes = [f"native half-precision formats on this {formats.kind}: "
+             f"{', '.join(native) if native else 'none'} (the rule --precision auto and "
+             "--autotune follow)"]
+    support = formats.of_policy(policy)
+    if not support.native:
+        auto = (formats.native_policies() or ("float32",))[0]
+        notes.append(f"{policy} computes in {HALF_POLICIES[policy]}, which is not native here: "
+                     f"{support.why}. It trains, slower than float32; auto picks {auto}")
+    return tuple(notes)
+
+
+@dataclass(frozen=True)
 class PrecisionSetup:
     """The effective precision and XLA settings, with the reasons, as recorded in metadata."""
 
@@ -60,6 +180,7 @@ class PrecisionSetup:
     jit_compile: bool
     jit_reason: str
     hardware: str
+    native: NativeFormats | None = None  # the rule's verdict on this hardware (metadata)
 
     @property
     def compute_dtype(self) -> str:
@@ -83,6 +204,7 @@ class PrecisionSetup:
                 "variable_dtype": "float32",
                 "loss_scaling": "dynamic" if self.loss_scaling else "none",
                 "hardware": self.hardware,
+                **({"native_formats": self.native.as_metadata()} if self.native else {}),
             },
             "xla": {"effective": self.jit_compile, "reason": self.jit_reason},
         }
@@ -101,7 +223,9 @@ def detect_hardware() -> HardwareInfo:
                 compute_capability=details.get("compute_capability"),
             )
         )
-    tpu = bool(tf.config.list_logical_devices("TPU"))
+    # listing logical devices starts TF's runtime (and takes the GPUs' memory): not with GPUs,
+    # where autotune's measuring process still needs that memory
+    tpu = not gpus and bool(tf.config.list_logical_devices("TPU"))
     return HardwareInfo(gpus=tuple(gpus), tpu=tpu, cpu_flags=_read_cpu_flags())
 
 
@@ -149,30 +273,23 @@ def configure_precision(
     policy, reason = choose_policy(precision, hardware)
     jit, jit_reason = choose_jit(jit_compile, hardware, policy)
     keras.mixed_precision.set_global_policy(policy)
-    setup = PrecisionSetup(policy, reason, jit, jit_reason, hardware.describe())
+    setup = PrecisionSetup(policy, reason, jit, jit_reason, hardware.describe(),
+                           native_formats(hardware))
     log.info("precision policy %s: %s [%s]", policy, reason, setup.hardware)
     log.info("XLA jit_compile=%s: %s", jit, jit_reason)
     return setup
 
 
 def _auto(hardware: HardwareInfo) -> tuple[str, str]:
-    if hardware.tpu:
-        return "mixed_bfloat16", "TPU: bfloat16 is its native matmul type"
-    nvidia = [g for g in hardware.gpus if g.vendor == "nvidia"]
-    if nvidia:
-        cc = nvidia[0].compute_capability
-        if cc is not None and tuple(cc) >= (7, 0):
-            return "mixed_float16", (
-                f"NVIDIA GPU with compute capability {cc[0]}.{cc[1]} ≥ 7.0 has float16 "
-                "Tensor Cores; dynamic loss scaling keeps small gradients"
-            )
-        return "float32", f"NVIDIA GPU with compute capability {cc} < 7.0: no Tensor Cores"
-    bf16 = sorted(hardware.cpu_flags & _CPU_BF16_FLAGS)
-    if bf16:
-        return "mixed_bfloat16", (
-            f"CPU with {', '.join(bf16)}: oneDNN runs bfloat16 conv/matmul about 1.9× float32"
-        )
-    return "float32", "no GPU/TPU and no bfloat16 CPU instructions: mixed precision would be slower"
+    """The first native format of (float16, bfloat16), else float32; the reason is the rule's."""
+    formats = native_formats(hardware)
+    for policy in formats.native_policies():
+        why = formats.of_policy(policy).why
+        if policy == "mixed_float16":
+            why += "; dynamic loss scaling keeps small gradients"
+        return policy, f"{formats.kind}: {why}"
+    return "float32", (f"{formats.kind}: no native half-precision format (float16: "
+                       f"{formats.float16.why}; bfloat16: {formats.bfloat16.why})")
 
 
 def _read_cpu_flags() -> frozenset[str]:

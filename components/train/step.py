@@ -195,12 +195,19 @@ class TrainConfig:
                 "real model, batch and input pipeline, and train with the fastest; overrides "
                 "--precision/--xla (the rule-based auto stays the default)."})
     autotune_budget_s: float = field(default=600.0, metadata={
-        "help": "Time budget of --autotune; candidates not started within it are skipped."})
+        "help": "Time budget of the whole --autotune search: a candidate still running when it "
+                "is spent is stopped (its process killed), the ones not started are skipped."})
     autotune_policies: str | None = field(default=None, metadata={
-        "help": "Comma-separated policies --autotune measures (default: those the hardware "
-                "computes natively; float32 always)."})
+        "help": "Comma-separated policies --autotune measures (default: float32 and those the "
+                "hardware computes natively, the rule of precision.native_formats)."})
+    autotune_xla: str = field(default="auto", metadata={
+        "choices": ("auto", "both", "off", "on"),
+        "help": "XLA settings --autotune measures: auto = both, less those known pathological "
+                "on a CPU (XLA for a model of 16+ convolutions, float16 without XLA); both; "
+                "off; on."})
     autotune_steps: int = field(default=20, metadata={
-        "help": "Timed steps per --autotune candidate (after 3 warm-up steps, compile excluded)."})
+        "help": "Timed steps per --autotune candidate (after 3 warm-up steps, compile excluded); "
+                "one clearly slower than the best is dropped after 3."})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "batch_size", _parse_batch_size(self.batch_size))
@@ -326,6 +333,11 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     if config.workers > 1:  # the launcher: no TF here (its start-up delayed the workers' ~5 s)
         return _run_local_workers(config)
     refuse_before_tensorflow(config)
+    searched = None
+    if config.autotune:  # in a child process, before this one touches TF (autotune.py says why)
+        from ampflow.components.train.autotune import search
+
+        searched = search(config, hardware)
     import keras
 
     from ampflow.components.train.precision import configure_precision
@@ -342,9 +354,11 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     try:
         autotune_report = None
         if config.autotune:
-            from ampflow.components.train.autotune import autotune
+            from ampflow.components.train.autotune import choose
+            from ampflow.components.train.precision import detect_hardware
 
-            setup, autotune_report = autotune(config, info, runtime, hardware)
+            setup, autotune_report = choose(searched, runtime, hardware or detect_hardware(),
+                                            config)
         else:
             setup = configure_precision(config.precision, config.jit_compile, hardware)
         model_block, amp_report = preflight_model(config, info)  # refuse or fix before epochs

@@ -73,3 +73,80 @@ def test_configure_precision_sets_global_policy_and_reports_loss_scaling():
     meta = setup.as_metadata()
     assert meta["precision"]["loss_scaling"] == "dynamic"
     assert meta["xla"]["effective"] is True
+
+
+# ---- one rule of native formats: auto, autotune's candidates and check-model agree ----------
+
+AVX2_ONLY = HardwareInfo(cpu_flags=frozenset({"avx", "avx2", "fma"}))
+ZEN4 = HardwareInfo(cpu_flags=frozenset({"avx2", "avx512f", "avx512_bf16"}))
+SAPPHIRE_RAPIDS = HardwareInfo(cpu_flags=frozenset({"avx2", "avx512f", "avx512_bf16",
+                                                    "avx512_fp16", "amx_tile", "amx_bf16"}))
+GRANITE_RAPIDS = HardwareInfo(cpu_flags=SAPPHIRE_RAPIDS.cpu_flags | {"amx_fp16"})
+FP16_ONLY_CPU = HardwareInfo(cpu_flags=frozenset({"avx2", "avx512f", "avx512_fp16"}))
+
+KINDS = [  # hardware, (float16 native, bfloat16 native), auto's policy
+    (AVX2_ONLY, (False, False), "float32"),
+    (FP16_ONLY_CPU, (False, False), "float32"),
+    (ZEN4, (False, True), "mixed_bfloat16"),
+    (SAPPHIRE_RAPIDS, (False, True), "mixed_bfloat16"),
+    (GRANITE_RAPIDS, (False, True), "mixed_bfloat16"),
+    (HardwareInfo(gpus=(P100,)), (False, False), "float32"),
+    (HardwareInfo(gpus=(V100,)), (True, False), "mixed_float16"),
+    (HardwareInfo(gpus=(A100,), cpu_flags=SAPPHIRE_RAPIDS.cpu_flags), (True, True),
+     "mixed_float16"),
+    (HardwareInfo(gpus=(GpuInfo("?", compute_capability=None),)), (False, False), "float32"),
+    (HardwareInfo(tpu=True), (False, True), "mixed_bfloat16"),
+]
+
+
+@pytest.mark.parametrize(("hardware", "native", "auto"), KINDS)
+def test_auto_autotune_and_check_model_follow_one_native_format_rule(hardware, native, auto):
+    from ampflow.components.train.autotune import candidates
+    from ampflow.components.train.precision import native_format_notes, native_formats
+
+    formats = native_formats(hardware)
+    assert (formats.float16.native, formats.bfloat16.native) == native
+    assert formats.float16.why and formats.bfloat16.why and formats.kind
+    assert choose_policy("auto", hardware)[0] == auto
+    expected = {"float32"} | {p for p, ok in zip(("mixed_float16", "mixed_bfloat16"), native,
+                                                  strict=True) if ok}
+    pairs, skipped = candidates(hardware)  # autotune's defaults
+    assert {p for p, _ in pairs} == expected
+    assert {r["policy"] for r in skipped if r["reason"].startswith("not native")} == {
+        "mixed_float16", "mixed_bfloat16"} - expected
+    for policy in ("float32", "mixed_float16", "mixed_bfloat16"):  # check-model's notes
+        warns = len(native_format_notes(policy, formats)) > 1
+        assert warns == (policy not in expected), policy
+
+
+def test_avx512_fp16_on_a_cpu_does_not_make_float16_native_and_says_why():
+    from ampflow.components.train.precision import native_formats
+
+    formats = native_formats(SAPPHIRE_RAPIDS)
+    assert formats.kind == "CPU with AMX and AVX512_FP16"
+    assert "avx512_fp16 present, but TF's float16 CPU kernels" in formats.float16.why
+    assert "native_formats.md" in formats.float16.why
+
+
+def test_the_native_formats_are_recorded_with_the_policy():
+    setup = configure_precision("auto", None, ZEN4)
+    block = setup.as_metadata()["precision"]["native_formats"]
+    assert block["kind"] == "CPU with AVX512_BF16, no AMX"
+    assert block["formats"]["bfloat16"]["native"] is True
+    assert block["formats"]["float16"]["native"] is False
+    assert setup.policy == "mixed_bfloat16" and "oneDNN" in setup.reason
+
+
+def test_check_model_notes_a_policy_that_is_not_native_here(prepared_digits, capsys):
+    import keras
+
+    from ampflow.components.train.check_model import CheckModelConfig, run_check_model
+
+    report = run_check_model(CheckModelConfig(data_dir=prepared_digits, model="small_cnn",
+                                              precision="mixed_float16"), SAPPHIRE_RAPIDS)
+    assert "native half-precision formats on this CPU with AMX and AVX512_FP16: bfloat16" in \
+        report.notes[-2]
+    assert report.notes[-1].startswith("mixed_float16 computes in float16, which is not native")
+    assert "auto picks mixed_bfloat16" in report.notes[-1]
+    assert "which is not native" in capsys.readouterr().out
+    assert keras.mixed_precision.global_policy().name == "float32"  # restored
