@@ -12,7 +12,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ampflow.components.prepare_data.text import DEFAULT_MAX_TEXT_BYTES, LABEL_FEATURE, TEXT_FEATURE
+from ampflow.components.prepare_data.text import (
+    DEFAULT_MAX_TEXT_BYTES,
+    LABEL_FEATURE,
+    TEXT_FEATURE,
+    TEXT_FEATURE_NAMES,
+)
 from ampflow.errors import ConfigError
 
 DIGITS_NAME = "ampflow_digits"
@@ -62,8 +67,8 @@ class PrepareDataConfig:
         "help": "The column of --text-file holding the class (names or integers)."})
     text_feature: str | None = field(default=None, metadata={
         "help": "The feature of a TFDS text dataset holding the text (default: detected: its "
-                "one string feature, else the first of text, sentence, content, description, "
-                "review, document it has)."})
+                f"one string feature, else the first of {', '.join(TEXT_FEATURE_NAMES)} it "
+                "has)."})
     max_text_bytes: int = field(default=DEFAULT_MAX_TEXT_BYTES, metadata={
         "help": "The largest text of --text-folder or --text-file, in UTF-8 bytes: a larger "
                 "file or row is skipped and counted."})

@@ -38,7 +38,7 @@ from ampflow.components.prepare_data.config import (
     PrepareDataConfig,
 )
 from ampflow.components.prepare_data.holdout import stratified_holdout
-from ampflow.components.prepare_data.text import MODALITY_IMAGE, MODALITY_TEXT
+from ampflow.components.prepare_data.text import MODALITY_IMAGE, MODALITY_TEXT, TEXT_FEATURE_NAMES
 from ampflow.errors import AmpflowError, ConfigError, DatasetError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
@@ -86,8 +86,10 @@ def run_prepare_data(config: PrepareDataConfig) -> PreparedData:
 def load_dataset_info(prepared_dir: str | os.PathLike) -> dict[str, Any]:
     """Read `dataset_info.json` from a prepared dir; a missing one is a clear DatasetError."""
     path = Path(prepared_dir) / DATASET_INFO_FILE
-    if not path.is_file():
-        raise DatasetError(
+    if not path.is_file():  # a flag that names no dataset: a configuration error (exit 2)
+        from ampflow.errors import DatasetConfigError
+
+        raise DatasetConfigError(
             f"{prepared_dir} is not a prepared dataset: expected {DATASET_INFO_FILE} in it "
             "(run `ampflow prepare-data` first)."
         )
@@ -183,11 +185,6 @@ def _require_network_for(builder, data_dir: Path) -> None:
 def _is_catalog_builder(builder) -> bool:
     """Whether the builder comes from the TFDS catalog (whose data is downloaded)."""
     return type(builder).__module__.startswith("tensorflow_datasets.")
-
-
-# The name a TFDS text dataset's text feature most often has, most likely first: the choice
-# when it has several string features (ag_news_subset: title and description).
-TEXT_FEATURE_NAMES = ("text", "sentence", "content", "description", "review", "document")
 
 
 @dataclass(frozen=True)

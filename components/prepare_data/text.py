@@ -23,6 +23,9 @@ from typing import Any
 # (the serving signature's input, the `tf.Example` feature of `classify`).
 TEXT_FEATURE = "text"
 LABEL_FEATURE = "label"
+# The names a TFDS dataset's text feature most often has, most likely first: the choice when
+# it has several string features (ag_news_subset: title and description).
+TEXT_FEATURE_NAMES = ("text", "sentence", "content", "description", "review", "document")
 # dataset_info.json["modality"]: what the examples hold.
 MODALITY_IMAGE = "image"
 MODALITY_TEXT = "text"
