@@ -17,7 +17,9 @@ size:
   (McNemar's chi-square test, one-sided) above that, where the two agree to within 1e-3.
 - **Maximum drop.** A test set of a few hundred images cannot tell a 2-point drop from noise
   (the test's power is low), so a drop larger than `max_baseline_accuracy_drop` fails however
-  insignificant; on a large test set the paired test is the stricter of the two.
+  insignificant; on a large test set the paired test is the stricter of the two. On a small one
+  the cap never asks for less than the test's own least evidence (`drop_cap_points`): a net
+  loss the test could never call significant is no evidence of damage.
 
 The speedup is the ratio of the mean per-epoch training throughputs of the two runs (the first
 epoch, which includes compilation, left out when there are more), with its standard error from
