@@ -20,13 +20,13 @@ How it behaves on a KFP backend, and why it is wired this way:
   refuses a workspace without `accessModes` (every version) or, on 2.15/2.16, without
   `storageClassName` (`submit` fills in the cluster's default class there, or says so).
 - `evaluate-parity` blesses the model on its own (above chance, thresholds, parity). Against
-  the model now serving it is compared by `compare-with-serving`, then `serving-gate` fails
+  the model now serving it is compared by `compare-serving`, then `serving-gate` fails
   the run as `parity-gate` does: the first tasks under `serving_target != "none"`. They read
   the highest version under `<serving_model_store>/<model_name>` (where deploy writes: the
   model-store claim, which only this branch's tasks mount), score it on the examples evaluate
   judged, and stop a significantly worse model before deploy (paired test). Export and
   convert write only the run's own artifacts, so nothing reaches a server. A gs:// store is
-  not read (the comparison says so).
+  read with tf.io.gfile, as TF Serving reads it.
 - The deploy task (and the model-store PVC mounts) exist only under `serving_target != "none"`,
   and deploys into the run's own namespace unless `serving_namespace` is set: a PVC belongs to
   one namespace, and a pod that mounts a missing PVC stays Pending forever (`submit` checks the
@@ -399,7 +399,7 @@ def build_pipeline(options: PipelineOptions | None = None):
     from ampflow.components.convert_tflite.component import convert_tflite
     from ampflow.components.deploy_serving.component import deploy_serving
     from ampflow.components.evaluate_parity.component import (
-        compare_with_serving,
+        compare_serving,
         evaluate_parity,
         parity_gate,
         serving_gate,
@@ -416,7 +416,7 @@ def build_pipeline(options: PipelineOptions | None = None):
     options = options or PipelineOptions()
     ops = {f.__name__: as_component(f, options.image) for f in (
         prepare_data, train, evaluate_parity, parity_gate, export_savedmodel, convert_tflite,
-        compare_with_serving, serving_gate, deploy_serving)}
+        compare_serving, serving_gate, deploy_serving)}
 
     @dsl.pipeline(name=PIPELINE_NAME, description=__doc__.splitlines()[0],
                   pipeline_config=options.pipeline_config())
@@ -514,7 +514,7 @@ def build_pipeline(options: PipelineOptions | None = None):
                 else {}  # the claim a kserve InferenceService reads (pvc://<claim>/...)
             # the model now serving is read where deploy writes: on the model-store claim,
             # which only the tasks of this branch mount (the default run needs no claim)
-            compared = ops["compare_with_serving"](
+            compared = ops["compare_serving"](
                 data=data.outputs["data"], verdict=parity.outputs["verdict"],
                 serving_model_store=serving_model_store, model_name=model_name,
                 serving_alpha=serving_alpha)

@@ -54,7 +54,7 @@ def key_metrics(result) -> dict[str, Any]:
         out["parity.gate"] = "passed" if metrics.get("gate", {}).get("passed") else "FAILED"
     from ampflow.components.evaluate_parity.serving_gate import SERVING_VERDICT_FILE
 
-    compared = _json(art.get("compare-with-serving", {}).get("comparison"), SERVING_VERDICT_FILE)
+    compared = _json(art.get("compare-serving", {}).get("comparison"), SERVING_VERDICT_FILE)
     if compared:
         out.update(release_quality(compared.get("metrics") or {}) or
                    {"release.vs_serving": compared.get("message")})
@@ -248,7 +248,7 @@ def _deploy_headline(task_dir: Path) -> str:
 
 _HEADLINES = {"prepare-data": _data_headline, "train": _train_headline,
               "evaluate-parity": _evaluate_headline, "parity-gate": _gate_headline,
-              "compare-with-serving": _compare_headline, "serving-gate": _serving_gate_headline,
+              "compare-serving": _compare_headline, "serving-gate": _serving_gate_headline,
               "export-savedmodel": _export_headline, "convert-tflite": _convert_headline,
               "deploy-serving": _deploy_headline}
 

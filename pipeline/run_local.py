@@ -316,11 +316,11 @@ def _failure_message(config: LocalRunConfig, root: Path, before: set[Path], task
     except PipelineError:
         run_dir = None
     failed_checks, notes = gate_failure(run_dir / "evaluate-parity") if run_dir else ([], [])
-    worse = serving_failure(run_dir / "compare-with-serving") if run_dir else None
+    worse = serving_failure(run_dir / "compare-serving") if run_dir else None
     if worse:
         lines.append(f"The model is significantly worse than the one serving, so nothing was "
                      f"deployed: {worse}")
-        lines.append(f"comparison:      {run_dir / 'compare-with-serving' / 'comparison'}")
+        lines.append(f"comparison:      {run_dir / 'compare-serving' / 'comparison'}")
     elif failed_checks:
         lines.append(f"The FP32-parity gate failed {len(failed_checks)} check(s), so nothing "
                      "was exported:")

@@ -87,7 +87,7 @@ def parity_gate(verdict: Input[Artifact]):
 
 
 
-def compare_with_serving(
+def compare_serving(
     data: Input[Dataset],
     verdict: Input[Artifact],
     comparison: Output[Artifact],

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,26 +245,71 @@ class ServedVersion:
 
     base_path: str
     version: int
-    path: Path
+    path: Path  # where it is read: the version dir, or a local copy of an object-store one
+    source: str = ""  # the version as the store names it (a path, or a gs://... URI)
+
+    @property
+    def copied(self) -> bool:
+        """Whether `path` is a temporary local copy (of an object-store version)."""
+        return self.source != os.fspath(self.path)
 
 
 def find_served_version(base_path: str | os.PathLike | None) -> ServedVersion | None:
     """The highest complete version under `base_path` (TF Serving's default policy), if any.
 
     A version is complete when it holds `saved_model.pb` or one `.tflite` file; staging dirs
-    (hidden) and half-copied numbers are not versions. No dir, or none: the first release.
+    (hidden) and half-copied numbers are not versions. No dir, or none: the first release. An
+    object-store base path (gs://...) is read with tf.io.gfile, as TF Serving reads it, and
+    its version copied to a temp dir (the loaders read files); `score_served` removes it.
     """
     from ampflow.serving.model_format import SAVED_MODEL_PB, version_dirs
     from ampflow.serving.tflite_servable import tflite_file
 
     if not base_path:
         return None
+    if "://" in os.fspath(base_path):
+        return _find_served_in_store(os.fspath(base_path).rstrip("/"))
     complete = {v: p for v, p in version_dirs(base_path).items()
                 if (p / SAVED_MODEL_PB).is_file() or tflite_file(p) is not None}
     if not complete:
         return None
     version = max(complete)
-    return ServedVersion(os.fspath(base_path), version, complete[version])
+    path = complete[version]
+    return ServedVersion(os.fspath(base_path), version, path, os.fspath(path))
+
+
+def _find_served_in_store(base: str) -> ServedVersion | None:
+    """`find_served_version` of an object-store URI, the version copied to a temp dir."""
+    import tempfile
+
+    import tensorflow as tf
+
+    from ampflow.serving.model_format import SAVED_MODEL_PB, parse_version_name
+
+    gfile = tf.io.gfile
+    try:
+        if not gfile.isdir(base):
+            return None
+        numbers = (parse_version_name(name.rstrip("/")) for name in gfile.listdir(base))
+        for version in sorted((v for v in numbers if v is not None), reverse=True):
+            remote = f"{base}/{version}"
+            names = [name.rstrip("/") for name in gfile.listdir(remote)]
+            if SAVED_MODEL_PB in names or any(n.endswith(".tflite") and not n.startswith(".")
+                                              for n in names):
+                local = Path(tempfile.mkdtemp(prefix="ampflow-served-")) / str(version)
+                _copy_from_store(gfile, remote, local)
+                return ServedVersion(base, version, local, remote)
+    except tf.errors.OpError as e:
+        raise ConfigError(f"the model serving at {base} cannot be read: {e.message}") from e
+    return None
+
+
+def _copy_from_store(gfile, remote: str, local: Path) -> None:
+    for folder, _, files in gfile.walk(remote):
+        target = local / folder[len(remote):].lstrip("/")
+        target.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            gfile.copy(f"{folder.rstrip('/')}/{name}", str(target / name), overwrite=True)
 
 
 def score_served(served: ServedVersion, images: np.ndarray, labels: np.ndarray,
@@ -281,13 +327,18 @@ def score_served(served: ServedVersion, images: np.ndarray, labels: np.ndarray,
     )
     from ampflow.serving.servable import load_servable
 
-    model_name = Path(served.base_path).name
-    servable = load_servable(model_name, served.version, served.path)
-    _require_comparable(served, servable, images.shape[1:], class_names)
-    probabilities = []
-    for start in range(0, len(images), batch_size):
-        out = servable.run(DEFAULT_SIGNATURE, {IMAGES_INPUT: images[start:start + batch_size]})
-        probabilities.append(np.asarray(out[PROBABILITIES_OUTPUT], dtype=np.float32))
+    try:
+        servable = load_servable(served.base_path.rstrip("/").rsplit("/", 1)[-1],
+                                 served.version, served.path)
+        _require_comparable(served, servable, images.shape[1:], class_names)
+        probabilities = []
+        for start in range(0, len(images), batch_size):
+            out = servable.run(DEFAULT_SIGNATURE,
+                               {IMAGES_INPUT: images[start:start + batch_size]})
+            probabilities.append(np.asarray(out[PROBABILITIES_OUTPUT], dtype=np.float32))
+    finally:
+        if served.copied:  # an object-store version's temp copy
+            shutil.rmtree(served.path.parent, ignore_errors=True)
     return ModelScores(logits=np.concatenate(probabilities), labels=labels)
 
 
@@ -299,7 +350,7 @@ def _require_comparable(served: ServedVersion, servable, image_shape: tuple,
         PROBABILITIES_OUTPUT,
     )
 
-    where = f"the model serving at {served.path} (version {served.version})"
+    where = f"the model serving at {served.source} (version {served.version})"
     signature = servable.signature_defs.get(DEFAULT_SIGNATURE)
     if signature is None or IMAGES_INPUT not in signature.inputs:
         raise ConfigError(f"{where} has no {DEFAULT_SIGNATURE!r} signature with an "

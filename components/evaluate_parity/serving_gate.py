@@ -91,7 +91,7 @@ def run_serving_gate(config: ServingGateConfig) -> ServingGateResult:
 
     evaluated = load_verdict(config.eval_dir)
     recorded = read_predictions(config.eval_dir)
-    served = release.find_served_version(local_base_path(config.serving_base_path))
+    served = release.find_served_version(config.serving_base_path)
     if served is None:
         verdict = _first_release(config)
     else:
@@ -112,26 +112,16 @@ def run_serving_gate(config: ServingGateConfig) -> ServingGateResult:
     return result
 
 
-def local_base_path(base_path: str | None) -> str | None:
-    """The serving base path if it can be read here; an object store is said, not read."""
-    if base_path and "://" in base_path:
-        log.warning("the model serving at %s is not compared: a serving base path is read on "
-                    "a file system (a mounted volume), not in an object store", base_path)
-        return None
-    return base_path or None
-
-
 def served_baseline(served: release.ServedVersion | None,
                     base_path: str | None = None) -> dict[str, Any] | None:
     """The `serving` entry of a verdict's `baselines`: what was compared, or why nothing."""
     if served is not None:
         return {"base_path": served.base_path, "version": served.version,
-                "path": os.fspath(served.path)}
+                "path": served.source}
     if not base_path:
         return None
-    why = ("an object store: read on a mounted file system only" if "://" in base_path
-           else "no version serving there: the first release")
-    return {"base_path": base_path, "version": None, "why_none": why}
+    return {"base_path": base_path, "version": None,
+            "why_none": "no version serving there: the first release"}
 
 
 def refusal(verdict: dict[str, Any]) -> str:

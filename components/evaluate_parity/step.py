@@ -26,7 +26,6 @@ from ampflow.components.evaluate_parity import outputs, release, training
 from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.components.evaluate_parity.gate import Check, Verdict, default_relative_logit_bound
 from ampflow.components.evaluate_parity.parity import LogitParity, ModelScores, logit_parity
-from ampflow.components.evaluate_parity.serving_gate import local_base_path
 from ampflow.components.evaluate_parity.verdict import HASH_KEY, model_sha256
 from ampflow.errors import ConfigError, GateFailedError
 from ampflow.progress import Progress, keras_callback
@@ -66,7 +65,7 @@ def run_evaluate(config: EvaluateConfig) -> EvaluateResult:
         model_hashes["baseline_" + HASH_KEY] = model_sha256(config.baseline_model_dir)
     _require_writable_parent(config.output_dir)
 
-    served = release.find_served_version(local_base_path(config.serving_base_path))
+    served = release.find_served_version(config.serving_base_path)
     images, labels = load_arrays(config.data_dir, config.split, limit=config.limit)
     images = images.astype(np.float32)
     served_scores = (release.score_served(served, images, labels, _class_names(info),

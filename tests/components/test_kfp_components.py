@@ -69,7 +69,7 @@ def _evaluate(tmp_path, prepared_digits, model_dir, **thresholds):
 def test_evaluate_component_logs_kfp_metrics_and_confusion_matrix(tmp_path, prepared_digits,
                                                                  trained_model):
     outputs, call = _evaluate(tmp_path, prepared_digits, trained_model("mixed_float16"))
-    assert call() == (True, "parity gate passed (4 checks)")
+    assert call() == (True, "parity gate passed (5 checks)")
     assert outputs["metrics"].metadata["argmax_agreement"] >= 0.99
     matrix = outputs["confusion"].metadata["confusionMatrix"]
     assert len(matrix["rows"]) == 10 and len(matrix["annotationSpecs"]) == 10

@@ -79,15 +79,15 @@ def test_compile_deploy_and_its_pvc_mount_exist_only_under_a_serving_target_cond
     assert inner["deploy-serving"]["cachingOptions"].get("enableCache") is not True
     # the comparison with the model serving runs first in the branch, never cached, and
     # deploy waits for its gate
-    assert _task_with_component(inner, "comp-compare-with-serving") == ["compare-with-serving"]
-    assert inner["compare-with-serving"]["cachingOptions"].get("enableCache") is not True
-    assert inner["serving-gate"]["dependentTasks"] == ["compare-with-serving"]
+    assert _task_with_component(inner, "comp-compare-serving") == ["compare-serving"]
+    assert inner["compare-serving"]["cachingOptions"].get("enableCache") is not True
+    assert inner["serving-gate"]["dependentTasks"] == ["compare-serving"]
     assert "serving-gate" in inner["deploy-serving"]["dependentTasks"]
     # the PVC mounts belong to the executors only that conditional branch runs: deploy, and
     # the comparison that reads the model serving from the same store
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     mounts = {name: e["pvcMount"] for name, e in executors.items() if "pvcMount" in e}
-    assert sorted(mounts) == ["exec-compare-with-serving", "exec-deploy-serving"]
+    assert sorted(mounts) == ["exec-compare-serving", "exec-deploy-serving"]
     for mount in mounts.values():
         assert mount[0]["mountPath"] == "/models"
         assert mount[0]["constant"] == "tf-serving-models"

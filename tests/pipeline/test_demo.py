@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.serving,
               pytest.mark.timeout(1900)]
 RUN_TIMEOUT_S = 900
 TASKS = ("prepare-data", "train", "train-2", "evaluate-parity", "parity-gate",
-         "export-savedmodel", "convert-tflite", "deploy-serving")  # the kfp local runner's
+         "export-savedmodel", "convert-tflite", "compare-serving", "serving-gate",
+         "deploy-serving")  # the kfp local runner's
 # the names KFP shows, which the demo's lines and log files use (the runner's folders keep its own)
 SHOWN = {"train": "train-amp", "train-2": "train-float32"}
 STEPS = tuple(SHOWN.get(task, task) for task in TASKS)
@@ -57,7 +58,13 @@ def test_demo_prints_a_line_per_step_and_the_results_and_a_rerun_the_gate_stops_
         start = lines.index(f"  {task:<18} started")
         end = next(i for i, x in enumerate(lines) if re.match(rf"  {task} +done in +\d", x))
         assert start < end, first
-    assert re.search(r"  evaluate-parity +done in .* gate PASS \(6 of 6 checks\): agreement", first)
+    # above chance, the twin's four, the float32-trained model's two
+    assert re.search(r"  evaluate-parity +done in .* gate PASS \(7 of 7 checks\): agreement", first)
+    # nothing is serving yet in a new workdir: the first release, compared with nothing
+    assert re.search(r"  compare-serving +done in .* no model serving to compare with \(no "
+                     r"version serving there: the first release\)", first)
+    assert re.search(r"  serving-gate +done in .* passed: deploy may go on", first)
+    assert re.search(r"release\.vs_chance +accuracy 0\.9\d+ vs chance 0\.1\d+ \(binomial p", first)
     assert re.search(r"  train-float32 +done in .* float32, XLA \w+: val_accuracy 0\.\d{4}",
                      first)
     assert re.search(r"  export-savedmodel +done in .* SavedModel version ampflow/1", first)
@@ -130,10 +137,11 @@ def _check_the_gate_stopped_the_run(output: str, workdir, run) -> None:
     assert f"evaluate report: {evaluated / 'report'}" in message
     assert f"evaluate log:    {workdir / 'logs' / 'evaluate-parity.log'}" in message
     # progress: a line as each task starts and ends
-    assert re.search(r"^  evaluate-parity +done in .* gate FAIL \(3 of 4 checks\)", output,
+    assert re.search(r"^  evaluate-parity +done in .* gate FAIL \(4 of 5 checks\)", output,
                      re.M), output[-4000:]
     assert re.search(r"^  parity-gate +FAILED after \d+\.\d s$", output, re.M), output[-4000:]
-    assert not re.search(r"^  (export-savedmodel|serve) ", output, re.M), output[-4000:]
+    assert not re.search(r"^  (export-savedmodel|compare-serving|serve) ", output,
+                         re.M), output[-4000:]
     gate_log = (workdir / "logs" / "parity-gate.log").read_text()
     assert "GateFailedError" in gate_log and "max_relative_logit_diff: measured" in gate_log
     assert not (workdir / "results.json").exists() and not (workdir / "results.txt").exists()
@@ -188,7 +196,13 @@ def _check_every_artifact(workdir):
         workspace / "checkpoints/train-float32")
     evaluated = run / "evaluate-parity"
     verdict = json.loads((evaluated / "verdict" / "verdict.json").read_text())
-    assert verdict["passed"]
+    assert verdict["passed"] and verdict["notes"] == []  # 359 test images are enough
+    assert verdict["baselines"]["float32_trained"] == str(baseline_model)
+    compared = json.loads((run / "compare-serving" / "comparison" /
+                           "serving_verdict.json").read_text())
+    assert compared["passed"] and compared["baselines"]["serving"] == {
+        "base_path": str((workdir / "serving" / "ampflow").resolve()), "version": None,
+        "why_none": "no version serving there: the first release"}
     assert verdict["model_sha256"] == hashlib.sha256(
         (amp_model / "model.keras").read_bytes()).hexdigest()
     metrics = json.loads((evaluated / "verdict" / "metrics.json").read_text())

@@ -11,7 +11,8 @@ from ampflow.pipeline.pipeline import AUTO_RELATIVE_LOGIT_DIFF, PipelineOptions,
 from ampflow.pipeline.run_local import LocalRunConfig
 
 THRESHOLDS = ("max_accuracy_drop", "min_agreement", "max_baseline_accuracy_drop",
-              "baseline_alpha")
+              "baseline_alpha", "chance_alpha", "min_accuracy", "metric_thresholds")
+SERVING = ("serving_alpha",)  # the comparison with the model serving: its own component
 
 
 def _evaluate_default(name):
@@ -21,20 +22,23 @@ def _evaluate_default(name):
 def test_pipeline_parameters_default_to_the_evaluate_steps_thresholds(tmp_path):
     path = compile_pipeline(tmp_path / "p.yaml", PipelineOptions(gpu=False))
     params = next(yaml.safe_load_all(open(path)))["root"]["inputDefinitions"]["parameters"]
-    for name in THRESHOLDS:
-        assert params[name]["defaultValue"] == _evaluate_default(name), name
+    for name in THRESHOLDS + SERVING:
+        assert params[name].get("defaultValue", "") == _evaluate_default(name), name
     # EvaluateConfig's auto bound (None) travels as a negative float
     assert _evaluate_default("max_relative_logit_diff") is None
     assert params["max_relative_logit_diff"]["defaultValue"] == AUTO_RELATIVE_LOGIT_DIFF < 0
 
 
 def test_local_run_and_component_defaults_are_the_evaluate_steps_thresholds():
-    from ampflow.components.evaluate_parity.component import evaluate_parity
+    from ampflow.components.evaluate_parity.component import compare_serving, evaluate_parity
 
     local = {f.name: f.default for f in LocalRunConfig.__dataclass_fields__.values()}
     # the component's source is copied into its task, so it spells its defaults out
     component = inspect.signature(evaluate_parity).parameters
     for name in THRESHOLDS:
         assert local[name] == component[name].default == _evaluate_default(name), name
+    comparison = inspect.signature(compare_serving).parameters
+    for name in SERVING:
+        assert local[name] == comparison[name].default == _evaluate_default(name), name
     assert local["max_relative_logit_diff"] == AUTO_RELATIVE_LOGIT_DIFF
     assert component["max_relative_logit_diff"].default == AUTO_RELATIVE_LOGIT_DIFF

@@ -22,7 +22,7 @@ from ampflow.components.train import load_trained_model
 from ampflow.errors import ConfigError, GateFailedError
 
 OUTPUT_FILES = {"metrics.json", "verdict.json", "confusion_matrix.json", "report.md",
-                "config.json", "per_class_accuracy.png", "confusion_matrix.png",
+                "predictions.json", "config.json", "per_class_accuracy.png", "confusion_matrix.png",
                 "logit_diff_histogram.png", "loss_scale_history.png"}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import tempfile
 
 import numpy as np
 import pytest
@@ -108,7 +109,7 @@ def test_a_model_at_chance_on_sixty_images_stops_at_the_gate_in_one_line(tmp_pat
 
 
 def test_a_model_worse_than_the_one_serving_is_refused_and_a_better_one_passes(
-        tmp_path, trained_model, prepared_digits, serve):
+        tmp_path, trained_model, prepared_digits, serve, monkeypatch):
     good, worse = trained_model("mixed_float16"), trained_model("mixed_bfloat16", epochs=1)
     serving_good = serve(good, "serving-good")
 
@@ -142,13 +143,20 @@ def test_a_model_worse_than_the_one_serving_is_refused_and_a_better_one_passes(
     # the pipeline's path: evaluate's record, the comparison task, then its gate
     _compare_in_kfp_tasks(tmp_path, prepared_digits, serving_good, metrics)
 
-    # the same models the other way round: the better model passes, and says by how much
+    # the same models the other way round: the better model passes, and says by how much;
+    # the store named as a URI (gs:// on a cluster) is read with tf.io.gfile through a
+    # temporary copy, removed after scoring
     serving_worse = serve(worse, "serving-worse")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    uri = f"file://{serving_worse}"
     better = run_evaluate(EvaluateConfig(model_dir=good, data_dir=prepared_digits,
-                                         output_dir=tmp_path / "better",
-                                         serving_base_path=str(serving_worse)))
+                                         output_dir=tmp_path / "better", serving_base_path=uri))
     assert better.passed, better.verdict["message"]
     assert better.metrics["serving_accuracy_delta_points"] > 3.0
+    assert better.verdict["baselines"]["serving"] == {"base_path": uri, "version": 1,
+                                                      "path": f"{uri}/1"}
+    assert list((tmp_path / "tmp").iterdir()) == []
     names = [c["name"] for c in better.verdict["checks"]]
     assert names[0] == "chance_binomial_p_value" and names[-1] == "serving_mcnemar_p_value"
 
@@ -164,12 +172,12 @@ def test_a_model_worse_than_the_one_serving_is_refused_and_a_better_one_passes(
 
 
 def _compare_in_kfp_tasks(tmp_path, prepared_digits, base_path, inline: dict) -> None:
-    """compare_with_serving publishes the same numbers, serving_gate refuses with them."""
-    from ampflow.components.evaluate_parity.component import compare_with_serving, serving_gate
+    """compare_serving publishes the same numbers, serving_gate refuses with them."""
+    from ampflow.components.evaluate_parity.component import compare_serving, serving_gate
 
     comparison = dsl.Artifact(uri=str(tmp_path / "comparison"))
     metrics = dsl.Metrics(uri=str(tmp_path / "comparison-metrics"))
-    passed, message = compare_with_serving(
+    passed, message = compare_serving(
         data=dsl.Dataset(uri=str(prepared_digits)),
         verdict=dsl.Artifact(uri=str(tmp_path / "worse")), comparison=comparison,
         metrics=metrics, serving_model_store=str(base_path.parent), model_name=base_path.name)
