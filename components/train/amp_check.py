@@ -310,7 +310,7 @@ def check_amp(model, policy: str, *, input_shape, num_classes: int, batch_size: 
     if applied:
         findings += _hand_set_findings(layers, rows, head, compute)
     if trace is not None and not trace.error:
-        findings += _cast_findings(rows, compute, policy)
+        findings += _cast_findings(rows, compute, policy, trace.float32_attention)
         findings += _unsafe_findings(trace, head, policy, large_reduction, notes,
                                      _parents(layers))
         findings += _constant_findings(trace)
@@ -605,6 +605,7 @@ class _Trace:
     # (op name, owner, value as written, dtype, NaN certain: the inf meets a Mul)
     constants: list[tuple[str, Any, float, str, bool]] = field(default_factory=list)
     attention_softmax: set[str] = field(default_factory=set)  # Softmax ops over scores
+    float32_attention: set[str] = field(default_factory=set)  # layers softmaxing them in f32
 
 
 @contextlib.contextmanager
@@ -737,6 +738,8 @@ def _read_graph(graph, scopes: dict[str, Any], result: _Trace) -> None:
             dtype = op.outputs[0].dtype
             if op.type == "Softmax" and _over_scores(op):
                 result.attention_softmax.add(name)
+                if dtype == tf.float32 and _owner(name, scopes) is not None:
+                    result.float32_attention.add(_owner(name, scopes).name)
             if dtype in (tf.float16, tf.bfloat16):
                 result.ops.append((op.type, name, dtype.name, _owner(name, scopes),
                                    _reduced_elements(op)))
@@ -869,12 +872,21 @@ def _plain(casts: dict[str, dict]) -> dict:
     return {k: {**v, "pairs": dict(v["pairs"])} for k, v in casts.items()}
 
 
-def _cast_findings(rows: list[LayerRow], compute: str, policy: str) -> list[Finding]:
+def _cast_findings(rows: list[LayerRow], compute: str, policy: str,
+                   float32_attention: set[str] = frozenset()) -> list[Finding]:
     found = []
     for row in rows:
         internal = row.casts.get("internal")
         boundary = row.casts.get("boundary")
-        if internal and row.origin == "custom":
+        if internal and row.origin == "custom" and row.name in float32_attention:
+            n = internal["forward"] + internal["backward"]
+            found.append(Finding(  # the rule kept by hand, as the attention warning advises
+                "float32_by_design", "info",
+                f"custom layer {row.name!r} ({row.class_name}) casts its attention scores to "
+                f"float32 for the softmax: {_ATTENTION_BY_DESIGN} ({n} casts: "
+                f"{_pairs(internal['pairs'])})", row.name,
+                {"casts": n, "pairs": internal["pairs"]}))
+        elif internal and row.origin == "custom":
             n = internal["forward"] + internal["backward"]
             found.append(Finding(
                 "hard_coded_dtype", "warning",

@@ -169,3 +169,13 @@ def test_a_hand_set_float32_attention_is_named_with_its_casts(tmp_path):
     assert found and found[0].detail["input_casts"] > 0
     assert "computes in float32 while the policy computes in float16" in found[0].message
     assert "overflowing_constant" not in report.kinds()  # -1e9 fits its float32 math
+
+
+def test_the_fix_the_check_advises_passes_it(tmp_path):
+    """A hand-written attention that casts its scores to float32 for the mask and softmax (what
+    the float16_attention_softmax warning advises) is the rule kept, not a hard-coded dtype."""
+    report = _user(tmp_path, "hand_attention_float32_softmax", "mixed_float16")
+    assert report.ok and report.warnings == [], report.table()
+    kept = [f for f in report.findings if f.layer == "hand_attention"]
+    assert [f.kind for f in kept] == ["float32_by_design"]
+    assert "casts its attention scores to float32 for the softmax" in kept[0].message

@@ -40,16 +40,34 @@ SOURCE = textwrap.dedent('''
                     "cast_mask": self.cast_mask}
 
 
+    class Float32SoftmaxHandAttention(HandAttention):
+        """The fix the check advises: scores cast to float32, masked and softmaxed there."""
+
+        def call(self, x, token_ids):
+            scores = ops.matmul(self.query(x), ops.transpose(self.key(x), (0, 2, 1)))
+            scores = ops.cast(scores, "float32") / ops.sqrt(float(self.units))
+            keep = ops.cast(ops.not_equal(token_ids, 0), "float32")[:, None, :]
+            scores = scores + (1.0 - keep) * self.mask_value
+            weights = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
+            return ops.matmul(weights, self.value(x))
+
+
     def _classifier(sequence_length, vocabulary_size, num_classes, **attention):
         ids = keras.Input((sequence_length,), dtype="int32", name="token_ids")
         x = layers.Embedding(vocabulary_size, 16, name="embed")(ids)
-        x = HandAttention(16, name="hand_attention", **attention)(x, ids)
+        layer = attention.pop("layer", HandAttention)
+        x = layer(16, name="hand_attention", **attention)(x, ids)
         x = layers.GlobalAveragePooling1D(name="pool")(x)
         return keras.Model(ids, layers.Dense(num_classes, name="out")(x))
 
 
     def hand_attention(sequence_length, vocabulary_size, num_classes):
         return _classifier(sequence_length, vocabulary_size, num_classes)
+
+
+    def hand_attention_float32_softmax(sequence_length, vocabulary_size, num_classes):
+        return _classifier(sequence_length, vocabulary_size, num_classes,
+                           layer=Float32SoftmaxHandAttention)
 
 
     def hand_attention_cast_mask(sequence_length, vocabulary_size, num_classes):
