@@ -335,6 +335,7 @@ def _overflowing_model(input_shape, num_classes):
                                                   dtype="float32")(x))
 
 
+@pytest.mark.slow  # real train steps of a tiny model (6 s)
 def test_train_step_probe_measures_an_applied_update_under_loss_scaling():
     """Loss scaling skips the first steps (no optimizer update: its temporaries would be
     missing from the peak), so the probe runs on until one update was applied (issue 37)."""
