@@ -5,8 +5,8 @@ with Keras (no new dependency), its ops are core TensorFlow ops (regex replace, 
 whitespace split, a hash table), so the same layer runs in `tf.data.map`, in a traced
 `tf.function` signature and in a SavedModel that TF Serving loads and that takes raw strings.
 keras-hub's WordPiece needs `tensorflow-text` (60 MB of custom ops pinned to one TF minor);
-without it, it runs eagerly only. Fitting is quick: about 0.4-0.9 s for 10,000 sentences of
-8-30 words on this 2-core CPU (docs/how-to/text-models.md says how it was measured). The cost
+without it, it runs eagerly only. Fitting is quick: about 1 s for 10,000 review snippets on a
+2-core CPU (docs/how-to/text-models.md says how it was measured). The cost
 is a word-level vocabulary: a word unseen in training is `[UNK]` (id 1), where WordPiece would
 split it into known pieces.
 
