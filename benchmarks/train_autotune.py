@@ -31,7 +31,8 @@ def main() -> int:
     p.add_argument("--model", default="resnet50")
     p.add_argument("--image-size", type=int, default=96)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps", type=int, default=20, help="timed steps per candidate")
+    p.add_argument("--steps", type=int, default=None,
+                   help="timed steps per candidate (default: --autotune-steps's)")
     p.add_argument("--budget", type=float, default=600.0, help="seconds")
     p.add_argument("--policies", default=None, help="comma-separated; default: native ones")
     p.add_argument("--xla", default="auto", help="auto | both | off | on (--autotune-xla)")
@@ -51,7 +52,8 @@ def main() -> int:
             data_dir=Path(data_dir), output_dir=Path(out), model=args.model,
             image_size=args.image_size if args.model != "small_cnn" else None,
             batch_size=args.batch_size, epochs=1, steps_per_epoch=1, autotune=True,
-            autotune_steps=args.steps, autotune_budget_s=args.budget,
+            **({"autotune_steps": args.steps} if args.steps else {}),
+            autotune_budget_s=args.budget,
             autotune_policies=args.policies, autotune_xla=args.xla)).metadata
     report = {"model": args.model, "image_size": args.image_size, "batch_size": args.batch_size,
               "name": args.name or args.model, "command_wall_s": time.monotonic() - began,

@@ -283,20 +283,21 @@ class _ChildRun:
         self.global_batch = self.config.batch_size * self.runtime.num_replicas
         train_ds, _, _ = training_data(self.config, self.info, self.global_batch)
         self.dataset, _ = distribute_datasets(self.runtime, train_ds, None)
-        self._loop = None
+        self._loop = self._float32_model = None
 
     def plan(self, emit: Callable) -> list[tuple[str, bool]]:
-        """Count the model's convolutions (the XLA rule), choose the candidates, emit them."""
+        """Count the model's convolutions (the XLA rule), choose the candidates, emit them.
+
+        The float32 model counted is kept for the float32 candidate (a ResNet-50 build less).
+        """
         import keras
 
-        from ampflow.components.train.models import build_model
+        from ampflow.components.train.build import build_uncompiled_model
 
         keras.mixed_precision.set_global_policy("float32")
-        model = build_model(self.config.model, tuple(self.info["image_shape"]),
-                            self.info["num_classes"], image_size=self.config.image_size,
-                            model_path=self.config.model_path)
-        conv_layers = count_convolutions(model)
-        del model
+        keras.utils.set_random_seed(self.config.seed)
+        self._float32_model = build_uncompiled_model(self.config, self.info, self.runtime)
+        conv_layers = count_convolutions(self._float32_model)
         pairs, skipped = candidates(self.hardware, parse_policies(self.config.autotune_policies),
                                     self.config.autotune_xla, conv_layers)
         emit(event="plan", pairs=pairs, skipped=skipped, conv_layers=conv_layers,
@@ -318,8 +319,11 @@ class _ChildRun:
         setup = PrecisionSetup(policy, "autotune candidate", jit, "autotune candidate",
                                self.hardware.describe())
         keras.utils.set_random_seed(self.config.seed)
+        built, self._float32_model = self._float32_model, None  # plan()'s model, once
+        if policy != "float32":
+            built = None
         model = build_compiled_model(self.config, self.info, setup, self.runtime,
-                                     self.config.learning_rate)
+                                     self.config.learning_rate, model=built)
         loop = TrainLoop(self.runtime, model, LoopConfig(
             epochs=1, steps_per_epoch=self.config.autotune_steps,
             global_batch_size=self.global_batch, jit_compile=jit,

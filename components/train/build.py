@@ -26,18 +26,27 @@ def training_data(config, info: dict, global_batch: int):
     return train_ds.repeat(), test_ds, steps
 
 
-def build_compiled_model(config, info: dict, setup: PrecisionSetup, runtime,
-                         learning_rate: float, total_steps: int | None = None):
-    """The model and its optimizer, created in the strategy's scope (one copy per replica).
-
-    `total_steps` (epochs × steps per epoch) sizes a cosine schedule; without it the learning
-    rate is constant (autotune and benchmarks time steps, not whole runs).
-    """
+def build_uncompiled_model(config, info: dict, runtime):
+    """The model under the global policy, in the strategy's scope, not compiled yet."""
     from ampflow.components.train.models import build_model
 
     with runtime.strategy.scope():
-        model = build_model(config.model, tuple(info["image_shape"]), info["num_classes"],
-                            image_size=config.image_size, model_path=config.model_path)
+        return build_model(config.model, tuple(info["image_shape"]), info["num_classes"],
+                           image_size=config.image_size, model_path=config.model_path)
+
+
+def build_compiled_model(config, info: dict, setup: PrecisionSetup, runtime,
+                         learning_rate: float, total_steps: int | None = None, model=None):
+    """The model and its optimizer, created in the strategy's scope (one copy per replica).
+
+    `total_steps` (epochs × steps per epoch) sizes a cosine schedule; without it the learning
+    rate is constant (autotune and benchmarks time steps, not whole runs). `model`: one
+    already built by `build_uncompiled_model` under the setup's policy (autotune counts the
+    convolutions of its first candidate's model, then trains that one instead of a second).
+    """
+    if model is None:
+        model = build_uncompiled_model(config, info, runtime)
+    with runtime.strategy.scope():
         model.compile(optimizer=make_optimizer(config, setup, learning_rate, total_steps),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                       jit_compile=setup.jit_compile)
