@@ -4,7 +4,7 @@ Dynamic loss scaling (Keras's `LossScaleOptimizer`, from 2**15 = 32768) *expects
 step whose scaled float16 gradients overflow is skipped and the scale halves; after 2000 finite
 steps in a row it doubles (and the growth's first overflow costs one more skip). So a healthy run
 skips one step per halving its scale needs (a handful, early, or whenever its gradients grow:
-measured 2 of 264 steps on a small CNN, the scale 32768 -> 8192, issue 37) and about one per
+measured 2 of 264 steps on issue 37's user builder, the scale 32768 -> 8192) and about one per
 2000 steps after that. A rate over a short stretch cannot tell that from a broken model: 2 such
 skips among the first 20 steps after a warm-up read as 10 %. The guard therefore decides on
 evidence that does not depend on the run's length (docs/explanation/amp-checks.md):
@@ -63,14 +63,6 @@ class GuardLimits:
     def to_json(self) -> dict:
         """The `guard` entry of metadata.json's loss_scale block."""
         return asdict(self)
-
-    def rule(self) -> str:
-        """The rule in one sentence, for the docs and the errors."""
-        return (f"the guard stops a run on a non-finite loss, a loss scale under "
-                f"{self.floor:g}, more than {self.max_consecutive_skipped} skipped steps in a "
-                f"row, or more than {self.max_skipped_fraction:.1%} of the last "
-                f"{self.window_steps} steps after step {self.warmup_steps} skipped (at least "
-                f"{self.min_skipped_steps} of them)")
 
 
 @dataclass(frozen=True)

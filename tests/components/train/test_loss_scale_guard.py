@@ -219,9 +219,9 @@ def test_the_issues_user_builder_trains_under_mixed_float16_with_the_default_gua
         prepared_digits, tmp_path):
     """The issue's builder (docs/examples/user-model: a custom weight-holding layer, LayerNorm,
     Dropout, a softmax output), digits, batch 32, mixed_float16. On a Xeon with AMX seed 2
-    skipped steps 64 and 79 (32768 -> 8192): the old rule stopped it at step 79 ("6.9 % of
-    the 29 steps after warm-up"). Whatever this CPU's float16 rounding does, a healthy run
-    completes."""
+    skipped steps 64 and 79 (32768 -> 8192); the old rule, replayed on that history, stops it
+    at step 79 ("6.9 % of the 29 steps after warm-up"). Whatever this CPU's float16 rounding
+    does, a healthy run completes."""
     from pathlib import Path
 
     from ampflow.components.train import TrainConfig, run_train
