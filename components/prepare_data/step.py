@@ -231,7 +231,7 @@ def _label_key(info, config: PrepareDataConfig) -> str:
         log.info("%s has no %r feature: its class feature is %r", info.name, config.label_key,
                  class_labels[0])
         return class_labels[0]
-    raise DatasetError(
+    raise ConfigError(
         f"dataset must be an image or text classification dataset (an Image or string "
         f"feature and a ClassLabel {config.label_key!r}). Received: dataset={info.name!r} with "
         f"features {_feature_summary(features)}")
@@ -248,7 +248,7 @@ def _text_key(info, config: PrepareDataConfig, label_key: str) -> str:
                 f"{', '.join(strings) or 'none'}")
         return config.text_feature
     if not strings:
-        raise DatasetError(
+        raise ConfigError(
             f"dataset must be an image or text classification dataset (an Image or string "
             f"feature and a ClassLabel). Received: dataset={info.name!r} with features "
             f"{_feature_summary(features)}")
@@ -406,7 +406,7 @@ def _require_labelled(builder, spec: str, role: str, roles: _Roles,
     unlabelled = int(np.sum(labels < 0))
     if unlabelled:
         others = [s for s in builder.info.splits.keys() if s != spec]
-        raise DatasetError(
+        raise ConfigError(
             f"{role} must be labelled. Received: {role}={spec!r} of {builder.info.name} with "
             f"{unlabelled} of {len(labels)} examples unlabelled (label -1, as in GLUE's test "
             f"splits): pass --{role.replace('_', '-')} with a labelled split "

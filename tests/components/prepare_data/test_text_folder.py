@@ -9,7 +9,7 @@ import pytest
 
 from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
 from ampflow.components.prepare_data.text_input import load_texts
-from ampflow.errors import ConfigError, DatasetError
+from ampflow.errors import ConfigError
 
 CLASSES = ("neg", "neutral", "pos")
 PER_CLASS = 10
@@ -139,12 +139,12 @@ def _assert_nothing_left(out: Path) -> None:
 
 @pytest.mark.parametrize(("setup", "error", "message"), [
     (lambda root: None, ConfigError, r"text_folder must be an existing directory.*missing"),
-    (lambda root: root.mkdir(), DatasetError,
+    (lambda root: root.mkdir(), ConfigError,
      r"text_folder must hold one sub-folder per class.*no class sub-folders"),
-    (lambda root: make_text_folder(root, classes=("solo",), per_class=2), DatasetError,
+    (lambda root: make_text_folder(root, classes=("solo",), per_class=2), ConfigError,
      r"at least 2 class sub-folders.*Received: \['solo'\]"),
     (lambda root: [(root / c).mkdir(parents=True) or (root / c / "a.txt").write_bytes(b"\xff")
-                   for c in CLASSES], DatasetError,
+                   for c in CLASSES], ConfigError,
      r"at least one readable UTF-8 text.*3 left out \(3 not UTF-8\)"),
     (lambda root: make_text_folder(root / "train", classes=("a", "b")) and
      make_text_folder(root / "val", classes=("a", "b")), ConfigError,
@@ -167,8 +167,8 @@ def test_text_folder_empty_folder_is_one_line_in_the_cli(tmp_path, capsys):
     code = main(["prepare-data", "--text-folder", str(tmp_path / "texts"), "--output-dir",
                  str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and len(err) == 1
-    assert err[0].startswith("ampflow prepare-data: error: text_folder must hold one "
+    assert code == 2 and len(err) == 1  # a flag that names no usable input: configuration
+    assert err[0].startswith("ampflow prepare-data: error: --text-folder must hold one "
                              "sub-folder per class")
     _assert_nothing_left(tmp_path / "out")
 

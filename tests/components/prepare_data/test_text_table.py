@@ -8,7 +8,7 @@ import pytest
 
 from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
 from ampflow.components.prepare_data.text_input import load_texts
-from ampflow.errors import ConfigError, DatasetError
+from ampflow.errors import ConfigError
 
 MAX_BYTES = 200
 
@@ -119,8 +119,8 @@ def test_text_file_label_column_with_one_class_is_one_line(tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["prepare-data", "--text-file", str(path), "--output-dir", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and len(err) == 1, err
-    assert "label_column must hold at least 2 classes" in err[0]
+    assert code == 2 and len(err) == 1, err
+    assert "--label-column must hold at least 2 classes" in err[0]
     assert "only the class 'spam' in 5 kept rows" in err[0]
     assert not out.exists()
 
@@ -128,8 +128,8 @@ def test_text_file_label_column_with_one_class_is_one_line(tmp_path, capsys):
 @pytest.mark.parametrize(("name", "content", "error", "message"), [
     ("t.txt", "text,label\n", ConfigError, r"text_file must end in \.csv, \.tsv, \.jsonl"),
     ("missing.csv", None, ConfigError, r"text_file must be an existing .*missing"),
-    ("empty.csv", "", DatasetError, r"first row must name the columns.*is empty"),
-    ("headers.csv", "text,label\n", DatasetError, r"at least 2 classes.*no labelled row"),
+    ("empty.csv", "", ConfigError, r"first row must name the columns.*is empty"),
+    ("headers.csv", "text,label\n", ConfigError, r"at least 2 classes.*no labelled row"),
 ], ids=["extension", "missing", "empty", "header-only"])
 def test_text_file_bad_file_is_a_clear_error_and_leaves_nothing(tmp_path, name, content, error,
                                                                 message):

@@ -150,7 +150,7 @@ def test_tfds_text_dataset_prefers_description_and_text_feature_overrides(tmp_pa
 
 def test_tfds_text_dataset_unlabelled_test_split_names_the_labelled_ones(tmp_path, data_dir):
     out = tmp_path / "out"
-    with pytest.raises(DatasetError, match=r"test_split must be labelled.*4 of 4 examples "
+    with pytest.raises(ConfigError, match=r"test_split must be labelled.*4 of 4 examples "
                                            r"unlabelled.*--test-split.*train, validation"):
         run_prepare_data(PrepareDataConfig(output_dir=out, dataset="ampflow_test_news",
                                            tfds_data_dir=data_dir))
@@ -180,8 +180,8 @@ def test_non_classification_dataset_is_refused_in_one_line(tmp_path, data_dir, c
     code = main(["prepare-data", "--dataset", "ampflow_test_scores", "--output-dir", str(out),
                  "--tfds-data-dir", str(data_dir)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and len(err) == 1, err
-    assert "must be an image or text classification dataset" in err[0]
+    assert code == 2 and len(err) == 1, err
+    assert "--dataset must be an image or text classification dataset" in err[0]
     assert "text (Text), score (Tensor float32)" in err[0]
     assert not out.exists()
 
