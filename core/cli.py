@@ -15,9 +15,12 @@ import sys
 
 from ampflow import __version__, progress
 from ampflow.cliutil import ArgumentParser
-from ampflow.errors import AmpflowError
+from ampflow.errors import AmpflowError, ConfigError
 from ampflow.requirements import check_installed_versions
-from ampflow.tf_startup import filter_stderr_for_life
+from ampflow.tf_startup import filter_stderr_for_life, quiet_python_noise
+
+log = logging.getLogger("ampflow.cli")
+CLOSED_PIPE_EXIT_CODE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
 
 # (command modules in pipeline order). Modules are imported lazily so `--help` stays fast.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -76,7 +79,32 @@ def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODUL
     its stderr then goes through `ampflow.tf_startup`'s filter unless `--verbose` or
     `--log-level DEBUG` asks for everything. With `argv` (tests, a caller's own process) the
     process's file descriptors are left alone.
+
+    Exit codes (ampflow/errors.py has the rule): 0, 2 (usage or configuration), 1 (the run
+    failed), 130 (Ctrl-C), 141 (stdout's reader went away: `ampflow ... | head -1`).
     """
+    try:
+        return _main(argv, modules)
+    except BrokenPipeError:
+        return closed_pipe()
+
+
+def closed_pipe() -> int:
+    """Stdout's reader is gone (`| head -1`): end quietly, as a shell's SIGPIPE would, with 141.
+
+    Stdout is pointed at /dev/null so that Python's own flush at exit does not fail again and
+    print a traceback after the command has ended.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # a replaced stdout without a file descriptor
+        pass
+    return CLOSED_PIPE_EXIT_CODE
+
+
+def _main(argv: list[str] | None, modules: tuple[str, ...]) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if argv is None:  # the process's own command line: this process is ours to set up
         argv = sys.argv[1:]
@@ -91,6 +119,8 @@ def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODUL
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if args.log_level != "DEBUG":
+        quiet_python_noise()  # absl's per-checkpoint timing line, as the C++ noise above
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -99,11 +129,33 @@ def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODUL
         check_installed_versions()
         return int(args.func(args) or 0)
     except AmpflowError as e:
-        print(f"ampflow {args.command}: error: {e}", file=sys.stderr)
+        print(f"ampflow {args.command}: error: {_in_flags(e, parser, args.command)}",
+              file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:
+        raise  # main's: not a file error of the command's
+    except OSError as e:  # the file system said no where no step turned it into its own error
+        log.debug("ampflow %s: %s", args.command, e, exc_info=True)
+        print(f"ampflow {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"ampflow {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _in_flags(error: AmpflowError, parser, command: str) -> str:
+    """The error's line, a configuration error's field names said as the command's flags.
+
+    Once, here, for every command: a step's config field (`eval_dir`), a check deep in a step
+    (`image_folder must hold ...`) and a command's own option all read as the flag the user
+    typed (`--eval-dir`), from the command's parser. Other errors are left as written.
+    """
+    from ampflow.cliutil import flags_of_parser, name_flags
+
+    command_parser = parser.command_parser(command)
+    if not isinstance(error, ConfigError) or command_parser is None:
+        return str(error)
+    return name_flags(str(error), flags_of_parser(command_parser))
 
 
 def _shows_everything(argv: list[str]) -> bool:

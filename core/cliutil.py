@@ -123,10 +123,16 @@ class HelpFormatterKeepingEpilog(HelpFormatter, argparse.RawDescriptionHelpForma
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """ampflow's parser: one error line (no usage dump), exit 2, the closest valid choice."""
+    """ampflow's parser: one error line (no usage dump), exit 2, the closest valid choice.
+
+    An unknown flag is answered by the command it was given to, with the closest flag
+    (`ampflow train: error: unrecognized argument --precison; did you mean --precision?`),
+    before a missing required flag is (a misspelled required flag is both).
+    """
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # `--lr 0.1` was taken as --lr-schedule 0.1
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", SubcommandsAction)
 
@@ -134,10 +140,64 @@ class ArgumentParser(argparse.ArgumentParser):
         """Print `prog: error: message` and where help is, then exit 2 (a usage error)."""
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
+    def parse_args(self, args=None, namespace=None):  # noqa: D102
+        args = list(sys.argv[1:] if args is None else args)
+        self.refuse_unknown_flags(args)
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self.command_parser(getattr(namespace, "command", None)) or self
+            command.error(f"unrecognized argument{'s' if len(extras) > 1 else ''} "
+                          f"{' '.join(extras)}")
+        return namespace
+
+    def command_parser(self, name: str | None) -> argparse.ArgumentParser | None:
+        """The parser of subcommand `name`, or None."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(name)
+        return None
+
+    def refuse_unknown_flags(self, args: list[str]) -> None:
+        """A usage error for the first `--flag` in `args` that its command does not take."""
+        parser: argparse.ArgumentParser = self
+        for token in args:
+            if token == "--":
+                return
+            if parser is self and not token.startswith("-") and self.command_parser(token):
+                parser = self.command_parser(token)
+                continue
+            if not token.startswith("--") or token == "--":
+                continue
+            flag = token.split("=", 1)[0]
+            if _takes_flag(parser, flag):
+                continue
+            if parser is not self and _takes_flag(self, flag):
+                parser.error(f"{flag} is an option of `{self.prog}` itself: put it before the "
+                             f"command (`{self.prog} {flag} {parser.prog.split()[-1]} ...`)")
+            parser.error(f"unrecognized argument {flag}{_closest_flag(parser, flag)}")
+
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         if action.choices is not None and value not in action.choices:
             flag = "/".join(action.option_strings) or action.dest
             raise argparse.ArgumentError(None, invalid_choice(flag, value, action.choices))
+
+
+def _closest_flag(parser: argparse.ArgumentParser, flag: str) -> str:
+    """`"; did you mean --x?"` for the visible flag nearest to `flag`, or "" when none is near.
+
+    Compared without the leading dashes, which every flag shares, and stricter than a mistyped
+    choice: a flag unlike any other gets no guess.
+    """
+    names = {f[2:]: f for f in flags_of_parser(parser).values() if f.startswith("--")}
+    near = difflib.get_close_matches(flag.lstrip("-").lower(), list(names), n=1, cutoff=0.6)
+    return f"; did you mean {names[near[0]]}?" if near else ""
+
+
+def _takes_flag(parser: argparse.ArgumentParser, flag: str) -> bool:
+    """Whether `parser` takes `flag`, or an abbreviation argparse would expand (or refuse)."""
+    if flag in parser._option_string_actions:
+        return True
+    return parser.allow_abbrev and any(o.startswith(flag) for o in parser._option_string_actions)
 
 
 class SubcommandsAction(argparse._SubParsersAction):
@@ -184,24 +244,39 @@ def flag_of(config_cls: type, name: str) -> str:
     return field.metadata.get("flag") or "--" + name.replace("_", "-")
 
 
-def name_flags(message: str, config_cls: type | None) -> str:
+def name_flags(message: str, fields: type | dict[str, str] | None) -> str:
     """Say `--eval-dir` where a config error says `eval_dir`: the user typed flags, not fields.
 
-    A field name with an underscore is an identifier wherever it appears; a one-word name
-    (`model`, `epochs`) only where the message uses it as a name (`epochs must`, `epochs=`).
+    `fields` is a config dataclass, or a `{field: flag}` map (`flags_of_parser`). A field name
+    with an underscore is an identifier wherever it appears; a one-word name (`model`,
+    `epochs`) only where the message uses it as a name (`epochs must`, `epochs=`).
     """
-    if config_cls is None or not dataclasses.is_dataclass(config_cls):
+    if dataclasses.is_dataclass(fields):
+        fields = {f.name: flag_of(fields, f.name) for f in dataclasses.fields(fields) if f.init}
+    if not isinstance(fields, dict):
         return message
-    for field in sorted(dataclasses.fields(config_cls), key=lambda f: -len(f.name)):
-        if not field.init:
-            continue
-        flag = flag_of(config_cls, field.name)
-        if "_" in field.name:
-            pattern = rf"(?<![\w./-]){re.escape(field.name)}(?![\w/])"
+    for name in sorted(fields, key=lambda n: -len(n)):
+        if "_" in name:
+            pattern = rf"(?<![\w./-]){re.escape(name)}(?![\w/])"
         else:
-            pattern = rf"(?<![\w./-]){re.escape(field.name)}(?=( must| should|=))"
-        message = re.sub(pattern, flag, message)
+            pattern = rf"(?<![\w./-]){re.escape(name)}(?=( must| should|=))"
+        message = re.sub(pattern, fields[name], message)
     return message
+
+
+def flags_of_parser(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """`{dest: its flag}` of every option of `parser` (`eval_dir` -> `--eval-dir`).
+
+    The flag a user reads in `--help`: the first long spelling of the first, visible action of
+    each dest (an old spelling kept for compatibility is hidden, and never named).
+    """
+    found: dict[str, str] = {}
+    for action in parser._actions:
+        if action.help is argparse.SUPPRESS or not action.option_strings:
+            continue
+        long = [o for o in action.option_strings if o.startswith("--")]
+        found.setdefault(action.dest, (long or action.option_strings)[0])
+    return found
 
 
 def config_error_with_flags(error: ConfigError, config_cls: type | None) -> ConfigError:

@@ -53,6 +53,13 @@ EVERY_S_ENV = "AMPFLOW_PROGRESS_EVERY_S"
 DEFAULT_EVERY_S = 30.0  # the one home of the default (the CLI flag's default is "unset")
 BAR_INTERVAL_S = 0.1  # a terminal bar redraws at most this often
 _RATE_WINDOW = 20  # a bar's rate is measured over its last this many redraws (~2 s)
+MIN_BAR_WIDTH = 10  # a bar is never drawn narrower: fields are dropped first
+# The fields a narrow terminal keeps, most wanted first: the loss (is it learning?), the run's
+# ETA (when is it done?), the loss scale (is AMP healthy?), the rate; the accuracy last (each
+# epoch's line says it). A field not named here goes after them.
+KEEP_FIRST = ("loss", "run ETA", "scale", "rate", "ETA", "accuracy")
+_UNSIZED_COLUMNS = 100  # a terminal that reports no size is drawn this wide
+_TQDM_UNSIZED_BAR = 10  # the bar tqdm draws when given no width
 _FALSE = ("", "0", "false", "no", "off")
 
 log = logging.getLogger("ampflow.progress")
@@ -189,7 +196,7 @@ class Progress:
 
             sized = _columns(stream) > 0  # a fresh pseudo-terminal reports 0 columns
             self._bar = tqdm(total=total, desc=desc, unit=unit, initial=initial, file=stream,
-                             dynamic_ncols=sized, ncols=None if sized else 100,
+                             dynamic_ncols=sized, ncols=None if sized else _UNSIZED_COLUMNS,
                              nrows=None if sized else 24,  # tqdm draws nothing on 0 rows
                              leave=not transient, mininterval=0, miniters=1, smoothing=0.3,
                              # with a rate in items, that rate replaces tqdm's in units
@@ -244,7 +251,7 @@ class Progress:
         t0, n0 = (self._start, self._initial) if closing else self._marks[0]
         rate = (self.n - n0) / (now - t0) if now > t0 and self.n > n0 else None
         if self.mode == "bar":
-            self._bar.set_postfix_str(self._postfix(rate, with_eta=True), refresh=False)
+            self._bar.set_postfix_str(self._fitted_postfix(rate), refresh=False)
             if self.n > self._bar.n:
                 self._bar.update(self.n - self._bar.n)  # redraws (mininterval=0)
             else:
@@ -273,15 +280,50 @@ class Progress:
         run = left + self.remaining_after / rate if self.remaining_after else None
         return left, run
 
-    def _postfix(self, rate: float | None, with_eta: bool) -> str:
-        parts = self._rate_text(rate) + [f"{k} {_format(v)}" for k, v in self._values.items()
-                                         if v is not None]
+    def _postfix_fields(self, rate: float | None, with_eta: bool) -> list[tuple[str, str]]:
+        """(name, text) of each field after the count: the rate, the values, the ETAs."""
+        fields = [("rate", text) for text in self._rate_text(rate)]
+        fields += [(k, f"{k} {_format(v)}") for k, v in self._values.items() if v is not None]
         left, run = self._eta(rate)
         if with_eta and left is not None and self.mode == "lines":  # a bar shows its own
-            parts.append(f"ETA {_duration(left)}")
+            fields.append(("ETA", f"ETA {_duration(left)}"))
         if run is not None and with_eta:
-            parts.append(f"run ETA {_duration(run)}")
-        return ", ".join(parts)
+            fields.append(("run ETA", f"run ETA {_duration(run)}"))
+        return fields
+
+    def _postfix(self, rate: float | None, with_eta: bool) -> str:
+        return ", ".join(text for _, text in self._postfix_fields(rate, with_eta))
+
+    def _fitted_postfix(self, rate: float | None) -> str:
+        """The bar's fields that fit the terminal beside a bar of at least `MIN_BAR_WIDTH`.
+
+        Fields are dropped, least wanted first (`KEEP_FIRST` says the order), never the bar:
+        tqdm would otherwise shrink the bar to one character and cut the line's end.
+        """
+        fields = self._postfix_fields(rate, with_eta=True)
+        room = self._width() - self._bar_line_without_postfix(rate) - MIN_BAR_WIDTH
+        kept: set[int] = set()
+        used = 0
+        for i in sorted(range(len(fields)), key=lambda i: _keep_rank(fields[i][0])):
+            cost = len(fields[i][1]) + 2  # ", " before it
+            if used + cost <= room:
+                kept.add(i)
+                used += cost
+        return ", ".join(text for i, (_, text) in enumerate(fields) if i in kept)
+
+    def _width(self) -> int:
+        return _columns(self._stream) or _UNSIZED_COLUMNS
+
+    def _bar_line_without_postfix(self, rate: float | None) -> int:
+        """Characters of the line about to be drawn, less its postfix and its bar.
+
+        tqdm's own format, at this display's count and rate (tqdm's still hold the last
+        redraw's: a "?" ETA is 4 characters shorter than "00:07"), plus 2 for an ETA that
+        grows by an hours field before the next redraw.
+        """
+        meter = dict(self._bar.format_dict, n=self.n, rate=rate, postfix=None,
+                     ncols=None)  # ncols None: tqdm draws a bar of _TQDM_UNSIZED_BAR
+        return len(self._bar.format_meter(**meter)) - _TQDM_UNSIZED_BAR + 2
 
     def _line(self, now: float, rate: float | None, closing: bool) -> str:
         if self.total is not None:
@@ -324,6 +366,11 @@ def keras_callback(progress: Progress):
             progress.update()
 
     return _CountBatches()
+
+
+def _keep_rank(name: str) -> int:
+    """Where a field stands in `KEEP_FIRST` (unknown fields after every known one)."""
+    return KEEP_FIRST.index(name) if name in KEEP_FIRST else len(KEEP_FIRST)
 
 
 def _isatty(stream) -> bool:

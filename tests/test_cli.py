@@ -360,19 +360,22 @@ def test_config_errors_name_the_flag_and_exit_2(argv, message, tmp_path, capsys)
 
 
 def test_the_same_kind_of_error_has_the_same_exit_code_in_every_command(tmp_path, capsys):
-    """2: usage or config (nothing ran); 1: the command ran and failed."""
+    """2: usage or config (nothing ran); 1: the command ran and failed.
+
+    tests/test_cli_promises.py holds the rule's table for every command.
+    """
     from ampflow.cli import main
 
     missing = str(tmp_path / "nope")
-    runtime = {  # a missing input found while running
+    named_nothing = {  # a flag that names no input: configuration, exit 2 (it was 1)
         "evaluate": ["evaluate", "--model-dir", missing, "--data-dir", missing,
                      "--output-dir", str(tmp_path / "e")],
         "check-model": ["check-model", "--data-dir", missing],
     }
-    for name, argv in runtime.items():
+    for name, argv in named_nothing.items():
         code = main(argv)
         err = capsys.readouterr().err
-        assert code == 1 and err.startswith(f"ampflow {name}: error: "), (name, err)
+        assert code == 2 and err.startswith(f"ampflow {name}: error: "), (name, err)
     code = main(["submit", "--host", "http://127.0.0.1:9", "--image", "r/a:1", "--param",
                  "epoch=3"])
     assert code == 2

@@ -38,7 +38,7 @@ def test_ampflow_unknown_flag_exits_2_with_one_line_usage_error():
            "--no-such-flag", "3"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert "unrecognized arguments: --no-such-flag" in done.stderr
+    assert "ampflow train: error: unrecognized argument --no-such-flag" in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -55,8 +55,66 @@ def test_progress_on_a_terminal_is_a_bar_redrawn_in_place_with_the_rate_and_valu
     redraws = text.split("\r")
     counts = {m.group(1) for m in re.finditer(r"\| (\d+)/20 ", text)}
     assert len(redraws) > 3 and len(counts) >= 3, text  # it advanced in place
-    assert "20/20" in redraws[-1] and "img/s" in text and "loss 0.2500" in text
-    assert "scale 32768" in text and "run ETA" in text
+    assert "20/20" in redraws[-1] and "loss 0.2500" in text
+    assert "scale 32768" in text and "run ETA" in text  # (no room for img/s in 100 columns)
+
+
+def _terminal_of(columns: int):
+    """(the master fd, the slave as a text stream) of a real pseudo-terminal `columns` wide."""
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    return master, os.fdopen(slave, "w", encoding="utf-8")
+
+
+def _drawn(master: int) -> list[str]:
+    """Every redraw the terminal received, escape codes removed."""
+    os.set_blocking(master, False)
+    raw = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        raw += chunk
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", raw.decode("utf-8", "replace"))
+    return [line for line in re.split(r"[\r\n]+", text) if line.strip()]
+
+
+@pytest.mark.parametrize("columns, kept", [
+    (80, ("loss", "run ETA")),
+    (120, ("loss", "run ETA", "scale", "img/s")),
+])
+def test_the_training_bar_drops_fields_not_the_bar_to_fit_the_terminal(columns, kept, clean_env):
+    # Before: at 80 columns tqdm drew the bar one character wide and cut the loss scale and
+    # the run's ETA off the end of the line.
+    master, terminal = _terminal_of(columns)
+    try:
+        shown = Progress(100, "epoch 1/8", items_per_unit=32, item="img",
+                         remaining_after=700, stream=terminal)
+        for _ in range(10):
+            time.sleep(0.012)
+            shown.update(10, values={"loss": 0.2345, "accuracy": 0.9, "scale": 32768.0})
+        shown.close()
+        terminal.flush()
+        lines = _drawn(master)
+    finally:
+        terminal.close()
+        os.close(master)
+    final = lines[-1]
+    assert final.startswith("epoch 1/8: 100%|"), lines
+    for line in lines:
+        assert len(line) <= columns, (columns, line)
+        bar = line.split("|")[1]
+        assert len(bar) >= progress_module.MIN_BAR_WIDTH, (columns, line)
+    for name in kept:
+        assert name in final, (columns, final)
+    assert columns > 80 or "accuracy" not in final  # the least wanted goes first
 
 
 def test_progress_off_a_terminal_writes_plain_lines_every_every_s(clean_env, caplog):
@@ -251,6 +309,8 @@ def test_train_through_a_pipe_logs_periodic_plain_lines_or_none_when_quiet(
     lines = [x for x in run.stderr.splitlines() if "ampflow.progress:" in x]
     assert "epoch 1/1: loss" in run.stderr
     assert not CONTROL.search(run.stdout + run.stderr)
+    # absl's per-checkpoint timing line is start-up noise like TF's (core/tf_startup.py)
+    assert "Sharding callback duration" not in run.stderr
     if quiet:
         assert lines == []
         return

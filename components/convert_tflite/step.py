@@ -22,7 +22,7 @@ import numpy as np
 from ampflow.components.convert_tflite.config import ConvertConfig
 from ampflow.components.convert_tflite.variants import SavedModelConverter
 from ampflow.components.export_savedmodel.versions import list_versions
-from ampflow.errors import ConfigError, GateFailedError, ModelLoadError
+from ampflow.errors import ConfigError, GateFailedError, ModelConfigError
 from ampflow.files import ensure_writable_dir, staging_dir, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -102,8 +102,8 @@ def resolve_saved_model_dir(path: str | os.PathLike) -> Path:
     if (path / "saved_model.pb").is_file():
         return path
     versions = list_versions(path)  # the one rule of serving/model_format.py, as a server reads
-    if not versions:
-        raise ModelLoadError(
+    if not versions:  # a flag naming no SavedModel: a configuration error (exit 2)
+        raise ModelConfigError(
             f"saved_model_dir must be a SavedModel version dir (holding saved_model.pb) or a "
             f"model dir with numbered versions. Received: saved_model_dir={str(path)!r}")
     return path / str(versions[-1])

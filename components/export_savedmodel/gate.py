@@ -59,6 +59,12 @@ def check_gate(eval_dir: str | os.PathLike | None, force: bool) -> GateDecision:
                                   "verdict.json (or force=True to export ungated)")
         return _forced(None, None, [], "exported WITHOUT a parity verdict (no eval_dir)")
     path = Path(eval_dir) / VERDICT_FILE
+    if not force and not Path(eval_dir).is_dir():  # a flag naming nothing: exit 2, not a gate
+        from ampflow.errors import ModelConfigError
+
+        raise ModelConfigError(f"eval_dir must be the output dir of `ampflow evaluate` (holding "
+                               f"{VERDICT_FILE}). Received: eval_dir={str(eval_dir)!r} (no such "
+                               "directory)")
     try:
         verdict = _load_verdict(path)
     except GateFailedError as e:

@@ -44,7 +44,7 @@ from etils import epath
 
 from ampflow.components.prepare_data.images import ENCODED_FORMATS
 from ampflow.components.prepare_data.offline_digits import OfflineBuilder
-from ampflow.errors import ConfigError, DatasetError
+from ampflow.errors import ConfigError, DatasetConfigError
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def scan_folder(listing: FolderListing) -> FolderScan:
         else:
             opened.append((rel, split, label, *result))
     if not opened:
-        raise DatasetError(
+        raise DatasetConfigError(
             f"image_folder must hold at least one readable JPEG/PNG/BMP/GIF image. Received: "
             f"{listing.root} with {len(skipped)} unreadable files "
             f"({describe_skipped(skipped)})")
@@ -288,11 +288,11 @@ def _fingerprint(root: Path, paths: list[str], layout: str) -> str:
 
 def _require_classes(root: Path, class_names: tuple[str, ...]) -> None:
     if not class_names:
-        raise DatasetError(
+        raise DatasetConfigError(
             "image_folder must hold one sub-folder per class (optionally under train/ and "
             f"test/). Received: {root} with no class sub-folders")
     if len(class_names) < 2:
-        raise DatasetError(
+        raise DatasetConfigError(
             "image_folder must hold at least 2 class sub-folders (a classifier needs two "
             f"classes). Received: {list(class_names)} in {root}")
 
@@ -300,7 +300,7 @@ def _require_classes(root: Path, class_names: tuple[str, ...]) -> None:
 def _require_two_trained_classes(listing: FolderListing, images: tuple[ScannedImage, ...]):
     trained = sorted({listing.class_names[im.label] for im in images if im.split == "train"})
     if len(trained) < 2:
-        raise DatasetError(
+        raise DatasetConfigError(
             "image_folder must hold readable training images of at least 2 classes. "
             f"Received: readable training images only in {trained} of "
             f"{list(listing.class_names)} in {listing.root}")

@@ -35,6 +35,7 @@ class CheckModelConfig:
     model: str = _as_train("model")
     model_path: str | None = _as_train("model_path")
     precision: str = _as_train("precision")
+    jit_compile: bool | None = _as_train("jit_compile")  # --xla: reported as train decides it
     image_size: int | None = _as_train("image_size")
     output_dir: Path | None = field(default=None, metadata={
         "help": "Write amp_report.json here (default: print only)."})
@@ -70,7 +71,8 @@ def run_check_model(config: CheckModelConfig, hardware=None):
     info = load_dataset_info(config.data_dir)
     previous = keras.mixed_precision.global_policy().name
     try:
-        setup = configure_precision(config.precision, jit_compile=False, hardware=hardware)
+        setup = configure_precision(config.precision, config.jit_compile,  # logs XLA as train
+                                    hardware)
         report = amp_check_of(config.model, info, model_path=config.model_path,
                               image_size=config.image_size)
     finally:

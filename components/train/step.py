@@ -515,7 +515,9 @@ def load_trained_model(model_dir: str | os.PathLike):
     metadata_path, model_path = model_dir / METADATA_FILE, model_dir / MODEL_FILE
     # (the user's module, named in the metadata, is imported before loading: see below)
     if not metadata_path.is_file() or not model_path.is_file():
-        raise ModelLoadError(
+        from ampflow.errors import ModelConfigError  # a flag naming no model: exit 2
+
+        raise ModelConfigError(
             f"{model_dir} is not a published model: expected {MODEL_FILE} and {METADATA_FILE} "
             "(a run that failed or is still going publishes neither)."
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -10,7 +11,7 @@ import pytest
 from verdict_helpers import write_verdict
 
 from ampflow.components.export_savedmodel import ExportConfig, list_versions, run_export
-from ampflow.errors import ConfigError, GateFailedError
+from ampflow.errors import ConfigError, GateFailedError, ModelConfigError
 
 
 def test_run_export_failed_verdict_refuses_without_export(failed_eval_dir, tmp_path):
@@ -24,8 +25,14 @@ def test_run_export_failed_verdict_refuses_without_export(failed_eval_dir, tmp_p
 
 def test_run_export_missing_verdict_refuses(tmp_path):
     config = ExportConfig(model_dir=tmp_path / "model", data_dir=tmp_path / "data",
-                          export_base=tmp_path / "base", eval_dir=tmp_path / "no-eval")
+                          export_base=tmp_path / "base", eval_dir=tmp_path / "eval")
+    (tmp_path / "eval").mkdir()  # an eval dir without its verdict: the gate refuses
     with pytest.raises(GateFailedError, match=r"eval_dir must hold verdict.json"):
+        run_export(config)
+    assert not (tmp_path / "base").exists()
+    # no eval dir at all: the flag names nothing, a configuration error (exit 2)
+    config = dataclasses.replace(config, eval_dir=tmp_path / "no-eval")
+    with pytest.raises(ModelConfigError, match=r"eval_dir must be the output dir.*no such dir"):
         run_export(config)
     assert not (tmp_path / "base").exists()
 

@@ -56,7 +56,7 @@ def test_export_cli_help_lists_every_option(capsys):
     assert "--no-force" in text and "(default: 1e-05)" in text
 
 
-def test_export_cli_missing_model_one_line_error_exit_1(prepared_digits, passed_eval_dir,
+def test_export_cli_missing_model_one_line_error_exit_2(prepared_digits, passed_eval_dir,
                                                         tmp_path, capsys):
     from ampflow.cli import main
 
@@ -64,7 +64,7 @@ def test_export_cli_missing_model_one_line_error_exit_1(prepared_digits, passed_
                  str(prepared_digits), "--export-base", str(tmp_path / "base"),
                  "--eval-dir", str(passed_eval_dir)])
     err = capsys.readouterr().err.strip()
-    assert code == 1
+    assert code == 2  # a flag that names no model: a configuration error (core/errors.py)
     assert err.startswith("ampflow export: error: ") and "is not a published model" in err
     assert "Traceback" not in err and len(err.splitlines()) == 1
 
