@@ -44,7 +44,7 @@ from ampflow.components.prepare_data.text_source import (
     prepared_builder,
     require_two_classes,
 )
-from ampflow.errors import ConfigError
+from ampflow.errors import ConfigError, DatasetConfigError
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +56,11 @@ def open_text_folder(root: str | os.PathLike, data_dir: Path, max_text_bytes: in
     root, layout, split_roots = _layout(root)
     class_names = tuple(sorted({c for d in split_roots.values() for c in _visible_dirs(d)}))
     if not class_names:
-        raise ConfigError(
+        raise DatasetConfigError(
             "text_folder must hold one sub-folder per class (optionally under train/ and "
             f"test/). Received: {root} with no class sub-folders")
     if len(class_names) < 2:
-        raise ConfigError(
+        raise DatasetConfigError(
             "text_folder must hold at least 2 class sub-folders (a classifier needs two "
             f"classes). Received: {list(class_names)} in {root}")
     files, stray = _files(root, layout, split_roots, class_names)

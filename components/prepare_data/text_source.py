@@ -11,8 +11,8 @@ kept): an unchanged source is reused without reading a file, a changed one is pr
 beside the old one. Every left-out file or row is in the dataset's metadata (`skipped_files`,
 with a count per reason), which `prepare-data` copies to dataset_info.json: nothing is dropped
 without a count. A source with no usable input (no class folders, one class, no readable text,
-an unknown column) is a ConfigError: exit 2, nothing ran (core/errors.py's rule), and the
-message names the flag.
+an unknown column) is a configuration error (DatasetConfigError, ConfigError): exit 2, nothing
+ran (core/errors.py's rule), and the message names the flag.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ampflow.components.prepare_data.text import (
     SKIP_NOT_UTF8,
     TEXT_FEATURE,
 )
-from ampflow.errors import ConfigError
+from ampflow.errors import DatasetConfigError
 
 log = logging.getLogger(__name__)
 
@@ -149,12 +149,12 @@ def require_two_classes(what: str, source: Path, scan_classes: tuple[str, ...],
                         examples: tuple[TextExample, ...], skipped: SkipLog) -> None:
     """A classifier needs kept training examples of two classes: one clear line if not."""
     if not examples:
-        raise ConfigError(
+        raise DatasetConfigError(
             f"{what} must hold at least one readable UTF-8 text. Received: {source} with "
             f"{skipped.count} left out ({describe_reasons(skipped)})")
     trained = sorted({scan_classes[e.label] for e in examples if e.split == "train"})
     if len(trained) < 2:
-        raise ConfigError(
+        raise DatasetConfigError(
             f"{what} must hold training texts of at least 2 classes (a classifier needs two). "
             f"Received: texts only of {trained} in {source}")
     missing = sorted(set(scan_classes) - set(trained))

@@ -47,7 +47,7 @@ from ampflow.components.prepare_data.text_source import (
     prepared_builder,
     require_two_classes,
 )
-from ampflow.errors import ConfigError
+from ampflow.errors import ConfigError, DatasetConfigError
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def open_text_table(path: str | os.PathLike, data_dir: Path, *, text_column: str
     rows = _kept_rows(path, fmt, text_column, label_column, max_text_bytes, skipped)
     class_names = _class_names({label for _, _, label in rows})
     if len(class_names) < 2:
-        raise ConfigError(
+        raise DatasetConfigError(
             "label_column must hold at least 2 classes (a classifier needs two). Received: "
             f"label_column={label_column!r} with {_classes_seen(class_names)} in {len(rows)} "
             f"kept rows of {path}")
@@ -207,12 +207,13 @@ def _header(reader, path: Path) -> list[str]:
     except StopIteration:
         header = []
     except csv.Error as e:
-        raise ConfigError(f"text_file's first row must name the columns. Received: {path} "
-                           f"({e})") from e
+        raise DatasetConfigError(f"text_file's first row must name the columns. Received: "
+                                 f"{path} ({e})") from e
     header = [h.strip() for h in header]
     if not any(header):
-        raise ConfigError("text_file's first row must name the columns. Received: "
-                           f"{path} {'is empty' if not header else 'has an empty first row'}")
+        raise DatasetConfigError(
+            "text_file's first row must name the columns. Received: "
+            f"{path} {'is empty' if not header else 'has an empty first row'}")
     return header
 
 

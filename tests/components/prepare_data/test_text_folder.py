@@ -9,7 +9,7 @@ import pytest
 
 from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
 from ampflow.components.prepare_data.text_input import load_texts
-from ampflow.errors import ConfigError
+from ampflow.errors import ConfigError, DatasetConfigError
 
 CLASSES = ("neg", "neutral", "pos")
 PER_CLASS = 10
@@ -139,12 +139,12 @@ def _assert_nothing_left(out: Path) -> None:
 
 @pytest.mark.parametrize(("setup", "error", "message"), [
     (lambda root: None, ConfigError, r"text_folder must be an existing directory.*missing"),
-    (lambda root: root.mkdir(), ConfigError,
+    (lambda root: root.mkdir(), DatasetConfigError,
      r"text_folder must hold one sub-folder per class.*no class sub-folders"),
-    (lambda root: make_text_folder(root, classes=("solo",), per_class=2), ConfigError,
+    (lambda root: make_text_folder(root, classes=("solo",), per_class=2), DatasetConfigError,
      r"at least 2 class sub-folders.*Received: \['solo'\]"),
     (lambda root: [(root / c).mkdir(parents=True) or (root / c / "a.txt").write_bytes(b"\xff")
-                   for c in CLASSES], ConfigError,
+                   for c in CLASSES], DatasetConfigError,
      r"at least one readable UTF-8 text.*3 left out \(3 not UTF-8\)"),
     (lambda root: make_text_folder(root / "train", classes=("a", "b")) and
      make_text_folder(root / "val", classes=("a", "b")), ConfigError,

@@ -8,7 +8,7 @@ import pytest
 
 from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
 from ampflow.components.prepare_data.text_input import load_texts
-from ampflow.errors import ConfigError
+from ampflow.errors import ConfigError, DatasetConfigError
 
 MAX_BYTES = 200
 
@@ -128,8 +128,8 @@ def test_text_file_label_column_with_one_class_is_one_line(tmp_path, capsys):
 @pytest.mark.parametrize(("name", "content", "error", "message"), [
     ("t.txt", "text,label\n", ConfigError, r"text_file must end in \.csv, \.tsv, \.jsonl"),
     ("missing.csv", None, ConfigError, r"text_file must be an existing .*missing"),
-    ("empty.csv", "", ConfigError, r"first row must name the columns.*is empty"),
-    ("headers.csv", "text,label\n", ConfigError, r"at least 2 classes.*no labelled row"),
+    ("empty.csv", "", DatasetConfigError, r"first row must name the columns.*is empty"),
+    ("headers.csv", "text,label\n", DatasetConfigError, r"at least 2 classes.*no labelled row"),
 ], ids=["extension", "missing", "empty", "header-only"])
 def test_text_file_bad_file_is_a_clear_error_and_leaves_nothing(tmp_path, name, content, error,
                                                                 message):
