@@ -1,22 +1,29 @@
-"""The serving side: TF Serving's gRPC and REST APIs over SavedModels in TF Serving's layout.
+"""The serving side: TF Serving's and KServe V2's gRPC and REST APIs over SavedModels and TFLite.
 
+One data plane, thin protocol adapters (the shape of KServe's model server). By role:
 - `model_format`: what a served model is (TF Serving's model-name rule, method names, warm-up
-  file, `set_method_name`; the classify input `image_example`), shared with the export and
-  deploy steps.
-- `config`: typed configs and TF Serving's `ModelServerConfig` text proto.
-- `version_source`: the version dirs of a base path and the version policy.
-- `servable`: one loaded version; `model_registry`: loading, warm-up, hot reload, labels.
-- `status`: TF Serving's status codes and what a client may see of an error.
-- `inference` (with `tensors`, `classification`): the request logic; `service` (gRPC) and
-  `rest` (REST, with `json_tensor`) are the transports; `batching` merges concurrent Predicts.
-- `server`: the gRPC server (`start_local_server`, `serve_forever`): health, reflection, TLS,
-  batching, Prometheus metrics, SIGTERM drain.
-- `grpc_guard`: requests whose bytes do not parse get one status and one summary log line.
-- `tf_serving_binary`: the argv for the real `tensorflow_model_server`, used when on PATH.
-- `client`: `PredictionClient` (gRPC) and helpers for `ampflow predict`; `rest_client`:
-  `RestClient` (REST).
-- `cli`: `ampflow serve | predict | model-metadata | model-status`.
-- `testing`: a tiny real SavedModel that follows docs/ARTIFACTS.md.
+  file, `MAX_VERSION`, the signature and output names), shared with export and deploy;
+  `config`: typed configs and TF Serving's `ModelServerConfig` text proto; `preflight`: the
+  base paths and ports `serve` refuses before it loads anything.
+- `models/`: `servable` (the `Servable` interface and the SavedModel behind it), `tflite` (the
+  TFLite one), `version_source` (version dirs, the version policy), `registry` (loading,
+  warm-up, hot reload, labels; no format branch).
+- `core/`: `inference` (`InferenceCore.infer`: model, version or label, signature, declared
+  inputs -> checked once -> arrays -> outputs as arrays; metrics labels), `batching`
+  (concurrent runs merged), `dtypes` (TensorFlow/numpy dtypes, the signature check), `status`
+  (TF Serving's codes, what a client may see of an error).
+- `protocols/`: `tf_serving` (Predict, Classify, metadata, status, reload, warm-up over the
+  core, protos in and out) with its gRPC (`tf_serving_grpc`) and REST (`tf_serving_rest`,
+  `json_tensor`) doors and its TensorProto codec (`tensors`, `classification`); `v2` (KServe
+  V2 over the core) with `v2_grpc` (`grpc_predict_v2_pb2`) and `v2_rest`.
+- `transport/`: `grpc` and `http`, one error envelope each for both protocols on that port;
+  `connection_limits` (slow clients, floods) and `grpc_guard` (undecodable requests).
+- `server`: assembles them (`start_local_server`, `serve_forever`): health, reflection, TLS,
+  batching, Prometheus metrics, SIGTERM drain. `tf_serving_binary`: the real
+  `tensorflow_model_server`'s argv, used when on PATH.
+- `client` (`PredictionClient`, gRPC) and `rest_client` (`RestClient`): ampflow's errors over
+  the TensorFlow-free ampflow-client; `cli`: `ampflow serve | predict | model-metadata |
+  model-status`; `testing`: a tiny real SavedModel that follows docs/ARTIFACTS.md.
 """
 
 import importlib

@@ -22,7 +22,7 @@ from ampflow.serving.model_format import (
     DEFAULT_SIGNATURE,
     IMAGE_BYTES_SIGNATURE,
 )
-from ampflow.serving.servable import MODEL_FORMATS
+from ampflow.serving.models.servable import MODEL_FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_connection_limit_flags(p: argparse.ArgumentParser) -> None:
     """One flag per ConnectionLimits field, its default and help read from the field."""
-    from ampflow.serving.connection_limits import ConnectionLimits, flag_name
+    from ampflow.serving.transport.connection_limits import ConnectionLimits, flag_name
 
     group = p.add_argument_group("connection limits (slow clients, idle connections, floods)")
     for f in dataclasses.fields(ConnectionLimits):
@@ -143,7 +143,7 @@ def _add_connection_limit_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _connection_limits(args: argparse.Namespace):
-    from ampflow.serving.connection_limits import ConnectionLimits
+    from ampflow.serving.transport.connection_limits import ConnectionLimits
 
     return ConnectionLimits(**{f.name: getattr(args, f.name)
                                for f in dataclasses.fields(ConnectionLimits)})

@@ -17,9 +17,9 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from ampflow.errors import ConfigError
-from ampflow.serving.connection_limits import ConnectionLimits
 from ampflow.serving.model_format import check_model_name
-from ampflow.serving.servable import MODEL_FORMATS
+from ampflow.serving.models.servable import MODEL_FORMATS
+from ampflow.serving.transport.connection_limits import ConnectionLimits
 
 VERSION_POLICIES = ("latest", "all", "specific")
 DEFAULT_MAX_REQUEST_BATCH = 1024  # rows per request when server-side batching is off

@@ -4,7 +4,7 @@
 pipeline); `serve_forever(config)` is `ampflow serve`: it blocks, and on SIGTERM/SIGINT stops
 accepting calls, lets in-flight ones finish (up to `grace_s`), and returns 0.
 Besides the two TF Serving services it registers the Open Inference Protocol's
-`inference.GRPCInferenceService` (KServe V2, always on; v2_grpc.py), `grpc.health.v1`
+`inference.GRPCInferenceService` (KServe V2, always on; protocols/v2_grpc.py), `grpc.health.v1`
 (SERVING once every model has a version loaded) and server reflection (every one of these
 services, V2 included), and optionally serves Prometheus metrics.
 """
@@ -25,16 +25,18 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from tensorflow_serving.apis import model_service_pb2, prediction_service_pb2
 
 from ampflow.errors import ConfigError, ServingError
-from ampflow.serving import model_registry, preflight
-from ampflow.serving.batching import Batcher
+from ampflow.serving import preflight
 from ampflow.serving.config import ServerConfig
-from ampflow.serving.connection_limits import grpc_server_options
-from ampflow.serving.grpc_guard import UndecodableRequestInterceptor
-from ampflow.serving.inference import InferenceCore, ReloadPolicy, RequestLimits
-from ampflow.serving.service import ModelServicer, PredictionServicer
-from ampflow.serving.v2_grpc import SERVICE as V2_SERVICE
-from ampflow.serving.v2_grpc import V2Servicer
-from ampflow.serving.v2_protocol import V2Core
+from ampflow.serving.core.batching import Batcher
+from ampflow.serving.core.inference import InferenceCore, ReloadPolicy, RequestLimits
+from ampflow.serving.models import registry as model_registry
+from ampflow.serving.protocols.tf_serving import TFServingAPI
+from ampflow.serving.protocols.tf_serving_grpc import ModelServicer, PredictionServicer
+from ampflow.serving.protocols.v2 import V2Core
+from ampflow.serving.protocols.v2_grpc import SERVICE as V2_SERVICE
+from ampflow.serving.protocols.v2_grpc import V2Servicer
+from ampflow.serving.transport.connection_limits import grpc_server_options
+from ampflow.serving.transport.grpc_guard import UndecodableRequestInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +140,7 @@ def start_local_server(config: ServerConfig) -> RunningServer:
         registry, runner, RequestLimits(config.max_message_bytes, config.request_batch_cap),
         ReloadPolicy(config.allow_reload_config, config.reload_config_roots))
     if config.enable_warmup:
-        registry.set_warmup(core.warmup)
+        registry.set_warmup(TFServingAPI(core).warmup)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers,
                                    thread_name_prefix="ampflow-grpc"),
@@ -216,15 +218,16 @@ def _start_rest(config: ServerConfig, v2: V2Core, metrics: _Metrics | None):
     """
     if not config.rest_api_port:
         return None
-    from ampflow.serving import rest, v2_rest
+    from ampflow.serving.protocols import tf_serving_rest, v2_rest
+    from ampflow.serving.transport import http
 
     shared = metrics is not None and config.metrics_port == config.rest_api_port
     observe = metrics.observe if metrics else None
-    handler = rest.RestHandler(v2.core, observe)
-    app = rest.RestApp(handler, config.max_message_bytes, workers=min(8, config.max_workers),
+    handler = tf_serving_rest.RestHandler(v2.core, observe)
+    app = http.RestApp(handler, config.max_message_bytes, workers=min(8, config.max_workers),
                        metrics=metrics.registry if shared else None,
                        v2=v2_rest.V2RestHandler(v2, observe))
-    return rest.RestServer(app, config.host, config.rest_api_port, config.tls,
+    return http.RestServer(app, config.host, config.rest_api_port, config.tls,
                            config.connection_limits)
 
 

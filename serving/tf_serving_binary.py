@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ampflow.serving.config import ServerConfig, to_model_server_config_text
-from ampflow.serving.connection_limits import ConnectionLimits
+from ampflow.serving.transport.connection_limits import ConnectionLimits
 
 log = logging.getLogger(__name__)
 

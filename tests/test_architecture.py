@@ -157,3 +157,28 @@ def test_no_import_cycles_between_our_modules():
         if node not in state:
             visit(node)
     assert cycles == []
+
+
+def test_serving_never_imports_the_step_layer():
+    # The server runs in a serving image without the steps' code; what both need (the model
+    # format) lives in serving/ and the steps import it, never the other way.
+    upward = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for module, path in _modules().items()
+        if module.startswith("ampflow.serving")
+        for target, _, line in _imports(path, module)
+        if target.startswith("ampflow.components")
+    ]
+    assert upward == []
+
+
+def test_no_module_imports_another_modules_private_name():
+    # A `_name` is its module's own; sharing it means it belongs in a module both import.
+    private = [
+        f"{path.relative_to(ROOT)}:{line} imports {name} from {target}"
+        for module, path in _modules().items()
+        if module.startswith("ampflow.serving")
+        for target, name, line in _imports(path, module)
+        if name and name.startswith("_") and not name.startswith("__") and target != module
+    ]
+    assert private == []

@@ -52,9 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def make_ways(version_dir: Path, rows: int, signature: str = "serving_default") -> dict:
     """A zero-argument call per way on `serving_default`, each with numpy in and out."""
-    from ampflow.serving.servable import ServableVersion, SignatureCall
+    from ampflow.serving.models.servable import SavedModelServable, SignatureCall
 
-    servable = ServableVersion("bench", int(version_dir.name), version_dir)
+    servable = SavedModelServable("bench", int(version_dir.name), version_dir)
     runtime = servable._functions[signature]
     if runtime.runtime_call is None:
         raise SystemExit(f"signature {signature!r} has no runtime call here (see the log)")

@@ -86,7 +86,7 @@ class Calls:
     def __init__(self, server) -> None:
         from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-        from ampflow.serving import grpc_predict_v2_pb2 as pb
+        from ampflow.serving.protocols import grpc_predict_v2_pb2 as pb
 
         self.pb = pb
         self.channel = grpc.insecure_channel(server.address)

@@ -140,7 +140,7 @@ def staged_version(variant: TFLiteVariant) -> Iterator[Path]:
 def expected_answers(staged: Path, variant: TFLiteVariant,
                      recorded: CanaryExamples) -> CanaryExamples:
     """The variant's own answers to the recorded images, checked against its gate (doc, 1-2)."""
-    from ampflow.serving.tflite_servable import TFLiteServable
+    from ampflow.serving.models.tflite import TFLiteServable
 
     try:
         servable = TFLiteServable(variant.name, 1, staged)

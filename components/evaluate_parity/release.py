@@ -21,7 +21,7 @@ those checks:
   `NAME>=VALUE` or `NAME<=VALUE` on any number of metrics.json.
 - **No regression against the model serving.** The highest version under the serving base
   path (`<model_store>/<model_name>`, TF Serving's layout) is run as a server runs it (its
-  `serving_default` signature, SavedModel or TFLite: `ampflow.serving.servable`), on the same
+  `serving_default` signature, SavedModel or TFLite: `ampflow.serving.models.servable`), on the same
   test examples, and training.py's paired test (one-sided exact McNemar) says whether the new
   model is significantly less accurate, at `serving_alpha`. It is read from the store, never
   retrained. No version there yet is the first release: nothing to compare, and the verdict
@@ -263,7 +263,7 @@ def find_served_version(base_path: str | os.PathLike | None) -> ServedVersion | 
     its version copied to a temp dir (the loaders read files); `score_served` removes it.
     """
     from ampflow.serving.model_format import SAVED_MODEL_PB, version_dirs
-    from ampflow.serving.tflite_servable import tflite_file
+    from ampflow.serving.models.tflite import tflite_file
 
     if not base_path:
         return None
@@ -325,7 +325,7 @@ def score_served(served: ServedVersion, images: np.ndarray, labels: np.ndarray,
         IMAGES_INPUT,
         PROBABILITIES_OUTPUT,
     )
-    from ampflow.serving.servable import load_servable
+    from ampflow.serving.models.servable import load_servable
 
     try:
         servable = load_servable(served.base_path.rstrip("/").rsplit("/", 1)[-1],

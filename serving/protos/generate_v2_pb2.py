@@ -7,7 +7,7 @@ a second definition there fails at import, so the server stays importable beside
 The proto file name becomes `ampflow/serving/grpc_predict_v2.proto`; the package (`inference`),
 messages, field numbers and service name are KServe's, so the wire format and the method paths
 (`/inference.GRPCInferenceService/ModelInfer`) are the protocol's. Only messages are
-generated: the server registers the service by hand (serving/v2_grpc.py).
+generated: the server registers the service by hand (serving/protocols/v2_grpc.py).
 
     python -m venv /tmp/protoc && /tmp/protoc/bin/pip install grpcio-tools==1.76.0
     /tmp/protoc/bin/python serving/protos/generate_v2_pb2.py

@@ -160,7 +160,7 @@ def test_every_version_scanner_follows_the_one_rule(tmp_path):
     """The server's poller, export's list/next and convert's resolver: one rule, one answer."""
     from ampflow.components.convert_tflite.step import resolve_saved_model_dir
     from ampflow.components.export_savedmodel.versions import list_versions, next_version
-    from ampflow.serving.version_source import discover_versions
+    from ampflow.serving.models.version_source import discover_versions
 
     expected = _version_tree(tmp_path)
     assert discover_versions(tmp_path) == expected

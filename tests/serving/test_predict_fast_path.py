@@ -27,11 +27,12 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.python.eager import context
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from ampflow.serving import tensors
 from ampflow.serving.config import BatchingConfig
-from ampflow.serving.inference import InferenceCore
-from ampflow.serving.servable import ServableVersion
-from ampflow.serving.status import ServingStatusError
+from ampflow.serving.core.inference import InferenceCore
+from ampflow.serving.core.status import ServingStatusError
+from ampflow.serving.models.servable import SavedModelServable
+from ampflow.serving.protocols import tensors
+from ampflow.serving.protocols.tf_serving import TFServingAPI
 from ampflow.serving.testing import sample_images
 
 NUMERIC = (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8,
@@ -40,12 +41,12 @@ SHAPES = ((), (0,), (1,), (1, 1), (2,), (2, 3), (3, 0, 2), (2, 2, 2))
 
 
 @pytest.fixture(scope="module")
-def servable(model_store) -> ServableVersion:
-    return ServableVersion(MODEL, 1, Path(model_store) / "1")
+def servable(model_store) -> SavedModelServable:
+    return SavedModelServable(MODEL, 1, Path(model_store) / "1")
 
 
 class _OneModel:
-    """The registry part InferenceCore uses, answering with one loaded servable."""
+    """The registry part the core and TF Serving's API use, answering with one servable."""
 
     def __init__(self, servable):
         self.servable = servable
@@ -75,7 +76,7 @@ def test_both_signatures_of_the_contract_model_take_the_fast_call(servable):
 
 
 def test_a_tensorflow_without_the_flat_call_leaves_the_public_call_in_charge(servable):
-    from ampflow.serving.servable import SignatureCall, _has_flat_call
+    from ampflow.serving.models.servable import SignatureCall, _has_flat_call
 
     class Changed:  # a TensorFlow whose private entry point took other arguments
         def __init__(self, fn):
@@ -200,7 +201,7 @@ def test_a_call_that_fails_in_the_graph_runs_it_once(tmp_path):
             return {"y": x * 2.0}
 
     tf.saved_model.save(module, str(tmp_path / "1"), signatures={"serving_default": serve})
-    counted = ServableVersion("counter", 1, tmp_path / "1")
+    counted = SavedModelServable("counter", 1, tmp_path / "1")
     assert counted._functions["serving_default"].runtime_call is not None
     np.testing.assert_array_equal(
         counted.run("serving_default", {"x": np.array([1.0, 2.0], np.float32)})["y"], [2, 4])
@@ -210,7 +211,7 @@ def test_a_call_that_fails_in_the_graph_runs_it_once(tmp_path):
 
 
 def test_a_tensorflow_without_the_runtime_call_keeps_the_flat_call(servable):
-    from ampflow.serving.servable import SignatureCall
+    from ampflow.serving.models.servable import SignatureCall
 
     class Older:  # a TensorFlow whose functions have no `_inference_function`
         def __init__(self, fn):
@@ -305,11 +306,11 @@ def test_malformed_tensor_content_is_invalid_argument_naming_the_input(dtype, de
 
 
 def test_core_refuses_malformed_content_before_running_anything(servable):
-    core = InferenceCore(_OneModel(servable))
+    api = TFServingAPI(InferenceCore(_OneModel(servable)))
     request = predict_request(MODEL, sample_images(2))
     request.inputs["images"].tensor_content = request.inputs["images"].tensor_content[:-4]
     with pytest.raises(ServingStatusError) as info:
-        core.predict(request)
+        api.predict(request)
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -340,10 +341,10 @@ def _encoded(encode, array):
 
 
 def test_core_response_is_what_the_public_path_encodes(servable):
-    core = InferenceCore(_OneModel(servable))
+    api = TFServingAPI(InferenceCore(_OneModel(servable)))
     for rows in (1, 4):
         images = sample_images(rows, seed=rows)
-        response = core.predict(predict_request(MODEL, images))
+        response = api.predict(predict_request(MODEL, images))
         public = _public(servable, "serving_default", {"images": images})
         for key, value in public.items():
             assert (response.outputs[key].SerializeToString()

@@ -72,8 +72,8 @@ def test_reflection_of_an_unknown_symbol_is_not_found(server):
 
 
 def test_reflection_pool_holds_each_file_once_with_its_imports():
+    from ampflow.serving.protocols.v2_grpc import SERVICE
     from ampflow.serving.server import PREDICTION_SERVICE, reflection_pool
-    from ampflow.serving.v2_grpc import SERVICE
 
     pool = reflection_pool((PREDICTION_SERVICE, SERVICE, PREDICTION_SERVICE))
     predict = pool.FindMessageTypeByName("tensorflow.serving.PredictRequest")

@@ -10,7 +10,6 @@ from serving_helpers import MODEL, install_version, local_only
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 from ampflow.errors import ConfigError
-from ampflow.serving import tensors
 from ampflow.serving.cli import main as serving_main
 from ampflow.serving.config import (
     BatchingConfig,
@@ -20,7 +19,8 @@ from ampflow.serving.config import (
     parse_model_server_config,
     to_model_server_config_text,
 )
-from ampflow.serving.status import ServingStatusError
+from ampflow.serving.core.status import ServingStatusError
+from ampflow.serving.protocols import tensors
 from ampflow.serving.testing import sample_images
 from ampflow.serving.tf_serving_binary import build_argv
 

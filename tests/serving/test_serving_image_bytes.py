@@ -233,10 +233,10 @@ def test_image_bytes_string_payload_counts_against_the_byte_limit(client):
 
 def test_image_bytes_corrupt_file_fails_alone_in_a_merged_batch(digits_export, digits):
     """Server-side batching merges two requests; the corrupt one must not fail the good one."""
-    from ampflow.serving.batching import Batcher
-    from ampflow.serving.servable import ServableVersion
+    from ampflow.serving.core.batching import Batcher
+    from ampflow.serving.models.servable import SavedModelServable
 
-    servable = ServableVersion("ampflow", digits_export.version, digits_export.version_dir)
+    servable = SavedModelServable("ampflow", digits_export.version, digits_export.version_dir)
     merged = []
     batcher = Batcher(BatchingConfig(max_batch_size=8, batch_timeout_ms=1000),
                       observe=lambda requests, rows: merged.append(requests))

@@ -23,8 +23,8 @@ from tensorflow_serving.apis import (
 from ampflow.serving.client import RpcError
 from ampflow.serving.config import ModelConfig, to_model_server_config_text
 from ampflow.serving.model_format import WARMUP_FILE
+from ampflow.serving.models.version_source import aspired_versions
 from ampflow.serving.testing import sample_images
-from ampflow.serving.version_source import aspired_versions
 
 pytestmark = [pytest.mark.serving, local_only, pytest.mark.timeout(120)]
 

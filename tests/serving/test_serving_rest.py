@@ -36,8 +36,8 @@ from tensorflow_serving.apis import (
 
 from ampflow.serving.config import ModelConfig, ServerConfig
 from ampflow.serving.model_format import image_example
-from ampflow.serving.rest import HTTP_STATUS, drain_bytes
 from ampflow.serving.testing import sample_images
+from ampflow.serving.transport.http import HTTP_STATUS, drain_bytes
 
 pytestmark = [pytest.mark.serving, pytest.mark.timeout(120)]
 

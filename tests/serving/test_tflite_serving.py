@@ -157,7 +157,7 @@ def test_tflite_versions_report_available_and_classify_is_a_missing_signature(st
                                                      ("savedmodel", "tflite")])
 def test_a_forced_format_that_does_not_match_the_dir_fails_the_version_load(
         tflite_store, model_store, tmp_path, store, model_format):
-    from ampflow.serving.model_registry import ModelRegistry
+    from ampflow.serving.models.registry import ModelRegistry
 
     base = tflite_store / "tflite" if store == "tflite" else model_store
     registry = ModelRegistry((ModelConfig(MODEL, base, version_policy="specific", versions=(1,),
@@ -199,7 +199,7 @@ def test_a_tflite_version_beside_a_served_savedmodel_loads_at_the_next_poll(
     import os
     import shutil
 
-    from ampflow.serving.model_registry import ModelRegistry
+    from ampflow.serving.models.registry import ModelRegistry
 
     base = tmp_path / MODEL
     shutil.copytree(model_store / "1", base / "1")
@@ -226,7 +226,7 @@ def test_a_version_dir_with_two_tflite_files_fails_its_load_with_one_line(tflite
                                                                          tmp_path):
     import shutil
 
-    from ampflow.serving.model_registry import ModelRegistry
+    from ampflow.serving.models.registry import ModelRegistry
 
     base = tmp_path / MODEL
     (base / "1").mkdir(parents=True)

@@ -67,7 +67,7 @@ def _predict_accuracy(server, model: str, version: int, images, labels) -> float
 
 
 def _v2_accuracy(server, model: str, version: int, images, labels) -> float:
-    from ampflow.serving import grpc_predict_v2_pb2 as pb
+    from ampflow.serving.protocols import grpc_predict_v2_pb2 as pb
 
     with grpc.insecure_channel(server.address) as channel:
         infer = v2_stub(channel, "ModelInfer")

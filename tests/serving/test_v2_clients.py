@@ -205,7 +205,7 @@ def test_vendored_v2_messages_equal_the_kserve_sdks_own(kserve_run):
 
     from google.protobuf import descriptor_pb2
 
-    from ampflow.serving import grpc_predict_v2_pb2 as ours
+    from ampflow.serving.protocols import grpc_predict_v2_pb2 as ours
 
     ours_file = descriptor_pb2.FileDescriptorProto()
     ours.DESCRIPTOR.CopyToProto(ours_file)

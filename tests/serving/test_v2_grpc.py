@@ -18,8 +18,8 @@ from serving_helpers import MODEL, install_version, predict_request, running_ser
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 from v2_test_helpers import ECHO_MODEL, echo_values, v2_stub, write_echo_model
 
-from ampflow.serving import grpc_predict_v2_pb2 as pb
 from ampflow.serving.config import ModelConfig, ServerConfig
+from ampflow.serving.protocols import grpc_predict_v2_pb2 as pb
 from ampflow.serving.testing import sample_images
 
 pytestmark = [pytest.mark.serving, pytest.mark.timeout(120)]

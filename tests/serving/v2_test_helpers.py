@@ -80,8 +80,8 @@ def http(base_url: str, method: str, path: str, payload=None, raw: bytes | None 
 
 def v2_stub(channel, method: str):
     """A callable for `/inference.GRPCInferenceService/<method>` with our generated messages."""
-    from ampflow.serving import grpc_predict_v2_pb2 as pb
-    from ampflow.serving.v2_grpc import SERVICE
+    from ampflow.serving.protocols import grpc_predict_v2_pb2 as pb
+    from ampflow.serving.protocols.v2_grpc import SERVICE
 
     output = SERVICE.methods_by_name[method].output_type.name
     return channel.unary_unary(f"/{SERVICE.full_name}/{method}",

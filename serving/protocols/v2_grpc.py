@@ -17,13 +17,13 @@ import logging
 
 import grpc
 
-from ampflow.serving import grpc_predict_v2_pb2 as pb
-from ampflow.serving import v2_protocol
-from ampflow.serving.inference import CallObserver, Observer
-from ampflow.serving.service import MAX_ERROR_MESSAGE, _remaining
-from ampflow.serving.status import ServingStatusError, clip
-from ampflow.serving.status import invalid_argument as invalid
-from ampflow.serving.v2_protocol import InputSpec, V2Core
+from ampflow.serving.core.inference import CallObserver, Observer
+from ampflow.serving.core.status import clip
+from ampflow.serving.core.status import invalid_argument as invalid
+from ampflow.serving.protocols import grpc_predict_v2_pb2 as pb
+from ampflow.serving.protocols import v2 as v2_protocol
+from ampflow.serving.protocols.v2 import V2Core, V2Input
+from ampflow.serving.transport.grpc import abort_with, time_remaining
 
 log = logging.getLogger(__name__)
 
@@ -63,29 +63,26 @@ class V2Servicer:
                 response_serializer=_serialize)
         return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
 
-    def _guarded(self, method: str, fn):
+    @staticmethod
+    def _guarded(method: str, fn):
         def call(request, context):
             try:
                 return fn(request, context)
-            except ServingStatusError as e:
-                context.abort(e.code, clip(e.message, MAX_ERROR_MESSAGE))
-            except Exception as e:  # a server bug must not kill the process: INTERNAL
-                log.exception("%s failed", method)
-                context.abort(grpc.StatusCode.INTERNAL,
-                              f"internal error ({type(e).__name__}); see the server log")
+            except Exception as e:  # noqa: BLE001 - every error becomes a status
+                abort_with(context, method, e)
         return call
 
     def model_ready(self, request, _context):
         """ready=False for anything unknown or not loaded (Triton's answer), never an error."""
         with self.calls.call("ModelReady") as record:
-            record.request = v2_protocol.labels_request(request.name, request.version)
+            v2_protocol.record_names(record, request.name, request.version)
             return pb.ModelReadyResponse(ready=self.v2.model_ready(request.name,
                                                                    request.version))
 
     def model_metadata(self, request, _context):
         """The default signature's inputs and outputs with V2 datatypes; served versions."""
         with self.calls.call("ModelMetadata") as record:
-            record.request = v2_protocol.labels_request(request.name, request.version)
+            v2_protocol.record_names(record, request.name, request.version)
             meta = self.v2.model_metadata(request.name, request.version)
             response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"],
                                                 platform=meta["platform"])
@@ -97,12 +94,11 @@ class V2Servicer:
     def model_infer(self, request, context):
         """Inputs from raw or typed contents; outputs in raw_output_contents."""
         with self.calls.call("ModelInfer") as record:
-            record.request = v2_protocol.labels_request(request.model_name,
-                                                        request.model_version)
+            v2_protocol.record_names(record, request.model_name, request.model_version)
             signature, names = _options(request)
             result = self.v2.infer(request.model_name, request.model_version,
-                                   _inputs(request), names, signature, _remaining(context))
-            record.request, record.answered = result.request, result.version
+                                   _inputs(request), names, signature, time_remaining(context))
+            record.answered = result.version
             response = pb.ModelInferResponse(model_name=result.model,
                                              model_version=result.version, id=request.id)
             for name, array in result.outputs.items():
@@ -133,7 +129,7 @@ def _options(request) -> tuple[str, list[str]]:
     return signature, names
 
 
-def _inputs(request) -> list[InputSpec]:
+def _inputs(request) -> list[V2Input]:
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise invalid(f"raw_input_contents must hold one entry per input ({len(request.inputs)})."
@@ -144,11 +140,11 @@ def _inputs(request) -> list[InputSpec]:
         if raw:
             if tensor.HasField("contents"):
                 raise invalid(f"input '{clip(name)}' has both contents and raw_input_contents")
-            specs.append(InputSpec(name, tensor.datatype, shape, len(raw[i]),
+            specs.append(V2Input(name, tensor.datatype, shape, len(raw[i]),
                                    _raw_builder(name, raw[i])))
             continue
         values, payload = _typed_values(name, tensor)
-        specs.append(InputSpec(name, tensor.datatype, shape, payload,
+        specs.append(V2Input(name, tensor.datatype, shape, payload,
                                _values_builder(name, values)))
     return specs
 
@@ -156,7 +152,7 @@ def _inputs(request) -> list[InputSpec]:
 def _typed_values(name: str, tensor) -> tuple[list, int]:
     """The values of the datatype's own contents field; any other field set is refused."""
     if tensor.datatype not in v2_protocol.DATATYPES:
-        return [], 0  # V2Core names the unknown datatype
+        return [], 0  # V2Input.declare names the unknown datatype
     field = CONTENTS_FIELD.get(tensor.datatype)
     used = [f.name for f, _ in tensor.contents.ListFields()]
     if field is None:
@@ -165,7 +161,7 @@ def _typed_values(name: str, tensor) -> tuple[list, int]:
     if any(f != field for f in used):
         raise invalid(f"input '{clip(name)}' of datatype {clip(tensor.datatype)} carries its "
                       f"values in {field or 'raw_input_contents'}. Received: {used}")
-    values = list(getattr(tensor.contents, field)) if field else []
+    values = list(getattr(tensor.contents, field))
     payload = sum(map(len, values)) if tensor.datatype == "BYTES" else 0
     return values, payload
 

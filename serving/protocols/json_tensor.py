@@ -1,7 +1,8 @@
-"""JSON <-> TF Serving's request and response protos, as TF Serving's `util/json_tensor.cc`.
+"""TF Serving's REST JSON <-> the core's inputs and outputs, as TF Serving's `util/json_tensor.cc`.
 
-Requests: `instances` (row format) or `inputs` (columnar) become the TensorProtos of a
-PredictRequest, typed by the signature (no silent bool->number or string->number); classify's
+Requests: `instances` (row format) or `inputs` (columnar) become declared inputs of
+`InferenceCore.infer` (shape and types read from the JSON, arrays built after the core's
+checks), typed by the signature (no silent bool->number or string->number); classify's
 `examples` (+ `context`) become tf.Examples; `{"b64": ...}` carries bytes. Responses: float32
 as the shortest decimal that reads back to it, bytes as text or `{"b64"}` for outputs whose
 name ends in `_bytes`. Every malformed value is an INVALID_ARGUMENT with TF Serving's text.
@@ -17,19 +18,20 @@ import math
 import grpc
 import numpy as np
 from tensorflow.core.example import example_pb2, feature_pb2
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorflow.core.framework import types_pb2
 
-from ampflow.serving import tensors
+from ampflow.serving.core import dtypes
+from ampflow.serving.core.inference import Declared, LazyInput
+from ampflow.serving.core.status import ServingStatusError, clip
+from ampflow.serving.core.status import invalid_argument as invalid
 from ampflow.serving.model_format import IMAGE_BYTES_SIGNATURE
-from ampflow.serving.status import ServingStatusError, clip
-from ampflow.serving.status import invalid_argument as invalid
 
 _INT_DTYPES = {types_pb2.DT_INT8, types_pb2.DT_UINT8, types_pb2.DT_INT16, types_pb2.DT_UINT16,
                types_pb2.DT_INT32, types_pb2.DT_INT64, types_pb2.DT_UINT32, types_pb2.DT_UINT64}
 _FLOAT_DTYPES = {types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_HALF}
 
 
-# ---- JSON -> request protos ------------------------------------------------------------------
+# ---- JSON -> declared inputs ------------------------------------------------------------------
 
 def parse_object(body: bytes) -> dict:
     """The request body as a JSON object; TF Serving's parse errors otherwise."""
@@ -66,8 +68,8 @@ def _is_b64(value) -> bool:
     return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str)
 
 
-def fill_inputs(doc: dict, infos: dict, request) -> bool:
-    """Fill request.inputs from `instances` (returns True: row format) or `inputs`."""
+def json_inputs(doc: dict, infos: dict) -> tuple[list[LazyInput], bool]:
+    """The declared inputs of `instances` (row format: True) or of `inputs` (False)."""
     has_instances, has_inputs = "instances" in doc, "inputs" in doc
     if has_instances and has_inputs:
         raise invalid(f"JSON Value: {_debug(doc)} Not formatted correctly expecting only one "
@@ -83,10 +85,9 @@ def fill_inputs(doc: dict, infos: dict, request) -> bool:
             raise invalid(f"JSON Value: {_debug(doc)} No values in 'instances' array")
         objects = isinstance(instances[0], dict) and not _is_b64(instances[0])
         if not objects:
-            _fill_only_input(request, infos, instances, "instances is a plain list, but "
-                             "expecting list of objects as multiple input tensors required as "
-                             "per tensorinfo_map")
-            return True
+            return [_only_input(infos, instances, "instances is a plain list, but expecting "
+                                "list of objects as multiple input tensors required as per "
+                                "tensorinfo_map")], True
         for i, item in enumerate(instances):
             if not isinstance(item, dict) or _is_b64(item):
                 raise invalid(f"Expecting object but got list at item {i} of input list")
@@ -94,38 +95,35 @@ def fill_inputs(doc: dict, infos: dict, request) -> bool:
                 raise invalid(f"Failed to process element: {i} of 'instances' list. JSON "
                               f"object: {_debug(item)} keys must be equal to: "
                               f"{','.join(sorted(infos))}")
-        for name, info in infos.items():
-            request.inputs[name].CopyFrom(
-                _tensor(name, [item[name] for item in instances], info.dtype))
-        return True
+        return [_tensor(name, [item[name] for item in instances], info.dtype)
+                for name, info in infos.items()], True
     if has_inputs:
         value = doc["inputs"]
         if not isinstance(value, dict) or _is_b64(value):
-            _fill_only_input(request, infos, value, "inputs is a plain value/list, but "
-                             "expecting an object as multiple input tensors required as per "
-                             "tensorinfo_map")
-            return False
-        for name, info in infos.items():
+            return [_only_input(infos, value, "inputs is a plain value/list, but expecting an "
+                                "object as multiple input tensors required as per "
+                                "tensorinfo_map")], False
+        for name in infos:
             if name not in value:
                 raise invalid(f"Missing named input: {clip(name)} in 'inputs' object.")
-            request.inputs[name].CopyFrom(_tensor(name, value[name], info.dtype))
-        return False
+        return [_tensor(name, value[name], info.dtype) for name, info in infos.items()], False
     raise invalid("Missing 'inputs' or 'instances' key")
 
 
-def _fill_only_input(request, infos: dict, value, refusal: str) -> None:
+def _only_input(infos: dict, value, refusal: str) -> LazyInput:
     """`value` as the one input of a single-input signature; `refusal` if it has several."""
     if len(infos) > 1:
         raise invalid(refusal)
     (name, info), = infos.items()
-    request.inputs[name].CopyFrom(_tensor(name, value, info.dtype))
+    return _tensor(name, value, info.dtype)
 
 
-def _tensor(name: str, value, dtype: int) -> tensor_pb2.TensorProto:
-    """A dense JSON value (nested lists) as a TensorProto of the signature's dtype.
+def _tensor(name: str, value, dtype: int) -> LazyInput:
+    """A dense JSON value (nested lists) as a declared input of the signature's dtype.
 
     The shape comes from the first element at each level; every list must match it, and
     every leaf must be of the dtype's JSON type (no silent bool->number or string->number).
+    The array is built only once the core has checked the declared shape and size.
     """
     dims, probe = [], value
     while isinstance(probe, list):
@@ -145,11 +143,12 @@ def _tensor(name: str, value, dtype: int) -> tensor_pb2.TensorProto:
                               f"{level} expected size: {size}")
             flat.extend(item)
         leaves = flat
-    proto = tensor_pb2.TensorProto(dtype=dtype, tensor_shape=tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in dims]))
+    shape = tuple(dims)
     if dtype == types_pb2.DT_STRING:
-        proto.string_val.extend(_string_leaf(leaf) for leaf in leaves)
-        return proto
+        strings = [_string_leaf(leaf) for leaf in leaves]
+        nbytes = len(strings) * dtypes.OBJECT_ITEM_BYTES + sum(map(len, strings))
+        return LazyInput(name, Declared(dtype, shape, nbytes),
+                         lambda: _object_array(strings, shape))
     kinds = set(map(type, leaves))
     if list in kinds:
         raise invalid(f"Encountered list at unexpected level: {len(dims)} expected < "
@@ -158,20 +157,31 @@ def _tensor(name: str, value, dtype: int) -> tensor_pb2.TensorProto:
                 else {bool} if dtype == types_pb2.DT_BOOL else None)
     if expected is None:
         raise ServingStatusError(grpc.StatusCode.UNIMPLEMENTED,
-                                 f"Conversion of JSON to type {tensors.dtype_name(dtype)} of "
+                                 f"Conversion of JSON to type {dtypes.dtype_name(dtype)} of "
                                  f"input {clip(name)} is not supported")
     if not kinds <= expected:
         bad = next(leaf for leaf in leaves if type(leaf) not in expected)
         raise invalid(f"JSON Value: {_debug(bad)} Type: {_json_type(bad)} is not of expected "
-                      f"type: {tensors.dtype_name(dtype)[3:].lower()}{_b64_hint(bad, name)}")
-    np_dtype = tensors.DTYPES[dtype][0]
+                      f"type: {dtypes.dtype_name(dtype)[3:].lower()}{_b64_hint(bad, name)}")
+    np_dtype = dtypes.numpy_dtype(dtype)
+    return LazyInput(name, Declared(dtype, shape, len(leaves) * np_dtype.itemsize),
+                     lambda: _numeric_array(name, leaves, dtype, shape))
+
+
+def _numeric_array(name: str, leaves: list, dtype: int, shape: tuple) -> np.ndarray:
+    np_dtype = dtypes.numpy_dtype(dtype)
     try:
         array = np.asarray(leaves, dtype=np_dtype) if leaves else np.zeros(0, np_dtype)
     except OverflowError:
         raise invalid(f"a value of input {clip(name)} does not fit "
-                      f"{tensors.dtype_name(dtype)}") from None
-    proto.tensor_content = array.tobytes()
-    return proto
+                      f"{dtypes.dtype_name(dtype)}") from None
+    return array.reshape(shape)
+
+
+def _object_array(items: list[bytes], shape: tuple) -> np.ndarray:
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array.reshape(shape)
 
 
 def _b64_hint(leaf, name: str) -> str:

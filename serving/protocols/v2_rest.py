@@ -22,18 +22,17 @@ import urllib.parse
 
 import grpc
 
-from ampflow.serving import v2_protocol
-from ampflow.serving.inference import CallObserver, CallRecord, Observer
-from ampflow.serving.rest import HTTP_STATUS, REST_TIMEOUT_S
-from ampflow.serving.status import ServingStatusError, clip, not_found
-from ampflow.serving.status import invalid_argument as invalid
-from ampflow.serving.v2_protocol import InputSpec, V2Core
+from ampflow.serving.core.inference import CallObserver, CallRecord, Observer
+from ampflow.serving.core.status import ServingStatusError, clip, not_found
+from ampflow.serving.core.status import invalid_argument as invalid
+from ampflow.serving.protocols import v2 as v2_protocol
+from ampflow.serving.protocols.v2 import V2Core, V2Input
+from ampflow.serving.transport.http import REST_TIMEOUT_S, Reply, dumps, error_reply, json_reply
 
 log = logging.getLogger(__name__)
 
 HEADER_LENGTH = "inference-header-content-length"
 _MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer)?")
-Reply = tuple[int, bytes, list[tuple[bytes, bytes]]]
 
 
 class V2RestHandler:
@@ -48,31 +47,27 @@ class V2RestHandler:
         try:
             with self.calls.call() as record:
                 return self._dispatch(method, raw_path.split("?", 1)[0], headers, body, record)
-        except ServingStatusError as e:
-            return _json(HTTP_STATUS.get(e.code, 500), {"error": clip(e.message, 1024)})
-        except Exception as e:  # a server bug must not end the process: INTERNAL
-            log.exception("REST %s %s failed", method, clip(raw_path, 200))
-            return _json(500, {"error": f"internal error ({type(e).__name__}); see the server "
-                                        "log"})
+        except Exception as e:  # noqa: BLE001 - every error becomes the one HTTP envelope
+            return error_reply(e, method, raw_path)
 
     def _dispatch(self, method, path, headers, body, record: CallRecord) -> Reply:
         if path in ("/v2", "/v2/"):
             _need(method, "GET", path)
-            return _json(200, self.v2.server_metadata())
+            return json_reply(200, self.v2.server_metadata())
         if path == "/v2/health/live":
             _need(method, "GET", path)
-            return _json(200, {"live": True})
+            return json_reply(200, {"live": True})
         if path == "/v2/health/ready":
             _need(method, "GET", path)
             ready = self.v2.server_ready()
-            return _json(200 if ready else 503, {"ready": ready})
+            return json_reply(200 if ready else 503, {"ready": ready})
         match = _MODEL_PATH.fullmatch(path)
         if not match:
             raise not_found(f"no V2 endpoint {clip(path, 200)}")
         name = urllib.parse.unquote(match.group(1))
         version = urllib.parse.unquote(match.group(2) or "")
         action = match.group(3)
-        record.request = v2_protocol.labels_request(name, version)
+        v2_protocol.record_names(record, name, version)
         if action == "/infer":
             _need(method, "POST", path)
             record.method = "ModelInfer"
@@ -85,9 +80,9 @@ class V2RestHandler:
             if not self.v2.model_ready(name, version):
                 raise invalid(f"model {clip(name)} version {clip(version) or '(latest)'} is "
                               "not ready")
-            return _json(200, {"name": name, "ready": True})
+            return json_reply(200, {"name": name, "ready": True})
         record.method = "ModelMetadata"
-        return _json(200, self.v2.model_metadata(name, version))
+        return json_reply(200, self.v2.model_metadata(name, version))
 
     def _infer(self, name, version, headers, body, record: CallRecord) -> Reply:
         doc, binary = _split_body(headers, body)
@@ -97,7 +92,7 @@ class V2RestHandler:
         result = self.v2.infer(name, version, inputs, [n for n, _ in outputs],
                                _string_param(params, v2_protocol.SIGNATURE_PARAMETER),
                                REST_TIMEOUT_S)
-        record.request, record.answered = result.request, result.version
+        record.answered = result.version
         all_binary = _bool_param(params, "binary_data_output")
         wants = {n: b for n, b in outputs}
         reply: dict = {"model_name": result.model, "model_version": result.version}
@@ -116,7 +111,7 @@ class V2RestHandler:
                 entry["data"] = _json_data(out_name, array)
             tensors.append(entry)
         reply["outputs"] = tensors
-        head = _dumps(reply)
+        head = dumps(reply)
         if not tail:
             return 200, head, [(b"content-type", b"application/json")]
         return 200, head + b"".join(tail), [
@@ -141,14 +136,15 @@ def _split_body(headers: dict[str, str], body: bytes) -> tuple[dict, memoryview]
         if not length.isdigit() or int(length) > len(body):
             raise invalid(f"Inference-Header-Content-Length must be a byte count within the "
                           f"body ({len(body)} bytes). Received: {clip(length, 40)}")
-        head, tail = body[:int(length)], body[int(length):]
+        # the tail as a view: binary inputs become arrays over the body itself, no copy
+        head, tail = body[:int(length)], memoryview(body)[int(length):]
     if not head:
         raise invalid("JSON parse error: the request body is empty")
     try:
         doc = json.loads(head)
     except (ValueError, RecursionError) as e:
         raise invalid(f"JSON parse error: {clip(e, 200)}") from None
-    return _object(doc, "the request"), memoryview(tail)
+    return _object(doc, "the request"), memoryview(tail)  # (a view of a view: no copy)
 
 
 def _object(value, what: str) -> dict:
@@ -171,7 +167,7 @@ def _string_param(params: dict, key: str) -> str:
     return value
 
 
-def _inputs(doc: dict, binary: memoryview) -> list[InputSpec]:
+def _inputs(doc: dict, binary: memoryview) -> list[V2Input]:
     items = doc.get("inputs")
     if not isinstance(items, list) or not items:
         raise invalid("'inputs' must be a non-empty list of tensors")
@@ -189,14 +185,14 @@ def _inputs(doc: dict, binary: memoryview) -> list[InputSpec]:
                 raise invalid(f"input '{clip(name)}' has both data and binary_data_size")
             raw = binary[offset:offset + size]
             offset += size
-            specs.append(InputSpec(name, datatype, shape, size, _raw_builder(name, raw)))
+            specs.append(V2Input(name, datatype, shape, size, _raw_builder(name, raw)))
             continue
         if "data" not in item:
             raise invalid(f"input '{clip(name)}' has no data (nor binary_data_size)")
         values = _flatten(item["data"])
         payload = sum(len(v) for v in values if isinstance(v, str)) \
             if datatype == "BYTES" else 0
-        specs.append(InputSpec(name, datatype, shape, payload, _values_builder(name, values)))
+        specs.append(V2Input(name, datatype, shape, payload, _values_builder(name, values)))
     if offset != len(binary):
         raise invalid(f"{len(binary) - offset} bytes of binary data after the last input's "
                       "binary_data_size")
@@ -216,7 +212,8 @@ def _tensor_header(item: dict) -> tuple[str, str, tuple[int, ...]]:
 
 
 def _raw_builder(name: str, raw: memoryview):
-    return lambda dtype, shape: v2_protocol.from_raw(name, bytes(raw), dtype, shape)
+    """The array of binary tensor data: a view of the request body itself, no copy."""
+    return lambda dtype, shape: v2_protocol.from_raw(name, raw, dtype, shape)
 
 
 def _values_builder(name: str, values: list):
@@ -277,11 +274,3 @@ def _json_data(name: str, array) -> list:
     if array.dtype in (np.float32, np.float16):
         return flat.astype(str).astype(np.float64).tolist()
     return flat.tolist()
-
-
-def _dumps(payload) -> bytes:
-    return json.dumps(payload, separators=(",", ":")).encode()
-
-
-def _json(status: int, payload) -> Reply:
-    return status, _dumps(payload), [(b"content-type", b"application/json")]

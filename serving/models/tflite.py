@@ -52,9 +52,10 @@ def detect_format(path: Path) -> str:
 
 
 class TFLiteServable:
-    """A loaded TFLite version with the interface of `servable.ServableVersion`."""
+    """A loaded TFLite version: a `servable.Servable`, run by LiteRT's interpreter."""
 
     platform = "tflite"  # what V2 model metadata calls this format
+    model_format = "tflite"
 
     def __init__(self, model: str, version: int, path: Path) -> None:
         self.model = model

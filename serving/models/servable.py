@@ -1,4 +1,8 @@
-"""One loaded model version: its SignatureDefs (protos, for metadata) and its callable signatures.
+"""One loaded model version: the `Servable` interface, and the SavedModel that implements it.
+
+`Servable` is what the registry, the core, the batcher and the warm-up need of a version,
+whatever its format; `SavedModelServable` (here) and `TFLiteServable` (tflite.py) implement it,
+and `load_servable` picks one by what the version dir holds.
 
 TF Serving's `SavedModelBundle`: the SignatureDefs come from `saved_model.pb` itself (what
 GetModelMetadata returns), the functions from `tf.saved_model.load` (what a request runs).
@@ -13,6 +17,7 @@ from __future__ import annotations
 import inspect
 import logging
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -26,20 +31,46 @@ INIT_OP_SIGNATURE = "__saved_model_init_op"
 MODEL_FORMATS = ("auto", "saved_model", "tflite")
 
 
-def load_servable(model: str, version: int, path: Path, model_format: str = "auto"):
-    """Load one version dir as a SavedModel or a TFLite flatbuffer (tflite_servable.py)."""
-    from ampflow.serving.tflite_servable import TFLiteServable, detect_format
+class Servable(Protocol):
+    """One loaded model version, whatever its format.
+
+    `signature_defs`: name -> SignatureDef proto (what metadata returns; a quantized TFLite
+    tensor is described as float32); `run` takes and returns numpy arrays keyed by the
+    signature's input and output names; `platform`: V2 metadata's name of the format;
+    `model_format`: one of `MODEL_FORMATS` but `auto`.
+    """
+
+    model: str
+    version: int
+    path: Path
+    platform: str
+    model_format: str
+    signature_defs: dict
+
+    def can_run(self, signature: str) -> bool:
+        """Whether `signature` can be run (a SavedModel's init-op SignatureDef cannot)."""
+        ...
+
+    def run(self, signature: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run `signature` on `inputs`; numpy arrays out."""
+        ...
+
+
+def load_servable(model: str, version: int, path: Path, model_format: str = "auto") -> Servable:
+    """Load one version dir as a SavedModel or a TFLite flatbuffer (tflite.py)."""
+    from ampflow.serving.models.tflite import TFLiteServable, detect_format
 
     chosen = detect_format(path) if model_format == "auto" else model_format
     if chosen == "tflite":
         return TFLiteServable(model, version, path)
-    return ServableVersion(model, version, path)
+    return SavedModelServable(model, version, path)
 
 
-class ServableVersion:
+class SavedModelServable:
     """One loaded SavedModel version: its signature defs (protos) and callable signatures."""
 
     platform = "tensorflow_savedmodel"  # what V2 model metadata calls this format
+    model_format = "saved_model"
 
     def __init__(self, model: str, version: int, path: Path) -> None:
         import tensorflow as tf  # heavy: imported where a model is actually loaded

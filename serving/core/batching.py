@@ -20,7 +20,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from ampflow.serving.config import BatchingConfig
-from ampflow.serving.servable import ServableVersion
+from ampflow.serving.models.servable import Servable
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ BatchObserver = Callable[[int, int], None]  # (requests merged, rows) of one mod
 class _Queue:
     """One queue + worker thread for one (servable, signature)."""
 
-    def __init__(self, servable: ServableVersion, signature: str, config: BatchingConfig,
+    def __init__(self, servable: Servable, signature: str, config: BatchingConfig,
                  observe: BatchObserver | None = None):
         self._observe = observe
         self._servable = servable
@@ -132,9 +132,9 @@ class Batcher:
         self._config = config
         self._observe = observe
         self._lock = threading.Lock()
-        self._queues: dict[tuple[int, str], tuple[ServableVersion, _Queue]] = {}
+        self._queues: dict[tuple[int, str], tuple[Servable, _Queue]] = {}
 
-    def run(self, servable: ServableVersion, signature: str, inputs: dict[str, np.ndarray],
+    def run(self, servable: Servable, signature: str, inputs: dict[str, np.ndarray],
             timeout_s: float | None) -> dict[str, np.ndarray]:
         """Run through the batch queue; falls back to a direct run for unbatchable inputs."""
         rows = _batch_rows(inputs)

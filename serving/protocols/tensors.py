@@ -1,4 +1,4 @@
-"""TensorProto <-> numpy, strictly, with TF Serving's encodings and status codes.
+"""TensorProto <-> numpy, strictly, with TF Serving's encodings and status codes (its wire).
 
 Responses use what TF Serving returns (`Tensor::AsProtoTensorContent`): numeric tensors in
 `tensor_content`, strings in `string_val`; `tf.make_tensor_proto` gives exactly that. Requests
@@ -14,38 +14,15 @@ import grpc
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
-from ampflow.serving.status import ServingStatusError, clip
-from ampflow.serving.status import invalid_argument as _invalid
-
-# dtype enum -> (numpy dtype, typed repeated field)
-DTYPES: dict[int, tuple[type, str]] = {
-    types_pb2.DT_FLOAT: (np.float32, "float_val"),
-    types_pb2.DT_DOUBLE: (np.float64, "double_val"),
-    types_pb2.DT_INT32: (np.int32, "int_val"),
-    types_pb2.DT_INT16: (np.int16, "int_val"),
-    types_pb2.DT_INT8: (np.int8, "int_val"),
-    types_pb2.DT_UINT8: (np.uint8, "int_val"),
-    types_pb2.DT_UINT16: (np.uint16, "int_val"),
-    types_pb2.DT_INT64: (np.int64, "int64_val"),
-    types_pb2.DT_UINT32: (np.uint32, "uint32_val"),
-    types_pb2.DT_UINT64: (np.uint64, "uint64_val"),
-    types_pb2.DT_BOOL: (np.bool_, "bool_val"),
-    types_pb2.DT_HALF: (np.float16, "half_val"),
-    types_pb2.DT_STRING: (np.object_, "string_val"),
-}
-
-
-def dtype_name(dtype: int) -> str:
-    """`DT_FLOAT`-style name of a DataType enum value."""
-    try:
-        return types_pb2.DataType.Name(dtype)
-    except ValueError:
-        return f"DataType({dtype})"
-
-
-MAX_RANK = 254  # TensorShape::MaxDimensions() in TensorFlow
-MAX_ELEMENTS = 2 ** 63 - 1  # TensorShape's limit on the element count
-OBJECT_ITEM_BYTES = 8  # one pointer per string element of an object array
+from ampflow.serving.core.dtypes import (
+    DTYPES,
+    MAX_ELEMENTS,
+    MAX_RANK,
+    OBJECT_ITEM_BYTES,
+    dtype_name,
+)
+from ampflow.serving.core.status import ServingStatusError, clip
+from ampflow.serving.core.status import invalid_argument as _invalid
 
 
 def declared_shape(name: str, proto: tensor_pb2.TensorProto) -> tuple[int, ...]:
@@ -199,33 +176,3 @@ def to_proto(array, out: tensor_pb2.TensorProto | None = None) -> tensor_pb2.Ten
 
     proto.CopyFrom(tf.make_tensor_proto(array))
     return proto
-
-
-def check_against_signature(name: str, dtype: int, shape: tuple[int, ...], info,
-                            max_rows: int = 0) -> None:
-    """Check a declared dtype and shape against the signature, before decoding.
-
-    Also the rows (first dimension) of a batched input against `max_rows` (0 = no cap).
-    """
-    if dtype != info.dtype:
-        raise _invalid(
-            f"input '{clip(name)}' must be {dtype_name(info.dtype)}. Received: {dtype_name(dtype)}"
-        )
-    if info.tensor_shape.unknown_rank:
-        return
-    dims = [d.size for d in info.tensor_shape.dim]
-    if len(shape) != len(dims) or any(
-            e >= 0 and e != r for e, r in zip(dims, shape, strict=True)):
-        raise _invalid(
-            f"input '{clip(name)}' must have shape {dims} (-1 = any size; the first dimension "
-            f"is the batch). Received: shape {clip(list(shape), 200)}"
-        )
-    if dims and dims[0] == -1:
-        if shape[0] == 0:
-            raise _invalid(f"input '{clip(name)}' must have a batch size >= 1. Received: batch "
-                           "size 0")
-        if max_rows and shape[0] > max_rows:
-            raise _invalid(
-                f"input '{clip(name)}' has batch size {shape[0]}; this server takes at most "
-                f"{max_rows} rows per request (--max-request-batch-size)"
-            )

@@ -2,7 +2,7 @@
 
 This mirrors TF Serving's availability-preserving manager, over its file-system source
 (`version_source`: the version dirs on disk and the policy's aspired versions) and its
-loader (`servable`: one loaded version):
+loader (`servable`: one loaded version, SavedModel or TFLite, behind one interface):
 - a version dir is loaded only once it has stopped changing and looks complete;
 - a new aspired version is loaded and warmed up *before* it is published, and an old version
   is retired only once an aspired one is available, so a reload never drops a request
@@ -23,8 +23,7 @@ from pathlib import Path
 import grpc
 
 from ampflow.serving.config import ModelConfig
-from ampflow.serving.servable import ServableVersion, load_servable
-from ampflow.serving.status import (
+from ampflow.serving.core.status import (
     ServingStatusError,
     VersionState,
     VersionStatus,
@@ -33,8 +32,9 @@ from ampflow.serving.status import (
     not_found,
     scrub_paths,
 )
-from ampflow.serving.tflite_servable import TFLiteServable, detect_format
-from ampflow.serving.version_source import (
+from ampflow.serving.models.servable import Servable, load_servable
+from ampflow.serving.models.tflite import detect_format
+from ampflow.serving.models.version_source import (
     aspired_versions,
     dir_fingerprint,
     discover_versions,
@@ -50,7 +50,7 @@ INCOMPLETE_GRACE_S = 60.0  # an incomplete-looking version dir unchanged this lo
 @dataclasses.dataclass
 class _ModelState:
     config: ModelConfig
-    served: dict[int, ServableVersion] = dataclasses.field(default_factory=dict)
+    served: dict[int, Servable] = dataclasses.field(default_factory=dict)
     status: dict[int, VersionStatus] = dataclasses.field(default_factory=dict)
     failed: dict[int, tuple] = dataclasses.field(default_factory=dict)
     seen: dict[int, tuple] = dataclasses.field(default_factory=dict)  # fingerprint, last poll
@@ -59,7 +59,7 @@ class _ModelState:
     path_problem: str = ""  # the last base-path warning logged (logged again only on change)
 
 
-Warmup = Callable[[ServableVersion], int]
+Warmup = Callable[[Servable], int]
 
 
 class ModelRegistry:
@@ -216,7 +216,7 @@ class ModelRegistry:
         with self._lock:
             served = state.served
             newest = served[max(served)] if served else None
-        if newest is None or "tflite" in (_format_of(newest), detect_format(path)):
+        if newest is None or "tflite" in (newest.model_format, detect_format(path)):
             return set()
         try:
             return {p.name for p in Path(newest.path).iterdir() if not p.name.startswith(".")}
@@ -303,7 +303,7 @@ class ModelRegistry:
         """Replay warm-up requests through `warmup` before a version is published."""
         self._warmup = warmup
 
-    def resolve(self, name: str, version: int | None, label: str | None) -> ServableVersion:
+    def resolve(self, name: str, version: int | None, label: str | None) -> Servable:
         """The version that answers a request for (name, version | label | latest).
 
         Codes and texts follow TF Serving's ServerCore: no name is INVALID_ARGUMENT; an unknown
@@ -398,10 +398,6 @@ class ModelRegistry:
         self._changed()
         if problems:
             raise ServingStatusError(grpc.StatusCode.FAILED_PRECONDITION, "; ".join(problems))
-
-
-def _format_of(servable) -> str:
-    return "tflite" if isinstance(servable, TFLiteServable) else "saved_model"
 
 
 def _label_problems(models: tuple[ModelConfig, ...], states: dict[str, _ModelState]) -> list[str]:

@@ -1,0 +1,1 @@
+"""The data plane: `InferenceCore` (inference.py), batching, the dtype rules, status codes."""

@@ -1,0 +1,1 @@
+"""What is served: the `Servable` interface (SavedModel, TFLite), version dirs, the registry."""

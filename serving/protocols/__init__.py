@@ -1,0 +1,1 @@
+"""The four front doors as adapters over the core: TF Serving's and KServe V2's, gRPC and REST."""

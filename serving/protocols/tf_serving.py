@@ -1,0 +1,247 @@
+"""TF Serving's API (PredictionService, ModelService) over the core, for gRPC and REST alike.
+
+Plain methods that take and return the real `tensorflow_serving.apis` protos and raise
+`ServingStatusError` with TF Serving's codes; the gRPC servicers (tf_serving_grpc.py), the REST
+API (tf_serving_rest.py) and the warm-up replay all call them. Predict is an adapter: the
+request's TensorProtos become declared inputs (`ProtoInput`, decoded only after the core's
+checks), the core's arrays become the response's TensorProtos. Classify, metadata, status and
+config reloads are TF Serving's alone and live here whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import grpc
+import numpy as np
+from google.protobuf import any_pb2
+from tensorflow.core.framework import tensor_pb2
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_management_pb2,
+    predict_pb2,
+)
+
+from ampflow.errors import ConfigError
+from ampflow.serving.config import model_configs_from_proto
+from ampflow.serving.core.inference import (
+    CallRecord,
+    Declared,
+    InferenceCore,
+    InferRequest,
+)
+from ampflow.serving.core.status import ServingStatusError, clip
+from ampflow.serving.model_format import DEFAULT_SIGNATURE, read_warmup_records
+from ampflow.serving.models.servable import Servable
+from ampflow.serving.protocols import classification, tensors
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ProtoInput:
+    """A request TensorProto as a declared input: its shape checked, decoded on `build`."""
+
+    name: str
+    proto: tensor_pb2.TensorProto
+    _shape: tuple[int, ...] = ()
+
+    def declare(self, expected_dtype: int) -> Declared:  # noqa: ARG002 - the protocol's
+        """The proto's dtype, its declared shape (validity checked) and decoded bytes."""
+        self._shape = tensors.declared_shape(self.name, self.proto)
+        return Declared(self.proto.dtype, self._shape,
+                        tensors.decoded_bytes(self.proto, self._shape))
+
+    def build(self) -> np.ndarray:
+        """The array: a view of `tensor_content`, or the typed values decoded."""
+        return tensors.decode_checked(self.name, self.proto, self._shape)
+
+
+def spec_of(request) -> tuple[str, int | None, str | None]:
+    """(name, version, label) of a request's ModelSpec; Missing ModelSpec is INVALID_ARGUMENT."""
+    if not request.HasField("model_spec"):
+        raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
+    spec = request.model_spec
+    choice = spec.WhichOneof("version_choice")
+    return (spec.name, spec.version.value if choice == "version" else None,
+            spec.version_label if choice == "version_label" else None)
+
+
+def record_spec(record: CallRecord, request) -> None:
+    """Name the request's model and version in the call's metric record (if it names one)."""
+    spec = getattr(request, "model_spec", None)
+    if spec is None:  # HandleReloadConfigRequest names no model
+        return
+    choice = spec.WhichOneof("version_choice")
+    record.names(spec.name, spec.version.value if choice == "version" else None,
+                 spec.version_label if choice == "version_label" else None)
+
+
+def answered_version(response) -> str:
+    """The version in a response's ModelSpec ("" when it has none)."""
+    spec = getattr(response, "model_spec", None)
+    return str(spec.version.value) if spec is not None and spec.HasField("version") else ""
+
+
+class TFServingAPI:
+    """TF Serving's calls over an `InferenceCore`."""
+
+    def __init__(self, core: InferenceCore) -> None:
+        self.core = core
+        self._started_base_paths = {Path(m.base_path).resolve()
+                                    for m in core.registry.configs()}
+
+    def resolve(self, request) -> Servable:
+        """The servable a request's ModelSpec names."""
+        return self.core.registry.resolve(*spec_of(request))
+
+    # ---- Predict ------------------------------------------------------------------------
+
+    def predict(self, request: predict_pb2.PredictRequest, timeout_s: float | None = None,
+                servable: Servable | None = None) -> predict_pb2.PredictResponse:
+        """Predict by signature name, honouring `output_filter`."""
+        model, version, label = spec_of(request) if servable is None else ("", None, None)
+        answer = self.core.infer(InferRequest(
+            model, version, label, request.model_spec.signature_name,
+            [ProtoInput(name, proto) for name, proto in request.inputs.items()],
+            list(request.output_filter), servable), timeout_s)
+        response = predict_pb2.PredictResponse()
+        fill_spec(response.model_spec, answer.servable, answer.signature)
+        for alias, array in answer.outputs.items():
+            tensors.to_proto(array, out=response.outputs[alias])
+        return response
+
+    # ---- Classify -----------------------------------------------------------------------
+
+    def classify(self, request: classification_pb2.ClassificationRequest,
+                 timeout_s: float | None = None, servable: Servable | None = None
+                 ) -> classification_pb2.ClassificationResponse:
+        """Classify tf.Examples through a `tensorflow/serving/classify` signature."""
+        servable = servable or self.resolve(request)
+        sig_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+        sig = self.core.signature(servable, sig_name)
+        input_key = classification.classify_input_key(sig, sig_name)
+        limits = self.core.limits
+        examples = classification.serialized_examples(request.input, limits.max_rows,
+                                                      limits.max_bytes)
+        batch = np.empty(len(examples), dtype=object)
+        batch[:] = examples
+        outputs = self.core.run(servable, sig_name, {input_key: batch}, timeout_s)
+        response = classification_pb2.ClassificationResponse()
+        fill_spec(response.model_spec, servable, sig_name)
+        classification.fill_classifications(response.result, outputs, len(examples))
+        return response
+
+    # ---- metadata and status ------------------------------------------------------------
+
+    def metadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest
+                 ) -> get_model_metadata_pb2.GetModelMetadataResponse:
+        """GetModelMetadata: only `signature_def` is supported, as in TF Serving."""
+        if not request.HasField("model_spec"):
+            raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
+        if not request.metadata_field:
+            raise ServingStatusError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "GetModelMetadataRequest must specify at least one metadata_field",
+            )
+        for field in request.metadata_field:
+            if field != "signature_def":
+                raise ServingStatusError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Metadata field {clip(field)} is not supported. Expected: "
+                    "signature_def",
+                )
+        servable = self.resolve(request)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        fill_spec(response.model_spec, servable, "")
+        sig_map = get_model_metadata_pb2.SignatureDefMap()
+        for name, sig in servable.signature_defs.items():
+            sig_map.signature_def[name].CopyFrom(sig)
+        packed = any_pb2.Any()
+        packed.Pack(sig_map)
+        response.metadata["signature_def"].CopyFrom(packed)
+        return response
+
+    def status(self, request: get_model_status_pb2.GetModelStatusRequest
+               ) -> get_model_status_pb2.GetModelStatusResponse:
+        """GetModelStatus: every known version (or the one asked) with state and error."""
+        if not request.HasField("model_spec"):
+            raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
+        spec = request.model_spec
+        registry = self.core.registry
+        version = spec.version.value if spec.HasField("version") else None
+        if spec.WhichOneof("version_choice") == "version_label":
+            version = registry.resolve(spec.name, None, spec.version_label).version
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for number, status in registry.status(spec.name, version):
+            entry = response.model_version_status.add()
+            entry.version = number
+            entry.state = int(status.state)
+            entry.status.error_code = status.error_code.value[0]
+            entry.status.error_message = status.error
+        return response
+
+    def reload_config(self, request: model_management_pb2.ReloadConfigRequest
+                      ) -> model_management_pb2.ReloadConfigResponse:
+        """HandleReloadConfigRequest: swap models and version labels without a restart.
+
+        Refused (PERMISSION_DENIED) unless the operator allowed it, and for any base path
+        outside the allowed roots; a reload that fails fails the RPC with its code, as in
+        TF Serving (the response's `status` is not where a stock client looks).
+        """
+        if not self.core.reload_policy.allowed:
+            raise ServingStatusError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "HandleReloadConfigRequest is disabled on this server (the operator enables it "
+                "with --allow-reload-config)",
+            )
+        try:
+            models = model_configs_from_proto(request.config, source="ReloadConfigRequest")
+        except ConfigError as e:
+            raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
+        for model in models:
+            if not self._reload_path_allowed(Path(model.base_path)):
+                raise ServingStatusError(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"base path {clip(model.base_path)} of model "
+                    f"{clip(model.name)} is not under a root the operator allowed "
+                    "(--reload-config-root)",
+                )
+        self.core.registry.reload_config(models)
+        log.info("model config reloaded: %s", [m.name for m in models])
+        return model_management_pb2.ReloadConfigResponse()
+
+    def _reload_path_allowed(self, base_path: Path) -> bool:
+        resolved = base_path.resolve()
+        roots = self.core.reload_policy.roots
+        if not roots:
+            return resolved in self._started_base_paths
+        return any(resolved.is_relative_to(Path(root).resolve()) for root in roots)
+
+    # ---- warm-up ------------------------------------------------------------------------
+
+    def warmup(self, servable: Servable) -> int:
+        """Replay `assets.extra/tf_serving_warmup_requests`; any failure fails the load."""
+        count = 0
+        for entry in read_warmup_records(servable.path):
+            kind = entry.WhichOneof("log_type")
+            if kind == "predict_log":
+                self.predict(entry.predict_log.request, servable=servable)
+            elif kind == "classify_log":
+                self.classify(entry.classify_log.request, servable=servable)
+            else:
+                raise ValueError(f"unsupported warm-up record type {kind!r}")
+            count += 1
+        return count
+
+
+def fill_spec(spec, servable: Servable, signature: str) -> None:
+    """A response's ModelSpec: the model and the version that answered, and the signature."""
+    spec.name = servable.model
+    spec.version.value = servable.version
+    if signature:
+        spec.signature_name = signature

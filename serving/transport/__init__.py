@@ -1,0 +1,1 @@
+"""gRPC's and HTTP's side: one error envelope each, connection limits, the undecodable guard."""
