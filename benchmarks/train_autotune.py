@@ -83,7 +83,8 @@ def _write(report: dict, out: Path) -> None:
              f"{report['hardware']}, {report['cpus']} CPUs", "",
              f"{report['warmup_steps']} warm-up + {report['timed_steps']} timed steps per "
              f"candidate, one child process, budget {report['budget_s']:g} s: the search took "
-             f"{report['elapsed_s']:.0f} s, the whole command (search, one training step, "
+             f"{report['elapsed_s']:.0f} s wall ({report['cpu_s']:.0f} CPU-s), the whole "
+             "command (search, one training step, "
              f"publishing) {report['command_wall_s']:.0f} s wall, "
              f"{report['command_cpu_s']:.0f} CPU-s; load average "
              f"{report['load_average_1min']:.1f} at the end (a shared machine).", "",

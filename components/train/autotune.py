@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ampflow.components.train.precision import (
@@ -122,8 +122,9 @@ def _xla_skip_reason(hardware: HardwareInfo, xla: str, policy: str, jit: bool,
     if xla != "auto" or hardware.gpus or hardware.tpu:
         return None
     if policy == "mixed_float16" and not jit:
-        return ("float16 without XLA on a CPU: TF's float16 convolution gradients run ~0.02× "
-                "float32 (benchmarks/results/native_formats.md); --autotune-xla both measures it")
+        return ("float16 without XLA on a CPU: TF's float16 convolution gradients run "
+                "0.02-0.03× float32 (benchmarks/results/native_formats.md); --autotune-xla both "
+                "measures it")
     if jit and policy != "mixed_float16" and conv_layers >= LARGE_CONV_MODEL:
         return (f"XLA on a CPU for a model of {conv_layers} convolutions: its compile takes most "
                 "of a minute and ResNet-50 ran at 0.16-0.2× the speed without XLA (no oneDNN "
@@ -379,7 +380,7 @@ class SearchResult:
     stopped_at_budget: bool
     hardware: str | None = None
     restarts: int = 0
-    extra: dict = field(default_factory=dict)
+    cpu_s: float | None = None  # CPU seconds of the measuring processes (load-independent)
 
 
 class _Search:
@@ -614,7 +615,13 @@ def search(config, hardware: HardwareInfo | None = None, *, spawn: Callable = sp
     if config.autotune_xla not in XLA_MODES:
         raise ConfigError(f"autotune_xla must be one of {XLA_MODES}. "
                           f"Received: {config.autotune_xla!r}")
-    return _Search(config, hardware, spawn, stall_min_s, clock).run()
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = _Search(config, hardware, spawn, stall_min_s, clock).run()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the children are waited for
+    result.cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return result
 
 
 # ---- the choice -----------------------------------------------------------------------------
@@ -668,6 +675,7 @@ def choose(result: SearchResult, runtime, hardware: HardwareInfo, config
         "conv_layers": result.conv_layers,
         "budget_s": result.budget_s,
         "elapsed_s": result.elapsed_s,
+        "cpu_s": result.cpu_s,
         "stopped_at_budget": result.stopped_at_budget,
         "restarts": result.restarts,
         "hardware": hardware.describe(),

@@ -10,8 +10,9 @@ and the `precision.native_formats` block of `metadata.json` all read it. Per har
 - TPU: bfloat16 (its matmul units); no float16.
 - CPU with AVX512_BF16 or AMX-BF16: bfloat16 (oneDNN runs bf16 conv/matmul ~1.5-2× float32).
 - Any CPU, AVX512_FP16 and AMX-FP16 included: no float16. TF's float16 CPU kernels do not use
-  those units (measured on a Xeon with AMX and AVX512_FP16: float16 convolutions 0.5× float32,
-  with their gradients 0.02×; matmul ~1×), so one flag does not make a format native.
+  those units (measured on a Xeon with AMX and AVX512_FP16: float16 convolutions 0.5-0.6×
+  float32, with their gradients 0.02-0.03×; matmul 1.0-1.2×), so one flag does not make a
+  format native.
 - AVX2-only CPU: neither (bfloat16 is emulated: ResNet-50 0.82× float32).
 
 `auto` takes the first native format of (float16, bfloat16), else float32. XLA (`jit_compile`)
@@ -149,8 +150,8 @@ def _cpu_formats(flags: frozenset[str]) -> NativeFormats:
     fp16 = FormatSupport(False, (
         (f"{', '.join(fp16_flags)} present, but " if fp16_flags else "")
         + "TF's float16 CPU kernels do not use AVX512_FP16/AMX-FP16: measured on a Xeon "
-          "with both, float16 convolutions 0.5× float32 forward and 0.02× with their "
-          f"gradients, matmul ~1× ({_MEASURED})"))
+          "with both, float16 convolutions 0.5-0.6× float32 forward and 0.02-0.03× with "
+          f"their gradients, matmul 1.0-1.2× ({_MEASURED})"))
     return NativeFormats(kind, fp16, bf16)
 
 
