@@ -15,14 +15,15 @@ import json
 import logging
 from pathlib import Path
 
-from ampflow.cliutil import HelpFormatter
+from ampflow.cliutil import HelpFormatter, add_config_arguments, config_from_args
 from ampflow.errors import ConfigError, ServingError
 from ampflow.serving.model_format import (
     DEFAULT_MODEL_NAME,
     DEFAULT_SIGNATURE,
     IMAGE_BYTES_SIGNATURE,
+    MAX_VERSION,
+    parse_version_name,
 )
-from ampflow.serving.models.servable import MODEL_FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -72,59 +73,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of `serve`: one per config field (cliutil), defaults and help from the field.
+
+    Hand-written only where no field says it: the single model's name and base path (a
+    `ModelConfig` needs both, the CLI neither when a config file is given), the repeatable
+    LABEL=VERSION and root flags, the TLS files (a `TlsConfig` or none) and `--server`.
+    """
+    from ampflow.serving import config as cfg
+
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME,
                    help="served model name (single-model mode; as export --model-name)")
     p.add_argument("--model-base-path", default=None,
                    help="dir holding <version>/ SavedModel dirs (single-model mode)")
-    p.add_argument("--model-config-file", default=None,
-                   help="TF Serving ModelServerConfig text proto (several models); replaces "
-                        "--model-name/--model-base-path/version flags")
-    p.add_argument("--model-format", default="auto", choices=list(MODEL_FORMATS),
-                   help="what each version dir holds: auto = saved_model.pb if there, else one "
-                        ".tflite file (a converter variant, run by LiteRT); applies to every model")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="bind address; use 0.0.0.0 explicitly to listen on every interface")
-    p.add_argument("--port", type=int, default=8500, help="gRPC port (0 = pick a free one)")
-    p.add_argument("--version-policy", default="latest", choices=["latest", "all", "specific"],
-                   help="which versions on disk are served")
-    p.add_argument("--num-latest", type=int, default=1, help="N of the 'latest' policy")
-    p.add_argument("--versions", type=int, nargs="+", default=[],
-                   help="versions of the 'specific' policy")
+    add_config_arguments(p, cfg.ModelConfig, exclude=("name", "base_path", "version_labels"))
     p.add_argument("--version-label", action="append", default=[], metavar="LABEL=VERSION",
                    help="version label, e.g. stable=1 (repeatable)")
-    p.add_argument("--file-system-poll-wait-seconds", type=float, default=1.0,
-                   help="poll interval for new/removed version dirs (0 = load once)")
-    p.add_argument("--max-message-bytes", type=int, default=64 * 1024 * 1024,
-                   help="largest gRPC message accepted or sent (larger: RESOURCE_EXHAUSTED)")
+    add_config_arguments(p, cfg.ServerConfig, exclude=(
+        "models", "tls", "batching", "connection_limits", "reload_config_roots", "max_workers"))
+    add_config_arguments(p, cfg.BatchingConfig)
+    p.add_argument("--reload-config-root", action="append", default=[], metavar="DIR",
+                   help="with --allow-reload-config: base paths a reload may name must lie "
+                        "under one of these dirs (repeatable; none: only the configured ones)")
     p.add_argument("--tls-cert", default=None, help="server certificate (PEM); enables TLS")
     p.add_argument("--tls-key", default=None, help="server private key (PEM)")
     p.add_argument("--tls-client-ca", default=None,
                    help="CA (PEM) that client certificates must chain to (mutual TLS)")
-    p.add_argument("--max-batch-size", type=int, default=0,
-                   help="server-side batching of concurrent Predict calls (0/1 = off)")
-    p.add_argument("--batch-timeout-ms", type=float, default=2.0,
-                   help="how long a batch waits to fill")
-    p.add_argument("--metrics-port", type=int, default=0,
-                   help="Prometheus /metrics port (0 = off)")
-    p.add_argument("--grace-s", type=float, default=10.0,
-                   help="on SIGTERM, how long in-flight requests may take to finish")
-    p.add_argument("--no-warmup", action="store_true",
-                   help="skip replaying assets.extra/tf_serving_warmup_requests")
-    p.add_argument("--max-request-batch-size", type=int, default=0,
-                   help="rows (or Classify examples) one request may carry; 0 = the batching "
-                        "--max-batch-size when batching is on, else 1024")
-    p.add_argument("--rest-api-port", type=int, default=0,
-                   help="TF Serving's REST API (/v1/models/...) on this port, bound to --host "
-                        "with the same TLS (0 = off)")
-    p.add_argument("--allow-reload-config", action="store_true",
-                   help="accept ModelService/HandleReloadConfigRequest (off: PERMISSION_DENIED)")
-    p.add_argument("--reload-config-root", action="append", default=[], metavar="DIR",
-                   help="with --allow-reload-config: base paths a reload may name must lie "
-                        "under one of these dirs (repeatable; none: only the configured ones)")
-    p.add_argument("--wait-for-base-path", action="store_true",
-                   help="start even if a model base path does not exist yet or holds no "
-                        "version, and load the first version a deploy writes there, logging "
-                        "every poll until then (default: fail at start)")
     _add_connection_limit_flags(p)
     p.add_argument("--server", default="auto", choices=["auto", "local", "tf-serving"],
                    help="auto: tensorflow_model_server if on PATH and it can honour every flag "
@@ -157,45 +130,43 @@ def serve_config_from_args(args: argparse.Namespace):
         models = tuple(dataclasses.replace(m, model_format=args.model_format)
                        for m in cfg.load_model_config_file(args.model_config_file))
     elif args.model_base_path:
-        models = (cfg.ModelConfig(
-            name=args.model_name, base_path=Path(args.model_base_path),
-            version_policy=args.version_policy, num_latest=args.num_latest,
-            versions=tuple(args.versions), version_labels=_parse_labels(args.version_label),
-            model_format=args.model_format),)
+        models = (config_from_args(cfg.ModelConfig, args, name=args.model_name,
+                                   base_path=Path(args.model_base_path),
+                                   version_labels=_parse_labels(args.version_label)),)
     else:
         raise ConfigError("give --model-base-path or --model-config-file. Received: neither")
-    tls = None
+    return config_from_args(
+        cfg.ServerConfig, args, models=models, tls=_tls(args),
+        batching=config_from_args(cfg.BatchingConfig, args),
+        connection_limits=_connection_limits(args),
+        reload_config_roots=tuple(Path(r) for r in args.reload_config_root))
+
+
+def _tls(args: argparse.Namespace):
+    from ampflow.serving import config as cfg
+
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
             raise ConfigError("--tls-cert and --tls-key must be given together. Received: "
                               f"tls_cert={args.tls_cert}, tls_key={args.tls_key}")
-        tls = cfg.TlsConfig(Path(args.tls_cert), Path(args.tls_key),
-                            Path(args.tls_client_ca) if args.tls_client_ca else None)
-    elif args.tls_client_ca:
+        return cfg.TlsConfig(Path(args.tls_cert), Path(args.tls_key),
+                             Path(args.tls_client_ca) if args.tls_client_ca else None)
+    if args.tls_client_ca:
         raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key. Received: only "
                           f"tls_client_ca={args.tls_client_ca}")
-    return cfg.ServerConfig(
-        models=models, host=args.host, port=args.port,
-        file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
-        max_message_bytes=args.max_message_bytes, tls=tls,
-        batching=cfg.BatchingConfig(args.max_batch_size, args.batch_timeout_ms),
-        metrics_port=args.metrics_port, grace_s=args.grace_s, enable_warmup=not args.no_warmup,
-        model_config_file=Path(args.model_config_file) if args.model_config_file else None,
-        max_request_batch_size=args.max_request_batch_size, rest_api_port=args.rest_api_port,
-        allow_reload_config=args.allow_reload_config,
-        reload_config_roots=tuple(Path(r) for r in args.reload_config_root),
-        wait_for_base_path=args.wait_for_base_path,
-        connection_limits=_connection_limits(args),
-    )
+    return None
 
 
 def _parse_labels(items: list[str]) -> dict[str, int]:
+    """LABEL=VERSION items; VERSION is a version dir's name (model_format's one rule)."""
     labels = {}
     for item in items:
         label, sep, version = item.partition("=")
-        if not sep or not version.strip().isdigit():
-            raise ConfigError(f"--version-label must be LABEL=VERSION. Received: {item!r}")
-        labels[label.strip()] = int(version)
+        number = parse_version_name(version.strip()) if sep else None
+        if number is None:
+            raise ConfigError(f"--version-label must be LABEL=VERSION, VERSION a number "
+                              f"0..{MAX_VERSION}. Received: {item!r}")
+        labels[label.strip()] = number
     return labels
 
 

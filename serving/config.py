@@ -1,7 +1,9 @@
 """Typed configs of the model server, and TF Serving's `ModelServerConfig` text proto.
 
 One `ModelConfig` per served model and one `ServerConfig` for the process. Both are frozen and
-validated in `__post_init__`, so a wrong flag fails before any model is loaded. The same
+validated in `__post_init__`, so a wrong flag fails before any model is loaded; their fields'
+defaults and help are `ampflow serve`'s flags (cli.py generates them with cliutil, as every
+other command's). The same
 `ModelServerConfig` text-proto file that the real `tensorflow_model_server` reads
 (`--model_config_file`) is parsed into `ModelConfig`s, so one file drives both servers.
 """
@@ -17,12 +19,17 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from ampflow.errors import ConfigError
-from ampflow.serving.model_format import check_model_name
+from ampflow.serving.model_format import MAX_VERSION, check_model_name
 from ampflow.serving.models.servable import MODEL_FORMATS
 from ampflow.serving.transport.connection_limits import ConnectionLimits
 
 VERSION_POLICIES = ("latest", "all", "specific")
 DEFAULT_MAX_REQUEST_BATCH = 1024  # rows per request when server-side batching is off
+
+
+def _field(default, help: str, **metadata):
+    """A field whose default and `--help` text `ampflow serve`'s flag reads (cliutil)."""
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +43,15 @@ class ModelConfig:
 
     name: str
     base_path: Path
-    version_policy: str = "latest"
-    num_latest: int = 1
-    versions: tuple[int, ...] = ()
+    version_policy: str = _field("latest", "which versions on disk are served",
+                                 choices=VERSION_POLICIES)
+    num_latest: int = _field(1, "N of the 'latest' policy")
+    versions: tuple[int, ...] = _field((), "versions of the 'specific' policy")
     version_labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    model_format: str = "auto"
+    model_format: str = _field(
+        "auto", "what each version dir holds: auto = saved_model.pb if there, else one .tflite "
+        "file (a converter variant, run by LiteRT); applies to every model",
+        choices=MODEL_FORMATS)
 
     def __post_init__(self) -> None:
         check_model_name(self.name, "name")
@@ -60,14 +71,18 @@ class ModelConfig:
             raise ConfigError(
                 "version_policy='specific' needs at least one version. Received: versions=()"
             )
-        if any(v < 0 for v in self.versions):
-            raise ConfigError(f"versions must be >= 0. Received: versions={self.versions}")
+        if any(not 0 <= v <= MAX_VERSION for v in self.versions):
+            raise ConfigError(f"versions must be in 0..{MAX_VERSION}. Received: "
+                              f"versions={self.versions}")
         labels = {str(k): int(v) for k, v in dict(self.version_labels).items()}
-        for label in labels:
+        for label, version in labels.items():
             if not label or not (label[0].isalpha() or label[0] == "_"):
                 raise ConfigError(
                     f"a version label must start with a letter. Received: label={label!r}"
                 )
+            if not 0 <= version <= MAX_VERSION:
+                raise ConfigError(f"a version label must name a version in 0..{MAX_VERSION}. "
+                                  f"Received: {label}={version}")
         object.__setattr__(self, "version_labels", labels)
 
 
@@ -75,8 +90,9 @@ class ModelConfig:
 class BatchingConfig:
     """Server-side batching of concurrent Predict requests (off when max_batch_size is 0)."""
 
-    max_batch_size: int = 0
-    batch_timeout_ms: float = 2.0
+    max_batch_size: int = _field(0, "server-side batching of concurrent Predict calls "
+                                    "(0/1 = off)")
+    batch_timeout_ms: float = _field(2.0, "how long a batch waits to fill")
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 0:
@@ -120,22 +136,36 @@ class ServerConfig:
     """Everything `ampflow serve` needs; the real binary gets the same values as flags."""
 
     models: tuple[ModelConfig, ...]
-    host: str = "127.0.0.1"
-    port: int = 8500
-    file_system_poll_wait_seconds: float = 1.0
-    max_message_bytes: int = 64 * 1024 * 1024
+    host: str = _field("127.0.0.1", "bind address; use 0.0.0.0 explicitly to listen on every "
+                                    "interface")
+    port: int = _field(8500, "gRPC port (0 = pick a free one)")
+    file_system_poll_wait_seconds: float = _field(
+        1.0, "poll interval for new/removed version dirs (0 = load once)")
+    max_message_bytes: int = _field(
+        64 * 1024 * 1024, "largest gRPC message accepted or sent (larger: RESOURCE_EXHAUSTED)")
     tls: TlsConfig | None = None
     batching: BatchingConfig = dataclasses.field(default_factory=BatchingConfig)
-    metrics_port: int = 0
+    metrics_port: int = _field(0, "Prometheus /metrics port (0 = off)")
     max_workers: int = 16
-    grace_s: float = 10.0
-    enable_warmup: bool = True
-    model_config_file: Path | None = None
-    max_request_batch_size: int = 0
-    rest_api_port: int = 0
-    allow_reload_config: bool = False
+    grace_s: float = _field(10.0, "on SIGTERM, how long in-flight requests may take to finish")
+    enable_warmup: bool = _field(True, "replay assets.extra/tf_serving_warmup_requests before "
+                                       "a version serves", flag="--warmup")
+    model_config_file: Path | None = _field(
+        None, "TF Serving ModelServerConfig text proto (several models); replaces "
+              "--model-name/--model-base-path/version flags")
+    max_request_batch_size: int = _field(
+        0, "rows (or Classify examples) one request may carry; 0 = the batching "
+           "--max-batch-size when batching is on, else 1024")
+    rest_api_port: int = _field(
+        0, "TF Serving's REST API (/v1/models/...) and V2's (/v2/...) on this port, bound to "
+           "--host with the same TLS (0 = off)")
+    allow_reload_config: bool = _field(
+        False, "accept ModelService/HandleReloadConfigRequest (off: PERMISSION_DENIED)")
     reload_config_roots: tuple[Path, ...] = ()
-    wait_for_base_path: bool = False
+    wait_for_base_path: bool = _field(
+        False, "start even if a model base path does not exist yet or holds no version, and "
+               "load the first version a deploy writes there, logging every poll until then "
+               "(off: fail at start)")
     connection_limits: ConnectionLimits = dataclasses.field(default_factory=ConnectionLimits)
 
     def __post_init__(self) -> None:

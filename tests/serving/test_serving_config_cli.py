@@ -356,3 +356,30 @@ def test_load_images_corrupt_npy_and_mixed_shapes_are_config_errors(tmp_path):
     np.save(tmp_path / "b.npy", np.zeros((4, 4, 1)))
     with pytest.raises(ConfigError, match="one shape"):
         load_images([tmp_path / "a.npy", tmp_path / "b.npy"], (-1, 8, 8, 1))
+
+
+@pytest.mark.parametrize("bad", ["stable=²", "stable=1²", "stable=", "stable", "stable=-1",
+                                 f"stable={2 ** 63}"])
+def test_cli_serve_version_label_that_names_no_version_is_one_line(bad, capsys):
+    # Issue 41: '²'.isdigit() is True and int('²') raised: a traceback, not a flag error
+    assert serving_main(["serve", "--model-base-path", "m", "--version-label", bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ampflow serve: error: --version-label must be LABEL=VERSION, "
+                          "VERSION a number 0..9223372036854775807. Received: ")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_serve_flag_defaults_are_the_config_fields_defaults():
+    from pathlib import Path
+
+    from ampflow.cli import build_parser
+    from ampflow.serving.cli import serve_config_from_args
+
+    config = serve_config_from_args(build_parser().parse_args(
+        ["serve", "--model-base-path", "m"]))
+    assert config == ServerConfig(models=(ModelConfig("ampflow", Path("m")),))
+
+
+def test_cli_serve_config_error_names_the_flag(capsys):
+    assert serving_main(["serve", "--model-base-path", "m", "--num-latest", "0"]) == 2
+    assert "--num-latest must be >= 1" in capsys.readouterr().err
