@@ -205,3 +205,23 @@ def test_image_readers_refuse_a_text_dataset_and_text_readers_an_image_one(prepa
         load_split(prepared_sentences, "train")
     with pytest.raises(DatasetError, match="holds image data, not text"):
         load_text_split(prepared_digits, "train")
+
+
+def test_make_text_pipeline_is_seeded_full_for_training_and_complete_for_evaluation(
+        prepared_sentences):
+    from ampflow.components.prepare_data import make_text_pipeline
+
+    def first_texts(seed):
+        ds = make_text_pipeline(load_text_split(prepared_sentences, "train"), batch_size=5,
+                                training=True, seed=seed)
+        return [texts.numpy().tolist() for texts, _ in ds]
+
+    batches = first_texts(3)
+    assert batches == first_texts(3) and batches != first_texts(4)
+    assert [len(b) for b in batches] == [5] * 6  # 32 examples: the remainder of 2 dropped
+    ds = make_text_pipeline(load_text_split(prepared_sentences, "test"), batch_size=3,
+                            training=False)
+    assert sum(int(labels.shape[0]) for _, labels in ds) == 4
+    with pytest.raises(ConfigError, match="batch_size must be > 0. Received: batch_size=0"):
+        make_text_pipeline(load_text_split(prepared_sentences, "test"), batch_size=0,
+                           training=False)
