@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ampflow.components.train.cluster import read_tf_config
 from ampflow.components.train.precision import (
     GpuInfo,
     HardwareInfo,
@@ -402,12 +403,15 @@ class _Search:
         self.finished = False  # the child sent "end"
         self.stopped_at_budget = False
         self.progress = None
+        cluster = read_tf_config()  # the chief alone shows progress and logs the candidates
+        self.chief = cluster is None or cluster.is_chief
 
     # the loop
     def run(self) -> SearchResult:
         from ampflow.progress import Progress
 
-        self.progress = Progress(None, "autotune", unit="candidates done", show_rate=False)
+        self.progress = Progress(None, "autotune", unit="candidates done", show_rate=False,
+                                 enabled=self.chief)
         try:
             while self.pending is None or self.pending:
                 if self.clock() >= self.deadline:
@@ -418,8 +422,8 @@ class _Search:
                     break
         finally:
             self.progress.close(values=self._values)
-        order = [p for p in self.plan.get("pairs", [])]
-        rows = [self.rows[p] for p in order if p in self.rows] + self.skipped
+        rows = [self.rows[p] for p in self.plan.get("pairs", []) if p in self.rows]
+        rows += self.skipped
         return SearchResult(rows, self.plan.get("global_batch_size"),
                             self.plan.get("conv_layers"), self.clock() - self.started,
                             self.config.autotune_budget_s, self.stopped_at_budget,
@@ -463,7 +467,7 @@ class _Search:
             self.skipped = event["skipped"]
             self.plan = {**event, "pairs": list(self.pending)}
             for row in self.skipped:
-                _log_row(row)
+                self._log(row)
         elif kind == "start":
             self.running = {"pair": (event["policy"], event["xla"]), "since": self.clock(),
                             "steps": [], "warmup_s": None}
@@ -485,19 +489,23 @@ class _Search:
         if self.pending and pair in self.pending:
             self.pending.remove(pair)
         self.running = None
-        _log_row(row)
+        self._log(row)
         self.progress.update(values=self._values)
 
     def _ended(self, child: _Child) -> bool:
         code = child.process.wait()
+        if self.pending is None:
+            raise ConfigError(f"autotune's measuring process exited with code {code} before "
+                              "it planned its candidates (its log above says why)")
         if self.running:  # died inside a candidate: that one failed, the others may still run
             self._stop_row(f"the measuring process exited with code {code}", "failed")
             self.restarts += 1
             return True
-        if self.pending is None:
-            raise ConfigError(f"autotune's measuring process exited with code {code} before "
-                              "it planned its candidates (its log above says why)")
-        return True
+        for pair in list(self.pending):  # died between candidates: no retry loop on a crash
+            self._record(pair, {"policy": pair[0], "xla": pair[1], "status": "failed",
+                                "reason": f"the measuring process exited with code {code} "
+                                          "before it started"})
+        return False
 
     # stopping
     def _stop(self, child: _Child, reason: str, status: str = "stopped") -> None:
@@ -534,6 +542,13 @@ class _Search:
         return (f"clearly slower: a timed step still running after {seconds:.1f} s, over "
                 f"{DROP_AFTER_STEPS} × {DROP_MARGIN:g} × the best's median step "
                 f"{1000 * self._best_median():.0f} ms; its process was stopped")
+
+    def _log(self, row: dict[str, Any]) -> None:
+        if not self.chief:
+            return
+        what = (f"{row['images_per_sec']:.1f} img/s ({row.get('timed_steps')} timed steps)"
+                if row["status"] == "measured" else row.get("reason", ""))
+        log.info("autotune %s xla=%s: %s: %s", row["policy"], row["xla"], row["status"], what)
 
     # what is known so far
     def _best(self) -> dict[str, Any] | None:
@@ -598,10 +613,6 @@ def _close(child: _Child) -> None:
             pass
 
 
-def _log_row(row: dict[str, Any]) -> None:
-    what = (f"{row['images_per_sec']:.1f} img/s ({row.get('timed_steps')} timed steps)"
-            if row["status"] == "measured" else row.get("reason", ""))
-    log.info("autotune %s xla=%s: %s: %s", row["policy"], row["xla"], row["status"], what)
 
 
 def search(config, hardware: HardwareInfo | None = None, *, spawn: Callable = spawn_child,
@@ -656,9 +667,10 @@ def choose(result: SearchResult, runtime, hardware: HardwareInfo, config
                                formats)
     else:
         setup = configure_precision("auto", None, hardware)
-        why = ("autotune measured no candidate to the end within its budget "
-               f"({config.autotune_budget_s:g} s): the rule's choice, {setup.policy}, "
-               f"xla={setup.jit_compile}")
+        cause = (f"within its budget ({config.autotune_budget_s:g} s)"
+                 if result.stopped_at_budget else "(each one failed: see autotune.candidates)")
+        why = (f"autotune measured no candidate to the end {cause}: the rule's choice, "
+               f"{setup.policy}, xla={setup.jit_compile}")
         setup = PrecisionSetup(setup.policy, why, setup.jit_compile, setup.jit_reason,
                                setup.hardware, formats)
     log.info("autotune chose %s, xla=%s: %s", setup.policy, setup.jit_compile, why)

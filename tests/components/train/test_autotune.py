@@ -147,6 +147,8 @@ FAKE_CHILD = textwrap.dedent('''
         def one_step():
             if step == "hang":
                 time.sleep(600)
+            if step == "crash":
+                os._exit(7)
             now[0] += step
         return warm_up, one_step
     pairs = request["pairs"]
@@ -219,6 +221,28 @@ def test_a_stalled_step_is_stopped_and_the_search_goes_on_in_a_new_process(tmp_p
     assert "still running after" in rows[("float32", True)]["reason"]
     assert rows[("mixed_bfloat16", False)]["status"] == "measured"  # measured after the restart
     assert result.restarts == 1 and seconds < 20
+
+
+def test_a_crashed_candidate_fails_alone_and_the_rest_is_measured(tmp_path):
+    step_s = {"float32 False": 0.10, "mixed_bfloat16 False": "crash", "float32 True": 0.2}
+    plan = [["float32", False], ["mixed_bfloat16", False], ["float32", True]]
+    result, _, _ = _fake_search(tmp_path, step_s, plan)
+    rows = _rows(result)
+    assert rows[("mixed_bfloat16", False)]["status"] == "failed"
+    assert "exited with code 7" in rows[("mixed_bfloat16", False)]["reason"]
+    assert rows[("float32", True)]["status"] == "dropped"  # measured by the second process
+    assert result.restarts == 1
+
+
+def test_with_every_candidate_failed_the_run_takes_the_rules_choice_and_says_so(tmp_path):
+    plan = [["float32", False], ["mixed_bfloat16", False]]
+    result, _, config = _fake_search(tmp_path, {"float32 False": "crash",
+                                                "mixed_bfloat16 False": "crash"}, plan)
+    assert [r["status"] for r in result.rows] == ["failed", "failed"]
+    setup, report = choose(result, None, BF16_CPU, config)
+    assert (setup.policy, setup.jit_compile) == ("mixed_bfloat16", False)  # auto's, on BF16_CPU
+    assert "measured no candidate to the end (each one failed" in setup.reason
+    assert report["choice"] == {"policy": "mixed_bfloat16", "xla": False}
 
 
 def test_a_child_that_cannot_start_is_one_clear_error(tmp_path):
