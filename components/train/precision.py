@@ -277,6 +277,9 @@ def configure_precision(
     setup = PrecisionSetup(policy, reason, jit, jit_reason, hardware.describe(),
                            native_formats(hardware))
     log.info("precision policy %s: %s [%s]", policy, reason, setup.hardware)
+    support = setup.native.of_policy(policy)
+    if not support.native:  # an explicit choice the rule would not make: say what it costs
+        log.warning("%s is not native on this %s: %s", policy, setup.native.kind, support.why)
     log.info("XLA jit_compile=%s: %s", jit, jit_reason)
     return setup
 

@@ -128,6 +128,15 @@ def test_avx512_fp16_on_a_cpu_does_not_make_float16_native_and_says_why():
     assert "native_formats.md" in formats.float16.why
 
 
+def test_an_explicit_policy_that_is_not_native_is_warned_of(caplog):
+    with caplog.at_level("WARNING", logger="ampflow.components.train.precision"):
+        configure_precision("mixed_float16", None, SAPPHIRE_RAPIDS)
+        configure_precision("mixed_bfloat16", None, SAPPHIRE_RAPIDS)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1
+    assert warned[0].startswith("mixed_float16 is not native on this CPU with AMX and AVX512_FP16")
+
+
 def test_the_native_formats_are_recorded_with_the_policy():
     setup = configure_precision("auto", None, ZEN4)
     block = setup.as_metadata()["precision"]["native_formats"]
