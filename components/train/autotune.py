@@ -724,7 +724,8 @@ def parse_policies(text: str | None) -> tuple[str, ...] | None:
     policies = tuple(p.strip() for p in text.split(",") if p.strip())
     unknown = [p for p in policies if p not in _TUNABLE]
     if unknown or not policies:
-        raise ConfigError(f"autotune_policies must be among {_TUNABLE}. Received: {text!r}")
+        raise ConfigError(f"autotune_policies must be among {', '.join(_TUNABLE)}. "
+                          f"Received: autotune_policies={text!r}")
     return policies
 
 

@@ -245,6 +245,18 @@ def test_with_every_candidate_failed_the_run_takes_the_rules_choice_and_says_so(
     assert report["choice"] == {"policy": "mixed_bfloat16", "xla": False}
 
 
+def test_bad_autotune_flags_are_one_line_before_any_process(tmp_path):
+    def no_spawn(request):
+        raise AssertionError("no process may start")
+
+    for bad, match in ((dict(autotune_policies="float32,float64"),
+                        "Received: autotune_policies='float32,float64'"),
+                       (dict(autotune_xla="sometimes"), "autotune_xla must be one of")):
+        config = TrainConfig(data_dir=tmp_path, output_dir=tmp_path, autotune=True, **bad)
+        with pytest.raises(ConfigError, match=match):
+            search(config, BF16_CPU, spawn=no_spawn)
+
+
 def test_a_child_that_cannot_start_is_one_clear_error(tmp_path):
     config = TrainConfig(data_dir=tmp_path, output_dir=tmp_path, autotune=True)
     with pytest.raises(ConfigError, match="exited with code 3 before it planned"):
