@@ -2,13 +2,15 @@
 
 The names below are imported on first use (PEP 562), not with the package, so that building
 the CLI parser (which reads `TrainConfig`) imports no TensorFlow or Keras. `load_trained_model`
-registers the custom layers (`layers.py`) itself before it loads a model.
+registers the custom layers (`layers.py`) itself before it loads a model; `load_trained` also
+gives a text model's tokenizer (the model dir's contract: `artifacts.py`).
 """
 
 import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports them
+    from ampflow.components.train.artifacts import TrainedModel, load_trained
     from ampflow.components.train.step import (
         TrainConfig,
         TrainResult,
@@ -19,11 +21,14 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
 _EXPORTS = {
     "TrainConfig": "step",
     "TrainResult": "step",
-    "load_trained_model": "step",
+    "TrainedModel": "artifacts",
+    "load_trained": "artifacts",
+    "load_trained_model": "artifacts",
     "run_train": "step",
 }
 
-__all__ = ["TrainConfig", "TrainResult", "load_trained_model", "run_train"]
+__all__ = ["TrainConfig", "TrainResult", "TrainedModel", "load_trained", "load_trained_model",
+           "run_train"]
 
 
 def __getattr__(name: str):

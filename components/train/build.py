@@ -6,37 +6,147 @@ way from a TrainConfig; keeping them here keeps step.py and autotune.py free of 
 
 from __future__ import annotations
 
+import logging
+
 from ampflow.components.train.precision import PrecisionSetup
+
+log = logging.getLogger(__name__)
 
 # `config` below is a step.TrainConfig (not imported: step.py imports this module).
 
 
-def training_data(config, info: dict, global_batch: int):
-    """(train, test, steps per epoch): the seeded input pipeline at the global batch size."""
-    from ampflow.components.prepare_data import load_split, make_input_pipeline
+def training_data(config, info: dict, global_batch: int, tokenizer=None):
+    """(train, test, steps per epoch): the seeded input pipeline at the global batch size.
 
+    Text data is tokenized here, in tf.data, by `tokenizer` (a `text_tokenizer(config, info)`
+    when not given): batches of raw strings become int32 token ids `[batch, L]`.
+    """
+    from ampflow.components.prepare_data import load_split, make_input_pipeline
+    from ampflow.components.prepare_data.text import is_text
+
+    if is_text(info):
+        train_ds, test_ds = _text_data(config, global_batch,
+                                       tokenizer or text_tokenizer(config, info))
+        return train_ds.repeat(), test_ds, _steps_per_epoch(config, info, global_batch)
     train_ds = make_input_pipeline(load_split(config.data_dir, "train"),
                                    batch_size=global_batch, training=True, seed=config.seed,
                                    augment=config.effective_augment)
     test_ds = make_input_pipeline(load_split(config.data_dir, "test"),
                                   batch_size=global_batch, training=False)
+    return train_ds.repeat(), test_ds, _steps_per_epoch(config, info, global_batch)
+
+
+def _steps_per_epoch(config, info: dict, global_batch: int) -> int:
     steps = info["splits"]["train"] // global_batch
     if config.steps_per_epoch:
         steps = min(steps, config.steps_per_epoch)
-    return train_ds.repeat(), test_ds, steps
+    return steps
 
 
-def build_uncompiled_model(config, info: dict, runtime):
-    """The model under the global policy, in the strategy's scope, not compiled yet."""
-    from ampflow.components.train.models import build_model
+def _text_data(config, global_batch: int, tokenizer):
+    """The text splits as (token ids, label) batches: tokenized after batching, in tf.data."""
+    import tensorflow as tf
 
+    from ampflow.components.prepare_data import load_text_split, make_text_pipeline
+
+    def tokenized(ds):
+        return ds.map(lambda text, label: (tokenizer.tokenize(text), label),
+                      num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+    train_ds = make_text_pipeline(load_text_split(config.data_dir, "train"),
+                                  batch_size=global_batch, training=True, seed=config.seed)
+    test_ds = make_text_pipeline(load_text_split(config.data_dir, "test"),
+                                 batch_size=global_batch, training=False)
+    return tokenized(train_ds), tokenized(test_ds)
+
+
+def text_tokenizer(config, info: dict):
+    """The tokenizer a text run trains with; None for image data.
+
+    Fitted on the TRAINING split only (nothing of the test split in the vocabulary), with the
+    config's sequence length and vocabulary size. Fine-tuning a `.keras` text model reuses the
+    tokenizer saved beside it instead: its embedding rows are that vocabulary's ids, and a
+    freshly fitted one would number the words differently.
+    """
+    from ampflow.components.prepare_data.text import is_text
+
+    if not is_text(info):
+        return None
+    saved = saved_tokenizer_dir(config)
+    if saved is not None:
+        return _reused_tokenizer(config, saved)
+    import time
+
+    from ampflow.components.prepare_data import load_text_split
+    from ampflow.components.train.tokenizer import fit_tokenizer
+
+    start = time.perf_counter()
+    texts = load_text_split(config.data_dir, "train").map(lambda text, _label: text)
+    tokenizer = fit_tokenizer(texts, config.tokenizer_config())
+    log.info("tokenizer fitted on the training split (%d texts) in %.1f s: %d words kept of "
+             "at most %d, sequence length %d", info["splits"]["train"],
+             time.perf_counter() - start, tokenizer.vocabulary_size,
+             config.vocabulary_size, tokenizer.sequence_length)
+    return tokenizer
+
+
+def saved_tokenizer_dir(config):
+    """The folder of the `.keras` text model to fine-tune, which must hold its tokenizer."""
+    from pathlib import Path
+
+    from ampflow.components.train.models import model_names
+    from ampflow.components.train.user_model import parse_model_spec
+
+    if parse_model_spec(config.model, model_names()).kind != "file":
+        return None
+    return Path(config.model).expanduser().parent
+
+
+def _reused_tokenizer(config, directory):
+    from ampflow.components.train.tokenizer import TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
+    from ampflow.errors import ConfigError
+
+    try:
+        tokenizer = load_tokenizer(directory)
+    except ConfigError as e:
+        raise ConfigError(
+            f"model {config.model!r} is fine-tuned on text with the tokenizer it was trained "
+            f"with, {VOCAB_FILE} and {TOKENIZER_FILE} beside it (train writes both beside "
+            f"model.keras): {e}") from e
+    settings = tokenizer.config
+    if settings != config.tokenizer_config():
+        log.warning("fine-tuning %s with its own tokenizer (sequence length %d, vocabulary %d "
+                    "words), not --max-sequence-length %d / --vocabulary-size %d",
+                    config.model, settings.max_sequence_length, tokenizer.vocabulary_size,
+                    config.max_sequence_length, config.vocabulary_size)
+    else:
+        log.info("fine-tuning %s with its own tokenizer from %s", config.model, directory)
+    return tokenizer
+
+
+def build_uncompiled_model(config, info: dict, runtime, tokenizer=None):
+    """The model under the global policy, in the strategy's scope, not compiled yet.
+
+    A text model is sized by the tokenizer (`text_tokenizer(config, info)` when not given):
+    its input is `[batch, sequence length]` token ids, its embedding table the ids in use.
+    """
+    from ampflow.components.prepare_data.text import is_text
+    from ampflow.components.train.models import build_model, make_text_model
+
+    if is_text(info):
+        tokenizer = tokenizer or text_tokenizer(config, info)
+        with runtime.strategy.scope():
+            return make_text_model(config.model, tokenizer.sequence_length,
+                                   tokenizer.vocabulary_size, info["num_classes"],
+                                   model_path=config.model_path).model
     with runtime.strategy.scope():
         return build_model(config.model, tuple(info["image_shape"]), info["num_classes"],
                            image_size=config.image_size, model_path=config.model_path)
 
 
 def build_compiled_model(config, info: dict, setup: PrecisionSetup, runtime,
-                         learning_rate: float, total_steps: int | None = None, model=None):
+                         learning_rate: float, total_steps: int | None = None, model=None,
+                         tokenizer=None):
     """The model and its optimizer, created in the strategy's scope (one copy per replica).
 
     `total_steps` (epochs × steps per epoch) sizes a cosine schedule; without it the learning
@@ -45,7 +155,7 @@ def build_compiled_model(config, info: dict, setup: PrecisionSetup, runtime,
     convolutions of its first candidate's model, then trains that one instead of a second).
     """
     if model is None:
-        model = build_uncompiled_model(config, info, runtime)
+        model = build_uncompiled_model(config, info, runtime, tokenizer)
     with runtime.strategy.scope():
         model.compile(optimizer=make_optimizer(config, setup, learning_rate, total_steps),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"],

@@ -13,12 +13,17 @@ def _summary(result) -> dict:
                         f"{dist['num_workers']}: trained; the chief publishes the model",
                 "weights_sha256": meta.get("weights_sha256")}
     final = meta["final_metrics"]
+    tokenizer = meta.get("tokenizer")
+    text = {} if tokenizer is None else {"tokenizer": (
+        f"{tokenizer['vocabulary_in_use']} words, {tokenizer['max_sequence_length']} tokens a "
+        f"text ({tokenizer['source']})")}
     return {
         "model": meta["architecture"],
+        **text,
         "policy": f"{meta['precision']['policy']} ({meta['precision']['reason']})",
         "xla": f"{meta['xla']['effective']} ({meta['xla']['reason']})",
         "val_accuracy": final.get("val_accuracy"),
-        "throughput_img_s": meta["throughput_examples_per_sec"],
+        "throughput_text_s" if text else "throughput_img_s": meta["throughput_examples_per_sec"],
         "loss_scale": meta["loss_scale"].get("final", "n/a (no loss scaling)"),
         "skipped_steps": meta["loss_scale"].get("skipped_steps", 0),
         "strategy": f"{dist.get('strategy')} ({dist.get('num_workers')} worker(s), "

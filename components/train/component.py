@@ -25,6 +25,8 @@ def train(
     packed_allreduce: bool = True,
     allreduce_bytes_per_pack: int = 0,
     allreduce_dtype: str = "float32",
+    max_sequence_length: int = 128,
+    vocabulary_size: int = 20000,
     base_model: Input[Model] = None,
 ):
     """Train with mixed precision; publish the model and its training metrics.
@@ -45,7 +47,11 @@ def train(
     differ only in precision.
     `architecture` is train's `--model` (a built-in, `package.module:function` imported from the
     image or from `model_path`, or a `.keras` path); `base_model`, when given (a `dsl.importer`
-    of a `.keras` file, or of a model dir holding `model.keras`), is fine-tuned instead.
+    of a `.keras` file, or of a model dir holding `model.keras`), is fine-tuned instead (a text
+    model with the tokenizer beside it).
+    `max_sequence_length` and `vocabulary_size` are train's flags of the same names, for text
+    data (the prepared dataset says its modality); left at their defaults for images. The text
+    model's tokenizer (vocab.txt, tokenizer.json) is published in `model` beside model.keras.
     """
     import os
 
@@ -71,7 +77,8 @@ def train(
         learning_rate=learning_rate,
         seed=seed, checkpoint_dir=checkpoint_dir or None, autotune=autotune, workers=workers,
         scale_learning_rate=scale_learning_rate, packed_allreduce=packed_allreduce,
-        allreduce_bytes_per_pack=allreduce_bytes_per_pack, allreduce_dtype=allreduce_dtype)
+        allreduce_bytes_per_pack=allreduce_bytes_per_pack, allreduce_dtype=allreduce_dtype,
+        max_sequence_length=max_sequence_length, vocabulary_size=vocabulary_size)
     if workers > 1 and tfjob_settings and os.environ.get("KUBERNETES_SERVICE_HOST"):
         from ampflow.components.train.kubeflow_job import TFJobSettings, run_training_job
 
@@ -82,6 +89,7 @@ def train(
     model.metadata.update({"framework": "keras", "policy": meta["precision"]["policy"],
                            "xla": meta["xla"]["effective"], "architecture": meta["architecture"],
                            "model_kind": meta["model"]["kind"],
+                           "modality": meta.get("modality", "image"),
                            "workers": meta.get("distribution", {}).get("num_workers", 1)})
     final = meta["final_metrics"]
     for key in ("accuracy", "val_accuracy", "loss", "val_loss"):

@@ -183,6 +183,7 @@ class LoopConfig:
     max_checkpoints: int = 2
     label_smoothing: float = 0.0  # of the training loss only; evaluation reports the plain one
     progress: bool = True  # the per-step display on the chief (ampflow.progress's settings)
+    item: str = "img"  # what one example is called in the display's rate ("text" for text)
     # With more than one replica (the module docstring says why and what was measured):
     packed_allreduce: bool = True  # gradients + step stats in one all-reduce per step
     allreduce_bytes_per_pack: int = 0  # CommunicationOptions.bytes_per_pack; 0: one pack
@@ -563,7 +564,7 @@ class TrainLoop:
         cfg = self.config
         progress = Progress(
             cfg.steps_per_epoch, f"epoch {epoch + 1}/{cfg.epochs}", unit="step",
-            items_per_unit=cfg.global_batch_size, item="img", initial=first,
+            items_per_unit=cfg.global_batch_size, item=cfg.item, initial=first,
             remaining_after=(cfg.epochs - epoch - 1) * cfg.steps_per_epoch,
             enabled=self.runtime.is_chief and cfg.progress)
         reader = next((c for c in callbacks if getattr(c, "reads_step_telemetry", False)), None)

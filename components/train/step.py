@@ -9,7 +9,13 @@ published.
 
 `metadata.json`'s `architecture` is what `--model` was (a built-in, a builder, a `.keras` path);
 models written before it was named so hold it as `model_name`, which `load_trained_model` still
-reads.
+reads. The model dir's contract and its loaders are artifacts.py's.
+
+Text data (dataset_info.json `"modality": "text"`) trains the same way: the tokenizer
+(tokenizer.py) is fitted on the training split only (or, to fine-tune a `.keras` text model,
+the one saved beside it is reused), tokenizes in the tf.data input pipeline (build.py), sizes
+the text model's input and embedding table, and is published beside `model.keras` as
+`vocab.txt` and `tokenizer.json`.
 """
 
 from __future__ import annotations
@@ -24,31 +30,44 @@ from pathlib import Path
 from typing import Any
 
 from ampflow.cliutil import invalid_choice
+
+# The model dir's contract (file names, the loaders) lives in artifacts.py; re-exported here,
+# where later steps and tests have long imported it from.
+from ampflow.components.train.artifacts import (  # noqa: F401
+    CONFIG_FILE,
+    EPOCH_LOG_FILE,
+    HISTORY_FILE,
+    METADATA_FILE,
+    MODEL_FILE,
+    TrainedModel,
+    load_trained,
+    load_trained_model,
+)
 from ampflow.components.train.cluster import PEER_LOST_EXIT_CODE, STRATEGIES
 from ampflow.components.train.guard import GuardLimits
 from ampflow.components.train.loop import ALLREDUCE_DTYPES
 from ampflow.components.train.precision import POLICIES, HardwareInfo, PrecisionSetup
-from ampflow.errors import AmpflowError, ConfigError, ModelLoadError, TrainingDivergedError
+from ampflow.components.train.tokenizer import TokenizerConfig
+from ampflow.errors import AmpflowError, ConfigError, TrainingDivergedError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-METADATA_FILE = "metadata.json"
-CONFIG_FILE = "config.json"
-MODEL_FILE = "model.keras"
-HISTORY_FILE = "loss_scale_history.json"
-EPOCH_LOG_FILE = "epochs.jsonl"
 FEW_STEPS_PER_EPOCH = 5  # fewer optimizer steps per epoch get a warning at train start
 OPTIMIZERS = ("adam", "adamw", "sgd")
 AUTO_BATCH = "auto"
 LR_SCHEDULES = ("constant", "cosine")
 _GUARD = GuardLimits()  # the loss-scale guard's defaults, declared once (guard.py)
+_TOKENIZER = TokenizerConfig.__dataclass_fields__  # the text settings, declared once there
 # Architectures made for natural photos, where random crops and flips are the usual training.
 AUGMENTED_BY_DEFAULT = ("resnet50", "mobilenet_v2")
-# What later steps read from metadata.json to rebuild, evaluate and export the model.
-_REQUIRED_METADATA = ("architecture", "input_shape", "num_classes", "precision")
-# The key older models kept the architecture under (now the served name's, everywhere else).
-_OLD_ARCHITECTURE_KEY = "model_name"
+
+
+def _text_field(name: str):
+    """TokenizerConfig's field `name` as a TrainConfig field: its default and help, said once."""
+    source = _TOKENIZER[name]
+    return field(default=source.default, metadata={
+        **source.metadata, "help": "Text data only: " + source.metadata["help"]})
 
 
 def _model_choices() -> tuple[str, ...]:
@@ -90,6 +109,8 @@ class TrainConfig:
     image_size: int | None = field(default=None, metadata={
         "help": "Resize inside the model to this square size (default: the model's own; "
                 "32 for resnet50/mobilenet_v2)."})
+    max_sequence_length: int = _text_field("max_sequence_length")
+    vocabulary_size: int = _text_field("vocabulary_size")
     precision: str = field(default="auto", metadata={
         "choices": POLICIES,
         "help": "Dtype policy; auto picks mixed_float16 on NVIDIA GPUs with compute capability "
@@ -278,6 +299,12 @@ class TrainConfig:
                                 self.allreduce_dtype)
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
+        self.tokenizer_config()  # a sequence length of 0, a vocabulary of 2: one line now
+
+    def tokenizer_config(self) -> TokenizerConfig:
+        """The text settings (checked by TokenizerConfig: one rule, the tokenizer's)."""
+        return TokenizerConfig(max_sequence_length=self.max_sequence_length,
+                               vocabulary_size=self.vocabulary_size)
 
 
     def guard_limits(self) -> GuardLimits:
@@ -330,6 +357,7 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     from ampflow.components.prepare_data import load_dataset_info
 
     info = load_dataset_info(config.data_dir)  # a bad data_dir fails before any compute
+    check_options_fit_data(config, info)
     if config.workers > 1:  # the launcher: no TF here (its start-up delayed the workers' ~5 s)
         return _run_local_workers(config)
     refuse_before_tensorflow(config)
@@ -361,13 +389,16 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
                                             config)
         else:
             setup = configure_precision(config.precision, config.jit_compile, hardware)
-        model_block, amp_report = preflight_model(config, info)  # refuse or fix before epochs
+        from ampflow.components.train.build import text_tokenizer
+
+        tokenizer = text_tokenizer(config, info)  # text: the training split's vocabulary
+        model_block, amp_report = preflight_model(config, info, tokenizer)  # before epochs
         extra: dict = {}
         if config.batch_size == AUTO_BATCH:
             config, extra["batch_size_auto"] = _resolve_auto_batch(config, info, setup, runtime)
             _check_batch_fits_split(config, info, runtime)
         return _train(config, info, setup, runtime, output_dir, autotune_report,
-                      (model_block, amp_report), extra)
+                      (model_block, amp_report), extra, tokenizer)
     except Exception as e:
         if runtime.num_workers > 1 and _is_peer_loss(e):
             raise PeerLostError(
@@ -378,6 +409,35 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
         raise
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def check_options_fit_data(config: TrainConfig, info: dict) -> None:
+    """An option the data cannot use is one line, not silently ignored.
+
+    Image options (--image-size, --augment, --batch-size auto, whose memory probe feeds
+    images) on text data, and text options (--max-sequence-length, --vocabulary-size) set on
+    image data. Which models fit which data is models.py's rule, said when the model is built.
+    """
+    from ampflow.components.prepare_data.text import is_text
+
+    if is_text(info):
+        image_only = {"image_size": config.image_size, "augment": config.augment or None,
+                      "batch_size": config.batch_size if config.batch_size == AUTO_BATCH
+                      else None}
+        given = {name: value for name, value in image_only.items() if value is not None}
+        if given:
+            name, value = next(iter(given.items()))
+            raise ConfigError(f"{name} is for image data, and {config.data_dir} holds text "
+                              f"(tokenized to --max-sequence-length ids): leave it out"
+                              f"{' and pass a number' if name == 'batch_size' else ''}. "
+                              f"Received: {name}={value!r}")
+        return
+    defaults = TokenizerConfig()
+    for name in ("max_sequence_length", "vocabulary_size"):
+        if getattr(config, name) != getattr(defaults, name):
+            raise ConfigError(f"{name} is for text data, and {config.data_dir} holds "
+                              f"{info.get('modality') or 'image'} data: leave it out. "
+                              f"Received: {name}={getattr(config, name)}")
 
 
 def _check_batch_fits_split(config: TrainConfig, info: dict, runtime) -> None:
@@ -407,19 +467,22 @@ def _resolve_auto_batch(config: TrainConfig, info: dict, setup: PrecisionSetup,
     return dataclasses.replace(config, batch_size=choice.batch_size), choice.to_json()
 
 
-def preflight_model(config: TrainConfig, info: dict) -> tuple[dict, dict]:
+def preflight_model(config: TrainConfig, info: dict, tokenizer=None) -> tuple[dict, dict]:
     """Build the model once under the current policy and check it, before any compute.
 
     A builder that does not import, a file that does not load, a model whose input or output
     does not fit the data, a model the AMP check refuses (components/train/amp_check.py): each
     is one ConfigError line here, before the output dir holds anything. Returns the `model`
     block of metadata.json (what `--model` was, what ampflow changed, each layer's compute and
-    variable dtype) and the AMP report (`amp_report.json`).
+    variable dtype) and the AMP report (`amp_report.json`). A text model is checked on the
+    `tokenizer`'s shapes: its sequence length and the ids in use.
     """
     from ampflow.components.train.amp_check import amp_check_of
 
+    shapes = {} if tokenizer is None else {"sequence_length": tokenizer.sequence_length,
+                                           "vocabulary_size": tokenizer.vocabulary_size}
     report = amp_check_of(config.model, info, model_path=config.model_path,
-                          image_size=config.image_size)
+                          image_size=config.image_size, **shapes)
     for line in report.table().splitlines():
         log.info("%s", line)
     if report.errors:
@@ -505,81 +568,9 @@ def make_runtime(config: TrainConfig):
     return runtime
 
 
-def load_trained_model(model_dir: str | os.PathLike):
-    """Load a published model dir → `(keras.Model, metadata)`; ModelLoadError if incomplete."""
-    import keras
-
-    import ampflow.components.train.layers  # noqa: F401  (registers FusedBatchNormalization)
-
-    model_dir = Path(model_dir)
-    metadata_path, model_path = model_dir / METADATA_FILE, model_dir / MODEL_FILE
-    # (the user's module, named in the metadata, is imported before loading: see below)
-    if not metadata_path.is_file() or not model_path.is_file():
-        from ampflow.errors import ModelConfigError  # a flag naming no model: exit 2
-
-        raise ModelConfigError(
-            f"{model_dir} is not a published model: expected {MODEL_FILE} and {METADATA_FILE} "
-            "(a run that failed or is still going publishes neither)."
-        )
-    try:
-        metadata = read_json(metadata_path)
-    except ValueError as e:
-        raise ModelLoadError(f"{metadata_path} is corrupt: {e}") from e
-    if isinstance(metadata, dict) and "architecture" not in metadata \
-            and _OLD_ARCHITECTURE_KEY in metadata:  # a model published before the rename
-        metadata["architecture"] = metadata[_OLD_ARCHITECTURE_KEY]
-    missing = [k for k in _REQUIRED_METADATA if not isinstance(metadata, dict) or k not in metadata]
-    if missing:
-        raise ModelLoadError(f"{metadata_path} must hold {list(_REQUIRED_METADATA)}. "
-                             f"Received: missing {missing}")
-    _check_keras_archive(model_path)
-    custom_objects = _user_custom_objects(model_path, metadata)
-    try:
-        model = keras.saving.load_model(model_path, compile=False, custom_objects=custom_objects)
-    except Exception as e:  # the archive is intact (checked above): Keras cannot rebuild it
-        from ampflow.components.train.user_model import last_line
-
-        raise ModelLoadError(
-            f"{model_path} is intact but Keras cannot rebuild the model from it (a custom layer "
-            f"whose config does not rebuild it is the usual cause; `ampflow check-model` names "
-            f"the layer). Received: {last_line(e)}") from e
-    return model, metadata
-
-
-def _user_custom_objects(model_path: Path, metadata: dict) -> dict:
-    """The user's custom layers in `model.keras`, imported from the run's --model-path."""
-    from ampflow.components.train.user_model import custom_objects_in
-
-    user_path = (metadata.get("config") or {}).get("model_path")
-    try:
-        return custom_objects_in(model_path, user_path)
-    except ConfigError as e:
-        raise ModelLoadError(f"the model's own code cannot be loaded: {e}") from e
-
-
-def _check_keras_archive(model_path: Path) -> None:
-    """A `.keras` file is a zip; a truncated or overwritten one gets its own clear message.
-
-    Keras reports such a file as "File not found", which sends users looking for a path
-    problem.
-    """
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(model_path) as archive:
-            damaged = archive.testzip()
-    except (zipfile.BadZipFile, OSError) as e:
-        size = model_path.stat().st_size
-        raise ModelLoadError(
-            f"{model_path} is not a readable .keras archive (truncated or corrupt, "
-            f"{size} bytes): {e}. Re-run the step that produced it.") from e
-    if damaged is not None:
-        raise ModelLoadError(f"{model_path} is corrupt: archive member {damaged!r} fails its "
-                             "CRC check. Re-run the step that produced it.")
-
-
 def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, output_dir: Path,
-           autotune_report: dict | None, model_report: tuple[dict, dict], extra: dict):
+           autotune_report: dict | None, model_report: tuple[dict, dict], extra: dict,
+           tokenizer=None):
     import keras
     import tensorflow as tf
 
@@ -592,13 +583,13 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     global_batch = config.batch_size * runtime.num_replicas
     learning_rate = config.learning_rate * (runtime.num_replicas if config.scale_learning_rate
                                             else 1)
-    train_ds, test_ds, steps = training_data(config, info, global_batch)
+    train_ds, test_ds, steps = training_data(config, info, global_batch, tokenizer)
     if steps < FEW_STEPS_PER_EPOCH:  # said now: a model that then learns nothing is no surprise
         log.warning("an epoch is %d step(s) (%d training examples at a global batch of %d): too "
                     "few to learn from; lower --batch-size or add training examples", steps,
                     info["splits"]["train"], global_batch)
     model = build_compiled_model(config, info, setup, runtime, learning_rate,
-                                 total_steps=steps * config.epochs)
+                                 total_steps=steps * config.epochs, tokenizer=tokenizer)
 
     state_dir = config.checkpoint_dir or str(config.output_dir)
     chief = runtime.is_chief
@@ -612,7 +603,7 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         checkpoint_every_n_steps=config.checkpoint_every_n_steps,
         packed_allreduce=config.packed_allreduce,
         allreduce_bytes_per_pack=config.allreduce_bytes_per_pack,
-        allreduce_dtype=config.allreduce_dtype))
+        allreduce_dtype=config.allreduce_dtype, item="img" if tokenizer is None else "text"))
     limits = config.guard_limits()
     # Every worker runs the guard on the same agreed numbers, so all stop at the same step;
     # only the chief writes telemetry, the epoch log and TensorBoard.
@@ -642,6 +633,8 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     epochs = read_epoch_log(epoch_log_path) if chief else []
     metadata = _metadata(config, info, setup, epochs, telemetry.summary(), result.train_seconds,
                          resumed_at, steps)
+    if tokenizer is not None:
+        metadata.update(_text_metadata(config, tokenizer))
     metadata["distribution"] = {
         **runtime.describe(), "per_replica_batch_size": config.batch_size,
         "global_batch_size": global_batch, "learning_rate": learning_rate,
@@ -663,7 +656,7 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         metadata["autotune"] = autotune_report
     if chief:
         _publish(model, telemetry, epochs, metadata, output_dir, config.checkpoint_dir,
-                 model_report[1])
+                 model_report[1], tokenizer)
         tf.io.gfile.rmtree(backup_dir(state_dir))  # after publishing: a crash in between resumes
     return TrainResult(output_dir=output_dir, metadata=metadata)
 
@@ -685,8 +678,12 @@ def _distribute(runtime, train_ds, test_ds):
 
 
 def _publish(model, telemetry, epochs, metadata, output_dir: Path, checkpoint_dir,
-             amp_report: dict) -> None:
-    """Write the model's files; metadata.json last, since its presence publishes the model."""
+             amp_report: dict, tokenizer=None) -> None:
+    """Write the model's files; metadata.json last, since its presence publishes the model.
+
+    A text model's tokenizer (vocab.txt, tokenizer.json) is written before it too: a published
+    text model always has the vocabulary its ids mean.
+    """
     from ampflow.components.train.amp_check import AMP_REPORT_FILE
     from ampflow.components.train.telemetry import write_json_lines
 
@@ -697,6 +694,8 @@ def _publish(model, telemetry, epochs, metadata, output_dir: Path, checkpoint_di
         log.warning("replacing the model published in %s", output_dir)  # new one is ready
         (output_dir / METADATA_FILE).unlink()
     _save_model(model, output_dir)
+    if tokenizer is not None:
+        tokenizer.save(output_dir)
     write_json_atomic(output_dir / AMP_REPORT_FILE, amp_report)
     write_json_atomic(output_dir / CONFIG_FILE, metadata["config"])
     write_json_atomic(output_dir / METADATA_FILE, metadata)
@@ -727,6 +726,38 @@ def _save_model(model, output_dir: Path) -> None:
     staging.rmdir()
 
 
+def _dataset_block(info: dict) -> dict:
+    """metadata.json's `dataset`: what the model was trained on (a text dataset's skip counts)."""
+    block = {k: info[k] for k in ("name", "version", "splits", "image_shape", "num_classes",
+                                  "class_names", "modality", "text_key") if k in info}
+    if "skipped_files" in info:  # the counts; dataset_info.json lists the files
+        block["skipped_files"] = {k: info["skipped_files"].get(k)
+                                  for k in ("count", "by_reason")}
+    return block
+
+
+def _text_metadata(config: TrainConfig, tokenizer) -> dict:
+    """What a text model's metadata.json adds: its input and its tokenizer (artifacts.py)."""
+    from ampflow.components.prepare_data.text import MODALITY_TEXT
+    from ampflow.components.train.artifacts import TOKENIZER_FILES
+    from ampflow.components.train.build import saved_tokenizer_dir
+    from ampflow.components.train.text_models import TOKEN_IDS_INPUT
+
+    return {"modality": MODALITY_TEXT, "input_shape": [tokenizer.sequence_length],
+            "input_dtype": "int32", "input_name": TOKEN_IDS_INPUT,
+            "tokenizer": {**dataclasses.asdict(tokenizer.config),
+                          "vocabulary_in_use": tokenizer.vocabulary_size,
+                          "files": list(TOKENIZER_FILES),
+                          "library": "keras.layers.TextVectorization",
+                          "source": _tokenizer_source(config, saved_tokenizer_dir(config))}}
+
+
+def _tokenizer_source(config: TrainConfig, saved) -> str:
+    if saved is None:
+        return f"fitted on the training split of {config.data_dir}"
+    return f"reused: the tokenizer of the fine-tuned model, from {saved}"
+
+
 def _metadata(config, info, setup, epochs, loss_scale, train_seconds, resumed_at, steps) -> dict:
     import keras
     import tensorflow as tf
@@ -737,6 +768,7 @@ def _metadata(config, info, setup, epochs, loss_scale, train_seconds, resumed_at
     final = epochs[-1] if epochs else {}
     meta = {
         "architecture": config.model,
+        "modality": info.get("modality") or "image",
         "input_shape": info["image_shape"],
         "num_classes": info["num_classes"],
         "class_names": info["class_names"],
@@ -755,8 +787,7 @@ def _metadata(config, info, setup, epochs, loss_scale, train_seconds, resumed_at
         "devices": [d.name for d in tf.config.list_physical_devices()],
         "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
                      "keras": keras.__version__},
-        "dataset": {k: info[k] for k in ("name", "version", "splits", "image_shape",
-                                         "num_classes", "class_names")},
+        "dataset": _dataset_block(info),
         "config": {k: os.fspath(v) if isinstance(v, Path) else v
                    for k, v in dataclasses.asdict(config).items()},
     }

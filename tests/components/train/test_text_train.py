@@ -1,0 +1,230 @@
+"""`ampflow train` on a prepared text dataset (issue 39 point 5, training).
+
+A folder of short texts in 3 classes (one file not UTF-8) is prepared by `prepare-data
+--text-folder` and trained by `ampflow train --model bert_tiny --precision mixed_float16`, once
+per module: the train step reads the modality from dataset_info.json, fits the tokenizer on the
+training split only, tokenizes in tf.data, trains through the same loop (loss scaling,
+telemetry, metadata.json) and publishes the tokenizer beside model.keras, which
+`load_trained` gives back with the model. Each text is filler words around one keyword of its
+class, so a model that learns reaches far above chance (1/3) in two epochs; the test split
+holds a word no training text has, which must not be in the vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ampflow.errors import ConfigError, ModelLoadError
+
+SEQ = 16
+CLASSES = ("gloomy", "happy", "weird")
+KEYWORDS = {"gloomy": ("awful", "dreadful", "dull"), "happy": ("great", "superb", "wonderful"),
+            "weird": ("odd", "strange", "surreal")}
+FILLER = ("the", "film", "was", "a", "story", "about", "people", "in", "this", "city", "and",
+          "its", "cast", "plot", "ending", "really", "quite", "music")
+TEST_ONLY_WORD = "zebra"  # in every test text, in no training text
+TRAIN_PER_CLASS, TEST_PER_CLASS = 90, 20
+
+
+def _write_texts(root: Path, split: str, count: int, rng, extra: str = "") -> None:
+    for name in CLASSES:
+        folder = root / split / name
+        folder.mkdir(parents=True)
+        for i in range(count):
+            words = list(rng.choice(FILLER, size=int(rng.integers(4, 10))))
+            words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(KEYWORDS[name])))
+            (folder / f"{i}.txt").write_text(" ".join(words + ([extra] if extra else [])) + ".",
+                                             encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def text_folder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("texts") / "reviews"
+    rng = np.random.default_rng(7)
+    _write_texts(root, "train", TRAIN_PER_CLASS, rng)
+    _write_texts(root, "test", TEST_PER_CLASS, rng, extra=TEST_ONLY_WORD)
+    (root / "train" / "happy" / "latin1.txt").write_bytes("un film très réussi".encode("latin-1"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def prepared_texts(tmp_path_factory, text_folder) -> Path:
+    from ampflow.cli import main
+
+    out = tmp_path_factory.mktemp("prepared") / "texts"
+    assert main(["prepare-data", "--text-folder", str(text_folder), "--output-dir",
+                 str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained_text_model(tmp_path_factory, prepared_texts) -> tuple[Path, str]:
+    """bert_tiny trained by `ampflow train` under mixed_float16: (model dir, the CLI's stdout)."""
+    import contextlib
+    import io
+
+    from ampflow.cli import main
+
+    out = tmp_path_factory.mktemp("bert") / "model"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        # --xla off: the loop and loss scaling are the same; XLA's compile costs the suite ~10 s
+        code = main(["train", "--data-dir", str(prepared_texts), "--output-dir", str(out),
+                     "--model", "bert_tiny", "--precision", "mixed_float16", "--xla", "off",
+                     "--max-sequence-length", str(SEQ), "--epochs", "2", "--seed", "1"])
+    assert code == 0, stdout.getvalue()
+    return out, stdout.getvalue()
+
+
+def _metadata(model_dir: Path) -> dict:
+    return json.loads((model_dir / "metadata.json").read_text())
+
+
+@pytest.mark.slow  # trains bert_tiny (the module's one training run, about 15 CPU-s)
+def test_train_takes_a_text_folder_and_publishes_model_and_tokenizer(trained_text_model):
+    model_dir, stdout = trained_text_model
+    meta = _metadata(model_dir)
+    assert meta["modality"] == "text" and meta["architecture"] == "bert_tiny"
+    assert meta["input_shape"] == [SEQ] and meta["input_dtype"] == "int32"
+    assert meta["class_names"] == list(CLASSES) and meta["num_classes"] == 3
+    assert meta["precision"]["policy"] == "mixed_float16"
+    assert meta["loss_scale"]["enabled"] and meta["loss_scale"]["steps"] > 0
+    assert meta["dataset"]["splits"] == {"train": 3 * TRAIN_PER_CLASS, "test": 3 * TEST_PER_CLASS}
+    # the non-UTF-8 file is counted, from prepare-data through the model's metadata
+    assert meta["dataset"]["skipped_files"] == {"count": 1, "by_reason": {"not UTF-8": 1}}
+    assert meta["final_metrics"]["val_accuracy"] > 0.6  # chance is 1/3 (60 test texts)
+    for name in ("model.keras", "vocab.txt", "tokenizer.json", "amp_report.json",
+                 "loss_scale_history.json", "config.json"):
+        assert (model_dir / name).is_file(), name
+    tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
+    assert tokenizer["max_sequence_length"] == SEQ == meta["tokenizer"]["max_sequence_length"]
+    assert meta["tokenizer"]["vocabulary_in_use"] == tokenizer["vocabulary_in_use"]
+    assert meta["tokenizer"]["source"].startswith("fitted on the training split")
+    assert meta["config"]["max_sequence_length"] == SEQ
+    assert "tokenizer" in stdout and "throughput_text_s" in stdout
+
+
+@pytest.mark.slow
+def test_the_vocabulary_is_the_training_splits_only(trained_text_model):
+    vocabulary = (trained_text_model[0] / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert vocabulary[:2] == ["", "[UNK]"]
+    assert {"great", "awful", "odd", "film"} <= set(vocabulary)
+    assert TEST_ONLY_WORD not in vocabulary  # every test text holds it: fitted on train only
+
+
+@pytest.mark.slow
+def test_load_trained_gives_the_model_with_the_tokenizer_it_trained_with(trained_text_model,
+                                                                        prepared_texts):
+    from ampflow.components.prepare_data import load_texts
+    from ampflow.components.train.artifacts import load_trained
+
+    model_dir = trained_text_model[0]
+    trained = load_trained(model_dir)
+    assert trained.is_text and trained.tokenizer.sequence_length == SEQ
+    texts, labels = load_texts(prepared_texts, "test")
+    ids = trained.inputs(np.array(texts, dtype=object))
+    assert ids.shape == (len(texts), SEQ) and ids.dtype == "int32"
+    predicted = np.argmax(trained.model.predict(ids, verbose=0), axis=1)
+    accuracy = float(np.mean(predicted == labels))
+    # the training run's own test accuracy, from raw text through the published tokenizer
+    expected = _metadata(model_dir)["final_metrics"]["val_accuracy"]
+    assert abs(accuracy - expected) <= 1 / len(texts) + 1e-9, (accuracy, expected)
+
+
+@pytest.mark.slow
+def test_a_text_model_without_its_tokenizer_is_refused(trained_text_model, tmp_path,
+                                                       prepared_texts):
+    from ampflow.components.train import TrainConfig, run_train
+    from ampflow.components.train.artifacts import load_trained
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("model.keras", "metadata.json"):
+        shutil.copy(trained_text_model[0] / name, bare / name)
+    with pytest.raises(ModelLoadError, match="text model without its tokenizer.*vocab.txt"):
+        load_trained(bare)
+    with pytest.raises(ConfigError, match=r"fine-tuned on text with the tokenizer it was "
+                                          r"trained with, vocab.txt and tokenizer.json"):
+        run_train(TrainConfig(data_dir=prepared_texts, output_dir=tmp_path / "out",
+                              model=str(bare / "model.keras"), precision="float32"))
+    assert not (tmp_path / "out" / "metadata.json").exists()
+
+
+@pytest.mark.slow  # fine-tunes the module's model for an epoch
+def test_a_keras_text_model_is_fine_tuned_with_its_own_tokenizer(trained_text_model, tmp_path,
+                                                                 prepared_texts):
+    from ampflow.components.train import TrainConfig, run_train
+
+    source = trained_text_model[0]
+    result = run_train(TrainConfig(  # the default sequence length: the model's own wins
+        data_dir=prepared_texts, output_dir=tmp_path / "tuned",
+        model=str(source / "model.keras"), precision="mixed_bfloat16", epochs=1,
+        learning_rate=1e-3))
+    meta = result.metadata
+    assert meta["input_shape"] == [SEQ] and meta["model"]["kind"] == "file"
+    assert meta["tokenizer"]["source"].startswith("reused")
+    assert (tmp_path / "tuned" / "vocab.txt").read_bytes() == (source / "vocab.txt").read_bytes()
+    assert meta["final_metrics"]["val_accuracy"] > 0.6
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--max-sequence-length", "0", "--max-sequence-length must be an integer between 1 and "
+                                   "4096. Received: --max-sequence-length=0"),
+    ("--vocabulary-size", "2", "--vocabulary-size must be an integer >= 3. Received: "
+                               "--vocabulary-size=2"),
+])
+def test_a_bad_text_setting_is_one_line_exit_2(flag, value, message, tmp_path, capsys):
+    from ampflow.cli import main
+
+    code = main(["train", "--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "out"),
+                 "--model", "bert_tiny", flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"ampflow train: error: {message}"], err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"image_size": 32}, r"image_size is for image data, and .* holds text"),
+    ({"augment": True}, r"augment is for image data"),
+    ({"batch_size": "auto"}, r"batch_size is for image data.*pass a number"),
+])
+def test_image_options_on_text_are_one_line(prepared_texts, tmp_path, overrides, message):
+    from ampflow.components.train import TrainConfig, run_train
+
+    with pytest.raises(ConfigError, match=message):
+        run_train(TrainConfig(data_dir=prepared_texts, output_dir=tmp_path / "out",
+                              model="bert_tiny", **overrides))
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_options_on_images_and_a_text_model_on_images_are_one_line(prepared_digits,
+                                                                        tmp_path, capsys):
+    from ampflow.cli import main
+    from ampflow.components.train import TrainConfig, run_train
+
+    with pytest.raises(ConfigError, match=r"max_sequence_length is for text data, and .* "
+                                          r"holds image data"):
+        run_train(TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "out",
+                              max_sequence_length=64))
+    code = main(["train", "--data-dir", str(prepared_digits), "--output-dir",
+                 str(tmp_path / "out"), "--model", "bert_tiny", "--precision", "float32"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "model 'bert_tiny' is a text model" in err[0] and "small_cnn" in err[0]
+    assert not (tmp_path / "out" / "metadata.json").exists()
+
+
+def test_the_kfp_component_takes_the_text_settings_with_train_defaults():
+    import inspect
+
+    from ampflow.components.train.component import train
+    from ampflow.components.train.step import TrainConfig
+
+    parameters = inspect.signature(train).parameters
+    for name in ("max_sequence_length", "vocabulary_size"):
+        assert parameters[name].default == TrainConfig.__dataclass_fields__[name].default, name
