@@ -108,6 +108,7 @@ class LocalRunConfig:
     min_accuracy: float = field(default=GATE_DEFAULTS["min_accuracy"], metadata={
         "help": "Release gate: min test accuracy, 0 to 1 (0: not gated)."})
     metric_thresholds: str = field(default=GATE_DEFAULTS["metric_thresholds"], metadata={
+        "metavar": "NAME>=VALUE,...",
         "help": "Release gate: more absolute thresholds, NAME>=VALUE or NAME<=VALUE, "
                 "comma-separated, on the evaluate step's metrics.json numbers."})
     serving_alpha: float = field(default=GATE_DEFAULTS["serving_alpha"], metadata={

@@ -1,4 +1,4 @@
-"""Step 3: the FP32 parity gate (AMP model vs its float32 twin and vs a float32-trained model)."""
+"""Step 3: the release gate: above chance, thresholds, the model serving, and FP32 parity."""
 
 from ampflow.components.evaluate_parity.step import (
     EvaluateConfig,

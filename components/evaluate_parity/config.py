@@ -101,9 +101,11 @@ class EvaluateConfig:
     min_accuracy: float = field(default=0.0, metadata={
         "help": "Min accuracy of the AMP model on the split, 0 to 1; 0 = not gated."})
     metric_thresholds: str = field(default="", metadata={
+        "metavar": "NAME>=VALUE,...",
         "help": "More absolute thresholds, NAME>=VALUE or NAME<=VALUE, comma-separated, on the "
                 "numbers of metrics.json (e.g. 'fp32_twin_accuracy>=0.9'); empty = none."})
     serving_base_path: str | None = field(default=None, metadata={
+        "metavar": "DIR",
         "help": "Base path of the model now serving (<model_store>/<model_name>, TF Serving's "
                 "layout): its highest version is scored on the same examples and the gate "
                 "fails on a significant regression; no version there = the first release."})

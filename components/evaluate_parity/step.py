@@ -1,4 +1,4 @@
-"""evaluate: the FP32 parity gate of a mixed-precision model.
+"""evaluate: the release gate of a mixed-precision model (quality, then FP32 parity).
 
 *Inference parity* (numerics): the trained weights run under the training policy and under a
 float32 twin (same architecture, float32 policy, weights copied); both are scored on the same
@@ -6,6 +6,9 @@ split. Any difference comes from half-precision compute alone. *Training parity*
 trained under float32 on the same data and seed is scored too; a paired test on the two models'
 per-image correctness says whether AMP training lost accuracy, and the AMP training speedup is
 measured from both runs (training.py). The pipeline runs both by default.
+
+Before parity, the model's own quality (release.py): above chance, past the optional absolute
+thresholds and, with a serving base path, no worse than the model serving there.
 
 The config and its defaults (and why they are what they are) are in config.py; what is
 written, in outputs.py.

@@ -41,15 +41,20 @@ def _write(image: np.ndarray, path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
+    """train/ and test/ of three colour classes. The test split holds 10 images a class: on
+    the 10 % a flat folder would hold out (2 a class), the release gate's chance test passes
+    only a model that gets all 6 right, which one epoch need not (power 0.09)."""
     rng = np.random.default_rng(0)
     root = tmp_path_factory.mktemp("photos")
-    for name, colour in COLOURS.items():
-        (root / name).mkdir()
-        for i in range(24):
-            height, width = rng.integers(12, 60, size=2)
-            suffix = ".png" if i % 2 else ".jpg"
-            _write(_photo(rng, colour, int(height), int(width)), root / name / f"{i}{suffix}")
-    (root / "red" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    for split, count in (("train", 24), ("test", 10)):
+        for name, colour in COLOURS.items():
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                height, width = rng.integers(12, 60, size=2)
+                suffix = ".png" if i % 2 else ".jpg"
+                _write(_photo(rng, colour, int(height), int(width)),
+                       root / split / name / f"{i}{suffix}")
+    (root / "train" / "red" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     return root
 
 
@@ -84,8 +89,12 @@ def test_image_folder_and_user_model_run_the_whole_pipeline_and_serve_encoded_im
     assert metadata["model"]["kind"] == "builder"
     assert metadata["precision"]["policy"] == "mixed_float16"
     assert "deploy-serving" in result.artifacts  # the gate passed: run_local raises otherwise
+    verdict = json.loads((result.artifacts["evaluate-parity"]["verdict"] / "verdict.json")
+                         .read_text())
+    assert verdict["notes"] == []  # 30 test images: enough to tell the model from chance
+    assert verdict["checks"][0]["name"] == "chance_binomial_p_value"
 
-    photo = next((folder / "green").glob("*.jpg"))
+    photo = next((folder / "test" / "green").glob("*.jpg"))
     rest_port = _free_port()
     with ServeProcess("ampflow", config.serving_base, tmp_path / "serve.log",
                       "--rest-api-port", str(rest_port)) as server:

@@ -66,8 +66,12 @@ def test_run_evaluate_trained_amp_model_passes_gate_with_defaults(
     assert metrics["context"]["policy"] == policy
     assert metrics["context"]["relative_logit_bound"] == bound
     assert [c["name"] for c in metrics["gate"]["checks"]] == [
-        "accuracy_drop_points", "argmax_agreement", "max_relative_logit_diff",
-        "amp_nonfinite_logits"]
+        "chance_binomial_p_value", "accuracy_drop_points", "argmax_agreement",
+        "max_relative_logit_diff", "amp_nonfinite_logits"]
+    # the digits test split: 359 images, the most frequent digit 37 of them
+    assert metrics["chance_accuracy"] == pytest.approx(37 / 359)
+    assert metrics["chance_test_power"] == pytest.approx(1.0)
+    assert result.verdict["notes"] == [] and result.verdict["baselines"]["serving"] is None
     assert load_verdict(result.output_dir) == {**result.verdict}
     assert load_verdict(result.output_dir)["failed_checks"] == []
     assert scalar_metrics(metrics)["gate_passed"] == 1.0
