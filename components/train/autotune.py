@@ -10,8 +10,11 @@ TensorFlow (so it holds no GPU memory and a multi-worker strategy can still be m
 streams an event per warm-up and per timed step over a pipe. The parent kills it when the
 budget (`autotune_budget_s`) is spent, whatever it is doing (tracing, an XLA compile, one
 pathological step), and says which candidate was stopped and where: the budget bounds the
-whole search, not only the candidates not yet started. One TF start-up for the whole search,
-not one per candidate.
+whole search, not only the candidates not yet started. Why a process: in-process, a deadline
+can only be checked between steps, and neither a trace, an XLA compile (most of a minute for
+ResNet-50 on a CPU) nor one float16 step without XLA can be interrupted. Why one: a TF start-up
+for the whole search (a few seconds on 2 cores), not one per candidate; a fresh one only after
+a kill.
 
 **Quick.** A candidate is *dropped* as soon as it is clearly slower than the best so far:
 after `DROP_AFTER_STEPS` timed steps, if even its fastest step took more than `DROP_MARGIN` ×
