@@ -491,9 +491,10 @@ def preflight_model(config: TrainConfig, info: dict, tokenizer=None) -> tuple[di
     from ampflow.components.train.models import model_names
     from ampflow.components.train.user_model import check_reloads, layer_dtypes, parse_model_spec
 
-    check_reloads(report.model, config.model, config.model_path)
+    spec = parse_model_spec(config.model, model_names())
+    check_reloads(report.model, spec, config.model_path)
 
-    block = {"spec": config.model, "kind": parse_model_spec(config.model, model_names()).kind,
+    block = {"spec": config.model, "kind": spec.kind,
              "model_path": config.model_path, "policy": report.policy,
              "fixes": list(report.fixes), "amp_check": report.summary(),
              "layer_dtypes": layer_dtypes(report.model)}

@@ -245,7 +245,7 @@ def load_model_file(path: str | Path, model_path: str | Path | None = None):
                           f"must be importable: pass --model-path). Received: {last}") from e
 
 
-def check_reloads(model, spec_text: str, model_path: str | Path | None = None) -> None:
+def check_reloads(model, spec: ModelSpec, model_path: str | Path | None = None) -> None:
     """Save `model` as a `.keras` file and load it back, as evaluate and export will; or refuse.
 
     A custom layer Keras cannot rebuild from its config (an `__init__` without `**kwargs`, a
@@ -263,11 +263,9 @@ def check_reloads(model, spec_text: str, model_path: str | Path | None = None) -
 
     import keras
 
-    from ampflow.components.train.models import model_names
-
-    if parse_model_spec(spec_text, model_names()).kind == "builtin":
+    if spec.kind == "builtin":
         return
-    source = f"model {spec_text!r}"
+    source = f"model {spec.text!r}"
     with tempfile.TemporaryDirectory(prefix="ampflow-reload-check-") as tmp:
         archive = Path(tmp) / "model.keras"
         try:

@@ -142,12 +142,14 @@ def test_a_get_config_that_forgets_an_argument_is_named_with_its_fix(prepared_di
 def test_a_layer_that_reloads_passes_and_leaves_no_file_behind(user_code, tmp_path, monkeypatch):
     import tempfile
 
-    from ampflow.components.train.user_model import check_reloads, import_user_module
+    from ampflow.components.train.user_model import ModelSpec, check_reloads, import_user_module
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     module = import_user_module("reloadmodels", user_code)
-    check_reloads(module.good((8, 8, 1), 3), "reloadmodels:good", user_code)
+    check_reloads(module.good((8, 8, 1), 3), ModelSpec("builder", "reloadmodels:good"),
+                  user_code)
     assert list(tmp_path.iterdir()) == []  # the temporary .keras is gone
     with pytest.raises(ConfigError, match="NoKwargs"):
-        check_reloads(module.no_kwargs((8, 8, 1), 3), "reloadmodels:no_kwargs", user_code)
+        check_reloads(module.no_kwargs((8, 8, 1), 3),
+                      ModelSpec("builder", "reloadmodels:no_kwargs"), user_code)
     assert list(tmp_path.iterdir()) == []
