@@ -71,9 +71,8 @@ def spec_of(request) -> tuple[str, int | None, str | None]:
             spec.version_label if choice == "version_label" else None)
 
 
-def record_spec(record: CallRecord, request) -> None:
-    """Name the request's model and version in the call's metric record (if it names one)."""
-    spec = getattr(request, "model_spec", None)
+def record_spec(record: CallRecord, spec) -> None:
+    """Name a ModelSpec's model and version in the call's metric record (None: names none)."""
     if spec is None:  # HandleReloadConfigRequest names no model
         return
     choice = spec.WhichOneof("version_choice")

@@ -24,7 +24,7 @@ class _Handler:
     def call(self, method: str, request, context, fn):
         try:
             with self.calls.call(method) as record:
-                record_spec(record, request)
+                record_spec(record, getattr(request, "model_spec", None))
                 response = fn(request, time_remaining(context))
                 record.answered = answered_version(response)
                 return response

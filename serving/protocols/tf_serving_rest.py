@@ -110,7 +110,7 @@ class RestHandler:
     # ---- APIs -------------------------------------------------------------------------------
 
     def _predict(self, spec, body: bytes, record: CallRecord):
-        record_spec(record, _Spec(spec))
+        record_spec(record, spec)
         doc = json_tensor.parse_object(body)
         sig_name = json_tensor.signature_name(doc) or DEFAULT_SIGNATURE
         servable = self.core.registry.resolve(*_spec_parts(spec))
@@ -127,7 +127,7 @@ class RestHandler:
 
     def _classify(self, spec, body: bytes, record: CallRecord):
         request = classification_pb2.ClassificationRequest(model_spec=spec)
-        record_spec(record, request)
+        record_spec(record, spec)
         doc = json_tensor.parse_object(body)
         request.model_spec.signature_name = json_tensor.signature_name(doc)
         json_tensor.fill_examples(doc, request, self.core.limits.max_rows)
@@ -139,7 +139,7 @@ class RestHandler:
 
     def _status(self, spec, record: CallRecord):
         request = get_model_status_pb2.GetModelStatusRequest(model_spec=spec)
-        record_spec(record, request)
+        record_spec(record, spec)
         response = self.api.status(request)
         return json_format.MessageToDict(
             response, always_print_fields_with_no_presence=True)
@@ -147,7 +147,7 @@ class RestHandler:
     def _metadata(self, spec, record: CallRecord):
         request = get_model_metadata_pb2.GetModelMetadataRequest(
             model_spec=spec, metadata_field=["signature_def"])
-        record_spec(record, request)
+        record_spec(record, spec)
         response = self.api.metadata(request)
         record.answered = answered_version(response)
         sig_map = get_model_metadata_pb2.SignatureDefMap()
@@ -175,10 +175,3 @@ def _spec_parts(spec) -> tuple[str, int | None, str | None]:
     choice = spec.WhichOneof("version_choice")
     return (spec.name, spec.version.value if choice == "version" else None,
             spec.version_label if choice == "version_label" else None)
-
-
-class _Spec:
-    """A bare ModelSpec as a request that holds it (for `record_spec`)."""
-
-    def __init__(self, spec) -> None:
-        self.model_spec = spec

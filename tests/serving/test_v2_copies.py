@@ -66,7 +66,9 @@ def test_v2_rest_binary_tensor_is_a_view_of_the_request_body(recorded):
     assert np.shares_memory(ran, np.frombuffer(body, np.uint8))  # no copy at all
 
 
-def test_v2_grpc_raw_tensor_is_copied_once_by_the_server(start_server, model_store, tmp_path):
+@pytest.mark.serving
+def test_v2_grpc_raw_tensor_is_copied_no_more_than_grpc_and_protobuf_do(start_server, model_store,
+                                                                        tmp_path):
     base = tmp_path / MODEL
     install_version(model_store, base, 1)
     server = start_server(base, max_request_batch_size=ROWS)
