@@ -56,21 +56,25 @@ def run_evaluate(config: EvaluateConfig) -> EvaluateResult:
     All outputs are written before the gate can raise, so a failed gate still leaves the
     metrics, the verdict (passed=false) and the report for the post-mortem.
     """
-    from ampflow.components.prepare_data import load_arrays, load_dataset_info
-    from ampflow.components.train import load_trained_model
+    from ampflow.components.prepare_data import load_dataset_info
+    from ampflow.components.train import load_trained
 
     info = load_dataset_info(config.data_dir)  # bad inputs fail before any compute
-    model, metadata = load_trained_model(config.model_dir)
+    trained = load_trained(config.model_dir)  # a text model with the tokenizer it trained with
+    model, metadata = trained.model, trained.metadata
     model_hashes = {HASH_KEY: model_sha256(config.model_dir)}
     _require_same_dataset("model_dir", metadata, info)
-    baseline = _load_baseline(config, info)
+    baseline = _load_baseline(config, info, trained.tokenizer)
     if baseline is not None:
         model_hashes["baseline_" + HASH_KEY] = model_sha256(config.baseline_model_dir)
     _require_writable_parent(config.output_dir)
 
     served = release.find_served_version(config.serving_base_path)
-    images, labels = load_arrays(config.data_dir, config.split, limit=config.limit)
-    images = images.astype(np.float32)
+    if served is not None and trained.is_text:
+        raise ConfigError("serving_base_path: the comparison with the model serving scores "
+                          "image models only so far; leave it out for a text model. Received: "
+                          f"serving_base_path={config.serving_base_path!r}")
+    images, labels = _examples(config, trained)  # text: the split's token ids
     served_scores = (release.score_served(served, images, labels, _class_names(info),
                                           config.batch_size) if served else None)
     scores = _score_all(config, model, metadata, baseline, images, labels)
@@ -103,9 +107,34 @@ def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 # --- inputs ---------------------------------------------------------------------------------
 
+def _examples(config: EvaluateConfig, trained) -> tuple[np.ndarray, np.ndarray]:
+    """The split as the model takes it: float32 images, or token ids of the texts.
+
+    A text model's texts are tokenized by the tokenizer it was trained with (`trained`, from
+    `load_trained`), as in training; the parity checks then run on those ids.
+    """
+    from ampflow.components.prepare_data import load_arrays, load_texts
+
+    if trained.is_text:
+        texts, labels = load_texts(config.data_dir, config.split, limit=config.limit)
+        return np.asarray(trained.inputs(np.array(texts, dtype=object))), labels
+    images, labels = load_arrays(config.data_dir, config.split, limit=config.limit)
+    return images.astype(np.float32), labels
+
+
 def _require_same_dataset(what: str, metadata: dict[str, Any], info: dict[str, Any]) -> None:
-    """The model must take this dataset's images and predict its classes."""
-    expected = (list(info["image_shape"]), int(info["num_classes"]))
+    """The model must take this dataset's images (or texts) and predict its classes."""
+    from ampflow.components.prepare_data.text import is_text
+    from ampflow.components.train.artifacts import model_modality
+
+    modality = "text" if is_text(info) else "image"
+    if model_modality(metadata) != modality:
+        raise ConfigError(f"{what} must hold a model for the dataset in data_dir, which holds "
+                          f"{modality} data. Received: a model trained on "
+                          f"{model_modality(metadata)} data")
+    # a text model takes any sequence length: its own tokenizer makes its ids
+    shape = metadata.get("input_shape") if modality == "text" else info["image_shape"]
+    expected = (list(shape or []), int(info["num_classes"]))
     received = (list(metadata.get("input_shape") or []), int(metadata.get("num_classes") or 0))
     if expected != received:
         raise ConfigError(
@@ -115,14 +144,24 @@ def _require_same_dataset(what: str, metadata: dict[str, Any], info: dict[str, A
         )
 
 
-def _load_baseline(config: EvaluateConfig, info: dict[str, Any]):
-    """Load the optional float32 baseline; a mixed-precision 'baseline' is a config error."""
+def _load_baseline(config: EvaluateConfig, info: dict[str, Any], tokenizer=None):
+    """Load the optional float32 baseline; a mixed-precision 'baseline' is a config error.
+
+    A text baseline is scored on the model's token ids, so it must have been trained with the
+    same tokenizer (the same training split and settings give the same vocabulary).
+    """
     if config.baseline_model_dir is None:
         return None
-    from ampflow.components.train import load_trained_model
+    from ampflow.components.train import load_trained
 
-    model, metadata = load_trained_model(config.baseline_model_dir)
+    baseline = load_trained(config.baseline_model_dir)
+    model, metadata = baseline.model, baseline.metadata
     _require_same_dataset("baseline_model_dir", metadata, info)
+    if tokenizer is not None and (baseline.tokenizer.vocabulary != tokenizer.vocabulary
+                                  or baseline.tokenizer.config != tokenizer.config):
+        raise ConfigError("baseline_model_dir must hold a model tokenized as model_dir's is "
+                          "(train both on the same data with the same --max-sequence-length "
+                          "and --vocabulary-size). Received: another vocabulary or settings")
     policy = _policy(metadata, model)
     if policy != "float32":
         raise ConfigError(

@@ -228,3 +228,26 @@ def test_the_kfp_component_takes_the_text_settings_with_train_defaults():
     parameters = inspect.signature(train).parameters
     for name in ("max_sequence_length", "vocabulary_size"):
         assert parameters[name].default == TrainConfig.__dataclass_fields__[name].default, name
+
+
+@pytest.mark.slow  # scores the module's model and its float32 twin
+def test_evaluate_scores_a_text_model_on_its_own_tokenizers_ids(trained_text_model,
+                                                               prepared_texts, prepared_digits,
+                                                               tmp_path):
+    from ampflow.components.evaluate_parity import EvaluateConfig, run_evaluate
+
+    model_dir = trained_text_model[0]
+    result = run_evaluate(EvaluateConfig(model_dir=model_dir, data_dir=prepared_texts,
+                                         output_dir=tmp_path / "eval"))
+    metrics = result.metrics
+    assert metrics["num_examples"] == 3 * TEST_PER_CLASS
+    # the test split through the published tokenizer: the training run's own test accuracy
+    expected = _metadata(model_dir)["final_metrics"]["val_accuracy"]
+    assert abs(metrics["amp_accuracy"] - expected) <= 1 / metrics["num_examples"] + 1e-9
+    assert metrics["argmax_agreement"] >= 0.95 and metrics["amp_nonfinite_logits"] == 0
+    assert result.passed and (tmp_path / "eval" / "verdict.json").is_file()
+    with pytest.raises(ConfigError, match=r"model_dir must hold a model for the dataset in "
+                                          r"data_dir, which holds image data.*trained on text"):
+        run_evaluate(EvaluateConfig(model_dir=model_dir, data_dir=prepared_digits,
+                                    output_dir=tmp_path / "eval2"))
+    assert not (tmp_path / "eval2").exists()
