@@ -67,7 +67,7 @@ def _text_field(name: str):
     """TokenizerConfig's field `name` as a TrainConfig field: its default and help, said once."""
     source = _TOKENIZER[name]
     return field(default=source.default, metadata={
-        **source.metadata, "help": "Text data only: " + source.metadata["help"]})
+        **source.metadata, "help": source.metadata["help"] + " Text data only."})
 
 
 def _model_choices() -> tuple[str, ...]:
