@@ -58,7 +58,7 @@ def load_split(prepared_dir: str | os.PathLike, split: str) -> tf.data.Dataset:
     if info.get("modality", "image") != "image":
         raise DatasetError(
             f"{prepared_dir} holds {info['modality']} data, not images: read it with "
-            "ampflow.components.prepare_data.text.load_text_split")
+            "ampflow.components.prepare_data.load_text_split (text_input.py)")
     ds = read_examples(info, split)
     image_key, label_key = info["image_key"], info["label_key"]
     image_shape = tuple(int(d) for d in info["image_shape"])
