@@ -765,9 +765,10 @@ def _constant_value(op) -> float | None:
 
     for _ in range(8):
         if op.type == "Const":
-            value = tf.make_ndarray(op.get_attr("value"))
-            if value.size == 0 or value.size > 64 or not np.issubdtype(value.dtype, np.floating):
+            size = op.outputs[0].shape.num_elements()
+            if size is None or not 0 < size <= 64 or not op.outputs[0].dtype.is_floating:
                 return None  # a mask constant is a scalar; a table of weights is not one
+            value = tf.make_ndarray(op.get_attr("value"))
             flat = value.astype(np.float64).reshape(-1)
             return float(flat[np.argmax(np.abs(np.nan_to_num(flat, nan=0.0, posinf=np.inf,
                                                               neginf=np.inf)))])
