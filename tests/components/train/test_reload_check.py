@@ -153,3 +153,25 @@ def test_a_layer_that_reloads_passes_and_leaves_no_file_behind(user_code, tmp_pa
         check_reloads(module.no_kwargs((8, 8, 1), 3),
                       ModelSpec("builder", "reloadmodels:no_kwargs"), user_code)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_keras_cannot_rebuild_is_not_called_corrupt(user_code, tmp_path):
+    # evaluate's loader said "could not be loaded (corrupt?)" for an intact archive whose
+    # custom layer does not rebuild; corrupt is now said only of an unreadable archive
+    import json
+
+    from ampflow.components.train.artifacts import REQUIRED_METADATA, load_trained_model
+    from ampflow.components.train.user_model import import_user_module
+    from ampflow.errors import ModelLoadError
+
+    module = import_user_module("reloadmodels", user_code)
+    module.no_kwargs((8, 8, 1), 3).save(tmp_path / "model.keras")
+    metadata = {key: None for key in REQUIRED_METADATA}
+    metadata["config"] = {"model_path": str(user_code)}
+    (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(ModelLoadError) as refused:
+        load_trained_model(tmp_path)
+    text = str(refused.value)
+    assert "corrupt" not in text and "is intact but Keras cannot rebuild" in text
+    assert "unexpected keyword argument 'trainable'" in text and "check-model" in text
+    assert "\n" not in text  # one line, the cause last (was ~15 lines of Keras config)
