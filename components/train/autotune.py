@@ -424,7 +424,8 @@ class _Search:
                 if not self._follow(self.spawn(self.request)):
                     break
         finally:
-            self.progress.close(values=self._values)
+            self.progress.close(values=lambda: {k: v for k, v in self._values().items()
+                                                if k != "ETA"})  # nothing is left
         rows = [self.rows[p] for p in self.plan.get("pairs", []) if p in self.rows]
         rows += self.skipped
         return SearchResult(rows, self.plan.get("global_batch_size"),
