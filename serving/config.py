@@ -3,9 +3,10 @@
 One `ModelConfig` per served model and one `ServerConfig` for the process. Both are frozen and
 validated in `__post_init__`, so a wrong flag fails before any model is loaded; their fields'
 defaults and help are `ampflow serve`'s flags (cli.py generates them with cliutil, as every
-other command's). The same
-`ModelServerConfig` text-proto file that the real `tensorflow_model_server` reads
-(`--model_config_file`) is parsed into `ModelConfig`s, so one file drives both servers.
+other command's). The same `ModelServerConfig` text-proto file that the real
+`tensorflow_model_server` reads (`--model_config_file`) is parsed into `ModelConfig`s, so one
+file drives both servers; its proto classes are imported where a file is read or written, so
+building the CLI's parser imports no tensorflow_serving.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ import dataclasses
 import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
-
-from google.protobuf import text_format
-from tensorflow_serving.config import model_server_config_pb2
 
 from ampflow.errors import ConfigError
 from ampflow.serving.model_format import MAX_VERSION, check_model_name
@@ -259,6 +257,9 @@ def parse_model_server_config(text: str, *, source: str = "<text>") -> tuple[Mod
     Only `model_config_list` is supported (as in TF Serving's open-source server); relative
     base paths are kept as written.
     """
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
     proto = model_server_config_pb2.ModelServerConfig()
     try:
         text_format.Parse(text, proto)
@@ -269,9 +270,7 @@ def parse_model_server_config(text: str, *, source: str = "<text>") -> tuple[Mod
     return model_configs_from_proto(proto, source=source)
 
 
-def model_configs_from_proto(
-    proto: model_server_config_pb2.ModelServerConfig, *, source: str = "<proto>"
-) -> tuple[ModelConfig, ...]:
+def model_configs_from_proto(proto, *, source: str = "<proto>") -> tuple[ModelConfig, ...]:
     """Turn a `ModelServerConfig` proto (file or ReloadConfigRequest) into `ModelConfig`s."""
     if proto.WhichOneof("config") != "model_config_list":
         raise ConfigError(
@@ -320,6 +319,9 @@ def load_model_config_file(path: str | Path) -> tuple[ModelConfig, ...]:
 
 def to_model_server_config_text(models: tuple[ModelConfig, ...]) -> str:
     """Write `models` as a `ModelServerConfig` text proto (what the real binary reads)."""
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
     proto = model_server_config_pb2.ModelServerConfig()
     for model in models:
         entry = proto.model_config_list.config.add()
