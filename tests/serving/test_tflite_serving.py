@@ -151,6 +151,10 @@ def test_tflite_versions_report_available_and_classify_is_a_missing_signature(st
     with pytest.raises(grpc.RpcError) as error:
         stub.Classify(request, timeout=30)
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    from ampflow.serving.client import PredictionClient
+
+    with PredictionClient(server.address) as client:  # no classify: no names, ids are printed
+        assert client.class_names(MODEL, 1) is None
 
 
 @pytest.mark.parametrize(("store", "model_format"), [("tflite", "saved_model"),
