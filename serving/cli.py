@@ -22,6 +22,7 @@ from ampflow.serving.model_format import (
     DEFAULT_SIGNATURE,
     IMAGE_BYTES_SIGNATURE,
     MAX_VERSION,
+    PROBABILITIES_OUTPUT,
     parse_version_name,
 )
 
@@ -60,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               f"{DEFAULT_SIGNATURE})")
     predict.add_argument("--version-label", default=None, help="e.g. stable or canary")
     predict.add_argument("--top-k", type=int, default=3, help="classes to print per input")
-    predict.add_argument("--output", default="probabilities",
+    predict.add_argument("--output", default=PROBABILITIES_OUTPUT,
                          help="output holding class probabilities")
     predict.add_argument("--labels", default=None,
                          help="labels.txt (one class name per line; the model's assets/labels.txt)")

@@ -35,10 +35,12 @@ import numpy as np
 
 from ampflow.files import staging_dir
 from ampflow.serving.model_format import (
+    CLASS_IDS_OUTPUT,
     CLASSIFY_METHOD,
     CLASSIFY_SIGNATURE,
     DEFAULT_SIGNATURE,
     IMAGE_FEATURE,
+    PROBABILITIES_OUTPUT,
     set_method_name,
     write_warmup_records,
 )
@@ -65,15 +67,15 @@ def _build_module(shape: tuple[int, int, int], labels: tuple[str, ...], seed: in
         def serve(self, images):
             logits = tf.matmul(tf.reshape(images / 255.0, [-1, n]), self.kernel) + self.bias
             probabilities = tf.nn.softmax(logits)
-            return {"probabilities": probabilities,
-                    "class_ids": tf.argmax(probabilities, axis=-1, output_type=tf.int64)}
+            return {PROBABILITIES_OUTPUT: probabilities,
+                    CLASS_IDS_OUTPUT: tf.argmax(probabilities, axis=-1, output_type=tf.int64)}
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, "inputs")])
         def classify(self, inputs):
             features = tf.io.parse_example(
                 inputs, {IMAGE_FEATURE: tf.io.FixedLenFeature([n], tf.float32)})
             scores = self.serve(tf.reshape(features[IMAGE_FEATURE], [-1, h, w, c]))[
-                "probabilities"]
+                PROBABILITIES_OUTPUT]
             classes = tf.tile(self.labels[None, :], [tf.shape(scores)[0], 1])
             return {"scores": scores, "classes": classes}
 
