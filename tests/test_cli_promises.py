@@ -135,6 +135,8 @@ EXIT_CODES = [
      "--host must be an http(s) URL"),
     (["compile", "--image", "latest"], 2, "--image must be a pinned image reference"),
     # 1: the command ran and failed
+    (["export", "--model-dir", "{tmp}/nope", "--data-dir", "{tmp}/nope", "--export-base",
+      "{tmp}/x", "--eval-dir", "{tmp}/empty"], 1, "--eval-dir must hold verdict.json"),
     (["predict", "--port", "{port}", "--retries", "0", "--timeout-s", "0.5", "{tmp}/x.png"], 1,
      "nothing answers at"),
     (["model-status", "--port", "{port}", "--retries", "0", "--timeout-s", "0.5"], 1,
