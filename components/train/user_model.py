@@ -255,9 +255,11 @@ def check_reloads(model, spec: ModelSpec, model_path: str | Path | None = None) 
     to the user's files) and is loaded with the user's module importable from `model_path`,
     exactly as `load_trained_model` loads the published one.
 
-    Cost: the weights are written and read once: 0.1 s for the small CNN, 2-3.5 s for a
-    ResNet-50-sized model (24 M parameters) on 2 CPU cores. The built-in architectures are
-    ampflow's own code, reloaded by its tests, so they are not checked here (nothing to pay).
+    Cost, measured on 2 shared CPU cores: 0.1-0.3 s for the small CNN; for a ResNet-50-sized
+    model (24 M parameters) 1.3-2 s to save and 3-4.7 s to load (2-3.6 s in all when the host
+    was quieter, up to 13 s at a load average of 10), the same on tmpfs as on disk: Keras's
+    rebuild and weight reading dominate. The built-in architectures are ampflow's own code,
+    reloaded by its tests, so they are not checked here (nothing to pay).
     """
     import tempfile
 
