@@ -155,7 +155,7 @@ def test_a_text_model_without_its_tokenizer_is_refused(trained_text_model, tmp_p
     assert not (tmp_path / "out" / "metadata.json").exists()
 
 
-@pytest.mark.slow  # fine-tunes the module's model for an epoch
+@pytest.mark.slow  # fine-tunes the module's model for a few steps
 def test_a_keras_text_model_is_fine_tuned_with_its_own_tokenizer(trained_text_model, tmp_path,
                                                                  prepared_texts):
     from ampflow.components.train import TrainConfig, run_train
@@ -163,10 +163,11 @@ def test_a_keras_text_model_is_fine_tuned_with_its_own_tokenizer(trained_text_mo
     source = trained_text_model[0]
     result = run_train(TrainConfig(  # the default sequence length: the model's own wins
         data_dir=prepared_texts, output_dir=tmp_path / "tuned",
-        model=str(source / "model.keras"), precision="mixed_bfloat16", epochs=1,
-        learning_rate=1e-3))
+        model=str(source / "model.keras"), precision="float32", epochs=1, steps_per_epoch=3,
+        learning_rate=1e-4))
     meta = result.metadata
     assert meta["input_shape"] == [SEQ] and meta["model"]["kind"] == "file"
+    assert meta["precision"]["policy"] == "float32"  # rebuilt under another policy
     assert meta["tokenizer"]["source"].startswith("reused")
     assert (tmp_path / "tuned" / "vocab.txt").read_bytes() == (source / "vocab.txt").read_bytes()
     assert meta["final_metrics"]["val_accuracy"] > 0.6
