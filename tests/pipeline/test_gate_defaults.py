@@ -4,6 +4,7 @@ defaults, so a threshold changed there changes everywhere."""
 
 import inspect
 
+import pytest
 import yaml
 
 from ampflow.components.evaluate_parity.config import EvaluateConfig
@@ -42,3 +43,21 @@ def test_local_run_and_component_defaults_are_the_evaluate_steps_thresholds():
         assert local[name] == comparison[name].default == _evaluate_default(name), name
     assert local["max_relative_logit_diff"] == AUTO_RELATIVE_LOGIT_DIFF
     assert component["max_relative_logit_diff"].default == AUTO_RELATIVE_LOGIT_DIFF
+
+
+def test_a_bad_gate_setting_is_refused_before_anything_runs(tmp_path):
+    """The evaluate step's own checks, at submit/compile and run-local time, not after
+    training."""
+    from ampflow.errors import ConfigError
+    from ampflow.pipeline.parameters import check_arguments, parse_param
+
+    for text, message in (("chance_alpha=0", r"chance_alpha must be in \(0, 1\)"),
+                          ("metric_thresholds=amp_accuracy>0.9",
+                           r"metric_thresholds must be NAME>=VALUE or NAME<=VALUE"),
+                          ("min_accuracy=1.5", r"min_accuracy must be in \[0, 1\]")):
+        name, value = parse_param(text)
+        with pytest.raises(ConfigError, match=message):
+            check_arguments({name: value})
+    with pytest.raises(ConfigError, match=r"serving_alpha must be in \(0, 1\)"):
+        LocalRunConfig(workdir=tmp_path, serving_alpha=1.0)
+    check_arguments({"metric_thresholds": "amp_accuracy>=0.9", "min_accuracy": 0.5})
