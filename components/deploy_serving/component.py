@@ -37,47 +37,27 @@ def deploy_serving(
         Path(endpoint.path).write_text(json.dumps({"target": "none"}))
         return
     from ampflow.components.deploy_serving.kubernetes_cluster import own_namespace
-    from ampflow.components.deploy_serving.model_store import (
-        claim_version,
-        is_uri,
-        refuse_unsupported_uri,
-        release_claim,
-    )
     from ampflow.components.deploy_serving.step import DeployConfig, run_deploy
     from ampflow.components.export_savedmodel.versions import find_exported_version
 
-    version_dir = find_exported_version(saved_model.path)
-    version = int(version_dir.name)
-    refuse_unsupported_uri(model_store)  # s3:// is no local path to claim a number in
-    model_base = None
-    if not is_uri(model_store):
-        # Every run of the pipeline exports version 1 into its own artifact dir; in a store that
-        # is a path (local, or the PVC mounted for kubernetes/kserve) the run becomes the next
-        # version, which a running server hot-loads (claimed under a lock: two runs deploying
-        # at once get two numbers). A gs:// store keeps the exported number.
-        model_base = Path(model_store) / version_dir.parent.name
-        version = claim_version(model_base, at_least=version)
-    try:
-        result = run_deploy(
-            DeployConfig(
-                saved_model_dir=version_dir,
-                target=target,
-                model_store=model_store,
-                version=version,
-                server_address=server_address or None,
-                namespace=namespace or own_namespace("ampflow"),
-                overlay=overlay,
-                canary_traffic_percent=canary_traffic_percent,
-                model_store_claim=model_store_claim,
-                serving_format=serving_format,
-                tflite_dir=Path(tflite.path) if tflite is not None else None,
-                tflite_variant=tflite_variant,
-            )
+    # Every run of the pipeline exports version 1 into its own artifact dir; the step claims the
+    # next free number in a store that is a path (two runs deploying at once get two numbers),
+    # as `ampflow deploy` does; a gs:// store keeps the exported number.
+    result = run_deploy(
+        DeployConfig(
+            saved_model_dir=find_exported_version(saved_model.path),
+            target=target,
+            model_store=model_store,
+            server_address=server_address or None,
+            namespace=namespace or own_namespace("ampflow"),
+            overlay=overlay,
+            canary_traffic_percent=canary_traffic_percent,
+            model_store_claim=model_store_claim,
+            serving_format=serving_format,
+            tflite_dir=Path(tflite.path) if tflite is not None else None,
+            tflite_variant=tflite_variant,
         )
-    except BaseException:  # failed before push_local (which frees it itself): free the number
-        if model_base is not None:
-            release_claim(model_base, version)
-        raise
+    )
     payload = {
         "target": result.target,
         "model_name": result.model_name,

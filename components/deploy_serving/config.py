@@ -6,8 +6,10 @@ both import from here and never from each other.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +70,12 @@ class DeployConfig:
         metadata={"help": "served model name; unset: the name of saved_model_dir's parent"},
     )
     version: int | None = field(
-        default=None, metadata={"help": "version number; unset: the name of saved_model_dir"}
+        default=None,
+        metadata={
+            "help": "version number, claimed as given; unset: in a directory store the next "
+            "free number (at least saved_model_dir's name) claimed under the store's lock, or "
+            "the newest version if it holds this model already; in gs:// saved_model_dir's name"
+        },
     )
     server_address: str | None = field(
         default=None,
@@ -310,6 +317,27 @@ class DeployConfig:
                 f"Received: saved_model_dir={str(self.saved_model_dir)!r}"
             )
         return version
+
+    @contextlib.contextmanager
+    def claimed(self, source: Path) -> Iterator[DeployConfig]:
+        """This config with its version claimed in a directory store, the claim freed at the end.
+
+        Every target calls it once its cluster answered, so `ampflow deploy` and the pipeline
+        number and lock alike (model_store.claim_version): an unset `version` is the next free
+        number, at least the export's (or the newest version if it holds `source` already); a
+        given one is claimed as it is. `push_local` frees the claim once the version is
+        published; a deploy failing before frees it here. A gs:// store has no lock.
+        """
+        if model_store.is_uri(str(self.model_store)):
+            yield self
+            return
+        model_base = Path(str(self.model_store)) / self.resolved_model_name
+        version = model_store.claim_version(
+            model_base, at_least=self.resolved_version, exactly=self.version, same_as=source)
+        try:
+            yield dataclasses.replace(self, version=version)
+        finally:
+            model_store.release_claim(model_base, version)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config, JSON-ready (written next to the deployed version)."""

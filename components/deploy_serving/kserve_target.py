@@ -29,6 +29,7 @@ serve` loads a version dir holding a .tflite file), and the canary expects the v
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import subprocess
@@ -80,7 +81,7 @@ def deploy(config: DeployConfig, model_name: str, version: int,
         from ampflow.components.deploy_serving import canary
 
         examples = payload.expected or canary.recorded_examples(config.saved_model_dir)
-    cluster = Cluster(config)
+    cluster, claims = Cluster(config), contextlib.ExitStack()
     try:
         cluster.check_reachable()
         check_kserve_served(cluster.api_client)
@@ -88,6 +89,8 @@ def deploy(config: DeployConfig, model_name: str, version: int,
             from ampflow.components.train.cluster import check_volume_writable
 
             check_volume_writable(config.model_store, f"the model store {config.model_store}")
+        config = claims.enter_context(config.claimed(payload.source))
+        version = config.resolved_version
         objects = release(render_manifests(config), config, model_name, version,
                           model_format=payload.model_format)
         isvc = one(objects, ISVC_KIND)
@@ -117,6 +120,7 @@ def deploy(config: DeployConfig, model_name: str, version: int,
             cluster.unlock_rollout()
     finally:
         cluster.close()
+        claims.close()  # the version's claim, if taken
     previous = _version_of(before)
     share = latest_share(status)
     url = status.get("url") or (status.get("address") or {}).get("url")

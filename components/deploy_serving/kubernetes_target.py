@@ -85,14 +85,16 @@ class _Rollout:
         from ampflow.components.deploy_serving import canary
 
         self.examples = canary.recorded_examples(self.config.saved_model_dir)
-        self.release = render(self.config, self.model_name, self.version)
-        self.canary = canary_objects(self.release, self.config.canary_replicas)
-        self.stable_name = one(self.release, "Deployment")["metadata"]["name"]
-        self.cluster.lock_rollout(self.stable_name, self.version, self._lock_ttl_s())
-        try:
-            return self._locked_run()
-        finally:
-            self.cluster.unlock_rollout()
+        with self.config.claimed(self.config.saved_model_dir) as self.config:
+            self.version = self.config.resolved_version
+            self.release = render(self.config, self.model_name, self.version)
+            self.canary = canary_objects(self.release, self.config.canary_replicas)
+            self.stable_name = one(self.release, "Deployment")["metadata"]["name"]
+            self.cluster.lock_rollout(self.stable_name, self.version, self._lock_ttl_s())
+            try:
+                return self._locked_run()
+            finally:
+                self.cluster.unlock_rollout()
 
     def _lock_ttl_s(self) -> float:
         """How long the rollout lock holds: longer than any rollout of this config can take."""

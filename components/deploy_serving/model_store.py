@@ -5,12 +5,14 @@ highest. A server must never see half a version: on a local filesystem we copy i
 dir beside it and rename it into place; an object store has no rename, so we upload every other
 file first and `saved_model.pb` last (what TFX's Pusher does), since a loader needs that file.
 
-Two deploys into one local store at once (two pipeline runs) must not pick the same number:
-`claim_version` picks the next free one under an fcntl lock on `<model_base>/.versions.lock`
-and leaves a hidden `.<version>.claimed` file that later claims count, so the second deploy
-takes the number after the first one's even while the first is still copying. The claim is
-removed once the version is published (or its copy failed). A deploy killed in between leaves
-its claim behind: that number is skipped, never reused for another model.
+Two deploys into one local store at once (two pipeline runs, two `ampflow deploy`s) must not
+pick the same number: `claim_version` (called by the step, so the CLI and the pipeline number
+alike) picks the next free one under an fcntl lock on `<model_base>/.versions.lock` and leaves
+a hidden `.<version>.claimed` file that later claims count, so the second deploy takes the
+number after the first one's even while the first is still copying. The claim is removed once
+the version is published (or its copy failed). A deploy killed in between leaves its claim
+behind: that number is skipped, never reused for another model. A deploy of the content the
+newest version already holds claims nothing and gets that version (a re-run is a no-op).
 """
 
 from __future__ import annotations
@@ -111,26 +113,64 @@ def dir_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def claim_version(model_base: str | os.PathLike, at_least: int = 1) -> int:
-    """Reserve a new version number under `model_base` for one deploy's `push_local`.
+def claim_version(
+    model_base: str | os.PathLike, at_least: int = 1, *, exactly: int | None = None,
+    same_as: Path | None = None,
+) -> int:
+    """Reserve a version number under `model_base` for one deploy's `push_local`.
 
-    It is >= `at_least`, above every version dir (complete or not) and above every claim of a
-    deploy still copying; see the module docstring.
+    Unless `exactly` is given, it is >= `at_least`, above every version dir (complete or not)
+    and above every claim of a deploy still copying; see the module docstring. `exactly`: that
+    number, refused while another deploy is copying it. `same_as`: the dir to publish; if the
+    newest version (no claim above it) already holds its content, that version, unclaimed.
     """
-    from ampflow.components.export_savedmodel.versions import next_version
-
     model_base = Path(model_base)
+    digest = dir_digest(same_as) if same_as is not None and exactly is None else None
     try:
         model_base.mkdir(parents=True, exist_ok=True)
         with open(model_base / VERSIONS_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             claimed = [int(m.group(1)) for name in os.listdir(model_base)
                        if (m := _CLAIM.fullmatch(name))]
-            version = max([at_least, next_version(model_base), *(c + 1 for c in claimed)])
+            if exactly is not None:
+                return _claim_exactly(model_base, exactly, claimed)
+            newest = _newest_same_content(model_base, digest, claimed)
+            if newest is not None:
+                return newest
+            version = max([at_least, _next_dir_number(model_base), *(c + 1 for c in claimed)])
             _claim_file(model_base, version).touch()
     except OSError as e:
         raise DeployError(f"could not reserve a version under {model_base}: {e}") from e
     return version
+
+
+def _next_dir_number(model_base: Path) -> int:
+    from ampflow.components.export_savedmodel.versions import next_version
+
+    return next_version(model_base)
+
+
+def _claim_exactly(model_base: Path, version: int, claimed: list[int]) -> int:
+    """Claim `version` itself (a --version given); DeployError while another deploy holds it."""
+    if version in claimed:
+        raise DeployError(
+            f"version {version} of {model_base.name} is being deployed by another deploy now "
+            f"(its claim {_claim_file(model_base, version)} exists). Expected: another version "
+            f"number, or leave --version unset. Received: version={version}")
+    _claim_file(model_base, version).touch()
+    return version
+
+
+def _newest_same_content(model_base: Path, digest: str | None, claimed: list[int]) -> int | None:
+    """The newest version, if it holds content `digest` and no deploy claims a number above it."""
+    newest = _next_dir_number(model_base) - 1
+    if digest is None or newest < 1 or any(c > newest for c in claimed):
+        return None
+    version_dir = model_base / str(newest)
+    if version_dir.is_dir() and dir_digest(version_dir) == digest:
+        log.info("the newest version %s already holds this model", version_dir)
+        return newest
+    return None
 
 
 def _claim_file(model_base: Path, version: int | str) -> Path:

@@ -17,6 +17,13 @@ Two targets share one config:
 With `serving_format="tflite"` the version published (local and kserve targets) is one TFLite
 variant of the convert step's output instead, checked before anything is published, and the
 server must give that variant's own answers (tflite_variant.py).
+
+The version number is claimed by the step (every target, once its cluster answered), so
+`ampflow deploy` and the pipeline's deploy task number and lock alike: in a store that is a
+directory (local, or the PVC mounted for kubernetes and kserve), an unset `version` is the next
+free number, at least the export's, claimed under the store's lock (two deploys at once get two
+numbers; DeployConfig.claimed); a given `version` is claimed as it is. A gs:// store has no
+lock: the version is the one given or the export's.
 """
 
 from __future__ import annotations
@@ -34,11 +41,13 @@ log = logging.getLogger(__name__)
 
 def run_deploy(config: DeployConfig) -> DeployResult:
     """Deploy `config.saved_model_dir` to `config.target`; see the module docstring."""
-    model_name, version = config.resolved_model_name, config.resolved_version
     spec = model_store.check_saved_model(config.saved_model_dir)
     with _payload(config) as payload:
         if config.target == "local":
-            return _deploy_local(config, model_name, version, spec, payload)
+            with config.claimed(payload.source) as claimed:
+                return _deploy_local(claimed, claimed.resolved_model_name,
+                                     claimed.resolved_version, spec, payload)
+        model_name, version = config.resolved_model_name, config.resolved_version
         if config.target == "kserve":
             from ampflow.components.deploy_serving import kserve_target
 

@@ -1,8 +1,9 @@
-"""Two deploys into one local model store at the same moment (issue 24, item 3).
+"""Deploys into one local model store at the same moment (issue 24 item 3, issue 41 point 5).
 
-Real processes, each running the deploy component as a pipeline task does, released at once:
-they must get distinct versions, each holding exactly the model its run exported, and leave
-nothing half-copied behind.
+Real processes released at once, one running the deploy component as a pipeline task does and
+two running `ampflow deploy` as a user does: the step claims the number, so they must get
+distinct versions, each holding exactly the model its run exported, and leave nothing
+half-copied behind.
 """
 
 from __future__ import annotations
@@ -13,29 +14,38 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from ampflow.components.deploy_serving import model_store
+from ampflow.errors import DeployError
 from ampflow.serving.model_format import version_dirs
 from ampflow.serving.testing import write_model_version
 
 pytestmark = pytest.mark.timeout(300)
 
-RUNS = 3
+RUNS = 3  # run 0 is the pipeline's component, the others the command line
 
-_DEPLOY = textwrap.dedent("""
-    import json, os, sys, time
+_START_LINE = textwrap.dedent("""
+    import os, sys, time
     from pathlib import Path
-    from kfp import dsl
-    from ampflow.components.deploy_serving.component import deploy_serving
     export, store, endpoint, go = sys.argv[1:5]
     Path(endpoint + ".ready").touch()
     while not os.path.exists(go):
         time.sleep(0.001)
+""")
+_COMPONENT = _START_LINE + textwrap.dedent("""
+    from kfp import dsl
+    from ampflow.components.deploy_serving.component import deploy_serving
     deploy_serving(saved_model=dsl.Model(uri=export),
                    endpoint=dsl.Artifact(uri=endpoint), target="local", model_store=store)
+""")
+_COMMAND_LINE = textwrap.dedent("""
+    import ampflow.cli
+    import ampflow.components.deploy_serving.step  # TensorFlow imported before the start line
+""") + _START_LINE + textwrap.dedent("""
+    sys.exit(ampflow.cli.main(["deploy", "--saved-model-dir", export + "/ampflow/1",
+                               "--model-store", store]))
 """)
 
 
@@ -44,12 +54,13 @@ def test_concurrent_deploys_get_distinct_versions_each_whole(tmp_path):
     store = tmp_path / "store"
     write_model_version(store / "ampflow", 1, seed=100)  # what the server serves today
     exports = [tmp_path / f"run{i}" for i in range(RUNS)]
-    for i, export in enumerate(exports):  # every pipeline run exports its own version 1
+    for i, export in enumerate(exports):  # every run exports its own version 1
         write_model_version(export / "ampflow", 1, seed=i)
     go = tmp_path / "go"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    runs = [subprocess.Popen([sys.executable, "-c", _DEPLOY, str(export), str(store),
-                              str(tmp_path / f"endpoint{i}.json"), str(go)],
+    runs = [subprocess.Popen([sys.executable, "-c", _COMPONENT if i == 0 else _COMMAND_LINE,
+                              str(export), str(store), str(tmp_path / f"endpoint{i}.json"),
+                              str(go)],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i, export in enumerate(exports)]
     deadline = time.monotonic() + 120  # every process imported TensorFlow, at the start line
@@ -60,14 +71,15 @@ def test_concurrent_deploys_get_distinct_versions_each_whole(tmp_path):
     outputs = [run.communicate(timeout=240) for run in runs]
     for run, (_out, err) in zip(runs, outputs, strict=True):
         assert run.returncode == 0, err[-3000:]
-    records = [json.loads((tmp_path / f"endpoint{i}.json").read_text()) for i in range(RUNS)]
-    versions = sorted(record["version"] for record in records)
-    assert versions == list(range(2, 2 + RUNS))
-    for export, record in zip(exports, records, strict=True):  # each holds its own run's model
-        deployed = model_store.dir_digest(Path(record["model_path"]))
-        assert deployed == model_store.dir_digest(export / "ampflow" / "1")
-    assert sorted(version_dirs(store / "ampflow")) == [1, *versions]
-    leftovers = {p.name for p in (store / "ampflow").iterdir()} - {str(v) for v in [1, *versions]}
+    versions = sorted(version_dirs(store / "ampflow"))
+    assert versions == list(range(1, 2 + RUNS))
+    deployed = {model_store.dir_digest(store / "ampflow" / str(v)): v for v in versions[1:]}
+    for export in exports:  # each run's model is one of the new versions, whole
+        assert model_store.dir_digest(export / "ampflow" / "1") in deployed
+    component_record = json.loads((tmp_path / "endpoint0.json").read_text())
+    assert deployed[model_store.dir_digest(exports[0] / "ampflow" / "1")] == \
+        component_record["version"]
+    leftovers = {p.name for p in (store / "ampflow").iterdir()} - {str(v) for v in versions}
     assert leftovers == {model_store.VERSIONS_LOCK}  # no staging dir, no claim left
 
 
@@ -87,3 +99,21 @@ def test_failed_copy_frees_its_claim_and_leaves_no_version(tmp_path):
         model_store.push_local(tmp_path / "absent", base / str(version), {})
     assert not (base / str(version)).exists()
     assert {p.name for p in base.iterdir()} == {model_store.VERSIONS_LOCK}
+
+
+def test_claim_of_the_newest_versions_content_reuses_it_unclaimed(tmp_path):
+    base = tmp_path / "ampflow"
+    write_model_version(base, 1, seed=1)
+    write_model_version(base, 2, seed=2)
+    assert model_store.claim_version(base, same_as=base / "2") == 2  # a re-run: no new number
+    assert model_store.claim_version(base, same_as=base / "1") == 3  # not the newest: new number
+    assert model_store.claim_version(base, same_as=base / "2") == 4  # 3 is claimed above 2
+
+
+def test_claim_of_a_given_version_refused_while_another_deploy_copies_it(tmp_path):
+    base = tmp_path / "ampflow"
+    assert model_store.claim_version(base, exactly=5) == 5
+    with pytest.raises(DeployError, match=r"version 5 of ampflow is being deployed by another"):
+        model_store.claim_version(base, exactly=5)
+    model_store.release_claim(base, 5)
+    assert model_store.claim_version(base, exactly=5) == 5

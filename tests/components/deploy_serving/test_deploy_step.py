@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 
 import pytest
 
-from ampflow.components.deploy_serving import DeployConfig, cli, run_deploy
-from ampflow.components.deploy_serving.model_store import DEPLOY_RECORD
+from ampflow.components.deploy_serving import DeployConfig, cli, model_store, run_deploy
+from ampflow.components.deploy_serving.model_store import DEPLOY_RECORD, VERSIONS_LOCK
 from ampflow.errors import ConfigError, DeployError, ModelLoadError
 
 MODEL_NAME = "digits"  # as in conftest.py
@@ -56,7 +57,8 @@ def test_local_push_lands_version_atomically(export_base, tmp_path):
     assert (dest / "saved_model.pb").read_bytes() == (src / "saved_model.pb").read_bytes()
     assert (dest / DEPLOY_RECORD).stat().st_mode & 0o777 == 0o644  # servers run as other uids
     assert dest.stat().st_mode & 0o777 == 0o755
-    assert sorted(p.name for p in (store / MODEL_NAME).iterdir()) == ["1"]  # no temp dir left
+    # no temp dir, no claim left; the store's lock file is hidden from servers
+    assert sorted(p.name for p in (store / MODEL_NAME).iterdir()) == [VERSIONS_LOCK, "1"]
 
 
 def test_local_push_same_version_again_is_a_no_op(export_base, tmp_path):
@@ -77,6 +79,30 @@ def test_local_push_different_model_same_version_refused(export_base, tmp_path):
             )
         )
     assert (tmp_path / MODEL_NAME / "1" / "saved_model.pb").read_bytes() == before
+
+
+def test_local_deploy_without_version_takes_the_next_free_number(export_base, tmp_path):
+    store = tmp_path / "store"
+    run_deploy(DeployConfig(saved_model_dir=export_base / MODEL_NAME / "1", model_store=str(store)))
+    other = tmp_path / "run2" / MODEL_NAME / "1"  # another run's export, numbered 1 too
+    shutil.copytree(export_base / MODEL_NAME / "2", other)
+    result = run_deploy(DeployConfig(saved_model_dir=other, model_store=str(store)))
+    assert (result.version, result.already_present) == (2, False)
+    record = json.loads((store / MODEL_NAME / "2" / DEPLOY_RECORD).read_text())
+    assert record["version"] == 2
+    assert sorted(p.name for p in (store / MODEL_NAME).iterdir()) == [VERSIONS_LOCK, "1", "2"]
+
+
+def test_local_deploy_failing_before_the_copy_frees_its_claim(export_base, tmp_path, monkeypatch):
+    def broken_push(*_args, **_kwargs):
+        raise DeployError("disk full")
+
+    monkeypatch.setattr(model_store, "push_local", broken_push)  # fails before its own release
+    store = tmp_path / "store"
+    with pytest.raises(DeployError, match="disk full"):
+        run_deploy(DeployConfig(saved_model_dir=export_base / MODEL_NAME / "1",
+                                model_store=str(store)))
+    assert sorted(p.name for p in (store / MODEL_NAME).iterdir()) == [VERSIONS_LOCK]
 
 
 def test_local_push_missing_saved_model_pb_raises_model_load_error(export_base, tmp_path):
@@ -143,7 +169,7 @@ def test_local_canary_failure_takes_the_new_version_away(export_base, tmp_path):
             )
         )
     # version 2 is gone again, so a server polling the store keeps serving version 1
-    assert sorted(p.name for p in (tmp_path / MODEL_NAME).iterdir()) == ["1"]
+    assert sorted(p.name for p in (tmp_path / MODEL_NAME).iterdir()) == [VERSIONS_LOCK, "1"]
 
 
 def test_the_kfp_deploy_task_deploys_into_its_own_pods_namespace(tmp_path):
