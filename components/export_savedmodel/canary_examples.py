@@ -24,15 +24,18 @@ from ampflow.errors import ModelLoadError
 CANARY_FILE = "ampflow_canary.npz"
 DEFAULT_EXAMPLES = 32
 INPUT_KEY = "images"
+TEXT_INPUT_KEY = "text"  # a text model's serving_default input (export_savedmodel.text_signatures)
 
 
 @dataclass(frozen=True)
 class CanaryExamples:
-    """Request images and the outputs the exported version gave for them."""
+    """Request images (or texts) and the outputs the exported version gave for them."""
 
-    images: np.ndarray  # float32 [N, H, W, C], the `images` input of serving_default
+    images: np.ndarray  # float32 [N, H, W, C], the `images` input of serving_default; for a
+    # text model, UTF-8 bytes [N] (an object array), its `text` input
     probabilities: np.ndarray  # float32 [N, num_classes]
     class_ids: np.ndarray  # int64 [N]
+    input_key: str = INPUT_KEY  # serving_default's input name: "images" or "text"
 
 
 def write_canary_examples(version_dir: str | os.PathLike, loaded, images: np.ndarray) -> Path:
@@ -50,6 +53,24 @@ def write_canary_examples(version_dir: str | os.PathLike, loaded, images: np.nda
     return path
 
 
+def write_text_canary_examples(version_dir: str | os.PathLike, loaded, texts: list[str]) -> Path:
+    """The text sibling of `write_canary_examples`: real test sentences and their answers.
+
+    The texts are stored as a unicode array (`.npz` holds no object arrays without pickle).
+    """
+    import tensorflow as tf
+
+    encoded = np.array([t.encode("utf-8") for t in texts], dtype=object)
+    outputs = loaded.signatures["serving_default"](**{TEXT_INPUT_KEY: tf.constant(encoded)})
+    path = Path(version_dir) / CANARY_FILE
+    with open(path, "wb") as f:
+        np.savez(f, texts=np.array(texts, dtype=str),
+                 probabilities=np.asarray(outputs["probabilities"], dtype=np.float32),
+                 class_ids=np.asarray(outputs["class_ids"], dtype=np.int64))
+    path.chmod(0o644)
+    return path
+
+
 def load_canary_examples(version_dir: str | os.PathLike) -> CanaryExamples:
     """Read the recorded answers of a version dir; ModelLoadError if absent or malformed."""
     path = Path(version_dir) / CANARY_FILE
@@ -59,9 +80,16 @@ def load_canary_examples(version_dir: str | os.PathLike) -> CanaryExamples:
             "cannot check what the server answers; export the model with `ampflow export`.")
     try:
         with np.load(path, allow_pickle=False) as data:
-            examples = CanaryExamples(images=data["images"].astype(np.float32),
+            if "texts" in data:
+                requests = np.array([str(t).encode("utf-8") for t in data["texts"]],
+                                    dtype=object)
+                key = TEXT_INPUT_KEY
+            else:
+                requests, key = data["images"].astype(np.float32), INPUT_KEY
+            examples = CanaryExamples(images=requests,
                                       probabilities=data["probabilities"].astype(np.float32),
-                                      class_ids=data["class_ids"].astype(np.int64))
+                                      class_ids=data["class_ids"].astype(np.int64),
+                                      input_key=key)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"{path} is corrupt: {e}") from e
     n = len(examples.images)

@@ -54,6 +54,10 @@ class ParityReport:
     image_bytes_class_ids_equal: bool
     passed: bool
 
+    @property
+    def num_examples(self) -> int:
+        return self.num_images
+
     def as_metadata(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -30,7 +30,7 @@ from ampflow.components.export_savedmodel.canary_examples import (
     write_canary_examples,
 )
 from ampflow.components.export_savedmodel.gate import GateDecision, check_gate, check_model
-from ampflow.components.export_savedmodel.parity import ParityReport, check_export_parity
+from ampflow.components.export_savedmodel.parity import check_export_parity
 from ampflow.components.export_savedmodel.signatures import (
     LABELS_FILE,
     check_signatures,
@@ -151,35 +151,34 @@ class ExportResult:
 
 def run_export(config: ExportConfig) -> ExportResult:
     """Gate, export the float32 twin, check it, and publish it as a new TF Serving version."""
-    from ampflow.components.prepare_data import load_arrays, load_dataset_info
-    from ampflow.components.train import load_trained_model
+    from ampflow.components.prepare_data import load_dataset_info
+    from ampflow.components.train.artifacts import load_trained
 
     gate = check_gate(config.eval_dir, config.force)  # a refused model costs no compute
-    trained, meta = load_trained_model(config.model_dir)
+    trained = load_trained(config.model_dir)
+    meta = trained.metadata
     gate = check_model(gate, config.model_dir, config.force)
     info = load_dataset_info(config.data_dir)
-    input_shape, labels = _check_compatible(meta, info, config)
+    export = _export_of(trained, info, config)  # the one place that decides the modality
     model_name = config.model_name
     model_base = ensure_writable_dir(Path(config.export_base) / model_name, "export_base")
     version = config.version or next_version(model_base)
 
-    twin = _float32_twin(trained, meta)
-    count = max(config.num_parity_images, config.num_warmup_records, config.num_canary_examples)
-    images, _ = load_arrays(config.data_dir, "test", limit=count)
-    images = images.astype(np.float32)
+    twin = _float32_twin(trained.model, meta)
     log.info("exporting %s (trained under %s) as %s version %d", config.model_dir,
              meta["precision"]["policy"], model_name, version)
     with staged_version_dir(model_base, version) as staging:
-        signatures, parity, warmup_count = _write_and_check(
-            twin, trained, staging, input_shape, labels, model_name, images, config)
-        metadata = _metadata(config, meta, model_name, version, input_shape, labels,
-                             signatures, parity, warmup_count, gate)
+        signatures, parity, warmup_count = export.write_and_check(
+            twin, trained.model, staging, model_name, config)
+        metadata = _metadata(config, meta, model_name, version, export, signatures, parity,
+                             warmup_count, gate)
         for name, payload in ((CONFIG_FILE, _config_dict(config)),
                               (EXPORT_METADATA_FILE, metadata)):
             write_json_atomic(staging / name, payload).chmod(0o644)  # mkstemp made it 0600
     version_dir = model_base / str(version)
-    log.info("export parity on %d images: max |SavedModel - Keras float32| = %.3g (atol %g, "
-             "rtol %g); max |SavedModel - trained %s model| = %.3g", parity.num_images,
+    log.info("export parity on %d examples: max |SavedModel - Keras float32| = %.3g (atol %g, "
+             "rtol %g); max |SavedModel - trained %s model| = %.3g",
+             parity.num_examples,
              parity.max_abs_diff, parity.atol, parity.rtol, meta["precision"]["policy"],
              parity.trained_max_abs_diff)
     if gate.forced:
@@ -188,28 +187,88 @@ def run_export(config: ExportConfig) -> ExportResult:
                         metadata=metadata)
 
 
-def _write_and_check(twin, trained, staging: Path, input_shape, labels, model_name,
-                     images: np.ndarray, config: ExportConfig):
-    """Everything that happens inside the staging dir; any failure leaves no version behind."""
-    import tensorflow as tf
+def _export_of(trained, info: dict[str, Any], config: ExportConfig):
+    """The image or the text export of `trained`: the modality is decided here, once.
 
-    save_servable(twin, input_shape, labels, staging)
-    signatures = check_signatures(staging, input_shape, len(labels))
-    half = half_precision_nodes(staging)
-    if half:
-        raise ExportError(f"the exported graph must hold no float16/bfloat16 tensors. "
-                          f"Received: {len(half)} nodes, e.g. {half[:3]}")
-    warmup_count = write_warmup_records(staging, model_name, images, config.num_warmup_records,
-                                        encoded_image=_png(images[0]))
-    try:
-        loaded = tf.saved_model.load(str(staging))
-    except Exception as e:
-        raise ExportError(f"the written SavedModel does not load back: {e}") from e
-    replay_warmup_records(staging, loaded)
-    parity = check_export_parity(loaded, twin, trained, images[:config.num_parity_images],
-                                 labels, atol=config.parity_atol, rtol=config.parity_rtol)
-    write_canary_examples(staging, loaded, images[:config.num_canary_examples])
-    return signatures, parity, warmup_count
+    The model's modality (metadata.json) must be the data's (dataset_info.json): a text model
+    checked on images, or the reverse, is a configuration error before any compute.
+    """
+    from ampflow.components.prepare_data.text import MODALITY_IMAGE
+
+    data_modality = info.get("modality") or MODALITY_IMAGE
+    if trained.modality != data_modality:
+        raise ConfigError(f"data_dir must hold the data the model was trained on "
+                          f"({trained.modality}). Received: {data_modality} data in "
+                          f"{config.data_dir}")
+    labels = _labels(trained.metadata, info, config)
+    count = max(config.num_parity_images, config.num_warmup_records, config.num_canary_examples)
+    if trained.is_text:
+        from ampflow.components.export_savedmodel.text_export import text_export_of
+
+        return text_export_of(trained.tokenizer, config.data_dir, trained.metadata, info,
+                              labels, count)
+    return ImageExport.of(trained.metadata, info, labels, count, config)
+
+
+@dataclass(frozen=True)
+class ImageExport:
+    """An image model's export: its input shape and real test images (as float32 pixels)."""
+
+    input_shape: tuple[int, ...]
+    images: np.ndarray
+    labels: list[str]
+
+    @classmethod
+    def of(cls, meta, info, labels, count: int, config: ExportConfig) -> ImageExport:
+        from ampflow.components.prepare_data import load_arrays
+
+        input_shape = tuple(meta["input_shape"])
+        if tuple(info["image_shape"]) != input_shape:
+            raise ConfigError(
+                f"data_dir must hold images of the model's input shape {list(input_shape)}. "
+                f"Received: image_shape={info['image_shape']} in {config.data_dir}")
+        images, _ = load_arrays(config.data_dir, "test", limit=count)
+        return cls(input_shape, images.astype(np.float32), labels)
+
+    def write_and_check(self, twin, trained, staging: Path, model_name: str,
+                        config: ExportConfig):
+        """Everything that happens inside the staging dir; any failure leaves no version."""
+        import tensorflow as tf
+
+        images, labels = self.images, self.labels
+        save_servable(twin, self.input_shape, labels, staging)
+        signatures = check_signatures(staging, self.input_shape, len(labels))
+        half = half_precision_nodes(staging)
+        if half:
+            raise ExportError(f"the exported graph must hold no float16/bfloat16 tensors. "
+                              f"Received: {len(half)} nodes, e.g. {half[:3]}")
+        warmup_count = write_warmup_records(staging, model_name, images,
+                                            config.num_warmup_records,
+                                            encoded_image=_png(images[0]))
+        try:
+            loaded = tf.saved_model.load(str(staging))
+        except Exception as e:
+            raise ExportError(f"the written SavedModel does not load back: {e}") from e
+        replay_warmup_records(staging, loaded)
+        parity = check_export_parity(loaded, twin, trained, images[:config.num_parity_images],
+                                     labels, atol=config.parity_atol, rtol=config.parity_rtol)
+        write_canary_examples(staging, loaded, images[:config.num_canary_examples])
+        return signatures, parity, warmup_count
+
+    def input_metadata(self) -> dict[str, Any]:
+        """ampflow_export.json's input blocks for an image model."""
+        return {
+            "modality": "image",
+            "input": {"name": "images", "shape": [-1, *self.input_shape], "dtype": "float32",
+                      "range": [0, 255], "note": "raw pixels; rescaling is inside the model"},
+            "encoded_input": {"signature": IMAGE_BYTES_SIGNATURE, "name": IMAGE_BYTES_INPUT,
+                              "shape": [-1], "dtype": "string",
+                              "formats": sorted(ENCODED_IMAGE_MAGIC),
+                              "max_pixels": MAX_IMAGE_PIXELS,
+                              "note": "one encoded file per element, decoded and resized in "
+                                      "the graph as in training (prepare_data.images)"},
+            "labels_file": f"assets/{LABELS_FILE}",
+        }
 
 
 def _png(image: np.ndarray) -> bytes:
@@ -229,22 +288,17 @@ def _float32_twin(model, meta: dict[str, Any]):
         raise ExportError(f"could not rebuild the float32 twin: {e}") from e
 
 
-def _check_compatible(meta: dict[str, Any], info: dict[str, Any], config: ExportConfig):
-    """The dataset's images must be what the model takes; labels come from the model."""
-    input_shape = tuple(meta["input_shape"])
-    if tuple(info["image_shape"]) != input_shape:
-        raise ConfigError(
-            f"data_dir must hold images of the model's input shape {list(input_shape)}. "
-            f"Received: image_shape={info['image_shape']} in {config.data_dir}")
+def _labels(meta: dict[str, Any], info: dict[str, Any], config: ExportConfig) -> list[str]:
+    """The class names in id order: the model's own, else the dataset's."""
     labels = [str(name) for name in meta.get("class_names") or info["class_names"]]
     if len(labels) != meta["num_classes"]:
         raise ExportError(f"the model has {meta['num_classes']} classes but {len(labels)} "
                           f"class names in {config.model_dir}")
-    return input_shape, labels
+    return labels
 
 
-def _metadata(config: ExportConfig, meta, model_name, version, input_shape, labels, signatures,
-              parity: ParityReport, warmup_count: int, gate: GateDecision) -> dict[str, Any]:
+def _metadata(config: ExportConfig, meta, model_name, version, export, signatures, parity,
+              warmup_count: int, gate: GateDecision) -> dict[str, Any]:
     import keras
     import tensorflow as tf
 
@@ -252,15 +306,8 @@ def _metadata(config: ExportConfig, meta, model_name, version, input_shape, labe
         "model_name": model_name,
         "version": version,
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
-        "input": {"name": "images", "shape": [-1, *input_shape], "dtype": "float32",
-                  "range": [0, 255], "note": "raw pixels; rescaling is inside the model"},
-        "encoded_input": {"signature": IMAGE_BYTES_SIGNATURE, "name": IMAGE_BYTES_INPUT,
-                          "shape": [-1], "dtype": "string",
-                          "formats": sorted(ENCODED_IMAGE_MAGIC), "max_pixels": MAX_IMAGE_PIXELS,
-                          "note": "one encoded file per element, decoded and resized in the "
-                                  "graph as in training (prepare_data.images)"},
-        "labels": labels,
-        "labels_file": f"assets/{LABELS_FILE}",
+        **export.input_metadata(),
+        "labels": export.labels,
         "signatures": signatures,
         "source": {"model_dir": os.fspath(Path(config.model_dir).resolve()),
                    "architecture": meta.get("architecture"),

@@ -1,0 +1,187 @@
+"""The serving signatures of a text model (docs/ARTIFACTS.md), and the proof TF Serving runs them.
+
+The image contract's sibling (signatures.py): the same outputs, declared once in
+`ampflow.serving.model_format`, from inputs a text client has.
+
+`serving_default` (method `tensorflow/serving/predict`): `text` string [-1], one raw UTF-8
+text per element, tokenized IN THE GRAPH by the tokenizer the model was trained with (Keras
+`TextVectorization`, rebuilt from the model dir's vocab.txt: components/train/tokenizer.py) →
+`probabilities` float32 [-1, K], `class_ids` int64 [-1].
+`classify` (method `tensorflow/serving/classify`): `inputs` string [-1] of serialized
+tf.Example with bytes_list feature `text` → `scores` float32 [-1, K], `classes` string [-1, K].
+`token_ids` (method `tensorflow/serving/predict`): `input_ids` int32 [-1, L], the token ids
+themselves (0 = padding) → the outputs of `serving_default`. What the TFLite variants take (the
+pip LiteRT runtime runs no string op), and what the export's parity check compares `text` with.
+
+Every signature calls one traced model function, so the SavedModel holds the model's graph once.
+The vocabulary is in the graph (a hash table imported from constants, `LookupTableImportV2`),
+and ships as `assets/vocab.txt` + `assets/tokenizer.json` too, for clients that tokenize
+themselves (TFLite). `non_core_ops` proves that every op of the written graph is a core
+TensorFlow op, so a stock TF Serving binary loads it: no tensorflow-text custom op.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ampflow.components.export_savedmodel.signatures import LABELS_FILE, describe_signatures
+from ampflow.components.prepare_data.text import TEXT_FEATURE
+from ampflow.errors import ExportError, ModelLoadError
+from ampflow.serving import model_format
+from ampflow.serving.model_format import (
+    CLASS_IDS_OUTPUT,
+    CLASSIFY_METHOD,
+    CLASSIFY_SIGNATURE,
+    DEFAULT_SIGNATURE,
+    PREDICT_METHOD,
+    PROBABILITIES_OUTPUT,
+)
+
+TEXT_INPUT = TEXT_FEATURE  # serving_default's input: string [-1], one raw text per element
+TOKEN_IDS_SIGNATURE = "token_ids"  # the signature on token ids (parity, TFLite)
+TOKEN_IDS_INPUT = "input_ids"  # int32 [-1, L], 0 = padding
+
+
+def expected_text_signatures(sequence_length: int, num_classes: int) -> dict[str, Any]:
+    """The text contract, in the form `describe_signatures` returns (-1 = any batch size)."""
+    k = num_classes
+    predictions = {PROBABILITIES_OUTPUT: {"dtype": "float32", "shape": [-1, k]},
+                   CLASS_IDS_OUTPUT: {"dtype": "int64", "shape": [-1]}}
+    return {
+        DEFAULT_SIGNATURE: {
+            "method_name": PREDICT_METHOD,
+            "inputs": {TEXT_INPUT: {"dtype": "string", "shape": [-1]}},
+            "outputs": predictions,
+        },
+        TOKEN_IDS_SIGNATURE: {
+            "method_name": PREDICT_METHOD,
+            "inputs": {TOKEN_IDS_INPUT: {"dtype": "int32", "shape": [-1, sequence_length]}},
+            "outputs": dict(predictions),
+        },
+        CLASSIFY_SIGNATURE: {
+            "method_name": CLASSIFY_METHOD,
+            "inputs": {"inputs": {"dtype": "string", "shape": [-1]}},
+            "outputs": {"scores": {"dtype": "float32", "shape": [-1, k]},
+                        "classes": {"dtype": "string", "shape": [-1, k]}},
+        },
+    }
+
+
+def check_text_signatures(export_dir: str | os.PathLike, sequence_length: int,
+                          num_classes: int) -> dict:
+    """Raise ExportError unless the written signatures are exactly the text contract."""
+    found = describe_signatures(export_dir)
+    for name, spec in expected_text_signatures(sequence_length, num_classes).items():
+        if found.get(name) != spec:
+            raise ExportError(f"signature {name!r} does not follow docs/ARTIFACTS.md. "
+                              f"Expected: {spec}. Received: {found.get(name)}")
+    return found
+
+
+def text_example(text: str | bytes, feature: str = TEXT_FEATURE):
+    """A tf.Example with one bytes_list feature `text`: what the text classify signature parses."""
+    import tensorflow as tf
+
+    value = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    return tf.train.Example(features=tf.train.Features(feature={
+        feature: tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))}))
+
+
+def save_text_servable(model, tokenizer, labels: list[str],
+                       export_dir: str | os.PathLike) -> None:
+    """Write `model` (float32, on token ids) with `tokenizer` in the graph, all signatures."""
+    import tensorflow as tf
+
+    export_dir = Path(export_dir)
+    with tempfile.TemporaryDirectory(prefix="ampflow-text-assets-") as tmp:
+        tmp = Path(tmp)
+        (tmp / LABELS_FILE).write_text("".join(f"{name}\n" for name in labels))
+        tokenizer.save(tmp)  # vocab.txt + tokenizer.json, shipped for who tokenizes outside
+        module, signatures = _text_servable(model, tokenizer, list(labels), tmp)
+        try:
+            tf.saved_model.save(module, str(export_dir), signatures=signatures)
+        except Exception as e:
+            raise ExportError(f"tf.saved_model.save failed for {export_dir}: {e}") from e
+    try:
+        model_format.set_method_name(export_dir, CLASSIFY_SIGNATURE, CLASSIFY_METHOD)
+    except ModelLoadError as e:
+        raise ExportError(f"could not set the classify method name in {export_dir}: {e}") from e
+
+
+def _text_servable(model, tokenizer, labels: list[str], assets: Path):
+    """The exported object (variables, tokenizer table, assets) and its three signatures."""
+    import tensorflow as tf
+
+    from ampflow.components.train.tokenizer import TOKENIZER_FILE, VOCAB_FILE
+
+    module = tf.Module(name="ampflow_text_servable")
+    # plain tf.Variables, not the Keras model: the TFLite converter freezes only those
+    module.model_variables = [v.value for v in model.variables]
+    module.tokenizer = tokenizer.layer  # tracks the vocabulary's lookup table
+    module.labels_asset = tf.saved_model.Asset(str(assets / LABELS_FILE))
+    module.vocab_asset = tf.saved_model.Asset(str(assets / VOCAB_FILE))
+    module.tokenizer_asset = tf.saved_model.Asset(str(assets / TOKENIZER_FILE))
+    length = tokenizer.sequence_length
+    label_names = list(labels)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, length], tf.int32)])
+    def probabilities_of(token_ids):
+        return tf.cast(model(token_ids, training=False), tf.float32)
+
+    def predict_ids(input_ids):  # the argument name is the input's key
+        probabilities = probabilities_of(input_ids)
+        return {PROBABILITIES_OUTPUT: probabilities,
+                CLASS_IDS_OUTPUT: tf.argmax(probabilities, axis=-1, output_type=tf.int64)}
+
+    def predict_text(text):
+        return predict_ids(tokenizer.tokenize(text))
+
+    def classify(inputs):
+        features = tf.io.parse_example(
+            inputs, {TEXT_FEATURE: tf.io.FixedLenFeature([], tf.string)})
+        scores = probabilities_of(tokenizer.tokenize(features[TEXT_FEATURE]))
+        names = tf.constant(label_names, dtype=tf.string)
+        classes = tf.tile(names[tf.newaxis, :], tf.stack([tf.shape(scores)[0], 1]))
+        return {"scores": scores, "classes": classes}
+
+    def signature(fn, spec):
+        return tf.function(fn, input_signature=[spec]).get_concrete_function()
+
+    return module, {
+        DEFAULT_SIGNATURE: signature(predict_text, tf.TensorSpec([None], tf.string, TEXT_INPUT)),
+        CLASSIFY_SIGNATURE: signature(classify, tf.TensorSpec([None], tf.string, "inputs")),
+        TOKEN_IDS_SIGNATURE: signature(predict_ids, tf.TensorSpec([None, length], tf.int32,
+                                                                  TOKEN_IDS_INPUT)),
+    }
+
+
+def graph_op_types(export_dir: str | os.PathLike) -> set[str]:
+    """Every op type the `serve` graph runs: its nodes and its function library's nodes.
+
+    A node whose op is a function of the library (a call) is not an op type and is left out.
+    """
+    try:
+        saved_model = model_format.read_saved_model(export_dir)
+        meta_graph = model_format.serving_meta_graph(saved_model, export_dir)
+    except ModelLoadError as e:
+        raise ExportError(f"the written SavedModel does not read back: {e}") from e
+    graph = meta_graph.graph_def
+    functions = {f.signature.name for f in graph.library.function}
+    ops = {n.op for n in graph.node}
+    ops |= {n.op for f in graph.library.function for n in f.node_def}
+    return ops - functions
+
+
+def non_core_ops(op_types: set[str]) -> list[str]:
+    """The op types that are not core TensorFlow ops (`tf.raw_ops`: what TF Serving links).
+
+    `tf.raw_ops` lists the ops compiled into TensorFlow itself; an op a library loads at run
+    time (tensorflow-text's, `tf.load_op_library`) is not in it, and a TF Serving binary
+    without that library refuses the SavedModel ("Op type not registered").
+    """
+    import tensorflow as tf
+
+    return sorted(op for op in op_types if not hasattr(tf.raw_ops, op))

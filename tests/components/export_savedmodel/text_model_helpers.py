@@ -1,0 +1,59 @@
+"""A real text model for the export and convert tests (a plain module: conftest cannot be imported).
+
+A folder of short texts in 3 classes, prepared by `prepare-data --text-folder` and trained by
+`ampflow train --model bert_tiny --precision mixed_float16` for 2 epochs at sequence length 16:
+the model and tokenizer every later step gets from a real run. Each text is filler words around
+one keyword of its class, so the model learns far above chance (1/3) in two epochs. The convert
+tests load this file by its path (tests/components/convert_tflite/test_convert_tflite_text.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import numpy as np
+
+SEQ = 16
+CLASSES = ("gloomy", "happy", "weird")
+KEYWORDS = {"gloomy": ("awful", "dreadful", "dull"), "happy": ("great", "superb", "wonderful"),
+            "weird": ("odd", "strange", "surreal")}
+FILLER = ("the", "film", "was", "a", "story", "about", "people", "in", "this", "city", "and",
+          "its", "cast", "plot", "ending", "really", "quite", "music")
+TRAIN_PER_CLASS, TEST_PER_CLASS = 90, 30
+
+
+def write_text_folder(root: Path, seed: int = 7) -> Path:
+    """`root/{train,test}/<class>/<i>.txt`: keyword sentences, one per file."""
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", TRAIN_PER_CLASS), ("test", TEST_PER_CLASS)):
+        for name in CLASSES:
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                words = list(rng.choice(FILLER, size=int(rng.integers(4, 10))))
+                words.insert(int(rng.integers(0, len(words) + 1)),
+                             str(rng.choice(KEYWORDS[name])))
+                (folder / f"{i}.txt").write_text(" ".join(words).capitalize() + ".",
+                                                 encoding="utf-8")
+    return root
+
+
+def prepare_and_train(tmp_path_factory) -> tuple[Path, Path]:
+    """(prepared data dir, trained model dir), both through the CLI as a user runs them."""
+    from ampflow.cli import main
+
+    folder = write_text_folder(tmp_path_factory.mktemp("texts") / "reviews")
+    data_dir = tmp_path_factory.mktemp("prepared") / "texts"
+    model_dir = tmp_path_factory.mktemp("bert") / "model"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(["prepare-data", "--text-folder", str(folder), "--output-dir",
+                     str(data_dir)]) == 0, stdout.getvalue()
+        # --xla off: XLA's compile costs the suite ~10 s and changes nothing exported
+        code = main(["train", "--data-dir", str(data_dir), "--output-dir", str(model_dir),
+                     "--model", "bert_tiny", "--precision", "mixed_float16", "--xla", "off",
+                     "--max-sequence-length", str(SEQ), "--epochs", "2", "--seed", "1"])
+    assert code == 0, stdout.getvalue()
+    return data_dir, model_dir
