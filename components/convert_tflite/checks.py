@@ -159,11 +159,14 @@ class TFLiteRunner:
 
 
 def quantize_input(images: np.ndarray, detail: dict) -> np.ndarray:
-    """Float images → the input tensor's dtype: q = round(x / scale) + zero_point, clipped."""
+    """Inputs → the input tensor's dtype: q = round(x / scale) + zero_point, clipped.
+
+    An integer input without a scale (a text model's int32 token ids) is only cast.
+    """
     dtype = np.dtype(detail["dtype"])
-    if not np.issubdtype(dtype, np.integer):
-        return images.astype(dtype)
     scale, zero_point = detail["quantization"]
+    if not np.issubdtype(dtype, np.integer) or not scale:  # float, or ids (no scale)
+        return images.astype(dtype)
     info = np.iinfo(dtype)
     q = np.round(images.astype(np.float32) / scale) + zero_point
     return np.clip(q, info.min, info.max).astype(dtype)

@@ -81,6 +81,12 @@ def render_markdown(report: dict) -> str:
         lines.append(_row(name, v["size_bytes"], v.get("size_ratio_vs_float32"), v["accuracy"],
                           v["accuracy_drop_points"], v["agreement"], v["max_abs_prob_diff"],
                           v["timing"], edge_cell, "pass" if v["passed"] else "**FAIL**"))
+    for name, v in report["variants"].items():
+        if v.get("failed_examples"):
+            lines += ["", f"{name} fails in the interpreter on {v['failed_examples']} of "
+                      f"{v['num_examples']} test examples (counted wrong above; not timed; "
+                      f"agreement on the others {v.get('agreement_where_ran')}): "
+                      f"{v.get('first_error')}"]
     lines += ["", "## Gates", ""]
     for name, v in report["variants"].items():
         for c in v["checks"]:
@@ -100,7 +106,9 @@ def _row(name, size, ratio, acc, drop, agreement, diff, timing, edge, gate) -> s
     def fmt(value, spec):
         return "—" if value is None else format(value, spec)
 
+    timing = timing or {}  # None: the model failed on some inputs, so it was not timed
     return (f"| {name} | {size / 1024:.1f} | {fmt(ratio, '.2f')} | {acc:.4f} | {fmt(drop, '.2f')} "
-            f"| {fmt(agreement, '.4f')} | {fmt(diff, '.2e')} | {timing['latency_ms_median']:.3f} "
-            f"| {timing['latency_ms_p95']:.3f} | {timing['throughput_images_per_sec']:.0f} "
-            f"| {edge} | {gate} |")
+            f"| {fmt(agreement, '.4f')} | {fmt(diff, '.2e')} "
+            f"| {fmt(timing.get('latency_ms_median'), '.3f')} "
+            f"| {fmt(timing.get('latency_ms_p95'), '.3f')} "
+            f"| {fmt(timing.get('throughput_images_per_sec'), '.0f')} | {edge} | {gate} |")

@@ -59,7 +59,6 @@ class ConvertResult:
 
 def run_convert(config: ConvertConfig) -> ConvertResult:
     """Convert, check and gate every requested variant; write the models and the report."""
-    from ampflow.components.convert_tflite import checks
     from ampflow.components.convert_tflite.report import write_reports
     from ampflow.components.prepare_data import load_dataset_info
 
@@ -67,24 +66,28 @@ def run_convert(config: ConvertConfig) -> ConvertResult:
     edge = _edge_plan(config)  # before any compute: edge_check=True without LiteRT fails now
     saved_model_dir = resolve_saved_model_dir(config.saved_model_dir)
     info = load_dataset_info(config.data_dir)
-    reference = checks.SavedModelReference(saved_model_dir, config.signature_key)
-    _check_input_shape(reference.input_shape, info)
-    images, labels = _test_split(config)
-    ref_probs = reference.predict(images, config.batch_size, desc="check the SavedModel")
-    ref_summary = _reference_summary(reference, saved_model_dir, images, labels, ref_probs, config)
+    inputs = _inputs_of(saved_model_dir, info, config)  # the one place that decides modality
+    reference, labels = inputs.reference, inputs.labels
+    ref_probs = reference.predict(inputs.reference_inputs, config.batch_size,
+                                  desc="check the SavedModel")
+    ref_summary = _reference_summary(reference, saved_model_dir, inputs.reference_inputs,
+                                     labels, ref_probs, config)
     labels_list = _labels(saved_model_dir, info)
     results: dict[str, VariantResult] = {}
-    converter = SavedModelConverter(saved_model_dir, config.signature_key)  # one for all
+    converter = SavedModelConverter(saved_model_dir, inputs.signature_key)  # one for all
     with staging_dir(config.output_dir, replaces="report.json") as tmp:
+        shipped = inputs.ship(tmp)
         for i, variant in enumerate(config.variants, 1):
             position = f"{variant} (variant {i}/{len(config.variants)})"
             log.info("%s: converting", position)  # one opaque call; full_int8 calibrates
             results[variant] = _convert_and_check(
-                config, variant, converter, reference.input_shape, tmp,
-                images, labels, ref_probs, ref_summary, labels_list, edge, position)
+                config, variant, converter, inputs, tmp, ref_probs, ref_summary, labels_list,
+                edge, position)
         _add_size_ratios(results)
         passed = all(r.passed for r in results.values())
         report = _report_payload(config, ref_summary, results, edge, passed)
+        if shipped:
+            report["shipped_files"] = shipped
         write_reports(tmp, report)
         write_json_atomic(tmp / CONFIG_FILE, _config_dict(config))
     output_dir = Path(config.output_dir)
@@ -109,32 +112,38 @@ def resolve_saved_model_dir(path: str | os.PathLike) -> Path:
     return path / str(versions[-1])
 
 
-def _convert_and_check(config, variant, converter: SavedModelConverter, input_shape, tmp: Path,
-                       images, labels, ref_probs, ref_summary, labels_list, edge,
+def _convert_and_check(config, variant, converter: SavedModelConverter, inputs, tmp: Path,
+                       ref_probs, ref_summary, labels_list, edge,
                        position: str | None = None) -> VariantResult:
     from ampflow.components.convert_tflite import checks
     from ampflow.components.convert_tflite.explain import explain_unfrozen_variables
     from ampflow.components.convert_tflite.report import variant_metadata
 
     saved_model_dir = Path(converter.saved_model_dir)
-    representative = _representative(config) if variant == "full_int8" else None
+    examples, labels, key = inputs.model_inputs, inputs.labels, inputs.signature_key
+    representative = inputs.representative(config) if variant == "full_int8" else None
     flatbuffer = converter.convert(variant, representative=representative,
-                                   int8_io=config.int8_io, input_shape=input_shape)
+                                   int8_io=config.int8_io,
+                                   input_shape=inputs.reference.input_shape)
     path = tmp / f"{variant}.tflite"
     path.write_bytes(flatbuffer)
-    runner = checks.TFLiteRunner(path, signature_key=config.signature_key,
-                                 num_threads=config.num_threads)
+    runner = checks.TFLiteRunner(path, signature_key=key, num_threads=config.num_threads)
     if runner.tensor_dtypes().get("object"):  # resource tensors: variables left unfrozen
         raise explain_unfrozen_variables(variant=variant, source=str(saved_model_dir))
     position = position or variant
-    out = runner.predict(images, config.batch_size, desc=f"check {position}")
+    out, failures = _predict_each_that_runs(runner, examples, config.batch_size,
+                                            f"check {position}")
     metrics = _accuracy_metrics(out, labels, ref_probs, ref_summary["accuracy"])
     metrics["size_bytes"] = len(flatbuffer)
+    metrics.update(failures)
+    runs = out["ran"]
     metrics["timing"] = dataclasses.asdict(runner.time(
-        images, runs=config.latency_runs, warmup=config.warmup_runs,
-        batch_size=config.batch_size))
+        examples[runs], runs=config.latency_runs, warmup=config.warmup_runs,
+        batch_size=config.batch_size)) if runs.all() else None
     metrics["tensor_dtypes"] = runner.tensor_dtypes()
-    metrics["edge"] = _edge_check(config, path, images, out, edge, position)
+    metrics["edge"] = (_edge_check(config, path, examples, out, edge, position, key)
+                       if runs.all() else {"status": "skipped",
+                                           "reason": "the model fails to run on some inputs"})
     gate_checks = _gate_checks(config, variant, metrics)
     passed = all(c["passed"] for c in gate_checks)
     log.info("%s: %d bytes, accuracy %.4f, agreement %.4f, gate %s", variant, len(flatbuffer),
@@ -143,20 +152,62 @@ def _convert_and_check(config, variant, converter: SavedModelConverter, input_sh
     rep_info = None
     if representative is not None:
         rep_info = {"split": "train", "size": len(representative), "seed": config.seed}
-    write_json_atomic(meta_path, variant_metadata(
+    metadata = variant_metadata(
         variant, runner.io_details(), labels_list, saved_model_dir, config, metrics,
-        gate_checks, passed, rep_info, hashlib.sha256(flatbuffer).hexdigest()))
+        gate_checks, passed, rep_info, hashlib.sha256(flatbuffer).hexdigest())
+    metadata["signature_key"] = key
+    write_json_atomic(meta_path, metadata | inputs.variant_extras())
     return VariantResult(variant, path, meta_path, len(flatbuffer), metrics, gate_checks, passed)
+
+
+def _predict_each_that_runs(runner, examples, batch_size: int, desc: str):
+    """The variant's outputs, and which examples it could not run on (and the first error).
+
+    A model that converts may still fail in the interpreter on some inputs (a kernel's own
+    check: full_int8's DIV refuses a quantized divisor whose int8 value is 0). Then each
+    example is run alone, so the report can say how many fail and how the rest agree; a failed
+    example answers nothing (class -1, probabilities NaN), wrong for accuracy and agreement.
+    """
+    try:
+        out = runner.predict(examples, batch_size, desc=desc)
+        return out | {"ran": np.ones(len(examples), bool)}, {"failed_examples": 0}
+    except (RuntimeError, ValueError) as e:
+        first_error = str(e).strip().splitlines()[0]
+    log.warning("%s: the interpreter fails on a batch (%s); running each example alone",
+                desc, first_error)
+    probs, ids, ran = [], [], []
+    for example in examples:
+        try:
+            one = runner.predict(example[None], 1)
+            probs.append(one["probabilities"][0])
+            ids.append(int(one["class_ids"][0]))
+            ran.append(True)
+        except (RuntimeError, ValueError):
+            probs.append(None)
+            ids.append(-1)
+            ran.append(False)
+    width = next((len(p) for p in probs if p is not None), 1)
+    probs = np.stack([p if p is not None else np.full(width, np.nan, np.float32)
+                      for p in probs])
+    failed = int(len(ran) - sum(ran))
+    return ({"probabilities": probs, "class_ids": np.asarray(ids), "ran": np.asarray(ran)},
+            {"failed_examples": failed, "first_error": first_error})
 
 
 def _accuracy_metrics(out, labels, ref_probs, ref_accuracy: float) -> dict[str, Any]:
     probs, ids = out["probabilities"], np.asarray(out["class_ids"])
     accuracy = float(np.mean(ids == labels))
-    diff = np.abs(probs.astype(np.float64) - ref_probs)
-    return {
+    ran = out.get("ran", np.ones(len(ids), bool))
+    diff = np.abs(probs[ran].astype(np.float64) - ref_probs[ran])
+    if not ran.any():
+        diff = np.zeros(1)
+    agrees = ids == np.argmax(ref_probs, axis=-1)
+    extra = {} if ran.all() else {  # how the examples it could run on agree
+        "agreement_where_ran": float(np.mean(agrees[ran])) if ran.any() else None}
+    return extra | {
         "accuracy": accuracy,
         "accuracy_drop_points": (ref_accuracy - accuracy) * 100.0,
-        "agreement": float(np.mean(ids == np.argmax(ref_probs, axis=-1))),
+        "agreement": float(np.mean(agrees)),
         "max_abs_prob_diff": float(diff.max()),
         "mean_abs_prob_diff": float(diff.mean()),
         "num_examples": int(len(labels)),
@@ -164,13 +215,14 @@ def _accuracy_metrics(out, labels, ref_probs, ref_accuracy: float) -> dict[str, 
 
 
 def _edge_check(config, path: Path, images, out, edge: dict,
-                position: str | None = None) -> dict[str, Any]:
+                position: str | None = None, signature_key: str | None = None) -> dict[str, Any]:
     """Rerun in the standalone LiteRT interpreter; the outputs must be the same."""
     from ampflow.components.convert_tflite import checks
 
     if not edge["enabled"]:
         return {"status": "skipped", "reason": edge["reason"]}
-    runner = checks.TFLiteRunner(path, runtime="litert", signature_key=config.signature_key,
+    runner = checks.TFLiteRunner(path, runtime="litert",
+                                 signature_key=signature_key or config.signature_key,
                                  num_threads=config.num_threads)
     edge_out = runner.predict(images, config.batch_size,
                               desc=f"edge check {position or path.stem} (LiteRT)")
@@ -184,6 +236,8 @@ def _edge_check(config, path: Path, images, out, edge: dict,
 
 def _gate_checks(config: ConvertConfig, variant: str, metrics: dict) -> list[dict[str, Any]]:
     triples = list(config.gates_for(variant))
+    if metrics["failed_examples"]:  # a model that fails in the interpreter: said as a gate
+        triples.append(("failed_examples", "<=", 0))
     values = {name: metrics[name] for name, _, _ in triples}
     if metrics["edge"]["status"] == "ran":
         triples += [("edge_max_abs_diff", "<=", config.edge_tolerance),
@@ -227,6 +281,56 @@ def _litert_version() -> str:
         return version("ai-edge-litert")
     except PackageNotFoundError:
         return "unknown"
+
+
+def _inputs_of(saved_model_dir: Path, info: dict, config: ConvertConfig):
+    """The image or the text inputs of the conversion: the modality is decided here, once.
+
+    The data's modality (dataset_info.json) must be the SavedModel's (ampflow_export.json).
+    """
+    from ampflow.components.convert_tflite.text_inputs import TextInputs, is_text_savedmodel
+    from ampflow.components.prepare_data.text import is_text
+
+    text_data, text_model = is_text(info), is_text_savedmodel(saved_model_dir)
+    if text_data != text_model:
+        kinds = {True: "text", False: "image"}
+        raise ConfigError(f"data_dir must hold the data of the SavedModel ({kinds[text_model]})."
+                          f" Received: {kinds[text_data]} data in {config.data_dir}")
+    if text_model:
+        return TextInputs.of(saved_model_dir, config)
+    return ImageInputs.of(saved_model_dir, info, config)
+
+
+@dataclass(frozen=True)
+class ImageInputs:
+    """An image model's conversion inputs: raw test pixels, for the reference and the variants."""
+
+    reference: Any  # checks.SavedModelReference
+    reference_inputs: np.ndarray  # float32 raw pixels [N, H, W, C]
+    labels: np.ndarray
+    signature_key: str
+
+    @property
+    def model_inputs(self) -> np.ndarray:
+        return self.reference_inputs  # the variants take what the SavedModel takes
+
+    @classmethod
+    def of(cls, saved_model_dir: Path, info: dict, config: ConvertConfig) -> ImageInputs:
+        from ampflow.components.convert_tflite import checks
+
+        reference = checks.SavedModelReference(saved_model_dir, config.signature_key)
+        _check_input_shape(reference.input_shape, info)
+        images, labels = _test_split(config)
+        return cls(reference, images, labels, config.signature_key)
+
+    def representative(self, config: ConvertConfig) -> np.ndarray:
+        return _representative(config)
+
+    def ship(self, directory: Path) -> list[str]:
+        return []  # an image model needs nothing beside it
+
+    def variant_extras(self) -> dict[str, Any]:
+        return {}
 
 
 def _check_input_shape(input_shape: tuple, info: dict) -> None:

@@ -187,6 +187,8 @@ def check_representative(
     if not (np.issubdtype(samples.dtype, np.number) or samples.dtype == np.bool_):
         raise ConfigError("representative dataset images must be numeric. "
                           f"Received: dtype={samples.dtype}")
+    if samples.dtype == np.int32:  # a text model's token ids: the signature takes int32
+        return samples
     return samples.astype(np.float32)
 
 
