@@ -16,8 +16,9 @@ import sys
 from ampflow import __version__, progress
 from ampflow.cliutil import ArgumentParser
 from ampflow.errors import AmpflowError
+from ampflow.fast_start import quiet_python_noise
 from ampflow.requirements import check_installed_versions
-from ampflow.tf_startup import filter_stderr_for_life, quiet_python_noise
+from ampflow.tf_startup import filter_stderr_for_life
 
 log = logging.getLogger("ampflow.cli")
 CLOSED_PIPE_EXIT_CODE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
@@ -119,8 +120,7 @@ def _main(argv: list[str] | None, modules: tuple[str, ...]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    if args.log_level != "DEBUG":
-        quiet_python_noise()  # absl's per-checkpoint timing line, as the C++ noise above
+    quiet_python_noise(args.log_level != "DEBUG")  # absl's timing line; DEBUG shows all
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
