@@ -182,3 +182,33 @@ def test_no_module_imports_another_modules_private_name():
         if name and name.startswith("_") and not name.startswith("__") and target != module
     ]
     assert private == []
+
+
+# The names that cross a wire (a signature key, its outputs) are model_format's constants; a
+# string literal equal to one of them elsewhere in components/ is a second declaration. What is
+# left is another name that happens to be spelled alike, each counted here with what it names.
+WIRE_NAMES = {"serving_default": "DEFAULT_SIGNATURE", "probabilities": "PROBABILITIES_OUTPUT",
+              "class_ids": "CLASS_IDS_OUTPUT"}
+SPELLED_ALIKE = {
+    "components/train/user_model.py": 1,  # PROBABILITIES_LAYER: the Keras output layer's name
+    "components/train/models.py": 1,  # that layer's name in the built-in models
+    "components/export_savedmodel/canary_examples.py": 2,  # canary_examples.npz's own keys
+}
+
+
+def _wire_literals(path: Path) -> list[tuple[int, str]]:
+    """(line, literal) of every string constant equal to a wire name (docstrings never are)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in WIRE_NAMES]
+
+
+def test_components_take_the_wire_names_from_model_format():
+    found = {str(path.relative_to(ROOT)): _wire_literals(path)
+             for path in sorted((ROOT / "components").rglob("*.py"))}
+    found = {path: hits for path, hits in found.items() if hits}
+    extra = [f"{path}:{line}: {value!r} (use model_format.{WIRE_NAMES[value]})"
+             for path, hits in found.items() if len(hits) > SPELLED_ALIKE.get(path, 0)
+             for line, value in hits]
+    assert not extra, "\n".join(extra)
+    assert {path: len(hits) for path, hits in found.items()} == SPELLED_ALIKE  # none went stale

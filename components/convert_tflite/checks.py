@@ -19,9 +19,14 @@ import numpy as np
 
 from ampflow.errors import ConversionError, ModelLoadError
 from ampflow.progress import Progress
+from ampflow.serving.model_format import (
+    CLASS_IDS_OUTPUT,
+    DEFAULT_SIGNATURE,
+    PROBABILITIES_OUTPUT,
+)
 
-PROBABILITIES = "probabilities"
-CLASS_IDS = "class_ids"
+PROBABILITIES = PROBABILITIES_OUTPUT
+CLASS_IDS = CLASS_IDS_OUTPUT
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ class TFLiteRunner:
     """One .tflite model in an interpreter: `tflite` (tf.lite) or `litert` (ai-edge-litert)."""
 
     def __init__(self, model_path: str | os.PathLike, *, runtime: str = "tflite",
-                 signature_key: str = "serving_default", num_threads: int | None = None):
+                 signature_key: str = DEFAULT_SIGNATURE, num_threads: int | None = None):
         self.runtime = runtime
         self._interpreter = _make_interpreter(Path(model_path), runtime, num_threads)
         signatures = self._interpreter.get_signature_list()

@@ -22,6 +22,7 @@ def convert_tflite(
 
     from ampflow.components.convert_tflite.step import ConvertConfig, run_convert
     from ampflow.components.export_savedmodel.versions import find_exported_version
+    from ampflow.serving.model_format import DEFAULT_SIGNATURE
 
     version_dir = find_exported_version(saved_model.path)
     result = run_convert(ConvertConfig(
@@ -43,4 +44,4 @@ def convert_tflite(
         "framework": "tflite", "format": "tflite",
         "framework_version": meta["converter"]["tensorflow"] if described else None,
         "source_model_name": version_dir.parent.name, "source_version": int(version_dir.name),
-        "signature_key": "serving_default", "variants": described, "passed": result.passed})
+        "signature_key": DEFAULT_SIGNATURE, "variants": described, "passed": result.passed})

@@ -24,6 +24,7 @@ from ampflow.components.convert_tflite.variants import SavedModelConverter
 from ampflow.components.export_savedmodel.versions import list_versions
 from ampflow.errors import ConfigError, GateFailedError, ModelConfigError
 from ampflow.files import ensure_writable_dir, staging_dir, write_json_atomic
+from ampflow.serving.model_format import CLASS_IDS_OUTPUT, PROBABILITIES_OUTPUT
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +180,8 @@ def _predict_each_that_runs(runner, examples, batch_size: int, desc: str):
     for example in examples:
         try:
             one = runner.predict(example[None], 1)
-            probs.append(one["probabilities"][0])
-            ids.append(int(one["class_ids"][0]))
+            probs.append(one[PROBABILITIES_OUTPUT][0])
+            ids.append(int(one[CLASS_IDS_OUTPUT][0]))
             ran.append(True)
         except (RuntimeError, ValueError):
             probs.append(None)
@@ -190,12 +191,13 @@ def _predict_each_that_runs(runner, examples, batch_size: int, desc: str):
     probs = np.stack([p if p is not None else np.full(width, np.nan, np.float32)
                       for p in probs])
     failed = int(len(ran) - sum(ran))
-    return ({"probabilities": probs, "class_ids": np.asarray(ids), "ran": np.asarray(ran)},
-            {"failed_examples": failed, "first_error": first_error})
+    answers = {PROBABILITIES_OUTPUT: probs, CLASS_IDS_OUTPUT: np.asarray(ids),
+               "ran": np.asarray(ran)}
+    return answers, {"failed_examples": failed, "first_error": first_error}
 
 
 def _accuracy_metrics(out, labels, ref_probs, ref_accuracy: float) -> dict[str, Any]:
-    probs, ids = out["probabilities"], np.asarray(out["class_ids"])
+    probs, ids = out[PROBABILITIES_OUTPUT], np.asarray(out[CLASS_IDS_OUTPUT])
     accuracy = float(np.mean(ids == labels))
     ran = out.get("ran", np.ones(len(ids), bool))
     diff = np.abs(probs[ran].astype(np.float64) - ref_probs[ran])
@@ -229,8 +231,9 @@ def _edge_check(config, path: Path, images, out, edge: dict,
     return {
         "status": "ran",
         "runtime": edge["runtime"],
-        "max_abs_diff": float(np.max(np.abs(edge_out["probabilities"] - out["probabilities"]))),
-        "class_agreement": float(np.mean(edge_out["class_ids"] == out["class_ids"])),
+        "max_abs_diff": float(np.max(np.abs(edge_out[PROBABILITIES_OUTPUT]
+                                            - out[PROBABILITIES_OUTPUT]))),
+        "class_agreement": float(np.mean(edge_out[CLASS_IDS_OUTPUT] == out[CLASS_IDS_OUTPUT])),
     }
 
 

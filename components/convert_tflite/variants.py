@@ -26,6 +26,7 @@ import numpy as np
 
 from ampflow.components.convert_tflite.explain import explain_conversion_error
 from ampflow.errors import ConfigError, ModelLoadError
+from ampflow.serving.model_format import DEFAULT_SIGNATURE
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def convert_variant(
     saved_model_dir: str | os.PathLike,
     variant: str,
     *,
-    signature_key: str = "serving_default",
+    signature_key: str = DEFAULT_SIGNATURE,
     representative: np.ndarray | None = None,
     int8_io: bool = False,
     input_shape: tuple[int, ...] | None = None,
@@ -89,7 +90,7 @@ class SavedModelConverter:
     """
 
     def __init__(self, saved_model_dir: str | os.PathLike,
-                 signature_key: str = "serving_default") -> None:
+                 signature_key: str = DEFAULT_SIGNATURE) -> None:
         self.saved_model_dir = os.fspath(saved_model_dir)
         self.signature_key = signature_key
         self._template = None  # built at the first convert, after its arguments are checked

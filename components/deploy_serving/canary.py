@@ -20,6 +20,7 @@ import numpy as np
 from ampflow.components.deploy_serving.model_store import SIGNATURE, SignatureSpec
 from ampflow.components.export_savedmodel.canary_examples import INPUT_KEY, CanaryExamples
 from ampflow.errors import DeployError
+from ampflow.serving.model_format import CLASS_IDS_OUTPUT, PROBABILITIES_OUTPUT
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +85,11 @@ def check_version_served(
 def compare_answers(outputs: dict[str, np.ndarray], examples: CanaryExamples, atol: float,
                     where: str) -> None:
     """Raise DeployError unless `outputs` match the recorded answers (see the module doc)."""
-    probabilities, class_ids = outputs.get("probabilities"), outputs.get("class_ids")
+    probabilities = outputs.get(PROBABILITIES_OUTPUT)
+    class_ids = outputs.get(CLASS_IDS_OUTPUT)
     if probabilities is None or class_ids is None:
-        raise DeployError(f"{where} must answer 'probabilities' and 'class_ids'. Received: "
-                          f"{sorted(outputs)}")
+        raise DeployError(f"{where} must answer {PROBABILITIES_OUTPUT!r} and "
+                          f"{CLASS_IDS_OUTPUT!r}. Received: {sorted(outputs)}")
     expected = examples.probabilities
     if probabilities.shape != expected.shape or class_ids.shape != examples.class_ids.shape:
         raise DeployError(f"{where} answered shapes {probabilities.shape}/{class_ids.shape}; "

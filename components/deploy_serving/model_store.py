@@ -201,7 +201,7 @@ def _push_local(src: Path, dest: Path, record: dict[str, Any]) -> tuple[Path, bo
             return dest, True
         raise DeployError(
             f"{dest} already holds a different model; versions are immutable. "
-            "Expected: a new version number (export again, or pass --version). "
+            "Expected: a new version number (another --version, or none: the next free one). "
             f"Received: version {dest.name} for model {dest.parent.name}"
         )
     try:

@@ -53,9 +53,10 @@ import numpy as np
 
 from ampflow.components.export_savedmodel.canary_examples import INPUT_KEY, CanaryExamples
 from ampflow.errors import ConfigError, ModelLoadError
+from ampflow.serving.model_format import CLASS_IDS_OUTPUT, PROBABILITIES_OUTPUT
+from ampflow.serving.model_format import DEFAULT_SIGNATURE as SIGNATURE
 
 REPORT_JSON = "report.json"  # convert_tflite/step.py's REPORT_JSON (step.py imports TF-heavy code)
-SIGNATURE = "serving_default"
 # The gate checks of the converter's report that compare the variant with the SavedModel
 # on examples without labels: metric name -> how it is measured on the recorded examples.
 _SAVED_MODEL_CHECKS = ("agreement", "max_abs_prob_diff")
@@ -157,8 +158,8 @@ def expected_answers(staged: Path, variant: TFLiteVariant,
                           f"{list(recorded.images.shape)} on {INPUT_KEY!r}): {e}") from e
     expected = CanaryExamples(
         images=recorded.images,
-        probabilities=np.asarray(outputs["probabilities"], dtype=np.float32),
-        class_ids=np.asarray(outputs["class_ids"], dtype=np.int64))
+        probabilities=np.asarray(outputs[PROBABILITIES_OUTPUT], dtype=np.float32),
+        class_ids=np.asarray(outputs[CLASS_IDS_OUTPUT], dtype=np.int64))
     check_against_saved_model(expected, recorded, variant)
     return expected
 

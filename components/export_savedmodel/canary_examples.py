@@ -20,6 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from ampflow.errors import ModelLoadError
+from ampflow.serving.model_format import (
+    CLASS_IDS_OUTPUT,
+    DEFAULT_SIGNATURE,
+    PROBABILITIES_OUTPUT,
+)
 
 CANARY_FILE = "ampflow_canary.npz"
 DEFAULT_EXAMPLES = 32
@@ -43,12 +48,12 @@ def write_canary_examples(version_dir: str | os.PathLike, loaded, images: np.nda
     import tensorflow as tf
 
     images = np.asarray(images, dtype=np.float32)
-    outputs = loaded.signatures["serving_default"](**{INPUT_KEY: tf.constant(images)})
+    outputs = loaded.signatures[DEFAULT_SIGNATURE](**{INPUT_KEY: tf.constant(images)})
     path = Path(version_dir) / CANARY_FILE
     with open(path, "wb") as f:
         np.savez(f, images=images,
-                 probabilities=np.asarray(outputs["probabilities"], dtype=np.float32),
-                 class_ids=np.asarray(outputs["class_ids"], dtype=np.int64))
+                 probabilities=np.asarray(outputs[PROBABILITIES_OUTPUT], dtype=np.float32),
+                 class_ids=np.asarray(outputs[CLASS_IDS_OUTPUT], dtype=np.int64))
     path.chmod(0o644)
     return path
 
@@ -61,12 +66,12 @@ def write_text_canary_examples(version_dir: str | os.PathLike, loaded, texts: li
     import tensorflow as tf
 
     encoded = np.array([t.encode("utf-8") for t in texts], dtype=object)
-    outputs = loaded.signatures["serving_default"](**{TEXT_INPUT_KEY: tf.constant(encoded)})
+    outputs = loaded.signatures[DEFAULT_SIGNATURE](**{TEXT_INPUT_KEY: tf.constant(encoded)})
     path = Path(version_dir) / CANARY_FILE
     with open(path, "wb") as f:
         np.savez(f, texts=np.array(texts, dtype=str),
-                 probabilities=np.asarray(outputs["probabilities"], dtype=np.float32),
-                 class_ids=np.asarray(outputs["class_ids"], dtype=np.int64))
+                 probabilities=np.asarray(outputs[PROBABILITIES_OUTPUT], dtype=np.float32),
+                 class_ids=np.asarray(outputs[CLASS_IDS_OUTPUT], dtype=np.int64))
     path.chmod(0o644)
     return path
 
