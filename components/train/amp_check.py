@@ -144,7 +144,7 @@ class AmpReport:
     """What `check_amp` found; `errors` non-empty means the model cannot train under `policy`."""
 
     policy: str
-    model_name: str
+    keras_model_name: str  # the checked keras.Model's .name (not a served or built-in name)
     layers: tuple[LayerRow, ...]
     findings: tuple[Finding, ...]
     fixes: tuple[str, ...] = ()
@@ -175,7 +175,7 @@ class AmpReport:
 
     def to_json(self) -> dict:
         """`amp_report.json`: every layer, every finding, the cast totals, the fixes."""
-        return {"policy": self.policy, "model_name": self.model_name, "ok": self.ok,
+        return {"policy": self.policy, "keras_model_name": self.keras_model_name, "ok": self.ok,
                 "errors": self.errors, "warnings": self.warnings, "fixes": list(self.fixes),
                 "notes": list(self.notes), "output_dtype": self.output_dtype,
                 "casts": self.casts, "trace_seconds": self.trace_seconds,
@@ -242,7 +242,7 @@ class AmpReport:
                  f"{c.get('by_category', {}).get('variable', 0)} variable autocasts)"
                  if c else "no trace")
         verdict = "REFUSED" if self.errors else "ok"
-        return (f"AMP check {verdict}: model {self.model_name!r} under {self.policy}: "
+        return (f"AMP check {verdict}: model {self.keras_model_name!r} under {self.policy}: "
                 f"{len(self.layers)} layers (compute/variable: {counts}); {casts}; "
                 f"{len(self.errors)} error(s), {len(self.warnings)} warning(s)")
 

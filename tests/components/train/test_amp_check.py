@@ -168,6 +168,9 @@ def test_check_amp_names_a_custom_layer_with_hard_coded_float32_math(policy):
     row = next(r for r in report.layers if r.name == "hard32")
     assert row.origin == "custom" and row.cast_count > 0
     json.dumps(report.to_json())  # JSON-clean
+    # the Keras model's own name, under a key that says so (not the served or --model name)
+    assert report.to_json()["keras_model_name"] == model.name
+    assert "model_name" not in report.to_json()
 
 
 def test_check_amp_flags_a_softmax_inside_a_float16_block_but_not_under_bfloat16():
