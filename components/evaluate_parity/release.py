@@ -51,6 +51,14 @@ _THRESHOLD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*([^\s,]+)\s*")
 
 # --- the binomial test ---------------------------------------------------------------------
 
+def class_names(info: dict[str, Any]) -> list[str]:
+    """The dataset's class names in id order; the ids as names where dataset_info has none."""
+    names = info.get("class_names") or []
+    if len(names) != int(info["num_classes"]):
+        names = [str(i) for i in range(int(info["num_classes"]))]
+    return [str(name) for name in names]
+
+
 def binomial_tail(k: int, n: int, p: float) -> float:
     """P(X >= k) for X ~ Binomial(n, p), summed exactly in log space (any n, no scipy)."""
     if not 0 <= k <= n:

@@ -166,7 +166,6 @@ def read_predictions(eval_dir: str | os.PathLike) -> dict[str, Any]:
 def _compare(config: ServingGateConfig, recorded: dict[str, Any],
              served: release.ServedVersion) -> release.ServingComparison:
     """Score the served version on the examples evaluate judged; pair the answers."""
-    from ampflow.components.evaluate_parity.step import _class_names
     from ampflow.components.prepare_data import load_arrays, load_dataset_info
 
     info = load_dataset_info(config.data_dir)
@@ -175,7 +174,7 @@ def _compare(config: ServingGateConfig, recorded: dict[str, Any],
         raise ConfigError(f"data_dir must be the dataset evaluate scored: its {recorded['split']}"
                           f" split has other labels than {PREDICTIONS_FILE} in eval_dir. "
                           f"Received: data_dir={config.data_dir}")
-    names = _class_names(info)
+    names = release.class_names(info)
     served_scores = release.score_served(served, images.astype(np.float32), labels, names,
                                          config.batch_size)
     # the recorded answers as one-hot scores: the paired test reads only their argmax

@@ -75,7 +75,7 @@ def run_evaluate(config: EvaluateConfig) -> EvaluateResult:
                           "image models only so far; leave it out for a text model. Received: "
                           f"serving_base_path={config.serving_base_path!r}")
     images, labels = _examples(config, trained)  # text: the split's token ids
-    served_scores = (release.score_served(served, images, labels, _class_names(info),
+    served_scores = (release.score_served(served, images, labels, release.class_names(info),
                                           config.batch_size) if served else None)
     scores = _score_all(config, model, metadata, baseline, images, labels)
     if served_scores is not None:
@@ -85,7 +85,7 @@ def run_evaluate(config: EvaluateConfig) -> EvaluateResult:
                                             served)
     verdict = outputs.verdict_payload(config, verdict_obj, policy, model_hashes,
                                       _baselines(config, baseline, served))
-    outputs.write_outputs(config, metrics, verdict, _class_names(info), scores, parity)
+    outputs.write_outputs(config, metrics, verdict, release.class_names(info), scores, parity)
     for note in verdict_obj.notes:
         log.warning("%s", note)
     log.info("%s", verdict_obj.message())
@@ -252,8 +252,8 @@ def _measure(
         "max_relative_logit_diff": parity.max_relative_diff,
         "amp_nonfinite_logits": amp.nonfinite_count,
     }
-    chance = release.chance_test(amp, _class_names(info), config.chance_alpha, config.min_power,
-                                 config.split)
+    chance = release.chance_test(amp, release.class_names(info), config.chance_alpha,
+                                 config.min_power, config.split)
     metrics.update(chance.metrics())
     checks = [chance.check(), *_inference_checks(config, metrics, bound)]
     if baseline is not None:
@@ -288,20 +288,13 @@ def _inference_checks(config, metrics: dict[str, Any], bound: float) -> list[Che
 
 
 def _per_class(scores: dict[str, ModelScores], info: dict[str, Any]) -> dict[str, dict]:
-    names = _class_names(info)
+    names = release.class_names(info)
     out = {}
     for key, model_scores in scores.items():
         values = model_scores.per_class_accuracy(len(names))
         out[key] = {name: (float(v) if math.isfinite(v) else None)
                     for name, v in zip(names, values, strict=True)}
     return out
-
-
-def _class_names(info: dict[str, Any]) -> list[str]:
-    names = info.get("class_names") or []
-    if len(names) != int(info["num_classes"]):
-        names = [str(i) for i in range(int(info["num_classes"]))]
-    return [str(name) for name in names]
 
 
 def _amp_check(model_dir, metadata: dict) -> dict[str, Any] | None:

@@ -47,7 +47,7 @@ def logits_model(model):
     except ValueError as e:
         raise ModelLoadError(
             f"the model must have a layer named {LOGITS_LAYER!r} (the float32 Dense head that "
-            f"train.models.float32_head builds). Received: a model {model.name!r} with layers "
+            f"train.heads.float32_head builds). Received: a model {model.name!r} with layers "
             f"{[layer.name for layer in model.layers][-4:]} at the end"
         ) from e
     return keras.Model(model.inputs, layer.output, name=f"{model.name}_logits")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ampflow.components.train.heads import float32_head
 from ampflow.components.train.text_models import BERT_SHAPES, bert_builder
 
 # Set the Keras global dtype policy for a block (one home: user_model.py, which rebuilds under it)
@@ -179,14 +180,6 @@ def _wrong_modality(name: str, what: str, data: str, choices: tuple[str, ...]):
     return ConfigError(f"model {name!r} is {what}, and this dataset holds {data}: choose one of "
                        f"{', '.join(choices)}, a builder or a .keras file. Received: "
                        f"model={name!r}")
-
-
-def float32_head(x, num_classes: int):
-    """Logits and softmax in float32, the part of the model that must not run in half precision."""
-    from keras import layers
-
-    logits = layers.Dense(num_classes, dtype="float32", name="logits")(x)
-    return layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
 
 
 def _preprocess(inputs, image_size: int | None, channels_out: int | None = None):

@@ -68,7 +68,7 @@ def build_encoder_classifier(shape: EncoderShape, sequence_length: int, vocabula
     import keras
     from keras import layers
 
-    from ampflow.components.train.models import float32_head
+    from ampflow.components.train.heads import float32_head
     from ampflow.components.train.text_layers import (
         AttentionMaskFromIds,
         Float32SoftmaxAttention,
