@@ -83,10 +83,11 @@ def render_markdown(report: dict) -> str:
                           v["timing"], edge_cell, "pass" if v["passed"] else "**FAIL**"))
     for name, v in report["variants"].items():
         if v.get("failed_examples"):
+            ran = v.get("agreement_where_ran")
             lines += ["", f"{name} fails in the interpreter on {v['failed_examples']} of "
                       f"{v['num_examples']} test examples (counted wrong above; not timed; "
-                      f"agreement on the others {v.get('agreement_where_ran')}): "
-                      f"{v.get('first_error')}"]
+                      f"agreement on the others {'—' if ran is None else format(ran, '.4f')}):"
+                      f" {v.get('first_error')}"]
     lines += ["", "## Gates", ""]
     for name, v in report["variants"].items():
         for c in v["checks"]:
