@@ -5,3 +5,6 @@ from ampflow import fast_start as _fast_start
 __version__ = "0.1.0"
 
 _fast_start.install()  # before anything imports TensorFlow (ampflow/fast_start.py says why)
+# absl's per-checkpoint timing line, in every ampflow process (a KFP task calls its step
+# without the CLI); `--log-level DEBUG` shows it again
+_fast_start.quiet_python_noise()

@@ -15,9 +15,10 @@ import sys
 
 from ampflow import __version__, progress
 from ampflow.cliutil import ArgumentParser
-from ampflow.errors import AmpflowError, ConfigError
+from ampflow.errors import AmpflowError
+from ampflow.fast_start import quiet_python_noise
 from ampflow.requirements import check_installed_versions
-from ampflow.tf_startup import filter_stderr_for_life, quiet_python_noise
+from ampflow.tf_startup import filter_stderr_for_life
 
 log = logging.getLogger("ampflow.cli")
 CLOSED_PIPE_EXIT_CODE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
@@ -119,8 +120,7 @@ def _main(argv: list[str] | None, modules: tuple[str, ...]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    if args.log_level != "DEBUG":
-        quiet_python_noise()  # absl's per-checkpoint timing line, as the C++ noise above
+    quiet_python_noise(args.log_level != "DEBUG")  # absl's timing line; DEBUG shows all
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -144,16 +144,17 @@ def _main(argv: list[str] | None, modules: tuple[str, ...]) -> int:
 
 
 def _in_flags(error: AmpflowError, parser, command: str) -> str:
-    """The error's line, a configuration error's field names said as the command's flags.
+    """The error's line with the settings it names said as the command's flags.
 
-    Once, here, for every command: a step's config field (`eval_dir`), a check deep in a step
-    (`image_folder must hold ...`) and a command's own option all read as the flag the user
-    typed (`--eval-dir`), from the command's parser. Other errors are left as written.
+    Once, here, for every command and every error: a step's config field (`eval_dir`), a
+    check deep in a step (`image_folder must hold ...`) and a command's own option all read
+    as the flag the user typed (`--eval-dir`), from the command's parser (`name_flags` renames
+    a one-word setting only where it is used as a name: `port=`, `epochs must`).
     """
     from ampflow.cliutil import flags_of_parser, name_flags
 
     command_parser = parser.command_parser(command)
-    if not isinstance(error, ConfigError) or command_parser is None:
+    if command_parser is None:
         return str(error)
     return name_flags(str(error), flags_of_parser(command_parser))
 

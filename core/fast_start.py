@@ -16,10 +16,15 @@ any other array-like. Every other importer (ampflow's own `sklearn.datasets.load
 mlxtend, a user's module) gets the real package; a package imported before Keras is not
 touched. Installed when the `ampflow` package is imported, which every ampflow entry point does
 before it imports TensorFlow.
+
+`quiet_python_noise()`, called at the same moment, drops absl's per-checkpoint "Sharding
+callback duration" line from every ampflow process's log (a KFP task runs its step without
+the CLI), as `ampflow.tf_startup` filters TensorFlow's C++ start-up lines.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from importlib.abc import MetaPathFinder
 
@@ -57,3 +62,33 @@ def install() -> None:
     """Put the finder first on `sys.meta_path`, once."""
     if not any(isinstance(f, KerasWithoutOptionalPackages) for f in sys.meta_path):
         sys.meta_path.insert(0, KerasWithoutOptionalPackages())
+
+
+# absl's Python logger: TensorFlow's checkpoint code logs one INFO line per save through it
+# ("Sharding callback duration: 201 microseconds", tensorflow/python/checkpoint/
+# functional_saver.py), which fills a training log with a timing only TF's developers read.
+_ABSL_LOGGER = "absl"
+_PYTHON_NOISE = ("Sharding callback duration",)
+
+
+class _DropPythonNoise(logging.Filter):
+    """Drops absl's start-up and per-checkpoint timing lines (`_PYTHON_NOISE`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_PYTHON_NOISE)
+
+
+def quiet_python_noise(quiet: bool = True) -> None:
+    """Silence TensorFlow's Python-side noise, as `tf_startup` filters its C++ lines.
+
+    A filter on absl's logger (not a level: its warnings still show); installing it twice
+    adds nothing; `quiet=False` takes it off (`--log-level DEBUG`).
+    """
+    logger = logging.getLogger(_ABSL_LOGGER)
+    # by name: a test that re-imports ampflow makes a second class of the same filter
+    installed = [f for f in logger.filters if type(f).__name__ == _DropPythonNoise.__name__]
+    if quiet and not installed:
+        logger.addFilter(_DropPythonNoise())
+    elif not quiet:
+        for noise_filter in installed:
+            logger.removeFilter(noise_filter)

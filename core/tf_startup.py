@@ -19,14 +19,13 @@ A process, not a thread, so that the last lines of a crash (a fatal `Check faile
 faulthandler dump) still come out after this process is gone; it ignores SIGINT/SIGTERM and
 ends when the last writer closes the pipe.
 
-`quiet_python_noise()` does the same for the Python side: absl's "Sharding callback duration"
-line, logged at every checkpoint save, is dropped from the log.
+`ampflow.fast_start.quiet_python_noise()` does the same for the Python side: absl's
+"Sharding callback duration" line, logged at every checkpoint save, is dropped from the log.
 """
 
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import re
 import signal
@@ -56,31 +55,6 @@ def is_tensorflow_noise(line: str, min_level: int, has_gpu: bool) -> bool:
     if severity < min_level or message.startswith(_EXPECTED_ERRORS):
         return True
     return not has_gpu and message.startswith(_NO_GPU_ERRORS)
-
-
-# absl's Python logger: TensorFlow's checkpoint code logs one INFO line per save through it
-# ("Sharding callback duration: 201 microseconds", tensorflow/python/checkpoint/
-# functional_saver.py), which fills a training log with a timing only TF's developers read.
-_ABSL_LOGGER = "absl"
-_PYTHON_NOISE = ("Sharding callback duration",)
-
-
-class _DropPythonNoise(logging.Filter):
-    """Drops absl's start-up and per-checkpoint timing lines (`_PYTHON_NOISE`)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_PYTHON_NOISE)
-
-
-def quiet_python_noise() -> None:
-    """Silence TensorFlow's Python-side noise, as `filter_stderr_for_life` does its C++ lines.
-
-    A filter on absl's logger (not a level: its warnings still show); installing it twice
-    adds nothing.
-    """
-    logger = logging.getLogger(_ABSL_LOGGER)
-    if not any(isinstance(f, _DropPythonNoise) for f in logger.filters):
-        logger.addFilter(_DropPythonNoise())
 
 
 def filter_stderr_for_life() -> None:

@@ -135,6 +135,8 @@ EXIT_CODES = [
      "--host must be an http(s) URL"),
     (["compile", "--image", "latest"], 2, "--image must be a pinned image reference"),
     # 1: the command ran and failed
+    (["export", "--model-dir", "{tmp}/nope", "--data-dir", "{tmp}/nope", "--export-base",
+      "{tmp}/x", "--eval-dir", "{tmp}/empty"], 1, "--eval-dir must hold verdict.json"),
     (["predict", "--port", "{port}", "--retries", "0", "--timeout-s", "0.5", "{tmp}/x.png"], 1,
      "nothing answers at"),
     (["model-status", "--port", "{port}", "--retries", "0", "--timeout-s", "0.5"], 1,
@@ -238,14 +240,18 @@ def test_check_model_reports_xla_as_train_will_decide_it(xla, prepared_digits, c
 def test_absl_checkpoint_timing_lines_are_silenced_and_its_other_lines_kept(caplog):
     from absl import logging as absl_logging
 
-    from ampflow.tf_startup import quiet_python_noise
+    from ampflow.fast_start import quiet_python_noise
 
-    quiet_python_noise()
-    quiet_python_noise()  # twice: one filter
     absl = logging.getLogger("absl")
-    assert len([f for f in absl.filters if type(f).__name__ == "_DropPythonNoise"]) == 1
+    ours = [f for f in absl.filters if type(f).__name__ == "_DropPythonNoise"]
+    assert len(ours) == 1  # installed by `import ampflow`: a KFP task never runs the CLI
+    quiet_python_noise()  # twice: still one filter
+    assert [f for f in absl.filters if type(f).__name__ == "_DropPythonNoise"] == ours
     with caplog.at_level(logging.INFO):
         absl_logging.info("Sharding callback duration: %s microseconds", 201)
         absl_logging.warning("a real warning")
+        quiet_python_noise(False)  # --log-level DEBUG
+        absl_logging.info("Sharding callback duration: %s microseconds", 202)
+        quiet_python_noise()
     said = [r.getMessage() for r in caplog.records]
-    assert said == ["a real warning"], said
+    assert said == ["a real warning", "Sharding callback duration: 202 microseconds"], said

@@ -5,8 +5,15 @@
   `pipeline/parameters.py`) hold every command and parameter the code has now.
 - Every `ampflow <command> --flag` in a shell block of the README or a docs page names a command
   and flags that the real parser accepts, so a renamed flag cannot linger in the docs.
-- A shell block marked `<!-- runs-in-tests -->` runs as written (offline, in a scratch dir), and
-  the serving how-to's `--model-config-file` example serves a model (the README's earlier one,
+- Every shell block of the README and the docs says how it is kept true, and is: it runs here
+  (`<!-- runs-in-tests -->`: as written, in a scratch dir that holds only the checkout's
+  `.venv` and `docs/` as links, offline; a block of `ampflow` commands only runs them through
+  the CLI's `main` in this process, which skips a TensorFlow start-up per command), or a named
+  test runs the same commands (`<!-- run-by: tests/… -->`: the expensive ones, a pipeline run
+  or a server), or its first line says what it needs that a test machine lacks
+  (`# needs: a cluster`, visible to the reader), or it is a synopsis with placeholders
+  (`# synopsis: …`). A documented command that fails therefore fails the suite (issue 38).
+- The serving how-to's `--model-config-file` example serves a model (the README's earlier one,
   `k8s/base/models.config`, pointed at the TF Serving pod's /models and failed locally).
 - The demo output shown in the README and the tutorial names the pipeline's real tasks (a renamed
   step shows there as a stale line).
@@ -129,22 +136,158 @@ def test_docs_site_builds_strict_with_every_command_and_parameter(tmp_path):
     assert "generated:" not in cli_page + parameters_page  # every marker was replaced
 
 
+# What a shell block needs that a test machine lacks: its first line, `# needs: a, b`.
+NEEDS = ("a cluster", "Docker", "a GPU", "the network", "a running server", "your own data")
+NEEDS_LINE = re.compile(r"^# needs: (.+)$")
+SYNOPSIS_LINE = re.compile(r"^# synopsis: \S")
+# A named test runs the block's commands: the marker before the block. The tutorial's block
+# and the serving config example have their own markers, read by their own tests.
+RUN_BY = re.compile(r"^<!-- run-by: (\S+) -->$")
+OWN_MARKERS = {"<!-- step-by-step:begin -->": "tests/test_readme_step_by_step.py",
+               "<!-- serve-config-example: tests/test_docs_site.py serves a model with it -->":
+                   "tests/test_docs_site.py"}
+
+
+def shell_blocks() -> list[tuple[str, str, str]]:
+    """(name, the last line before the block, the block) of every shell block."""
+    found = []
+    for path in _documents():
+        text = path.read_text()
+        for i, match in enumerate(SHELL_BLOCK.finditer(text)):
+            before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+            found.append((f"{path.relative_to(ROOT)}#{i}", before, match.group(1)))
+    return found
+
+
+def how_checked(before: str, block: str) -> tuple[str, str]:
+    """("runs", "") | ("run-by", test path) | ("needs", reasons) | ("synopsis", "") | ("", "")."""
+    first = block.strip().splitlines()[0] if block.strip() else ""
+    if before == "<!-- runs-in-tests -->":
+        return "runs", ""
+    if by := RUN_BY.match(before):
+        return "run-by", by.group(1)
+    if before in OWN_MARKERS:
+        return "run-by", OWN_MARKERS[before]
+    if needs := NEEDS_LINE.match(first):
+        return "needs", needs.group(1)
+    if SYNOPSIS_LINE.match(first):
+        return "synopsis", ""
+    return "", ""
+
+
+def _named_in(test_source: str, command: str) -> bool:
+    """`ampflow run-local …` is named in a test as `run-local`, `run_local` or `"run-local"`."""
+    sub = command.split()[1]
+    return sub in test_source or sub.replace("-", "_") in test_source
+
+
+def test_every_shell_block_runs_here_or_is_run_by_a_named_test_or_says_what_it_needs():
+    makefile_targets = set(re.findall(r"^([\w.-]+):", (ROOT / "Makefile").read_text(),
+                                      flags=re.MULTILINE))
+    wrong = {}
+    for name, before, block in shell_blocks():
+        kind, detail = how_checked(before, block)
+        if kind == "":
+            wrong[name] = "no marker: <!-- runs-in-tests -->, <!-- run-by: TEST -->, # needs: …"
+        elif kind == "needs":
+            unknown = [r for r in re.split(r",| and ", re.sub(r"\([^)]*\)", "", detail))
+                       if r.strip() and r.strip() not in NEEDS]
+            if unknown:
+                wrong[name] = f"needs what? {unknown} (known: {NEEDS})"
+        elif kind == "run-by":
+            test = ROOT / detail
+            if not test.is_file():
+                wrong[name] = f"run by {detail}, which does not exist"
+                continue
+            source = test.read_text()
+            missed = [c for c in ampflow_command_lines(f"```bash\n{block}```\n")
+                      if not _named_in(source, c)]
+            missed += [t for t in re.findall(r"^\s*make ([\w-]+)", block, flags=re.MULTILINE)
+                       if t not in makefile_targets]
+            if missed:
+                wrong[name] = f"{detail} runs none of {missed}"
+    assert not wrong, wrong
+
+
+def test_the_block_check_tells_each_kind_apart():
+    assert how_checked("<!-- runs-in-tests -->", "ampflow --help\n") == ("runs", "")
+    assert how_checked("<!-- run-by: tests/x.py -->", "ampflow demo\n") == ("run-by",
+                                                                          "tests/x.py")
+    assert how_checked("", "# needs: a cluster\nkubectl get pods\n") == ("needs", "a cluster")
+    assert how_checked("", "# synopsis: [--x]\nampflow train [--x]\n") == ("synopsis", "")
+    assert how_checked("Some prose.", "ampflow train --epochs 3\n") == ("", "")
+
+
 def _runnable_blocks() -> list[tuple[str, str]]:
-    return [(f"{path.relative_to(DOCS)}#{i}", block) for path in _documents()
-            for i, block in enumerate(RUNNABLE_BLOCK.findall(path.read_text()))]
+    return [(name, block) for name, before, block in shell_blocks()
+            if how_checked(before, block)[0] == "runs"]
+
+
+def _only_ampflow(block: str) -> list[list[str]] | None:
+    """Each `ampflow` command of a block made of nothing else (comments aside), else None."""
+    joined = re.sub(r"\\\n", " ", block)
+    commands = []
+    for line in joined.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if not line.startswith("ampflow "):
+            return None
+        words = shlex.split(line)
+        if any(w in ("|", "&", "&&", ";", "||") for w in words):
+            return None
+        commands.append(words[1:])
+    return commands
 
 
 def test_the_docs_have_runnable_blocks():
-    assert any(name.startswith("how-to/gpu-node-pools.md") for name, _ in _runnable_blocks())
+    names = [name for name, _ in _runnable_blocks()]
+    for page in ("how-to/gpu-node-pools.md", "how-to/own-model.md", "tutorial/install.md",
+                 "how-to/kserve.md"):
+        assert any(name.startswith(f"docs/{page}") for name in names), (page, names)
 
 
-@pytest.mark.parametrize("block", [b for _, b in _runnable_blocks()],
+def _scratch_checkout(tmp_path: Path) -> Path:
+    """A clean dir with what a reader of the docs has: the checkout's `.venv/` and `docs/`."""
+    for name in (".venv", "docs"):
+        (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)
+    return tmp_path
+
+
+def _one_short_epoch(argv: list[str]) -> list[str]:
+    """`train … --epochs 6` as `train … --epochs 1 --steps-per-epoch 2`: the same command and
+    flags, checked end to end (the model saved, reloaded, fine-tuned), at a test's cost."""
+    if argv[:1] != ["train"] or "--epochs" not in argv:
+        return argv
+    at = argv.index("--epochs")
+    return [*argv[:at], "--epochs", "1", "--steps-per-epoch", "2", *argv[at + 2:]]
+
+
+def _trains(block: str) -> bool:
+    return bool(re.search(r"ampflow (train|run-local|demo)\b", block))
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, marks=[pytest.mark.slow] if _trains(b) else [])
+                                   for _, b in _runnable_blocks()],
                          ids=[name for name, _ in _runnable_blocks()])
-def test_marked_docs_block_runs_as_written(block, tmp_path):
+def test_marked_docs_block_runs_as_written(block, tmp_path, monkeypatch, capsys):
+    scratch = _scratch_checkout(tmp_path)
+    commands = _only_ampflow(block)
+    if commands is not None:  # in this process: no TensorFlow start-up per command
+        from ampflow.cli import main
+
+        monkeypatch.chdir(scratch)
+        monkeypatch.setenv("HOME", str(scratch))
+        monkeypatch.delenv("AMPFLOW_IMAGE", raising=False)
+        for argv in commands:
+            argv = _one_short_epoch([os.path.expanduser(a) for a in argv])
+            code = main(argv)
+            assert code == 0, (argv, capsys.readouterr().err[-3000:])
+        return
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+           "TF_CPP_MIN_LOG_LEVEL": "2", "HOME": str(scratch)}
     env.pop("AMPFLOW_IMAGE", None)
-    done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block], cwd=tmp_path, env=env,
+    done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block], cwd=scratch, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
 

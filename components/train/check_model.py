@@ -81,9 +81,11 @@ def run_check_model(config: CheckModelConfig, hardware=None):
         setup.policy, setup.native))
     print(report.table())
     if not report.errors:  # what train checks next: the model reloads for evaluate and export
-        from ampflow.components.train.user_model import check_reloads
+        from ampflow.components.train.models import model_names
+        from ampflow.components.train.user_model import check_reloads, parse_model_spec
 
-        check_reloads(report.model, config.model, config.model_path)
+        check_reloads(report.model, parse_model_spec(config.model, model_names()),
+                      config.model_path)
     if config.output_dir is not None:
         from ampflow.files import ensure_writable_dir
 

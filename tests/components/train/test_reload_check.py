@@ -142,12 +142,36 @@ def test_a_get_config_that_forgets_an_argument_is_named_with_its_fix(prepared_di
 def test_a_layer_that_reloads_passes_and_leaves_no_file_behind(user_code, tmp_path, monkeypatch):
     import tempfile
 
-    from ampflow.components.train.user_model import check_reloads, import_user_module
+    from ampflow.components.train.user_model import ModelSpec, check_reloads, import_user_module
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     module = import_user_module("reloadmodels", user_code)
-    check_reloads(module.good((8, 8, 1), 3), "reloadmodels:good", user_code)
+    check_reloads(module.good((8, 8, 1), 3), ModelSpec("builder", "reloadmodels:good"),
+                  user_code)
     assert list(tmp_path.iterdir()) == []  # the temporary .keras is gone
     with pytest.raises(ConfigError, match="NoKwargs"):
-        check_reloads(module.no_kwargs((8, 8, 1), 3), "reloadmodels:no_kwargs", user_code)
+        check_reloads(module.no_kwargs((8, 8, 1), 3),
+                      ModelSpec("builder", "reloadmodels:no_kwargs"), user_code)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_keras_cannot_rebuild_is_not_called_corrupt(user_code, tmp_path):
+    # evaluate's loader said "could not be loaded (corrupt?)" for an intact archive whose
+    # custom layer does not rebuild; corrupt is now said only of an unreadable archive
+    import json
+
+    from ampflow.components.train.artifacts import REQUIRED_METADATA, load_trained_model
+    from ampflow.components.train.user_model import import_user_module
+    from ampflow.errors import ModelLoadError
+
+    module = import_user_module("reloadmodels", user_code)
+    module.no_kwargs((8, 8, 1), 3).save(tmp_path / "model.keras")
+    metadata = {key: None for key in REQUIRED_METADATA}
+    metadata["config"] = {"model_path": str(user_code)}
+    (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(ModelLoadError) as refused:
+        load_trained_model(tmp_path)
+    text = str(refused.value)
+    assert "corrupt" not in text and "is intact but Keras cannot rebuild" in text
+    assert "unexpected keyword argument 'trainable'" in text and "check-model" in text
+    assert "\n" not in text  # one line, the cause last (was ~15 lines of Keras config)

@@ -1,6 +1,6 @@
 """A builder as ampflow calls it: `build(input_shape, num_classes)` → an uncompiled Keras model.
 
-The contract (README, "Your own model and data"):
+The contract (docs/how-to/own-model.md, "The builder's contract"):
 - the input is `(None, H, W, C)` float32 raw pixels 0..255, H, W, C being the prepared
   dataset's `image_shape` (`prepare-data --image-size` sets it): the model rescales inside;
 - the output is `(None, num_classes)`, logits or softmax probabilities; ampflow recomputes a
