@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ampflow.errors import ConfigError, DeployError, ModelLoadError
+from ampflow.errors import ConfigError, DeployError, ModelConfigError, ModelLoadError
 from ampflow.files import staging_dir, write_json_atomic
 from ampflow.serving.model_format import (
     DEFAULT_SIGNATURE,
@@ -75,13 +75,13 @@ def refuse_unsupported_uri(path: str | None) -> None:
 
 def check_saved_model(path: Path) -> SignatureSpec:
     """Prove `path` is a loadable-looking SavedModel with a `serving_default` signature."""
-    if not Path(path).is_dir():
-        raise ModelLoadError(
+    if not Path(path).is_dir():  # a flag naming no SavedModel: configuration, exit 2
+        raise ModelConfigError(
             "saved_model_dir must be an exported SavedModel version dir. "
             f"Received: {str(path)!r}, which does not exist"
         )
     if not (Path(path) / SAVED_MODEL_PB).is_file():
-        raise ModelLoadError(
+        raise ModelConfigError(
             f"saved_model_dir must contain {SAVED_MODEL_PB}. Received: {str(path)!r} "
             f"holds {sorted(p.name for p in Path(path).iterdir())}"
         )
