@@ -144,3 +144,31 @@ def test_a_text_savedmodel_with_image_data_is_one_line(text_savedmodel, prepared
         run_convert(ConvertConfig(saved_model_dir=version_dir, data_dir=prepared_digits,
                                   output_dir=tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def test_token_ids_without_a_quantization_scale_are_cast_not_quantized():
+    from ampflow.components.convert_tflite.checks import quantize_input
+
+    ids = np.array([[2, 17, 1, 0]], np.int64)
+    fed = quantize_input(ids, {"dtype": np.int32, "quantization": (0.0, 0)})
+    assert fed.dtype == np.int32 and fed.tolist() == [[2, 17, 1, 0]]  # was x / 0: garbage
+
+
+def test_convert_runs_each_example_alone_when_a_batch_fails_and_counts_the_failures():
+    """A variant whose kernel refuses some inputs: the others are measured, the rest counted."""
+    from ampflow.components.convert_tflite.step import _predict_each_that_runs
+
+    class Refusing:  # a runner that fails on any batch holding an odd first id
+        def predict(self, batch, batch_size, desc=None):
+            if (batch[:, 0] % 2).any():
+                raise RuntimeError("div.cc:242 data[i] != 0 was not true.\nmore")
+            probs = np.tile([[0.25, 0.75]], (len(batch), 1)).astype(np.float32)
+            return {"probabilities": probs, "class_ids": probs.argmax(-1)}
+
+    ids = np.array([[2, 0], [3, 0], [4, 0], [5, 0]], np.int32)
+    out, failures = _predict_each_that_runs(Refusing(), ids, 4, "check")
+    assert failures == {"failed_examples": 2,
+                        "first_error": "div.cc:242 data[i] != 0 was not true."}
+    assert out["ran"].tolist() == [True, False, True, False]
+    assert out["class_ids"].tolist() == [1, -1, 1, -1]
+    assert np.isnan(out["probabilities"][1]).all()

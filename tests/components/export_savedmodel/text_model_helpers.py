@@ -10,7 +10,9 @@ tests load this file by its path (tests/components/convert_tflite/test_convert_t
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -41,12 +43,33 @@ def write_text_folder(root: Path, seed: int = 7) -> Path:
 
 
 def prepare_and_train(tmp_path_factory) -> tuple[Path, Path]:
-    """(prepared data dir, trained model dir), both through the CLI as a user runs them."""
+    """(prepared data dir, trained model dir), made once per test session and shared.
+
+    The export and the convert tests both need it; under pytest-xdist they may run in two
+    workers, so the first to come trains under a file lock in the session's shared temp dir
+    (the workers' basetemps' parent) and the other reuses its published dirs.
+    """
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "ampflow-text-run"
+    root.mkdir(exist_ok=True)
+    data_dir, model_dir = root / "prepared", root / "model"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (root / "done").is_file():
+            _prepare_and_train(root, data_dir, model_dir)
+            (root / "done").write_text("")
+    return data_dir, model_dir
+
+
+def _prepare_and_train(root: Path, data_dir: Path, model_dir: Path) -> None:
+    """prepare-data and train through the CLI, as a user runs them."""
+    import shutil
+
     from ampflow.cli import main
 
-    folder = write_text_folder(tmp_path_factory.mktemp("texts") / "reviews")
-    data_dir = tmp_path_factory.mktemp("prepared") / "texts"
-    model_dir = tmp_path_factory.mktemp("bert") / "model"
+    for leftover in ("reviews", data_dir.name, model_dir.name):  # a run killed half-way
+        shutil.rmtree(root / leftover, ignore_errors=True)
+    folder = write_text_folder(root / "reviews")
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         assert main(["prepare-data", "--text-folder", str(folder), "--output-dir",
@@ -56,4 +79,3 @@ def prepare_and_train(tmp_path_factory) -> tuple[Path, Path]:
                      "--model", "bert_tiny", "--precision", "mixed_float16", "--xla", "off",
                      "--max-sequence-length", str(SEQ), "--epochs", "2", "--seed", "1"])
     assert code == 0, stdout.getvalue()
-    return data_dir, model_dir
