@@ -14,6 +14,10 @@
   gone.
 - No test starts a child with `preexec_fn`: it makes Python fork() with gRPC's fork handlers in
   a process that runs gRPC, and gRPC can abort the child (tests/full_disk.py says how).
+- No test imports `conftest`: a run over several dirs imports one of the conftest.py files as
+  `conftest` and the others' tests get it (`pytest tests/serving tests/components/deploy_serving`
+  was an ImportError). Helpers live in modules named for what they hold (deploy_helpers.py,
+  serving_helpers.py, ...), and no two of those share a name, for the same reason.
 """
 
 from __future__ import annotations
@@ -122,3 +126,31 @@ def test_no_test_starts_a_child_with_preexec_fn():
              for number, line in enumerate(path.read_text().splitlines(), 1)
              if re.search(r"\bpreexec_fn\s*=", line)]
     assert users == []
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level module) of every import in `path`, inside functions too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append((node.lineno, node.module.split(".")[0]))
+    return found
+
+
+def test_no_test_imports_conftest():
+    importers = [f"{path.relative_to(TESTS)}:{line}"
+                 for path in sorted(TESTS.rglob("*.py"))
+                 for line, module in _imported_modules(path) if module == "conftest"]
+    assert importers == []
+
+
+def test_no_two_test_helper_modules_share_a_name():
+    # each test dir is put on sys.path: two helpers named alike would shadow one another
+    helpers: dict[str, list[str]] = {}
+    for path in sorted(TESTS.rglob("*.py")):
+        if path.name != "conftest.py" and path.name != "__init__.py" \
+                and not path.name.startswith("test_"):
+            helpers.setdefault(path.name, []).append(str(path.relative_to(TESTS)))
+    assert {name: paths for name, paths in helpers.items() if len(paths) > 1} == {}

@@ -1,51 +1,17 @@
 """Fixtures of the deploy step: tiny real SavedModels in the export layout, and kubeconfigs.
 
-The SavedModel here is our own: a seeded `tf.Module` with the contract's `serving_default`
-signature (`images` float32 [-1,8,8,1] -> `probabilities` float32 [-1,10], `class_ids` int64
-[-1]) and, as export writes it, the recorded answers to a few images (ampflow_canary.npz). Each
-version has other weights, so a test can tell from a prediction which version answered.
+The model and the helpers the tests import live in deploy_helpers.py.
 """
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
-import numpy as np
 import pytest
+from deploy_helpers import MODEL_NAME, free_port, write_saved_model
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
-from ampflow.components.export_savedmodel.canary_examples import write_canary_examples
 from ampflow.serving.testing import ServeProcess
-
-MODEL_NAME = "digits"
-
-
-def write_saved_model(path: Path, seed: int) -> Path:
-    """Save a tiny 8x8x1 -> 10 classifier with seeded weights to `path`."""
-    import tensorflow as tf
-
-    rng = np.random.default_rng(seed)
-
-    class Tiny(tf.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.kernel = tf.Variable(rng.normal(0, 0.05, (64, 10)).astype(np.float32))
-            self.bias = tf.Variable(rng.normal(0, 1.0, (10,)).astype(np.float32))
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 8, 8, 1], tf.float32, "images")])
-        def serve(self, images):
-            logits = tf.matmul(tf.reshape(images / 255.0, [-1, 64]), self.kernel) + self.bias
-            probabilities = tf.nn.softmax(logits)
-            class_ids = tf.argmax(probabilities, axis=-1, output_type=tf.int64)
-            return {"probabilities": probabilities, "class_ids": class_ids}
-
-    module = Tiny()
-    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
-    # the answers export would record (real-looking images: the model's own outputs)
-    images = np.random.default_rng(100 + seed).uniform(0, 255, (6, 8, 8, 1))
-    write_canary_examples(path, tf.saved_model.load(str(path)), images)
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -55,13 +21,6 @@ def export_base(tmp_path_factory) -> Path:
     for version in (1, 2):
         write_saved_model(base / MODEL_NAME / str(version), seed=version)
     return base
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ and the clear errors (no KServe, RBAC, a revision that never gets ready)."""
 from __future__ import annotations
 
 import pytest
+from deploy_helpers import MODEL_NAME
 from fake_apiserver import FakeApiServer
 
 from ampflow.cli import main
@@ -16,7 +17,6 @@ from ampflow.serving.testing import ServeProcess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(120)]
 
-MODEL_NAME = "digits"  # as in conftest.py
 NAMESPACE = "team-a"
 ISVC_PATH = f"/apis/serving.kserve.io/v1beta1/namespaces/{NAMESPACE}/inferenceservices/digits"
 RUNTIME_PATH = f"/apis/serving.kserve.io/v1alpha1/namespaces/{NAMESPACE}/servingruntimes/ampflow"

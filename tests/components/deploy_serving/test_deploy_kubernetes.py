@@ -6,13 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from deploy_helpers import MODEL_NAME
 
 from ampflow.cli import main
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
 from ampflow.components.deploy_serving import kubernetes_render as kr
 from ampflow.errors import DeployError
-
-MODEL_NAME = "digits"  # as in conftest.py
 
 
 def _config(export_base, store, **kwargs):

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from deploy_helpers import MODEL_NAME
 from fake_apiserver import FakeApiServer
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
@@ -24,7 +25,6 @@ from ampflow.serving.testing import ServeProcess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.serving, pytest.mark.timeout(300)]
 
-MODEL_NAME = "digits"  # as in conftest.py
 NAMESPACE = "team-a"
 STABLE = "tf-serving"
 LOCK = f"/api/v1/namespaces/{NAMESPACE}/configmaps/{STABLE}-rollout-lock"

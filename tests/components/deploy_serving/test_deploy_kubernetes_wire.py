@@ -14,6 +14,7 @@ import shutil
 import numpy as np
 import pytest
 import yaml
+from deploy_helpers import MODEL_NAME
 from fake_apiserver import FakeApiServer
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
@@ -22,7 +23,6 @@ from ampflow.serving.testing import ServeProcess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.serving, pytest.mark.timeout(300)]
 
-MODEL_NAME = "digits"  # as in conftest.py
 NAMESPACE = "team-a"
 STABLE, CANARY = "tf-serving", "tf-serving-canary"
 SHARED = ["ConfigMap", "NetworkPolicy", "PersistentVolumeClaim", "PodDisruptionBudget",

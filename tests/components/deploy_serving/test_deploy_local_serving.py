@@ -13,10 +13,9 @@ import time
 import grpc
 import numpy as np
 import pytest
+from deploy_helpers import MODEL_NAME
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
-
-MODEL_NAME = "digits"  # as in conftest.py
 
 pytestmark = [pytest.mark.serving]
 

@@ -7,12 +7,11 @@ import json
 import shutil
 
 import pytest
+from deploy_helpers import MODEL_NAME
 
 from ampflow.components.deploy_serving import DeployConfig, cli, model_store, run_deploy
 from ampflow.components.deploy_serving.model_store import DEPLOY_RECORD, VERSIONS_LOCK
 from ampflow.errors import ConfigError, DeployError, ModelLoadError
-
-MODEL_NAME = "digits"  # as in conftest.py
 
 
 def test_config_target_unknown_raises_keras_style():

@@ -1,11 +1,11 @@
 """`deploy --serving-format tflite`: a checked TFLite variant published as the served version.
 
 The variants are the real convert step's output (`run_convert`) for the tiny SavedModel of
-conftest.py, calibrated on the offline digits (8x8x1, as that model takes): full_int8 passes its
-gate, and float16 is made to fail its own (max_prob_diff 0), so the report says so, as a real
-failed gate would. As export does, the recorded canary examples are real test images of the
-dataset the variant was calibrated on (conftest's uniform noise lies outside the int8 ranges
-calibrated on digits, and full_int8 rightly disagrees with the SavedModel on some of it).
+deploy_helpers.py, calibrated on the offline digits (8x8x1, as that model takes): full_int8
+passes its gate, and float16 is made to fail its own (max_prob_diff 0), so the report says so,
+as a real failed gate would. As export does, the recorded canary examples are real test images
+of the dataset the variant was calibrated on (deploy_helpers' uniform noise lies outside the
+int8 ranges calibrated on digits, and full_int8 rightly disagrees with the SavedModel on some).
 A real `ampflow serve` polls the store (every version served), and the canary talks to it over
 gRPC on loopback.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MODEL_NAME, write_saved_model
+from deploy_helpers import MODEL_NAME, write_saved_model
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
 from ampflow.errors import ConfigError, DeployError, GateFailedError
