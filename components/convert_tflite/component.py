@@ -44,4 +44,8 @@ def convert_tflite(
         "framework": "tflite", "format": "tflite",
         "framework_version": meta["converter"]["tensorflow"] if described else None,
         "source_model_name": version_dir.parent.name, "source_version": int(version_dir.name),
-        "signature_key": DEFAULT_SIGNATURE, "variants": described, "passed": result.passed})
+        # a text model's variants carry token_ids (the variant JSON says which)
+        "signature_key": meta["signature_key"] if described else DEFAULT_SIGNATURE,
+        "modality": meta.get("modality", "image") if described else "image",
+        "shipped_files": json.loads(result.report_json.read_text()).get("shipped_files", []),
+        "variants": described, "passed": result.passed})

@@ -30,6 +30,7 @@ def export_savedmodel(
         "model_name": result.model_name,
         "version": result.version,
         "version_dir": f"{result.model_name}/{result.version}",
+        "modality": meta["modality"],  # "image" or "text": which signatures these are
         "signatures": meta["signatures"],
         "labels": meta["labels"],
         "trained_policy": meta["source"]["trained_policy"],
