@@ -29,16 +29,19 @@ class ConvertConfig:
     variants: tuple[str, ...] = field(default=VARIANTS, metadata={
         "choices": VARIANTS, "help": "Variants to produce."})
     signature_key: str = field(default=DEFAULT_SIGNATURE, metadata={
-        "help": "SavedModel signature to convert."})
+        "help": "SavedModel signature to convert (an image model's; a text model's variants are "
+                "always its token_ids signature: TFLite runs no string op)."})
     representative_size: int = field(default=200, metadata={
-        "help": "Training images used to calibrate full_int8."})
+        "help": "Training images (a text model: sentences, tokenized) used to calibrate "
+                "full_int8."})
     seed: int = field(default=42, metadata={
-        "help": "Seed that draws the representative images."})
+        "help": "Seed that draws the representative images (or sentences)."})
     int8_io: bool = field(default=False, metadata={
         "help": "full_int8 takes int8 input and returns int8 probabilities (quantize with the "
                 "input tensor's scale/zero_point; see full_int8.json)."})
     test_limit: int | None = field(default=None, metadata={
-        "help": "Check on the first N test images only (default: the whole test split)."})
+        "help": "Check on the first N test images (or sentences) only (default: the whole test "
+                "split)."})
     batch_size: int = field(default=32, metadata={
         "help": "Batch size for the accuracy pass and the throughput measurement."})
     latency_runs: int = field(default=200, metadata={

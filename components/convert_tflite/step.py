@@ -5,6 +5,10 @@ pixels, returns `probabilities` and `class_ids`) and the prepared dataset. Write
 `output_dir` (through a temp dir renamed into place): `<variant>.tflite` + `<variant>.json` per
 variant, `report.json`, `report.md` and `config.json`. A failed gate still publishes the report
 (a verdict is an artifact) and then raises `GateFailedError`.
+
+A text SavedModel (ampflow_export.json `"modality": "text"`) is converted from its `token_ids`
+signature, with token ids of real sentences and the vocabulary copied beside the variants
+(text_inputs.py); `_inputs_of` decides which, once, and `ImageInputs` is the image side.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """export: a versioned SavedModel for TF Serving, from the float32 twin of the trained model.
 
+An image model is exported with the image signatures (signatures.py, `ImageExport` below), a
+text model with the text signatures, its tokenizer in the graph (text_export.py); `_export_of`
+decides which, once, from the trained model's modality.
+
 A model trained under a mixed policy keeps float16/bfloat16 ops in any graph traced from it,
 which TFLite and many CPU servers reject; so the same architecture is rebuilt under `float32`
 and given the trained weights (they are float32 under every policy), and that twin is exported.
@@ -72,7 +76,8 @@ class ExportConfig:
 
     model_dir: Path = field(metadata={"help": "A trained model dir (from train)."})
     data_dir: Path = field(metadata={
-        "help": "The prepared dataset dir: real test images for warm-up and the parity check."})
+        "help": "The prepared dataset dir: real test images (a text model: sentences) for "
+                "warm-up and the parity check."})
     export_base: Path = field(metadata={
         "help": "TF Serving base path; the model lands in <export_base>/<model_name>/<version>/."})
     eval_dir: Path | None = field(default=None, metadata={
@@ -86,14 +91,16 @@ class ExportConfig:
         "help": "Version number to write (default: the next free one; an existing version is "
                 "never replaced)."})
     num_warmup_records: int = field(default=10, metadata={
-        "help": f"Predict warm-up requests to write (one real test image each; plus one "
-                f"image_bytes and one Classify request); 0 writes no warm-up file; at most "
-                f"{_MAX_PREDICT_WARMUP}."})
+        "help": f"Predict warm-up requests to write (one real test image or sentence each; "
+                f"plus one image_bytes or token_ids request and one Classify request); 0 writes "
+                f"no warm-up file; at most {_MAX_PREDICT_WARMUP}."})
     num_canary_examples: int = field(default=DEFAULT_EXAMPLES, metadata={
-        "help": f"Real test images whose answers are recorded in {CANARY_FILE}, so that a "
+        "help": f"Real test images (or sentences) whose answers are recorded in {CANARY_FILE}, "
+                "so that a "
                 "deployment can check what a server answers against them (1 to 1000)."})
     num_parity_images: int = field(default=256, metadata={
-        "help": "Real test images on which the SavedModel must match the Keras model."})
+        "help": "Real test images (or sentences) on which the SavedModel must match the Keras "
+                "model."})
     # 1e-4, not 1e-5: the SavedModel's graph is optimized differently from Keras's call (e.g.
     # grappler folds inference BatchNorm into the conv before it), and float32 reassociation
     # through 50+ layers moved MobileNetV2's probabilities by 1.7e-5. A real export fault
