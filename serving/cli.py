@@ -47,14 +47,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_client_flags(client_parent)
     predict = subparsers.add_parser(
         "predict", parents=[client_parent], formatter_class=_FMT,
-        help="send images (JPEG/PNG/BMP/GIF/.npy) to a served model and print the top-k classes",
+        help="send images (JPEG/PNG/BMP/GIF/.npy) or texts to a served model and print the "
+             "top-k classes",
         description="Predict over gRPC (or REST: --rest). Input keys, dtype and shape come from "
                     "the model's metadata. Image files go as they are (their bytes) to a "
                     f"signature with a string input, such as `{IMAGE_BYTES_SIGNATURE}`, which "
                     "decodes them as training did; to a numeric one they go as pixels decoded "
-                    "here. See also `model-metadata` and `model-status`.")
-    predict.add_argument("inputs", nargs="+",
+                    "here. Texts (--text, --text-file) go as they are to a text model's "
+                    "signature taking a string input named `text` (found in its metadata), "
+                    "which tokenizes them in the graph. See also `model-metadata` and "
+                    "`model-status`.")
+    predict.add_argument("inputs", nargs="*",
                          help="image files (JPEG/PNG/BMP/GIF, told by content) or .npy arrays")
+    predict.add_argument("--text", action="append", default=[],
+                         help="a raw text for a text model (repeatable)")
+    predict.add_argument("--text-file", default=None,
+                         help="a file of texts for a text model, one per line (blank lines "
+                              "skipped; a line that is not UTF-8 is sent as its bytes)")
     predict.add_argument("--signature", default=None,
                          help=f"signature name (default: {IMAGE_BYTES_SIGNATURE} when every "
                               "input is an image file and the model has that signature, else "
@@ -268,8 +277,11 @@ def _predict(args: argparse.Namespace) -> int:
     if args.top_k < 1:
         raise ConfigError(f"top_k must be >= 1. Received: top_k={args.top_k}")
     labels = _read_labels(args.labels)
+    texts = _texts(args)
     with _client(args) as client:
         _wait_until_available(client, args)
+        if texts is not None:
+            return _predict_texts(client, args, texts, labels)
         args.signature = args.signature or _default_signature(client, args)
         # (signature_defs, not signature(): no TensorFlow import to read the method and specs)
         specs = client.input_specs(args.model_name, args.version, args.signature)
@@ -300,6 +312,43 @@ def _predict(args: argparse.Namespace) -> int:
     print(f"model {args.model_name} version {result.version} signature {result.signature}")
     rows = top_k(result.outputs[args.output], args.top_k, labels)
     _print_rows(args.inputs, rows)
+    return 0
+
+
+def _texts(args: argparse.Namespace) -> list[str | bytes] | None:
+    """The texts of --text/--text-file (None: images); files and texts together refused."""
+    from ampflow.serving.client import read_texts
+
+    if not args.text and args.text_file is None:
+        if not args.inputs:
+            raise ConfigError("give image files, --text or --text-file. Received: none")
+        return None
+    if args.inputs:
+        raise ConfigError(f"give image files or texts, not both. Received: {len(args.inputs)} "
+                          "files and --text/--text-file")
+    return read_texts(args.text, args.text_file)
+
+
+def _predict_texts(client, args: argparse.Namespace, texts: list, labels) -> int:
+    """Raw texts to the model's text signature; one line per text, as images get."""
+    from ampflow.serving.client import text_label, text_signature, top_k
+
+    sigs = client.signature_defs(args.model_name, args.version)
+    signature = args.signature or text_signature(sigs)
+    if signature is None:
+        raise ConfigError(f"model {args.model_name!r} has no signature taking text (one string "
+                          f"input named 'text'). Received: signatures {sorted(sigs)} (use "
+                          "--signature, or send images)")
+    result = client.predict(args.model_name, texts, args.version, signature,
+                            version_label=args.version_label)
+    if args.output not in result.outputs:
+        raise ServingError(f"output {args.output!r} not in the response. Received: "
+                           f"{sorted(result.outputs)} (use --output)")
+    if labels is None:
+        labels = client.class_names(args.model_name, result.version)
+    print(f"model {args.model_name} version {result.version} signature {signature}")
+    rows = top_k(result.outputs[args.output], args.top_k, labels)
+    _print_rows([text_label(t) for t in texts], rows)
     return 0
 
 

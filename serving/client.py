@@ -31,7 +31,10 @@ from ampflow_client._common import (
     SignatureLookups,
     TensorSpec,
     tensor_spec,
+    text_label,
+    text_signature,
 )
+from ampflow_client._common import read_texts as _read_texts
 from ampflow_client.tensors import as_array
 
 from ampflow.errors import ConfigError, ServingError
@@ -45,7 +48,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["STATE_NAMES", "ClassifyResult", "PredictResult", "PredictionClient", "RpcError",
            "SignatureLookups", "TensorSpec", "as_array", "is_image_file", "load_images",
-           "read_encoded_images", "tensor_spec", "top_k"]
+           "read_encoded_images", "read_texts", "tensor_spec", "text_label", "text_signature",
+           "top_k"]
 
 
 class RpcError(ServingError):
@@ -220,6 +224,12 @@ def read_encoded_images(paths: Sequence[str | Path]) -> list[bytes]:
     """Image files' bytes as they are (JPEG/PNG/BMP/GIF, told by content, not by name)."""
     with ampflow_errors():
         return client_images.read_encoded_images(paths)
+
+
+def read_texts(texts: Sequence[str] = (), text_file: str | None = None) -> list[str | bytes]:
+    """`--text` values and `--text-file` lines (non-UTF-8 lines kept as bytes), ampflow's errors."""
+    with ampflow_errors():
+        return _read_texts(texts, text_file)
 
 
 def load_images(paths: Sequence[str | Path], shape: tuple[int, ...] | None) -> np.ndarray:

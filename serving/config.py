@@ -23,6 +23,9 @@ from ampflow.serving.transport.connection_limits import ConnectionLimits
 
 VERSION_POLICIES = ("latest", "all", "specific")
 DEFAULT_MAX_REQUEST_BATCH = 1024  # rows per request when server-side batching is off
+# One string of a request: an encoded phone photo fits (image_bytes), 10 MB of text does not.
+# A text model reads max_sequence_length tokens (128 by default) of it in any case.
+DEFAULT_MAX_STRING_BYTES = 4 * 1024 * 1024
 
 
 def _field(default, help: str, **metadata):
@@ -154,6 +157,14 @@ class ServerConfig:
     max_request_batch_size: int = _field(
         0, "rows (or Classify examples) one request may carry; 0 = the batching "
            "--max-batch-size when batching is on, else 1024")
+    max_string_bytes: int = _field(
+        DEFAULT_MAX_STRING_BYTES,
+        "bytes one string of a request may hold (a raw text, an encoded image); longer: "
+        "INVALID_ARGUMENT / HTTP 400, before any tensor is built (the default fits an encoded "
+        "photo; a text-only server may take 65536)")
+    max_strings_per_request: int = _field(
+        0, "strings all string inputs of one request may hold together; 0 = the "
+           "--max-request-batch-size cap")
     rest_api_port: int = _field(
         0, "TF Serving's REST API (/v1/models/...) and V2's (/v2/...) on this port, bound to "
            "--host with the same TLS (0 = off)")
@@ -201,6 +212,13 @@ class ServerConfig:
                 f"{DEFAULT_MAX_REQUEST_BATCH} without batching). Received: "
                 f"max_request_batch_size={self.max_request_batch_size}"
             )
+        if self.max_string_bytes < 1:
+            raise ConfigError(f"max_string_bytes must be >= 1. Received: max_string_bytes="
+                              f"{self.max_string_bytes}")
+        if self.max_strings_per_request < 0:
+            raise ConfigError(
+                "max_strings_per_request must be >= 0 (0 = the request batch cap). Received: "
+                f"max_strings_per_request={self.max_strings_per_request}")
         if not 0 <= self.rest_api_port <= 65535:
             raise ConfigError(f"rest_api_port must be in 0..65535 (0 = off). Received: "
                               f"rest_api_port={self.rest_api_port}")
@@ -233,6 +251,11 @@ class ServerConfig:
         if self.batching.enabled:
             return self.batching.max_batch_size
         return DEFAULT_MAX_REQUEST_BATCH
+
+    @property
+    def strings_cap(self) -> int:
+        """Strings one request may carry: the flag, else as many as rows."""
+        return self.max_strings_per_request or self.request_batch_cap
 
     def model(self, name: str) -> ModelConfig | None:
         """The config of model `name`, or None."""

@@ -137,7 +137,8 @@ def start_local_server(config: ServerConfig) -> RunningServer:
         if config.batching.enabled else None
     runner = (lambda s, sig, inputs, t: batcher.run(s, sig, inputs, t)) if batcher else None
     core = InferenceCore(
-        registry, runner, RequestLimits(config.max_message_bytes, config.request_batch_cap),
+        registry, runner, RequestLimits(config.max_message_bytes, config.request_batch_cap,
+                                        config.max_string_bytes, config.strings_cap),
         ReloadPolicy(config.allow_reload_config, config.reload_config_roots))
     if config.enable_warmup:
         registry.set_warmup(TFServingAPI(core).warmup)

@@ -9,6 +9,7 @@ machine this was written on (not on PyPI, no Docker), so only the argv is tested
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -22,6 +23,8 @@ from ampflow.serving.transport.connection_limits import ConnectionLimits
 log = logging.getLogger(__name__)
 
 BINARY = "tensorflow_model_server"
+# ServerConfig's field defaults, to tell a limit the user set from one left as it is
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
 
 
 def find_binary() -> str | None:
@@ -82,6 +85,10 @@ def cannot_honour(config: ServerConfig) -> list[str]:
     if any(m.model_format == "tflite" for m in config.models):
         reasons.append("it does not load a version dir holding only a .tflite file "
                        "(--model-format tflite; use --server local)")
+    if (config.max_string_bytes, config.max_strings_per_request) != (
+            _DEFAULTS["max_string_bytes"], _DEFAULTS["max_strings_per_request"]):
+        reasons.append("it has no --max-string-bytes/--max-strings-per-request limit (leave "
+                       "them at their defaults to accept that)")
     if config.connection_limits != ConnectionLimits():
         reasons.append("it has none of the --rest-*/--grpc-* connection limits asked for (its "
                        "own servers' limits apply; leave them at their defaults to accept that)")

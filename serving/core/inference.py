@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -53,11 +54,16 @@ class RequestLimits:
     `max_bytes`: decoded input tensors (all inputs together; a string tensor counts its strings'
     bytes, e.g. the encoded images of `image_bytes`), and Classify examples with their context
     merged in; `max_rows`: the batch (first dimension) of a batched input, and the
-    number of Classify examples (0 = no cap).
+    number of Classify examples (0 = no cap). Strings (raw text for a text model's `text`,
+    encoded images): `max_string_bytes` bounds each one (0 = no cap), `max_strings` how many
+    all string inputs of a request hold together (0 = no cap); both are read from the lengths
+    the request declares, before any string is copied into an array.
     """
 
     max_bytes: int = 64 * 1024 * 1024
     max_rows: int = 0
+    max_string_bytes: int = 0
+    max_strings: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +80,23 @@ class ReloadPolicy:
 
 @dataclasses.dataclass(frozen=True)
 class Declared:
-    """An input as its request declares it: TensorFlow dtype enum, shape, decoded bytes."""
+    """An input as its request declares it: TensorFlow dtype enum, shape, decoded bytes.
+
+    `longest`: the bytes of its longest string element (0 for numbers), read from the lengths
+    on the wire, so that one oversized string is refused before anything is built; or
+    `measure_longest`, which reads them only once the string count has passed the limits
+    (V2's raw BYTES, whose lengths are prefixes to walk).
+    """
 
     dtype: int
     shape: tuple[int, ...]
     nbytes: int
+    longest: int = 0
+    measure_longest: Callable[[], int] | None = None
+
+    def longest_string(self) -> int:
+        """Bytes of the longest string element (0 for numbers)."""
+        return self.measure_longest() if self.measure_longest is not None else self.longest
 
 
 class InferInput(Protocol):
@@ -195,12 +213,15 @@ class InferenceCore:
         if sent != expected or len(inputs) != len(sent):
             raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT,
                                      dialect.inputs_text(sent, expected))
-        budget = self.limits.max_bytes
+        budget, strings = self.limits.max_bytes, 0
         for item in sorted(inputs, key=lambda i: i.name):
             info = sig.inputs[item.name]
             declared = item.declare(info.dtype)
             dtypes.check_against_signature(item.name, declared.dtype, declared.shape, info,
                                             self.limits.max_rows, dialect.type_name)
+            if declared.dtype == dtypes.types_pb2.DT_STRING:
+                strings += math.prod(declared.shape)
+                self._check_strings(item.name, declared, strings)
             budget -= declared.nbytes
             if budget < 0:
                 raise ServingStatusError(
@@ -208,6 +229,26 @@ class InferenceCore:
                     f"the inputs of this request would decode to more than "
                     f"{self.limits.max_bytes} bytes (--max-message-bytes)")
         return {item.name: item.build() for item in inputs}
+
+    def _check_strings(self, name: str, declared: Declared, strings_so_far: int) -> None:
+        """Bytes per string and strings per request, the operator's limits (INVALID_ARGUMENT).
+
+        INVALID_ARGUMENT, as for too many rows: the request itself is what must change, and
+        retrying it as it is cannot succeed.
+        """
+        limits = self.limits
+        if limits.max_strings and strings_so_far > limits.max_strings:
+            raise ServingStatusError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the string inputs of this request hold {strings_so_far} or more strings; "
+                f"this server takes at most {limits.max_strings} per request "
+                "(--max-strings-per-request)")
+        longest = declared.longest_string() if limits.max_string_bytes else 0
+        if longest > limits.max_string_bytes:
+            raise ServingStatusError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"input '{clip(name)}' holds a string of {longest} bytes; this server takes at "
+                f"most {limits.max_string_bytes} bytes per string (--max-string-bytes)")
 
     def run(self, servable: Servable, sig_name: str, inputs: dict, timeout_s) -> dict:
         """Run a signature on checked arrays; a failing op is the caller's INVALID_ARGUMENT."""

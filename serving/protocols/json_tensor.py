@@ -145,10 +145,10 @@ def _tensor(name: str, value, dtype: int) -> LazyInput:
         leaves = flat
     shape = tuple(dims)
     if dtype == types_pb2.DT_STRING:
-        strings = [_string_leaf(leaf) for leaf in leaves]
-        nbytes = len(strings) * dtypes.OBJECT_ITEM_BYTES + sum(map(len, strings))
-        return LazyInput(name, Declared(dtype, shape, nbytes),
-                         lambda: _object_array(strings, shape))
+        sizes = [_string_size(leaf) for leaf in leaves]
+        nbytes = len(sizes) * dtypes.OBJECT_ITEM_BYTES + sum(sizes)
+        return LazyInput(name, Declared(dtype, shape, nbytes, max(sizes, default=0)),
+                         lambda: _object_array([_string_leaf(leaf) for leaf in leaves], shape))
     kinds = set(map(type, leaves))
     if list in kinds:
         raise invalid(f"Encountered list at unexpected level: {len(dims)} expected < "
@@ -194,9 +194,37 @@ def _b64_hint(leaf, name: str) -> str:
             f"\"{IMAGE_BYTES_SIGNATURE}\")")
 
 
+def _string_size(leaf) -> int:
+    """The bytes a string leaf will hold, known before it is encoded or decoded.
+
+    A JSON string is its UTF-8 (an ASCII one: its length, read without encoding); `{"b64"}`
+    the decoded length its base64 text implies (checked when it is decoded). Anything else
+    is refused here with TF Serving's text, before the core looks at sizes.
+    """
+    if isinstance(leaf, str):
+        return len(leaf) if leaf.isascii() else len(_utf8(leaf))
+    if _is_b64(leaf):
+        text = leaf["b64"]
+        return len(text) * 3 // 4 - text[-2:].count("=")
+    return len(_string_leaf(leaf))  # raises: not a string
+
+
+def _utf8(text: str) -> bytes:
+    """A JSON string as UTF-8; a lone surrogate is the caller's INVALID_ARGUMENT.
+
+    JSON allows an escape of half a surrogate pair, which UTF-8 cannot hold: refused in words,
+    never a server error.
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid("JSON string is not valid Unicode (a lone surrogate escape); send bytes "
+                      'that are not UTF-8 text as {"b64": ...}') from None
+
+
 def _string_leaf(leaf) -> bytes:
     if isinstance(leaf, str):
-        return leaf.encode()
+        return _utf8(leaf)
     if _is_b64(leaf):
         try:
             return base64.b64decode(leaf["b64"], validate=True)

@@ -69,6 +69,16 @@ def decoded_bytes(proto: tensor_pb2.TensorProto, shape: tuple[int, ...]) -> int:
     return count * OBJECT_ITEM_BYTES + payload
 
 
+def longest_string(proto: tensor_pb2.TensorProto) -> int:
+    """Bytes of the longest element of a string tensor (0 for numbers), from `string_val`.
+
+    Protobuf has parsed the request already, so this reads lengths only; no string is copied.
+    """
+    if proto.dtype != types_pb2.DT_STRING or not proto.string_val:
+        return 0
+    return max(map(len, proto.string_val))
+
+
 def to_ndarray(name: str, proto: tensor_pb2.TensorProto, max_bytes: int = 0) -> np.ndarray:
     """Decode one request tensor; every inconsistency is INVALID_ARGUMENT naming `name`.
 

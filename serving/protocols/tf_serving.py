@@ -51,10 +51,11 @@ class ProtoInput:
     _shape: tuple[int, ...] = ()
 
     def declare(self, expected_dtype: int) -> Declared:  # noqa: ARG002 - the protocol's
-        """The proto's dtype, its declared shape (validity checked) and decoded bytes."""
+        """The proto's dtype, declared shape (validity checked), decoded bytes, longest string."""
         self._shape = tensors.declared_shape(self.name, self.proto)
         return Declared(self.proto.dtype, self._shape,
-                        tensors.decoded_bytes(self.proto, self._shape))
+                        tensors.decoded_bytes(self.proto, self._shape),
+                        tensors.longest_string(self.proto))
 
     def build(self) -> np.ndarray:
         """The array: a view of `tensor_content`, or the typed values decoded."""

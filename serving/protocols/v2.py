@@ -73,7 +73,9 @@ class V2Input:
 
     `payload_bytes`: the bytes the client sent for it (counted for BYTES, whose decoded size
     is its payload); `make(dtype, shape)` returns the array, and is called only after the
-    declared size has passed the limits.
+    declared size has passed the limits. `longest`: BYTES only, the bytes of its longest
+    element, or a function that reads it from raw length prefixes (called by the core once
+    the element count has passed the limits).
     """
 
     name: str
@@ -81,6 +83,7 @@ class V2Input:
     shape: tuple[int, ...]
     payload_bytes: int
     make: Callable[[int, tuple[int, ...]], np.ndarray]
+    longest: int | Callable[[], int] = 0
 
     def declare(self, expected_dtype: int) -> Declared:
         """A known datatype and a valid shape, as the protocol requires; the decoded size."""
@@ -88,7 +91,9 @@ class V2Input:
             raise invalid(f"input '{clip(self.name)}': unknown datatype "
                           f"{clip(self.datatype)} (expected {datatype_of(expected_dtype)})")
         _check_shape(self.name, self.shape)
-        return Declared(DATATYPES[self.datatype], self.shape, declared_bytes(self))
+        measure = self.longest if callable(self.longest) else None
+        return Declared(DATATYPES[self.datatype], self.shape, declared_bytes(self),
+                        0 if measure else self.longest, measure)
 
     def build(self) -> np.ndarray:
         """The array of the declared datatype and shape."""
@@ -257,6 +262,40 @@ def split_bytes(name: str, raw, count: int) -> list[bytes]:
     return items
 
 
+def string_sizes(values: list) -> list[int]:
+    """The bytes each BYTES value will hold: UTF-8 of a JSON string, a gRPC value's length.
+
+    An ASCII string's length is read without encoding it; a value of another type counts 0
+    (`from_values` refuses it when the array is built).
+    """
+    sizes = []
+    for value in values:
+        if isinstance(value, bytes):
+            sizes.append(len(value))
+        elif isinstance(value, str):
+            sizes.append(len(value) if value.isascii()
+                         else len(value.encode("utf-8", "surrogatepass")))
+        else:
+            sizes.append(0)
+    return sizes
+
+
+def longest_raw_element(raw, count: int) -> int:
+    """The longest of the first `count` length-prefixed BYTES elements, lengths only.
+
+    Walks the 4-byte prefixes without copying an element; a truncated or overlong buffer
+    stops the walk (`split_bytes` refuses it in words when the array is built).
+    """
+    longest, offset, view = 0, 0, memoryview(raw)
+    for _ in range(count):
+        if offset + 4 > len(view):
+            break
+        (size,) = BYTES_LENGTH.unpack_from(view, offset)
+        longest = max(longest, min(size, len(view) - offset - 4))
+        offset += 4 + size
+    return longest
+
+
 def from_values(name: str, values: list, dtype: int, shape: tuple[int, ...]) -> np.ndarray:
     """A flat list of Python values (JSON data or gRPC typed contents), type-checked.
 
@@ -271,7 +310,13 @@ def from_values(name: str, values: list, dtype: int, shape: tuple[int, ...]) -> 
     if dtype == types.DT_STRING:
         if not all(isinstance(v, (str, bytes)) for v in values):
             raise invalid(f"input '{clip(name)}': BYTES values must be strings")
-        return _object_array([v.encode() if isinstance(v, str) else v for v in values], shape)
+        try:
+            items = [v.encode("utf-8") if isinstance(v, str) else v for v in values]
+        except UnicodeEncodeError:  # a JSON lone surrogate escape such as "\ud800"
+            raise invalid(f"input '{clip(name)}': a BYTES value is not valid Unicode (a lone "
+                          "surrogate); send bytes that are not UTF-8 text as binary data"
+                          ) from None
+        return _object_array(items, shape)
     np_dtype = dtypes.numpy_dtype(dtype)
     bad = next((v for v in values if not _fits_kind(v, dtype, np_dtype)), _NONE)
     if bad is not _NONE:

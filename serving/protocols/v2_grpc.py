@@ -14,6 +14,7 @@ as Triton does (tritonclient and the kserve SDK read both).
 from __future__ import annotations
 
 import logging
+import math
 
 import grpc
 
@@ -140,19 +141,23 @@ def _inputs(request) -> list[V2Input]:
         if raw:
             if tensor.HasField("contents"):
                 raise invalid(f"input '{clip(name)}' has both contents and raw_input_contents")
+            longest = _raw_longest(raw[i], shape) if tensor.datatype == "BYTES" else 0
             specs.append(V2Input(name, tensor.datatype, shape, len(raw[i]),
-                                   _raw_builder(name, raw[i])))
+                                 _raw_builder(name, raw[i]), longest))
             continue
-        values, payload = _typed_values(name, tensor)
-        specs.append(V2Input(name, tensor.datatype, shape, payload,
-                               _values_builder(name, values)))
+        values, sizes = _typed_values(name, tensor)
+        specs.append(V2Input(name, tensor.datatype, shape, sum(sizes),
+                             _values_builder(name, values), max(sizes, default=0)))
     return specs
 
 
-def _typed_values(name: str, tensor) -> tuple[list, int]:
-    """The values of the datatype's own contents field; any other field set is refused."""
+def _typed_values(name: str, tensor) -> tuple[list, list[int]]:
+    """The values of the datatype's own contents field, and each BYTES value's length.
+
+    Any other field set is refused.
+    """
     if tensor.datatype not in v2_protocol.DATATYPES:
-        return [], 0  # V2Input.declare names the unknown datatype
+        return [], []  # V2Input.declare names the unknown datatype
     field = CONTENTS_FIELD.get(tensor.datatype)
     used = [f.name for f, _ in tensor.contents.ListFields()]
     if field is None:
@@ -162,12 +167,16 @@ def _typed_values(name: str, tensor) -> tuple[list, int]:
         raise invalid(f"input '{clip(name)}' of datatype {clip(tensor.datatype)} carries its "
                       f"values in {field or 'raw_input_contents'}. Received: {used}")
     values = list(getattr(tensor.contents, field))
-    payload = sum(map(len, values)) if tensor.datatype == "BYTES" else 0
-    return values, payload
+    return values, (list(map(len, values)) if tensor.datatype == "BYTES" else [])
 
 
 def _raw_builder(name: str, raw: bytes):
     return lambda dtype, shape: v2_protocol.from_raw(name, raw, dtype, shape)
+
+
+def _raw_longest(raw: bytes, shape: tuple[int, ...]):
+    """The longest raw BYTES element, read by the core once the element count has passed."""
+    return lambda: v2_protocol.longest_raw_element(raw, math.prod(shape))
 
 
 def _values_builder(name: str, values: list):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import urllib.parse
 
@@ -185,14 +186,15 @@ def _inputs(doc: dict, binary: memoryview) -> list[V2Input]:
                 raise invalid(f"input '{clip(name)}' has both data and binary_data_size")
             raw = binary[offset:offset + size]
             offset += size
-            specs.append(V2Input(name, datatype, shape, size, _raw_builder(name, raw)))
+            specs.append(V2Input(name, datatype, shape, size, _raw_builder(name, raw),
+                                 _raw_longest(raw, shape) if datatype == "BYTES" else 0))
             continue
         if "data" not in item:
             raise invalid(f"input '{clip(name)}' has no data (nor binary_data_size)")
         values = _flatten(item["data"])
-        payload = sum(len(v) for v in values if isinstance(v, str)) \
-            if datatype == "BYTES" else 0
-        specs.append(V2Input(name, datatype, shape, payload, _values_builder(name, values)))
+        sizes = v2_protocol.string_sizes(values) if datatype == "BYTES" else []
+        specs.append(V2Input(name, datatype, shape, sum(sizes), _values_builder(name, values),
+                             max(sizes, default=0)))
     if offset != len(binary):
         raise invalid(f"{len(binary) - offset} bytes of binary data after the last input's "
                       "binary_data_size")
@@ -214,6 +216,11 @@ def _tensor_header(item: dict) -> tuple[str, str, tuple[int, ...]]:
 def _raw_builder(name: str, raw: memoryview):
     """The array of binary tensor data: a view of the request body itself, no copy."""
     return lambda dtype, shape: v2_protocol.from_raw(name, raw, dtype, shape)
+
+
+def _raw_longest(raw: memoryview, shape: tuple[int, ...]):
+    """The longest raw BYTES element, read by the core once the element count has passed."""
+    return lambda: v2_protocol.longest_raw_element(raw, math.prod(shape))
 
 
 def _values_builder(name: str, values: list):

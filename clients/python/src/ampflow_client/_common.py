@@ -20,6 +20,10 @@ CLASSIFY_METHOD = "tensorflow/serving/classify"
 # feature (the raw pixels) and answers `classes`, every class name in class-id order
 IMAGE_FEATURE = "image"
 CLASSES_OUTPUT = "classes"
+# ampflow's text contract (docs/ARTIFACTS.md): a text model's predict signature takes raw texts
+# as a string tensor of this name, [-1]; its classify signature a bytes_list feature of it
+TEXT_INPUT = "text"
+PREDICT_METHOD = "tensorflow/serving/predict"
 # TF Serving's ModelVersionStatus.State numbers
 STATE_NAMES = {0: "UNKNOWN", 10: "START", 20: "LOADING", 30: "AVAILABLE", 40: "UNLOADING",
                50: "END"}
@@ -133,6 +137,9 @@ class SignatureLookups:
         sigs = self.signature_defs(model, version)
         classify = [name for name, sig in sorted(sigs.items())
                     if sig.method_name == CLASSIFY_METHOD and CLASSES_OUTPUT in sig.outputs]
+        if classify and text_signature(sigs) is not None:  # a text model: one empty text
+            result = self.classify(model, [{TEXT_INPUT: b""}], version, classify[0])
+            return [label for label, _score in result.classes[0]] if result.classes else None
         pixels = sigs.get(DEFAULT_SIGNATURE)
         shapes = [tensor_spec(k, info).shape for k, info in pixels.inputs.items()] \
             if pixels is not None else []
@@ -212,3 +219,55 @@ def examples_of(examples: Sequence) -> list[example_pb2.Example]:
             raise ConfigError("examples must be dicts of features, serialized tf.Examples or "
                               f"Example protos. Received: {type(item).__name__}")
     return out
+
+
+def takes_text(sig) -> bool:
+    """Whether a SignatureDef is a text predict signature: one string input named `text`."""
+    from ampflow_client._proto.tensorflow.core.framework import types_pb2
+
+    return (sig.method_name in (PREDICT_METHOD, "") and list(sig.inputs) == [TEXT_INPUT]
+            and sig.inputs[TEXT_INPUT].dtype == types_pb2.DT_STRING)
+
+
+def text_signature(sigs: Mapping) -> str | None:
+    """The signature raw texts go to; None for a model that takes no text (an image model).
+
+    `serving_default` when it takes them, else the first (by name) that does.
+    """
+    if DEFAULT_SIGNATURE in sigs and takes_text(sigs[DEFAULT_SIGNATURE]):
+        return DEFAULT_SIGNATURE
+    return next((name for name, sig in sorted(sigs.items()) if takes_text(sig)), None)
+
+
+def read_texts(texts: Sequence[str] = (), text_file: str | None = None) -> list[str | bytes]:
+    """The texts of `--text` (as given) and `--text-file` (one per line; blank lines skipped).
+
+    A line that is not UTF-8 stays bytes: a TensorFlow string is bytes, so it is sent as it
+    is (gRPC `string_val`, REST `{"b64": ...}`) and the model's tokenizer decides what it
+    reads. An unreadable file, or no text at all, is a ConfigError.
+    """
+    items: list[str | bytes] = list(texts)
+    if text_file is not None:
+        try:
+            with open(text_file, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ConfigError(f"text_file must be a readable file. Received: {text_file} "
+                              f"({e.strerror})") from e
+        for line in data.splitlines():
+            if line.strip():
+                try:
+                    items.append(line.decode("utf-8"))
+                except UnicodeDecodeError:
+                    items.append(line)
+    if not items:
+        raise ConfigError(f"give at least one text. Received: no --text and "
+                          f"{'no lines in ' + text_file if text_file else 'no --text-file'}")
+    return items
+
+
+def text_label(text: str | bytes, width: int = 40) -> str:
+    """A text as `predict` names its row: quoted, clipped to `width` characters."""
+    shown = text if isinstance(text, str) else text.decode("utf-8", "backslashreplace")
+    shown = " ".join(shown.split())
+    return repr(shown if len(shown) <= width else shown[:width - 3] + "...")

@@ -2,7 +2,9 @@
 
 `predict` sends image files as they are (their bytes) to a signature whose input is a string
 (`image_bytes`, chosen by default when every file is an image and the model has it), and as
-pixels otherwise (.npy arrays, or pictures decoded with Pillow).
+pixels otherwise (.npy arrays, or pictures decoded with Pillow). With `--text` / `--text-file`
+it sends raw texts to the model's text signature (one string input named `text`, found in its
+metadata), which tokenizes them in the graph.
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ import argparse
 import json
 import sys
 
-from ampflow_client._common import CLASSIFY_METHOD, DEFAULT_SIGNATURE
+from ampflow_client._common import (
+    CLASSIFY_METHOD,
+    DEFAULT_SIGNATURE,
+    read_texts,
+    text_label,
+    text_signature,
+)
 from ampflow_client.errors import ClientError, ConfigError
 
 IMAGE_BYTES_SIGNATURE = "image_bytes"  # ampflow's encoded-image signature (docs/ARTIFACTS.md)
@@ -35,9 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--tls-key", default=None, help="client private key (mutual TLS)")
     common.add_argument("--tls-server-name", default=None,
                         help="name to check in the server certificate (default: --host)")
-    predict = sub.add_parser("predict", parents=[common], help="top-k classes of image files")
-    predict.add_argument("inputs", nargs="+", metavar="FILE",
+    predict = sub.add_parser("predict", parents=[common],
+                             help="top-k classes of image files or of texts")
+    predict.add_argument("inputs", nargs="*", metavar="FILE",
                          help="JPEG/PNG/BMP/GIF files (told by content) or .npy arrays")
+    predict.add_argument("--text", action="append", default=[],
+                         help="a raw text for a text model (repeatable)")
+    predict.add_argument("--text-file", default=None,
+                         help="a file of texts for a text model, one per line")
     predict.add_argument("--signature", default=None,
                          help=f"default: {IMAGE_BYTES_SIGNATURE} when every input is an image "
                               f"and the model has it, else {DEFAULT_SIGNATURE}")
@@ -82,6 +95,10 @@ def predict(client, args: argparse.Namespace) -> list[str]:
             raise ConfigError(f"labels must be a readable text file. Received: "
                               f"{args.labels}") from e
     sigs = client.metadata(args.model_name, args.version)
+    if args.text or args.text_file is not None:
+        return predict_texts(client, args, sigs, labels)
+    if not args.inputs:
+        raise ConfigError("give image files, --text or --text-file. Received: none")
     signature = args.signature or (
         IMAGE_BYTES_SIGNATURE if IMAGE_BYTES_SIGNATURE in sigs
         and all(is_image_file(p) for p in args.inputs) else DEFAULT_SIGNATURE)
@@ -113,6 +130,37 @@ def predict(client, args: argparse.Namespace) -> list[str]:
     lines = [f"model {args.model_name} version {result.version} signature {signature}"]
     for name, row in zip(names, rows, strict=True):
         lines.append(f"{name}: " + ", ".join(f"{label} ({cid}) {p:.4f}" for cid, label, p in row))
+    return lines
+
+
+def predict_texts(client, args: argparse.Namespace, sigs: dict,
+                  labels: list[str] | None) -> list[str]:
+    """`predict --text/--text-file`: raw texts to the text signature, one line per text."""
+    from ampflow_client.images import top_k
+
+    if args.inputs:
+        raise ConfigError(f"give files or texts, not both. Received: {len(args.inputs)} files "
+                          "and --text/--text-file")
+    texts = read_texts(args.text, args.text_file)
+    signature = args.signature or text_signature(sigs)
+    if signature is None:
+        raise ConfigError(f"model {args.model_name!r} has no signature taking text (one string "
+                          f"input named 'text'). Signatures: {sorted(sigs)} (use --signature)")
+    if signature not in sigs:
+        raise ConfigError(f"signature {signature!r} not in model {args.model_name!r}. "
+                          f"Available: {sorted(sigs)}")
+    result = client.predict(args.model_name, texts, args.version, signature,
+                            version_label=args.version_label)
+    if args.output not in result.outputs:
+        raise ConfigError(f"output {args.output!r} not in the response. Received: "
+                          f"{sorted(result.outputs)} (use --output)")
+    if labels is None:
+        labels = client.class_names(args.model_name, result.version)
+    rows = top_k(result.outputs[args.output], args.top_k, labels)
+    lines = [f"model {args.model_name} version {result.version} signature {signature}"]
+    for text, row in zip(texts, rows, strict=True):
+        lines.append(f"{text_label(text)}: " + ", ".join(f"{label} ({cid}) {p:.4f}"
+                                                        for cid, label, p in row))
     return lines
 
 

@@ -265,12 +265,12 @@ class _HTTPSConnection(http.client.HTTPSConnection):
 
 
 def _json_value(value):
-    """Nested lists for JSON; bytes as `{"b64": ...}` (TF Serving's api_rest.md)."""
+    """Nested lists for JSON; text as JSON strings, bytes as `{"b64": ...}` (api_rest.md)."""
     array = as_array(value)
     if array.dtype.kind in "OS":
         b64 = np.frompyfunc(
-            lambda b: {"b64": base64.b64encode(b.encode() if isinstance(b, str) else b)
-                       .decode("ascii")}, 1, 1)
+            lambda b: b if isinstance(b, str) else {"b64": base64.b64encode(b)
+                                                    .decode("ascii")}, 1, 1)
         return b64(array).tolist()
     if array.dtype.kind == "U":
         return array.tolist()
