@@ -26,6 +26,8 @@ from ampflow.pipeline.pipeline import (
     MODEL_STORE_MOUNT,
     SERVING_DEFAULTS,
     SERVING_OVERLAYS,
+    TEXT_DATA_PARAMETERS,
+    TEXT_DEFAULTS,
     TRAIN_DEFAULTS,
     XLA_VALUES,
 )
@@ -77,6 +79,20 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
     "model_path": (str, "", "directory to import a `model` builder from (in the image)"),
     "image_size": (str, "", "H W, HxW or one number: the size to train and serve at"),
     "image_folder": (str, "", "a folder of class sub-folders, read instead of `dataset`"),
+    "text_folder": (str, TEXT_DEFAULTS["text_folder"],
+                    "a folder of class sub-folders of .txt files, read instead of `dataset`"),
+    "text_file": (str, TEXT_DEFAULTS["text_file"],
+                  "a .csv, .tsv or .jsonl table of texts, read instead of `dataset`"),
+    "text_column": (str, TEXT_DEFAULTS["text_column"], "text_file: the column of the text"),
+    "label_column": (str, TEXT_DEFAULTS["label_column"], "text_file: the column of the class"),
+    "text_feature": (str, TEXT_DEFAULTS["text_feature"],
+                     "a TFDS text dataset's text feature (empty: detected)"),
+    "max_text_bytes": (int, TEXT_DEFAULTS["max_text_bytes"],
+                       "a larger text file or row is left out and counted"),
+    "max_sequence_length": (int, TEXT_DEFAULTS["max_sequence_length"],
+                            "text: tokens per text (longer cut, shorter padded)"),
+    "vocabulary_size": (int, TEXT_DEFAULTS["vocabulary_size"],
+                        "text: most frequent training words kept, padding and [UNK] included"),
 }
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
@@ -162,6 +178,7 @@ def check_arguments(arguments: dict[str, object]) -> None:
         "serving_format", "tflite_variant", "tflite_variants", "serving_target")}
     check_serving_format(**given)
     check_gate_arguments(arguments)
+    check_data_arguments(arguments)
 
 
 def check_gate_arguments(arguments: dict[str, object]) -> None:
@@ -176,6 +193,109 @@ def check_gate_arguments(arguments: dict[str, object]) -> None:
 
     gate = {name: arguments[name] for name in GATE_DEFAULTS if name in arguments}
     EvaluateConfig(model_dir=Path("."), data_dir=Path("."), output_dir=Path("."), **gate)
+
+
+# The data parameters prepare-data's own config checks (its alternatives and text options).
+_DATA_ARGUMENTS = ("dataset", "image_folder", "image_size", *TEXT_DATA_PARAMETERS)
+
+
+def check_data_arguments(arguments: dict[str, object]) -> None:
+    """The data source, the text settings and the model's modality, before anything runs.
+
+    prepare-data's config and the tokenizer's settings check themselves (a text file and an
+    image folder together, a sequence length of 0); then a model that cannot take the data
+    (bert_tiny on digits, small_cnn on a text folder) and text settings on image data are
+    refused here, where the modality is known without reading the data: otherwise train
+    would refuse them, after prepare-data ran.
+    """
+    from pathlib import Path
+
+    from ampflow.components.prepare_data.config import PrepareDataConfig
+    from ampflow.components.train.tokenizer import TokenizerConfig
+
+    given = {name: arguments.get(name, PIPELINE_PARAMETERS[name][1]) for name in _DATA_ARGUMENTS}
+    PrepareDataConfig(output_dir=Path("."), **{
+        name: (value if value != "" or name == "dataset" else None)
+        for name, value in given.items()})
+    text = {name: arguments.get(name, TEXT_DEFAULTS[name])
+            for name in ("max_sequence_length", "vocabulary_size")}
+    TokenizerConfig(**text)
+    modality = data_modality(given)
+    if modality is None:
+        return
+    model = str(arguments.get("model", PIPELINE_PARAMETERS["model"][1]))
+    _check_model_fits(model, modality, given)
+    if modality == "text":
+        _check_text_variants(model, str(arguments.get(
+            "tflite_variants", PIPELINE_PARAMETERS["tflite_variants"][1])))
+    if modality == "image":
+        for name, value in text.items():
+            if value != TEXT_DEFAULTS[name]:
+                raise ConfigError(f"{name} is for text data, and {_source(given)} holds images: "
+                                  f"leave it out. Received: {name}={value!r}")
+
+
+def data_modality(given: dict[str, object]) -> str | None:
+    """"text" or "image" when the data parameters say it; None for a TFDS name (read later).
+
+    A text folder or table, a TFDS text feature or the offline text dataset is text; an image
+    folder, an image size or an offline image dataset is images.
+    """
+    from ampflow.components.prepare_data.config import (
+        OFFLINE_DATASETS,
+        ROTTEN_TOMATOES_NAME,
+    )
+
+    if given.get("text_folder") or given.get("text_file") or given.get("text_feature") or \
+            given.get("dataset") == ROTTEN_TOMATOES_NAME:
+        return "text"
+    if given.get("image_folder") or given.get("image_size") or given.get(
+            "dataset") in OFFLINE_DATASETS:
+        return "image"
+    return None
+
+
+def _source(given: dict[str, object]) -> str:
+    """The data parameter that names the source, as `name='value'`."""
+    for name in ("text_folder", "text_file", "image_folder"):
+        if given.get(name):
+            return f"{name}={given[name]!r}"
+    return f"dataset={given['dataset']!r}"
+
+
+def _check_model_fits(model: str, modality: str, given: dict[str, object]) -> None:
+    """A built-in model takes one modality; a builder or .keras file is checked by train."""
+    from ampflow.components.train.models import image_model_names, text_model_names
+
+    fits = text_model_names() if modality == "text" else image_model_names()
+    other = image_model_names() if modality == "text" else text_model_names()
+    if model in other:
+        kind = "an image model (it takes pixels)" if modality == "text" else (
+            "a text model (it takes token ids)")
+        holds = "text" if modality == "text" else "images"
+        raise ConfigError(f"model {model!r} is {kind}, and {_source(given)} holds {holds}: "
+                          f"choose one of {', '.join(fits)}, a builder or a .keras file. "
+                          f"Received: model={model!r}")
+
+
+# The TFLite variant the built-in text models cannot pass (docs/how-to/text-models.md, Export
+# and TFLite): TFLite's int8 DIV kernel refuses a divisor whose int8 value is 0, and their mean
+# pooling divides by the quantized token count. A user's text model may pass it: not refused.
+TEXT_VARIANT_THAT_FAILS = "full_int8"
+
+
+def _check_text_variants(model: str, tflite_variants: str) -> None:
+    """A built-in text model with full_int8 would fail convert's gate after training."""
+    from ampflow.components.train.models import text_model_names
+
+    variants = [v.strip() for v in tflite_variants.split(",") if v.strip()]
+    if model in text_model_names() and TEXT_VARIANT_THAT_FAILS in variants:
+        others = ",".join(v for v in variants if v != TEXT_VARIANT_THAT_FAILS) or "float32"
+        raise ConfigError(
+            f"tflite_variants must leave out {TEXT_VARIANT_THAT_FAILS} for {model!r}: TFLite's "
+            "int8 DIV refuses its mean pooling's quantized token count, so that variant fails "
+            f"convert's gate (docs/how-to/text-models.md): pass tflite_variants={others}. "
+            f"Received: tflite_variants={tflite_variants!r}")
 
 
 def check_serving_format(serving_format: str, tflite_variant: str, tflite_variants: str,

@@ -85,6 +85,18 @@ DATA_DEFAULTS = {
     "dataset": PrepareDataConfig.__dataclass_fields__["dataset"].default,
     "tflite_variants": ",".join(ConvertConfig.__dataclass_fields__["variants"].default),
 }
+# The text parameters' defaults: prepare-data's own (PrepareDataConfig: the text source and
+# how it is read) and train's (TrainConfig, which takes them from TokenizerConfig). A path or
+# name that is None there (not given) is "" here: a KFP parameter has no None.
+_DATA_FIELDS = PrepareDataConfig.__dataclass_fields__
+TEXT_DATA_PARAMETERS = ("text_folder", "text_file", "text_column", "label_column",
+                        "text_feature", "max_text_bytes")
+TEXT_TRAIN_PARAMETERS = ("max_sequence_length", "vocabulary_size")
+TEXT_DEFAULTS = {
+    **{name: "" if _DATA_FIELDS[name].default is None else _DATA_FIELDS[name].default
+       for name in TEXT_DATA_PARAMETERS},
+    **{name: TrainConfig.__dataclass_fields__[name].default for name in TEXT_TRAIN_PARAMETERS},
+}
 # The k8s overlay the deploy step renders (a run-time parameter): the deploy step's own default.
 SERVING_OVERLAYS = OVERLAYS
 DEFAULT_SERVING_OVERLAY = DeployConfig.__dataclass_fields__["overlay"].default
@@ -450,15 +462,28 @@ def build_pipeline(options: PipelineOptions | None = None):
         model_path: str = "",
         image_size: str = "",
         image_folder: str = "",
+        text_folder: str = TEXT_DEFAULTS["text_folder"],
+        text_file: str = TEXT_DEFAULTS["text_file"],
+        text_column: str = TEXT_DEFAULTS["text_column"],
+        label_column: str = TEXT_DEFAULTS["label_column"],
+        text_feature: str = TEXT_DEFAULTS["text_feature"],
+        max_text_bytes: int = TEXT_DEFAULTS["max_text_bytes"],
+        max_sequence_length: int = TEXT_DEFAULTS["max_sequence_length"],
+        vocabulary_size: int = TEXT_DEFAULTS["vocabulary_size"],
     ):
         data = ops["prepare_data"](dataset=dataset, image_size=image_size,
-                                   image_folder=image_folder)
+                                   image_folder=image_folder, text_folder=text_folder,
+                                   text_file=text_file, text_column=text_column,
+                                   label_column=label_column, text_feature=text_feature,
+                                   max_text_bytes=max_text_bytes)
         data.set_caching_options(options.cache_data)
         _resources(data, options.default_resources)
 
         train_args = dict(data=data.outputs["data"], architecture=model, epochs=epochs,
                           batch_size=batch_size, learning_rate=learning_rate,
-                          xla=xla, seed=seed, model_path=model_path)
+                          xla=xla, seed=seed, model_path=model_path,
+                          max_sequence_length=max_sequence_length,
+                          vocabulary_size=vocabulary_size)
         if options.base_model_uri:
             base = dsl.importer(artifact_uri=options.base_model_uri, artifact_class=dsl.Model,
                                 reimport=False)

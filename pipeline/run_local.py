@@ -20,10 +20,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ampflow.components.deploy_serving.config import SERVING_FORMATS, TFLITE_VARIANTS
+from ampflow.components.prepare_data.config import PrepareDataConfig
 from ampflow.components.train.precision import POLICIES
+from ampflow.components.train.step import TrainConfig
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.files import ensure_writable_dir
 from ampflow.pipeline.parameters import (
+    check_data_arguments,
     check_gate_arguments,
     check_model_names,
     check_serving_format,
@@ -34,6 +37,9 @@ from ampflow.pipeline.pipeline import (
     GATE_DEFAULTS,
     PIPELINE_NAME,
     SERVING_DEFAULTS,
+    TEXT_DATA_PARAMETERS,
+    TEXT_DEFAULTS,
+    TEXT_TRAIN_PARAMETERS,
     TRAIN_DEFAULTS,
     XLA_VALUES,
     PipelineOptions,
@@ -51,6 +57,19 @@ COMPILE_TIME = ("with_float32_baseline", "train_workers", "packed_allreduce",
 _OPTIONS = PipelineOptions.__dataclass_fields__
 # How much of a failed task's log the error repeats (the whole log is in <workdir>/logs/).
 LOG_TAIL_LINES = 15
+# The text flags' help: prepare-data's and train's own (their configs' fields).
+_TEXT_HELP = {**{name: PrepareDataConfig.__dataclass_fields__[name].metadata
+                 for name in TEXT_DATA_PARAMETERS},
+              **{name: TrainConfig.__dataclass_fields__[name].metadata
+                 for name in TEXT_TRAIN_PARAMETERS}}
+# The data sources a local run reads from this machine: each must exist before anything runs.
+_LOCAL_SOURCES = {"image_folder": Path.is_dir, "text_folder": Path.is_dir,
+                  "text_file": Path.is_file}
+
+
+def _text_field(name: str):
+    """A text flag: the pipeline parameter's default, the step's own help."""
+    return field(default=TEXT_DEFAULTS[name], metadata={"help": _TEXT_HELP[name]["help"]})
 
 
 @dataclass(frozen=True)
@@ -66,6 +85,12 @@ class LocalRunConfig:
     image_size: str = field(default="", metadata={
         "help": "Train and serve at this size: 'H W', 'HxW' or one number for a square "
                 "(needed for images of varying size; as prepare-data --image-size)."})
+    text_folder: str = _text_field("text_folder")
+    text_file: str = _text_field("text_file")
+    text_column: str = _text_field("text_column")
+    label_column: str = _text_field("label_column")
+    text_feature: str = _text_field("text_feature")
+    max_text_bytes: int = _text_field("max_text_bytes")
     model: str = field(default=TRAIN_DEFAULTS["model"], metadata={
         "help": "What to train (as train --model): small_cnn, resnet50, mobilenet_v2, your "
                 "builder package.module:function, or a .keras file to fine-tune (brought in "
@@ -85,6 +110,8 @@ class LocalRunConfig:
         "choices": XLA_VALUES,
         "deprecated": (("--jit-compile", {"auto": "auto", "true": "on", "false": "off"}, None),),
         "help": "XLA for the train step, as train --xla: auto = the train step's rule."})
+    max_sequence_length: int = _text_field("max_sequence_length")
+    vocabulary_size: int = _text_field("vocabulary_size")
     seed: int = field(default=TRAIN_DEFAULTS["seed"], metadata={
         "help": "Seed for weights, shuffling and dropout."})
     autotune: bool = field(default=False, metadata={
@@ -150,7 +177,17 @@ class LocalRunConfig:
         check_serving_format(self.serving_format, self.tflite_variant, self.tflite_variants,
                              "local")
         check_gate_arguments({name: getattr(self, name) for name in GATE_DEFAULTS})
+        self._check_local_sources()
+        check_data_arguments(self.arguments())
         self.pipeline_options()  # its checks (the all-reduce flags need train_workers > 1)
+
+    def _check_local_sources(self) -> None:
+        """A folder or table to read must be on this machine: said now, not after a step ran."""
+        for name, is_there in _LOCAL_SOURCES.items():
+            value = getattr(self, name)
+            if value and not is_there(Path(value)):
+                what = "an existing folder" if is_there is Path.is_dir else "an existing file"
+                raise ConfigError(f"{name} must be {what}. Received: {name}={value!r}")
 
     def pipeline_options(self) -> PipelineOptions:
         """The compile-time options of a local run: no GPU, no model-store claim."""
@@ -189,7 +226,7 @@ class LocalRunConfig:
         names = {f.name for f in fields(LocalRunConfig)} - skip  # not a subclass's extras
         args = {k: v for k, v in asdict(self).items() if k in names}
         args.update(serving_target="local", serving_model_store=str(self.model_store.resolve()))
-        for name in ("model_path", "image_folder"):  # the step runs in another working dir
+        for name in ("model_path", *_LOCAL_SOURCES):  # the step runs in another working dir
             if args[name]:
                 args[name] = str(Path(args[name]).resolve())
         return args

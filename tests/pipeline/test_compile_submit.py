@@ -390,12 +390,26 @@ def test_compiled_architecture_and_served_name_reach_train_and_export(default_ir
         "componentInputParameter": "model_name"}
 
 
+def test_compiled_text_parameters_reach_prepare_data_and_both_train_tasks(default_ir):
+    # the whole pipeline on text: the data parameters go to prepare-data, the tokenizer's to
+    # the AMP and the float32 train tasks alike (the two must tokenize the same way)
+    from ampflow.pipeline.pipeline import TEXT_DATA_PARAMETERS, TEXT_TRAIN_PARAMETERS
+
+    tasks = default_ir[0]["root"]["dag"]["tasks"]
+    for task, names in (("prepare-data", TEXT_DATA_PARAMETERS),
+                        ("train", TEXT_TRAIN_PARAMETERS), ("train-2", TEXT_TRAIN_PARAMETERS)):
+        given = tasks[task]["inputs"]["parameters"]
+        for name in names:
+            assert given[name] == {"componentInputParameter": name}, (task, name)
+
+
 def test_local_run_config_refuses_an_architecture_as_the_served_name(tmp_path):
-    from ampflow.components.train.models import model_names
+    from ampflow.components.train.models import image_model_names
     from ampflow.pipeline.demo import DemoConfig as LocalRunConfig
     from ampflow.pipeline.parameters import check_arguments  # run-local's, + demo's own
 
-    other = next(name for name in model_names() if name != "small_cnn")  # not built here
+    # an image model (the default data is images), not built here
+    other = next(name for name in image_model_names() if name != "small_cnn")
     with pytest.raises(ConfigError, match=r"model_name is the served model name.*"
                                           rf"did you mean model='{other}'"):
         LocalRunConfig(workdir=tmp_path, model_name=other)
