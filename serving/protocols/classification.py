@@ -37,11 +37,15 @@ def classify_input_key(sig, sig_name: str) -> str:
     return next(iter(sig.inputs))
 
 
-def serialized_examples(input_proto, max_rows: int, max_bytes: int) -> list[bytes]:
+def serialized_examples(input_proto, max_rows: int, max_bytes: int, max_string_bytes: int = 0,
+                        max_strings: int = 0) -> list[bytes]:
     """tf.Examples of a request Input, with any context merged into each (as TF Serving).
 
     The count is capped like a batch, and the merged size is computed before merging: a big
-    context copied into every example must not multiply the request's memory.
+    context copied into every example must not multiply the request's memory. Each serialized
+    example is one string of the signature's input, so the string limits apply to it too
+    (a text model's Classify carries its text in the example): the count against
+    `max_strings`, each merged example's size against `max_string_bytes` (0 = no cap).
     """
     kind = input_proto.WhichOneof("kind")
     if kind == "example_list":
@@ -59,8 +63,19 @@ def serialized_examples(input_proto, max_rows: int, max_bytes: int) -> list[byte
             f"Input has {len(examples)} examples; this server takes at most {max_rows} "
             "per request (--max-request-batch-size)",
         )
+    if max_strings and len(examples) > max_strings:
+        raise ServingStatusError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Input has {len(examples)} examples; this server takes at most {max_strings} "
+            "strings per request (--max-strings-per-request)")
     context_bytes = context.ByteSize() if context is not None else 0
-    merged = sum(e.ByteSize() for e in examples) + context_bytes * len(examples)
+    sizes = [e.ByteSize() + context_bytes for e in examples]
+    if max_string_bytes and max(sizes) > max_string_bytes:
+        raise ServingStatusError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"an example of this request (context merged in) is {max(sizes)} bytes; this server "
+            f"takes at most {max_string_bytes} bytes per string (--max-string-bytes)")
+    merged = sum(sizes)
     if max_bytes and merged > max_bytes:
         raise ServingStatusError(
             grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -126,8 +126,9 @@ class TFServingAPI:
         sig = self.core.signature(servable, sig_name)
         input_key = classification.classify_input_key(sig, sig_name)
         limits = self.core.limits
-        examples = classification.serialized_examples(request.input, limits.max_rows,
-                                                      limits.max_bytes)
+        examples = classification.serialized_examples(
+            request.input, limits.max_rows, limits.max_bytes, limits.max_string_bytes,
+            limits.max_strings)
         batch = np.empty(len(examples), dtype=object)
         batch[:] = examples
         outputs = self.core.run(servable, sig_name, {input_key: batch}, timeout_s)

@@ -235,6 +235,25 @@ def test_ten_megabytes_of_text_is_refused_by_every_protocol_and_the_next_request
     _answers(grpc_client)
 
 
+def test_classify_takes_text_examples_within_the_string_limits(grpc_client, rest_url, expected):
+    """Classify's strings are its serialized tf.Examples: a text example is bounded the same."""
+    result = grpc_client.classify(MODEL, [{"text": s} for s in SENTENCES])
+    top = [max(row, key=lambda pair: pair[1])[0] for row in result.classes]
+    assert top == [CLASSES[c] for c in expected]
+    status, body = _post(f"{rest_url}/v1/models/{MODEL}:classify",
+                         {"signature_name": "classify", "examples": [{"text": SENTENCES[0]}]})
+    assert status == 200 and max(body["results"][0], key=lambda p: p[1])[0] == top[0], body
+    with pytest.raises(RpcError) as refused:
+        grpc_client.classify(MODEL, [{"text": BIG_TEXT}])
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "--max-string-bytes" in refused.value.details
+    status, body = _post(f"{rest_url}/v1/models/{MODEL}:classify",
+                         {"signature_name": "classify",
+                          "examples": [{"text": "a great film"}] * (STRINGS_LIMIT + 1)})
+    assert status == 400 and "--max-strings-per-request" in body["error"], body
+    _answers(grpc_client)
+
+
 def test_too_many_texts_are_refused_by_every_protocol(grpc_client, rest_url, v2_call):
     texts = ["a great film"] * (STRINGS_LIMIT + 1)
     with pytest.raises(RpcError) as refused:
