@@ -203,6 +203,16 @@ def test_image_options_on_text_are_one_line(prepared_texts, tmp_path, overrides,
     assert not (tmp_path / "out").exists()
 
 
+def test_an_image_model_on_text_is_one_line(prepared_texts, tmp_path):
+    from ampflow.components.train import TrainConfig, run_train
+
+    with pytest.raises(ConfigError, match=r"model 'small_cnn' is an image model \(it takes "
+                                          r"pixels\), and this dataset holds text.*bert_tiny"):
+        run_train(TrainConfig(data_dir=prepared_texts, output_dir=tmp_path / "out",
+                              model="small_cnn", precision="float32"))
+    assert not (tmp_path / "out" / "metadata.json").exists()
+
+
 def test_text_options_on_images_and_a_text_model_on_images_are_one_line(prepared_digits,
                                                                         tmp_path, capsys):
     from ampflow.cli import main
