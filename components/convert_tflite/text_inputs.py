@@ -150,14 +150,23 @@ def shipped_tokenizer(saved_model_dir: Path):
 
 
 def is_text_savedmodel(saved_model_dir: Path) -> bool:
-    """Whether the export wrote a text model there (its ampflow_export.json says so)."""
+    """Whether a text model is there.
+
+    Its ampflow_export.json says so or, without one (a SavedModel copied without it), it has
+    the text contract's `token_ids` signature.
+    """
     import json
+
+    from ampflow.serving.model_format import serving_signature_defs
 
     path = Path(saved_model_dir) / "ampflow_export.json"
     try:
         return json.loads(path.read_text()).get("modality") == "text"
     except (OSError, ValueError):
-        return False
+        try:
+            return TOKEN_IDS_SIGNATURE in serving_signature_defs(saved_model_dir)
+        except ModelLoadError:
+            return False  # unreadable: the reference's load says why
 
 
 def token_ids(tokenizer, texts: list[str]) -> np.ndarray:

@@ -172,3 +172,17 @@ def test_convert_runs_each_example_alone_when_a_batch_fails_and_counts_the_failu
     assert out["ran"].tolist() == [True, False, True, False]
     assert out["class_ids"].tolist() == [1, -1, 1, -1]
     assert np.isnan(out["probabilities"][1]).all()
+
+
+@pytest.mark.slow
+def test_a_text_savedmodel_without_its_export_json_is_still_read_as_text(text_savedmodel,
+                                                                         tmp_path):
+    import shutil
+
+    from ampflow.components.convert_tflite.text_inputs import is_text_savedmodel
+
+    _, version_dir = text_savedmodel
+    copy = tmp_path / "1"
+    shutil.copytree(version_dir, copy)
+    (copy / "ampflow_export.json").unlink()
+    assert is_text_savedmodel(version_dir) and is_text_savedmodel(copy)
