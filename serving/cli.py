@@ -271,7 +271,7 @@ def _client(args: argparse.Namespace):
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from ampflow.serving.client import load_images, read_encoded_images, top_k
+    from ampflow.serving.client import load_images, read_encoded_images, takes_text, top_k
     from ampflow.serving.model_format import CLASSIFY_METHOD
 
     if args.top_k < 1:
@@ -292,6 +292,9 @@ def _predict(args: argparse.Namespace) -> int:
             raise ServingError(f"`ampflow predict` needs a single-input signature. Received: "
                                f"inputs {sorted(specs)}")
         (spec,) = specs.values()
+        if takes_text(signature):
+            raise ConfigError(f"signature {args.signature!r} takes texts (input 'text'), not "
+                              "files. Received: files (use --text or --text-file)")
         if spec.dtype is not None and spec.dtype.kind == "O":  # a string input: the files
             batch = read_encoded_images(args.inputs)
         elif spec.dtype is not None and spec.dtype.kind in "fiu":

@@ -30,6 +30,7 @@ from ampflow_client._common import (
     PredictResult,
     SignatureLookups,
     TensorSpec,
+    takes_text,
     tensor_spec,
     text_label,
     text_signature,
@@ -48,8 +49,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["STATE_NAMES", "ClassifyResult", "PredictResult", "PredictionClient", "RpcError",
            "SignatureLookups", "TensorSpec", "as_array", "is_image_file", "load_images",
-           "read_encoded_images", "read_texts", "tensor_spec", "text_label", "text_signature",
-           "top_k"]
+           "read_encoded_images", "read_texts", "takes_text", "tensor_spec", "text_label",
+           "text_signature", "top_k"]
 
 
 class RpcError(ServingError):

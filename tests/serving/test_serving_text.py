@@ -34,6 +34,7 @@ from ampflow.serving.rest_client import RestClient
 pytestmark = [pytest.mark.serving, pytest.mark.slow, pytest.mark.timeout(300)]
 
 MODEL = "reviews"
+IMAGE_MODEL = "digits"  # the contract image model beside it: a model that takes no text
 SEQ = 12
 CLASSES = ("gloomy", "happy", "weird")
 KEYWORDS = {"gloomy": ("awful", "dreadful", "dull"), "happy": ("great", "superb", "wonderful"),
@@ -87,8 +88,13 @@ def text_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(text_model):
+    from ampflow.serving.testing import write_model_version
+
     base, _ = text_model
-    config = ServerConfig(models=(ModelConfig(MODEL, base),), host="127.0.0.1", port=0,
+    images = base.parent / IMAGE_MODEL
+    write_model_version(images, 1, model_name=IMAGE_MODEL, warmup=False)
+    models = (ModelConfig(MODEL, base), ModelConfig(IMAGE_MODEL, images))
+    config = ServerConfig(models=models, host="127.0.0.1", port=0,
                           rest_api_port=free_port(), max_message_bytes=32 * 1024 * 1024,
                           max_string_bytes=STRING_LIMIT, max_strings_per_request=STRINGS_LIMIT,
                           enable_warmup=False, grace_s=1.0)
@@ -306,17 +312,44 @@ def test_ampflow_client_predict_text_prints_class_names(server, capsys, expected
         assert [_class_name(line) for line in out[1:]] == [CLASSES[c] for c in expected]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--text", "x", "some.png"], "give image files or texts, not both"),
-    (["--text-file", "/nonexistent/texts.txt"], "text-file must be a readable file"),
-    ([], "give image files, --text or --text-file"),
+@pytest.fixture(scope="module")
+def png_file(tmp_path_factory) -> str:
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("png") / "digit.png"
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("model, argv, message", [
+    (MODEL, ["--text", "x", "some.png"], "give image files or texts, not both"),
+    (MODEL, ["--text-file", "/nonexistent/texts.txt"], "text-file must be a readable file"),
+    (MODEL, [], "give image files, --text or --text-file"),
+    (MODEL, ["PNG"], "takes texts (input 'text'), not files"),
+    (IMAGE_MODEL, ["--text", "a great film"], "has no signature taking text"),
 ])
-def test_ampflow_predict_text_bad_input_is_one_line(server, argv, message, capsys):
+def test_ampflow_predict_text_bad_input_is_one_line(server, model, argv, message, png_file,
+                                                     capsys):
     from ampflow.cli import main
 
-    code = main(["predict", "--port", str(server.port), "--model-name", MODEL, *argv])
+    argv = [png_file if a == "PNG" else a for a in argv]
+    code = main(["predict", "--port", str(server.port), "--model-name", model, *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("model, argv, message", [
+    (MODEL, ["PNG"], "takes texts (input 'text'), not files"),
+    (IMAGE_MODEL, ["--text", "a great film"], "has no signature taking text"),
+])
+def test_ampflow_client_predict_text_bad_input_is_one_line(server, model, argv, message,
+                                                            png_file, capsys):
+    from ampflow_client.cli import main
+
+    argv = [png_file if a == "PNG" else a for a in argv]
+    code = main(["predict", "--port", str(server.port), "--model-name", model, *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and message in err[0], err
 
 
 # ---- each protocol declares its longest string before building; the core refuses on it ------

@@ -17,6 +17,7 @@ from ampflow_client._common import (
     CLASSIFY_METHOD,
     DEFAULT_SIGNATURE,
     read_texts,
+    takes_text,
     text_label,
     text_signature,
 )
@@ -108,6 +109,9 @@ def predict(client, args: argparse.Namespace) -> list[str]:
     if sigs[signature].method_name == CLASSIFY_METHOD:
         raise ConfigError(f"signature {signature!r} is a classify signature: use "
                           "`ampflow predict` or Client.classify with tf.Examples")
+    if takes_text(sigs[signature]):
+        raise ConfigError(f"signature {signature!r} takes texts (input 'text'), not files. "
+                          "Received: files (use --text or --text-file)")
     specs = client.input_specs(args.model_name, args.version, signature)
     if len(specs) != 1:
         raise ConfigError(f"predict needs a single-input signature. Received: inputs "
