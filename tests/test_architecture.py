@@ -191,7 +191,7 @@ WIRE_NAMES = {"serving_default": "DEFAULT_SIGNATURE", "probabilities": "PROBABIL
               "class_ids": "CLASS_IDS_OUTPUT"}
 SPELLED_ALIKE = {
     "components/train/user_model.py": 1,  # PROBABILITIES_LAYER: the Keras output layer's name
-    "components/train/models.py": 1,  # that layer's name in the built-in models
+    "components/train/heads.py": 1,  # that layer's name in the built-in models
     "components/export_savedmodel/canary_examples.py": 2,  # canary_examples.npz's own keys
 }
 
