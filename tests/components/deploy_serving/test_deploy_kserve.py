@@ -219,7 +219,7 @@ def predictor(tmp_path):
     store = tmp_path / "store"
     (store / MODEL_NAME).mkdir(parents=True)
     with ServeProcess(MODEL_NAME, store / MODEL_NAME, tmp_path / "predictor.log",
-                      "--version-policy", "all",
+                      "--version-policy", "all", "--wait-for-base-path",  # empty until a deploy
                       "--file-system-poll-wait-seconds", "0.5") as served:
         yield store, served.address
 

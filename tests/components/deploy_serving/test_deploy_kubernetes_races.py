@@ -35,15 +35,16 @@ def server(tmp_path_factory):
     store = tmp_path_factory.mktemp("k8s-race-store")
     (store / MODEL_NAME).mkdir()
     with ServeProcess(MODEL_NAME, store / MODEL_NAME, store.parent / "k8s-race-server.log",
-                      "--version-policy", "all",
+                      "--version-policy", "all", "--wait-for-base-path",  # empty until a deploy
                       "--file-system-poll-wait-seconds", "0.5") as served:
         yield store, served.address
 
 
 def _config(api, tmp_path, store, address, saved_model_dir) -> DeployConfig:
     api.kubeconfig(tmp_path / "kubeconfig")
-    return DeployConfig(
-        saved_model_dir=saved_model_dir, target="kubernetes", model_store=str(store),
+    return DeployConfig(  # the export's own number, as given (the module's store is shared)
+        saved_model_dir=saved_model_dir, version=int(saved_model_dir.name), target="kubernetes",
+        model_store=str(store),
         kubeconfig=tmp_path / "kubeconfig", namespace=NAMESPACE, rollout_timeout_s=20,
         canary_timeout_s=60, server_address=address, canary_address=address)
 

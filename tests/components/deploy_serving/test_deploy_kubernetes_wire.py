@@ -35,15 +35,18 @@ def server(tmp_path_factory):
     store = tmp_path_factory.mktemp("k8s-store")
     (store / MODEL_NAME).mkdir()
     with ServeProcess(MODEL_NAME, store / MODEL_NAME, store.parent / "k8s-server.log",
-                      "--version-policy", "all",
+                      "--version-policy", "all", "--wait-for-base-path",  # empty until a deploy
                       "--file-system-poll-wait-seconds", "0.5") as served:
         yield store, served.address
 
 
 def _deploy(api: FakeApiServer, tmp_path, store, address, saved_model_dir, **kwargs):
     api.kubeconfig(tmp_path / "kubeconfig")
+    # the export's own number, as given (the module's store is shared; numbering is tested in
+    # test_deploy_races.py): a version already there with this model is a no-op push
     return run_deploy(DeployConfig(
-        saved_model_dir=saved_model_dir, target="kubernetes", model_store=str(store),
+        saved_model_dir=saved_model_dir, version=int(saved_model_dir.name), target="kubernetes",
+        model_store=str(store),
         kubeconfig=tmp_path / "kubeconfig", namespace=NAMESPACE, rollout_timeout_s=20,
         canary_timeout_s=60, server_address=address, canary_address=address, **kwargs))
 
