@@ -1,7 +1,8 @@
 """TFLite variants of a text model (issue 39 point 5): token ids in, the vocabulary beside.
 
 The SavedModel is the real export of bert_tiny trained by `ampflow train` under mixed_float16
-(tests/components/export_savedmodel/text_model_helpers.py, loaded here by its path). The
+(tests/components/export_savedmodel/text_model_helpers.py, loaded here by its path; made once
+per session for both test files). The
 conversion runs once per module with every variant; its verdict is whatever the gate decides on
 the measured numbers (full_int8 of bert_tiny may fail: then the report must say why, and the
 step must raise). Every variant is then loaded in the pip LiteRT interpreter (the runtime an
@@ -32,14 +33,9 @@ def _helpers():
 
 @pytest.fixture(scope="module")
 def text_savedmodel(tmp_path_factory):
-    """(prepared text dir, the exported version dir)."""
-    from ampflow.components.export_savedmodel import ExportConfig, run_export
-
-    data_dir, model_dir = _helpers().prepare_and_train(tmp_path_factory)
-    result = run_export(ExportConfig(model_dir=model_dir, data_dir=data_dir, force=True,
-                                     export_base=tmp_path_factory.mktemp("text-export"),
-                                     num_warmup_records=1))
-    return data_dir, result.version_dir
+    """(prepared text dir, the version run_export published; shared with export's tests)."""
+    data_dir, _, version_dir = _helpers().export_text_model(tmp_path_factory)
+    return data_dir, version_dir
 
 
 @pytest.fixture(scope="module")

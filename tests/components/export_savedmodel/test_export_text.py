@@ -1,7 +1,8 @@
 """Export of a text model (issue 39 point 5): raw text in, the tokenizer in the graph.
 
 The model is real: bert_tiny trained by `ampflow train` under mixed_float16 on a prepared text
-folder (text_model_helpers.py), exported once per module behind a passed verdict. The SavedModel
+folder and exported behind a passed verdict, once per session (text_model_helpers.py: the
+convert tests reuse both). The SavedModel
 is then called as TF Serving calls it: `serving_default` on raw strings, `classify` on
 tf.Examples with a `text` feature, `token_ids` on ids, and the warm-up file replayed.
 """
@@ -9,12 +10,13 @@ tf.Examples with a `text` feature, `token_ids` on ids, and the warm-up file repl
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from text_model_helpers import prepare_and_train
-from verdict_helpers import write_verdict
+from text_model_helpers import export_text_model, prepare_and_train
 
 from ampflow.components.export_savedmodel import ExportConfig, list_versions, run_export
 from ampflow.components.export_savedmodel.text_signatures import (
@@ -35,13 +37,17 @@ def text_run(tmp_path_factory):
     return prepare_and_train(tmp_path_factory)
 
 
+@dataclass(frozen=True)
+class _Exported:
+    version_dir: Path
+    metadata: dict
+
+
 @pytest.fixture(scope="module")
-def text_export(tmp_path_factory, text_run):
-    data_dir, model_dir = text_run
-    eval_dir = write_verdict(tmp_path_factory.mktemp("eval-text"), True, model_dir=model_dir)
-    return run_export(ExportConfig(model_dir=model_dir, data_dir=data_dir, eval_dir=eval_dir,
-                                   export_base=tmp_path_factory.mktemp("text-base"),
-                                   model_name="reviews", num_warmup_records=4))
+def text_export(tmp_path_factory):
+    """The version run_export published behind a passed verdict (shared with convert's tests)."""
+    *_, version_dir = export_text_model(tmp_path_factory)
+    return _Exported(version_dir, json.loads((version_dir / "ampflow_export.json").read_text()))
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +92,8 @@ def test_text_export_follows_the_contract_and_ships_the_vocabulary(text_export, 
     assert parity["text_vs_token_ids_max_abs_diff"] <= 1e-6
     assert meta["half_precision_nodes"] == 0 and meta["source"]["trained_policy"] == (
         "mixed_float16")
-    written = json.loads((version_dir / "ampflow_export.json").read_text())
-    assert written["tokenizer"]["max_sequence_length"] == 16
+    assert meta["tokenizer"]["max_sequence_length"] == 16
+    assert meta["gate"]["forced"] is False  # exported behind the passed verdict
 
 
 @pytest.mark.slow

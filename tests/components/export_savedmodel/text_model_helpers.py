@@ -43,30 +43,62 @@ def write_text_folder(root: Path, seed: int = 7) -> Path:
 
 
 def prepare_and_train(tmp_path_factory) -> tuple[Path, Path]:
-    """(prepared data dir, trained model dir), made once per test session and shared.
+    """(prepared data dir, trained model dir), made once per test session and shared."""
+    root = _once(tmp_path_factory, "ampflow-text-run", _prepare_and_train)
+    return root / "prepared", root / "model"
 
-    The export and the convert tests both need it; under pytest-xdist they may run in two
-    workers, so the first to come trains under a file lock in the session's shared temp dir
-    (the workers' basetemps' parent) and the other reuses its published dirs.
+
+def export_text_model(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(data dir, model dir, exported version dir): `run_export` behind a passed verdict, once.
+
+    The version is `<root>/serving/reviews/1` with 4 warm-up Predict requests on text.
+    """
+    data_dir, model_dir = prepare_and_train(tmp_path_factory)
+
+    def export(root: Path) -> None:
+        import json
+        import shutil
+
+        from ampflow.components.evaluate_parity import model_sha256
+        from ampflow.components.export_savedmodel import ExportConfig, run_export
+
+        shutil.rmtree(root / "serving", ignore_errors=True)  # a run killed half-way
+        (root / "eval").mkdir(exist_ok=True)
+        (root / "eval" / "verdict.json").write_text(json.dumps(
+            {"passed": True, "failed_checks": [], "model_sha256": model_sha256(model_dir)}))
+        run_export(ExportConfig(model_dir=model_dir, data_dir=data_dir, eval_dir=root / "eval",
+                                export_base=root / "serving", model_name="reviews",
+                                num_warmup_records=4))
+
+    root = _once(tmp_path_factory, "ampflow-text-export", export)
+    return data_dir, model_dir, root / "serving" / "reviews" / "1"
+
+
+def _once(tmp_path_factory, name: str, make) -> Path:
+    """`make(root)` run once per test session, whichever pytest-xdist worker comes first.
+
+    The export and the convert tests both need the trained model and its export; under
+    pytest-xdist they may run in two workers, so the first to come makes it under a file lock
+    in the session's shared temp dir (the workers' basetemps' parent) and the other reuses it.
     """
     base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "ampflow-text-run"
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
     root.mkdir(exist_ok=True)
-    data_dir, model_dir = root / "prepared", root / "model"
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not (root / "done").is_file():
-            _prepare_and_train(root, data_dir, model_dir)
+            make(root)
             (root / "done").write_text("")
-    return data_dir, model_dir
+    return root
 
 
-def _prepare_and_train(root: Path, data_dir: Path, model_dir: Path) -> None:
-    """prepare-data and train through the CLI, as a user runs them."""
+def _prepare_and_train(root: Path) -> None:
+    """prepare-data and train through the CLI, as a user runs them, into `root`."""
     import shutil
 
     from ampflow.cli import main
 
+    data_dir, model_dir = root / "prepared", root / "model"
     for leftover in ("reviews", data_dir.name, model_dir.name):  # a run killed half-way
         shutil.rmtree(root / leftover, ignore_errors=True)
     folder = write_text_folder(root / "reviews")
