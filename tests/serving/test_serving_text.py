@@ -352,6 +352,26 @@ def test_ampflow_client_predict_text_bad_input_is_one_line(server, model, argv, 
     assert code == 1 and len(err) == 1 and message in err[0], err
 
 
+def test_ampflow_predict_text_never_imports_tensorflow(server, tmp_path):
+    """A text query reads the signatures from the client's own protos, as an image query does."""
+    import subprocess
+    import sys
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a great film\n")
+    commands = [["predict", "--port", str(server.port), "--model-name", MODEL, "--text", "odd"],
+                ["predict", "--protocol", "rest", "--port", str(server.rest_port),
+                 "--model-name", MODEL, "--text-file", str(texts)]]
+    code = ("import sys; from ampflow.cli import main\n"
+            f"for argv in {commands!r}:\n"
+            "    assert main(argv) == 0, argv\n"
+            "print('tensorflow imported:', 'tensorflow' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tensorflow imported: False" in done.stdout, done.stdout
+
+
 # ---- each protocol declares its longest string before building; the core refuses on it ------
 
 def test_every_protocol_declares_its_longest_string_without_building_it():
