@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from ampflow.components.prepare_data.text import is_text
 
 RESULTS_JSON = "results.json"
 RESULTS_TEXT = "results.txt"
@@ -33,12 +35,20 @@ def key_metrics(result) -> dict[str, Any]:
     """The numbers a user looks at first, read from the artifacts' own JSON files."""
     art = result.artifacts
     out: dict[str, Any] = {}
+    info = _json(art.get("prepare-data", {}).get("data"), "dataset_info.json") or {}
+    unit = _unit(info)
+    if is_text(info):
+        out["data.texts"] = _splits(info, "texts")
+        out["data.skipped"] = skipped_by_reason(info)
     meta = _json(art.get("train", {}).get("model"), "metadata.json")
     if meta:
         out["train.policy"] = meta["precision"]["policy"]
         out["train.xla"] = meta["xla"]["effective"]
         out["train.val_accuracy"] = meta["final_metrics"].get("val_accuracy")
-        out["train.throughput_img_per_s"] = meta["throughput_examples_per_sec"]
+        if meta.get("tokenizer"):
+            out["train.tokenizer"] = _tokenizer(meta["tokenizer"])
+        out[f"train.throughput_{unit.rate.replace('/', '_per_')}"] = meta[
+            "throughput_examples_per_sec"]
         scale = meta["loss_scale"]
         if scale.get("enabled"):
             out["train.loss_scale_final"] = scale["final"]
@@ -49,7 +59,7 @@ def key_metrics(result) -> dict[str, Any]:
                     "argmax_agreement", "max_abs_logit_diff", "max_relative_logit_diff"):
             if key in metrics:
                 out[f"parity.{key}"] = metrics[key]
-        out.update(training_parity(metrics))
+        out.update(training_parity(metrics, unit))
         out.update(release_quality(metrics))
         out["parity.gate"] = "passed" if metrics.get("gate", {}).get("passed") else "FAILED"
     from ampflow.components.evaluate_parity.serving_gate import SERVING_VERDICT_FILE
@@ -76,7 +86,44 @@ def key_metrics(result) -> dict[str, Any]:
     return out
 
 
-def training_parity(metrics: dict[str, Any]) -> dict[str, str]:
+class _Unit(NamedTuple):
+    """What the examples are called in the lines: images or texts."""
+
+    plural: str
+    rate: str
+
+
+IMAGES, TEXTS = _Unit("images", "img/s"), _Unit("texts", "texts/s")
+
+
+def _unit(info: dict[str, Any]) -> _Unit:
+    """Texts for a text dataset (its dataset_info.json), images otherwise."""
+    return TEXTS if is_text(info) else IMAGES
+
+
+def _splits(info: dict[str, Any], plural: str) -> str:
+    return ", ".join(f"{n} {name}" for name, n in info.get("splits", {}).items()) + f" {plural}"
+
+
+def skipped_by_reason(info: dict[str, Any]) -> str:
+    """`1 file or row left out (not UTF-8: 1)`, or `none left out`: dataset_info.json's count."""
+    skipped = info.get("skipped_files") or {}
+    count = int(skipped.get("count") or 0)
+    if not count:
+        return "none left out"
+    reasons = ", ".join(f"{reason}: {n}" for reason, n in
+                        (skipped.get("by_reason") or {}).items())
+    return f"{count} {'file or row' if count == 1 else 'files or rows'} left out ({reasons})"
+
+
+def _tokenizer(tokenizer: dict[str, Any]) -> str:
+    """`sequence length 32, 1,204 ids in use (of 20,000)`: the text model's input."""
+    return (f"sequence length {tokenizer['max_sequence_length']}, "
+            f"{tokenizer['vocabulary_in_use']:,} ids in use (of "
+            f"{tokenizer['vocabulary_size']:,})")
+
+
+def training_parity(metrics: dict[str, Any], unit: _Unit = IMAGES) -> dict[str, str]:
     """AMP-trained vs float32-trained accuracy and the AMP training speedup, as printed."""
     if "baseline_accuracy" not in metrics:
         return {}
@@ -87,11 +134,12 @@ def training_parity(metrics: dict[str, Any]) -> dict[str, str]:
             f"{m['baseline_accuracy_delta_points']:+.2f} points (paired SE "
             f"{m['baseline_delta_stderr_points']:.2f}; right only under AMP: "
             f"{int(m['baseline_amp_only_correct'])}, only under float32: "
-            f"{int(m['baseline_only_correct'])} images; McNemar p = "
+            f"{int(m['baseline_only_correct'])} {unit.plural}; McNemar p = "
             f"{m['baseline_mcnemar_p_value']:.3g})"),
         "parity.amp_training_speedup": (
             f"{m['training_speedup']:.3g}x ± {m['training_speedup_stderr']:.2g} (SE; "
-            f"{m['amp_train_img_per_s']:.0f} vs {m['baseline_train_img_per_s']:.0f} img/s)"),
+            f"{m['amp_train_img_per_s']:.0f} vs {m['baseline_train_img_per_s']:.0f} "
+            f"{unit.rate})"),
     }
 
 
@@ -164,17 +212,22 @@ def step_headline(task: str, task_dir: Path) -> str:
 
 def _data_headline(task_dir: Path) -> str:
     info = _json(task_dir / "data", "dataset_info.json") or {}
-    splits = ", ".join(f"{n} {name}" for name, n in info.get("splits", {}).items())
-    return f"{info['name']}: {splits} images" if info else ""
+    if not info:
+        return ""
+    text = f"{info['name']}: {_splits(info, _unit(info).plural)}"
+    return f"{text}; {skipped_by_reason(info)}" if is_text(info) else text
 
 
 def _train_headline(task_dir: Path) -> str:
     meta = _json(task_dir / "model", "metadata.json")
     if not meta:
         return ""
+    unit = TEXTS if meta.get("modality") == "text" else IMAGES
     text = (f"{meta['precision']['policy']}, XLA {'on' if meta['xla']['effective'] else 'off'}: "
             f"val_accuracy {meta['final_metrics']['val_accuracy']:.4f}, "
-            f"{meta['throughput_examples_per_sec']:.0f} img/s")
+            f"{meta['throughput_examples_per_sec']:.0f} {unit.rate}")
+    if meta.get("tokenizer"):
+        text += f", sequence length {meta['tokenizer']['max_sequence_length']}"
     scale = meta.get("loss_scale", {})
     if scale.get("enabled"):
         text += (f", loss scale {scale['final']:g} ({scale['skipped_steps']} of "

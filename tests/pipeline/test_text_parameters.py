@@ -172,3 +172,25 @@ def test_run_local_refuses_in_one_line_before_any_step(tmp_path, capsys, flags, 
     assert len(err) == 1, err
     assert err[0].startswith("ampflow run-local: error: ") and message in err[0], err
     assert not workdir.exists()  # nothing ran, nothing was written
+
+
+def test_the_data_step_line_says_the_texts_and_what_was_left_out_by_reason(tmp_path):
+    import json
+
+    from ampflow.pipeline.report import step_headline
+
+    (tmp_path / "data").mkdir()
+    info = {"name": "ampflow_text_folder", "modality": "text", "splits": {"train": 270,
+                                                                           "test": 60},
+            "skipped_files": {"count": 3, "by_reason": {"not UTF-8": 2, "empty": 1}}}
+    (tmp_path / "data" / "dataset_info.json").write_text(json.dumps(info))
+    assert step_headline("prepare-data", tmp_path) == (
+        "ampflow_text_folder: 270 train, 60 test texts; 3 files or rows left out (not UTF-8: "
+        "2, empty: 1)")
+    info.update(skipped_files={"count": 0, "by_reason": {}})
+    (tmp_path / "data" / "dataset_info.json").write_text(json.dumps(info))
+    assert step_headline("prepare-data", tmp_path).endswith("60 test texts; none left out")
+    images = {"name": "ampflow_digits", "modality": "image", "splits": {"train": 1438,
+                                                                         "test": 359}}
+    (tmp_path / "data" / "dataset_info.json").write_text(json.dumps(images))
+    assert step_headline("prepare-data", tmp_path) == "ampflow_digits: 1438 train, 359 test images"
