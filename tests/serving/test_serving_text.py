@@ -421,3 +421,15 @@ def test_the_core_refuses_an_oversized_string_before_building_any_array(server):
             core.infer(InferRequest(MODEL, inputs=[item]))
         assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert not built
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--max-string-bytes", "0", "max-string-bytes must be >= 1"),
+    ("--max-strings-per-request", "-1", "max-strings-per-request must be >= 0"),
+])
+def test_serve_refuses_a_string_limit_that_cannot_be(tmp_path, flag, value, message, capsys):
+    from ampflow.cli import main
+
+    code = main(["serve", "--model-base-path", str(tmp_path), flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
