@@ -155,8 +155,9 @@ def _claim_exactly(model_base: Path, version: int, claimed: list[int]) -> int:
     if version in claimed:
         raise DeployError(
             f"version {version} of {model_base.name} is being deployed by another deploy now "
-            f"(its claim {_claim_file(model_base, version)} exists). Expected: another version "
-            f"number, or leave --version unset. Received: version={version}")
+            f"(its claim {_claim_file(model_base, version)} exists; with no deploy running, a "
+            "killed one left it: remove it). Expected: another version number, or leave "
+            f"--version unset. Received: version={version}")
     _claim_file(model_base, version).touch()
     return version
 

@@ -189,3 +189,18 @@ def test_a_version_dir_name_that_is_no_version_is_a_config_error(tmp_path, name)
                           model_store=str(tmp_path / "store"))
     with pytest.raises(ConfigError, match="positive version number"):
         _ = config.resolved_version
+
+
+def test_cli_deploy_of_a_version_another_deploy_is_copying_is_one_line(export_base, tmp_path,
+                                                                       capsys):
+    from ampflow.cli import main
+
+    store = tmp_path / "store"
+    model_store.claim_version(store / MODEL_NAME, exactly=5)  # a deploy copying version 5 now
+    code = main(["deploy", "--saved-model-dir", str(export_base / MODEL_NAME / "1"),
+                 "--model-store", str(store), "--version", "5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and "Traceback" not in "\n".join(err)
+    assert err[-1].startswith("ampflow deploy: error: version 5 of digits is being deployed by "
+                              "another deploy now")
+    assert sorted(p.name for p in (store / MODEL_NAME).iterdir()) == [".5.claimed", VERSIONS_LOCK]
