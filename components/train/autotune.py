@@ -276,9 +276,10 @@ class _ChildRun:
     def __init__(self, request: dict) -> None:
         from ampflow.components.prepare_data import load_dataset_info
         from ampflow.components.train.build import training_data
+        from ampflow.components.train.config import TrainConfig
         from ampflow.components.train.loop import distribute_datasets
         from ampflow.components.train.precision import detect_hardware
-        from ampflow.components.train.step import TrainConfig, make_runtime
+        from ampflow.components.train.runtime import make_runtime
 
         self.config = TrainConfig(**request["config"])
         self.hardware = (hardware_from_dict(request["hardware"]) if request["hardware"]

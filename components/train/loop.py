@@ -24,30 +24,8 @@ is left out of the share (one extra read, once per run): it holds the tracing, a
 compilation and the pipeline's start-up (the shuffle buffer's first fill), not the steady state.
 
 Distribution details that the code below handles, each measured on TF 2.21 / Keras 3.15:
-- One collective per step (`packed_allreduce`, the default): each replica all-reduces its
-  gradients AND the step's statistics (loss, correct, count) in one packed all-reduce
-  (`CommunicationOptions(bytes_per_pack=...)`), then applies the reduced gradients. Profiled on
-  two single-core workers over loopback (benchmarks/results/train_scaling_profile_*.md), every
-  collective costs ~1.3 ms of latency whatever its size below a few MB, against a 5 ms small
-  CNN step: the former path's three collectives per step (Keras's gradient all-reduce, the
-  statistics' reduce and, under loss scaling, the skip agreement below) were most of the lost
-  scaling. Keras 3's TF optimizer all-reduces inside `apply()` and has no switch to say the
-  gradients are reduced already (tf.keras's `experimental_aggregate_gradients=False` is gone),
-  so while the step is traced its `_all_reduce_sum_gradients` is the identity
-  (`_gradients_already_reduced`): without that every gradient would be summed twice.
-- `LossScaleOptimizer` decides "finite or skip" on the gradients it is given. Under the packed
-  path they are the reduced ones, the same bits on every replica, so every replica takes the
-  same verdict with no extra collective (an inf or NaN on one worker makes the sum non-finite
-  everywhere). On the former path (`--no-packed-allreduce`) Keras checks each worker's *local*
-  gradients before its all-reduce: two workers could disagree (one skips, the other waits in
-  the all-reduce forever), so the replicas agree first (one scalar all-reduce), and a
-  non-finite verdict anywhere makes every replica skip, as a single process would.
-- `allreduce_dtype="compute"` all-reduces the (still loss-scaled) gradients in the policy's
-  compute dtype (float16/bfloat16: half the bytes), casts the sum back to float32, and only then
-  does LossScaleOptimizer check it and unscale it: an overflow in the half-precision sum is a
-  skipped step on every worker, like any other overflow. It changes the numbers (each gradient
-  and the sum are rounded to the compute dtype), so float32 stays the default; what it buys is
-  measured in benchmarks/results/train_scaling_*.md.
+- The gradients' all-reduce (one packed collective per step, the loss-scale verdict on the
+  reduced gradients, `allreduce_dtype`) is allreduce.py's; its module docstring says why.
 - XLA cannot compile the collectives (UnimplementedError under MultiWorkerMirroredStrategy), so
   with more than one replica only the forward and backward pass are XLA-compiled; the all-reduce
   and the optimizer update run outside. One replica compiles the whole step, as `fit` does.
@@ -68,7 +46,6 @@ Distribution details that the code below handles, each measured on TF 2.21 / Ker
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import shutil
@@ -78,8 +55,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampflow.cliutil import invalid_choice
 from ampflow.components.train import checkpoints
+from ampflow.components.train.allreduce import (
+    agree_on_finite,
+    all_reduce_packed,
+    describe_allreduce,
+    gradients_already_reduced,
+    wire_dtype,
+)
 from ampflow.components.train.cluster import ClusterSpec
 from ampflow.errors import ConfigError
 from ampflow.progress import Progress
@@ -222,7 +205,7 @@ class TrainLoop:
                               if v.dtype in ("float32", "float16", "bfloat16", "float64")]
         self.jit_scope = self._jit_scope()
         self.packed = bool(config.packed_allreduce and runtime.num_replicas > 1)
-        self.allreduce_wire_dtype = _wire_dtype(config.allreduce_dtype)
+        self.allreduce_wire_dtype = wire_dtype(config.allreduce_dtype)
         if runtime.num_replicas > 1 and runtime.is_chief:
             log.info("gradient all-reduce: %s", self.describe_allreduce())
         self._train_step = tf.function(self._distributed_train_step)
@@ -265,7 +248,7 @@ class TrainLoop:
 
     def _apply(self, grads) -> None:
         if self.config.loss_scaling and self.runtime.num_replicas > 1:
-            grads = _agree_on_finite(self.optimizer, grads)
+            grads = agree_on_finite(self.optimizer, grads)
         self.optimizer.apply(grads, self.model.trainable_variables)
 
     def _replica_step(self, images, labels):
@@ -273,31 +256,6 @@ class TrainLoop:
         self._apply(grads)
         return stats
 
-    def _all_reduce_packed(self, grads, stats):
-        """(summed gradients, summed stats) of every replica: one collective per wire dtype.
-
-        The statistics ride in the gradients' pack (float32); with `allreduce_dtype="compute"`
-        the gradients travel in the compute dtype and the statistics in a second, tiny pack of
-        their own (a sum of losses in bfloat16 would keep 3 significant digits).
-        """
-        import tensorflow as tf
-
-        context = tf.distribute.get_replica_context()
-        options = tf.distribute.experimental.CommunicationOptions(
-            bytes_per_pack=self.config.allreduce_bytes_per_pack)
-        present = [i for i, g in enumerate(grads) if g is not None]
-        dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices: dense
-        wire = self.allreduce_wire_dtype or dense[0].dtype
-        on_wire = [tf.cast(g, wire) for g in dense]
-        if wire == stats.dtype:
-            *summed, stats = context.all_reduce("SUM", on_wire + [stats], options=options)
-        else:
-            summed = context.all_reduce("SUM", on_wire, options=options)
-            stats = context.all_reduce("SUM", stats, options=options)
-        reduced = list(grads)
-        for i, g in zip(present, summed, strict=True):
-            reduced[i] = tf.cast(g, dense[present.index(i)].dtype)
-        return reduced, stats
 
     def _build_replica_fn(self) -> Callable:
         import tensorflow as tf
@@ -315,7 +273,8 @@ class TrainLoop:
             if not self.packed:
                 self._apply(grads)
                 return stats
-            grads, stats = self._all_reduce_packed(grads, stats)
+            grads, stats = all_reduce_packed(grads, stats, self.allreduce_wire_dtype,
+                                             self.config.allreduce_bytes_per_pack)
             self.optimizer.apply(grads, self.model.trainable_variables)
             return stats
 
@@ -325,17 +284,9 @@ class TrainLoop:
         """How gradients are all-reduced, for the metadata (None with one replica)."""
         if self.runtime.num_replicas == 1:
             return None
-        if not self.packed:
-            return {"packed": False, "collectives_per_step": 3 if self.config.loss_scaling else 2,
-                    "dtype": "float32", "how": "Keras's optimizer all-reduce, then the step's "
-                    "statistics (and the loss-scale verdict) in collectives of their own"}
-        wire = self.allreduce_wire_dtype or "float32"
-        how = ("gradients and the step's statistics in one packed all-reduce" if wire == "float32"
-               else f"gradients in one packed all-reduce in {wire}, the step's statistics in a "
-                    "float32 one")
-        return {"packed": True, "collectives_per_step": 1 if wire == "float32" else 2,
-                "dtype": wire, "bytes_per_pack": self.config.allreduce_bytes_per_pack,
-                "how": how + "; the loss-scale verdict taken on the reduced gradients"}
+        return describe_allreduce(self.packed, self.config.loss_scaling,
+                                  self.allreduce_wire_dtype, self.config.allreduce_bytes_per_pack)
+
 
     def _distributed_train_step(self, iterator):
         import tensorflow as tf
@@ -344,7 +295,7 @@ class TrainLoop:
             self._replica_fn = self._build_replica_fn()
         images, labels = self._timed_next(iterator)
         if self.packed:
-            with _gradients_already_reduced(self.optimizer):  # while tracing: see the top
+            with gradients_already_reduced(self.optimizer):  # while tracing: see the top
                 per_replica = self.strategy.run(self._replica_fn, args=(images, labels))
             # Every replica holds the same all-reduced sums: this worker's first copy.
             stats = self.strategy.experimental_local_results(per_replica)[0]
@@ -692,65 +643,6 @@ def _train_loss(labels, probabilities, label_smoothing: float):
     return keras.losses.categorical_crossentropy(one_hot, probabilities,
                                                  label_smoothing=label_smoothing)
 
-
-def _agree_on_finite(optimizer, grads):
-    """Make LossScaleOptimizer's skip decision the same on every replica.
-
-    Keras checks the *local* gradients for inf/NaN before its all-reduce; a non-finite gradient
-    on one replica only would make that replica skip while the others wait in the all-reduce.
-    One scalar all-reduce finds out whether any replica saw one; if so, every replica gets a NaN
-    in its first gradient, so every replica's own check says "skip", as one process would.
-    """
-    import tensorflow as tf
-
-    local_bad = 1.0 - tf.cast(optimizer.check_finite(grads), tf.float32)
-    any_bad = tf.distribute.get_replica_context().all_reduce("SUM", local_bad) > 0
-    first = next(i for i, g in enumerate(grads) if g is not None)
-    poison = tf.where(any_bad, tf.constant(float("nan"), grads[first].dtype),
-                      tf.zeros([], grads[first].dtype))
-    grads = list(grads)
-    grads[first] = grads[first] + poison
-    return grads
-
-
-ALLREDUCE_DTYPES = ("float32", "compute")
-
-
-def _wire_dtype(allreduce_dtype: str) -> str | None:
-    """The dtype gradients are all-reduced in: None (their own, float32) or the compute dtype."""
-    if allreduce_dtype not in ALLREDUCE_DTYPES:
-        raise ConfigError(invalid_choice("allreduce_dtype", allreduce_dtype, ALLREDUCE_DTYPES))
-    if allreduce_dtype == "float32":
-        return None
-    import keras
-
-    compute = keras.mixed_precision.global_policy().compute_dtype
-    return None if compute == "float32" else compute
-
-
-@contextlib.contextmanager
-def _gradients_already_reduced(optimizer):
-    """Make Keras's TF optimizer apply gradients as given, without its own all-reduce.
-
-    keras/src/backend/tensorflow/optimizer.py sums the gradients over the replicas in
-    `_backend_update_step` (`_all_reduce_sum_gradients`), with no argument to skip it. The
-    packed step has summed them already, so for as long as the step is traced (it is built
-    once, inside this block) that method is the identity on the instance, then removed again.
-    """
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    if not callable(getattr(inner, "_all_reduce_sum_gradients", None)):
-        raise RuntimeError(
-            f"{type(inner).__name__} has no _all_reduce_sum_gradients (a Keras version other "
-            "than 3.x's TF optimizer): train with --no-packed-allreduce")
-    inner._all_reduce_sum_gradients = _as_given
-    try:
-        yield
-    finally:
-        del inner._all_reduce_sum_gradients
-
-
-def _as_given(grads_and_vars):
-    return list(grads_and_vars)
 
 
 def _tf_variable(variable):
