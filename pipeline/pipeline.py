@@ -49,6 +49,7 @@ from ampflow.components.convert_tflite.config import ConvertConfig
 from ampflow.components.deploy_serving.config import MODEL_STORE_MOUNT, OVERLAYS, DeployConfig
 from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.components.prepare_data.config import PrepareDataConfig
+from ampflow.components.train.config import TrainConfig, check_allreduce_options
 from ampflow.components.train.kubeflow_job import (
     GPU_NODE_LABEL,
     GPU_RESOURCE,
@@ -56,7 +57,6 @@ from ampflow.components.train.kubeflow_job import (
     TRAIN_CPU,
     TRAIN_MEMORY,
 )
-from ampflow.components.train.step import TrainConfig, check_allreduce_options
 from ampflow.errors import ConfigError
 from ampflow.pipeline.settings import LOCAL_IMAGE, as_component
 

@@ -21,8 +21,8 @@ from typing import Any, TextIO
 
 from ampflow.components.deploy_serving.config import SERVING_FORMATS, TFLITE_VARIANTS
 from ampflow.components.prepare_data.config import PrepareDataConfig
+from ampflow.components.train.config import TrainConfig
 from ampflow.components.train.precision import POLICIES
-from ampflow.components.train.step import TrainConfig
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.files import ensure_writable_dir
 from ampflow.pipeline.parameters import (

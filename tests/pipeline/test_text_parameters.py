@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ampflow.components.prepare_data.config import PrepareDataConfig
-from ampflow.components.train.step import TrainConfig
+from ampflow.components.train.config import TrainConfig
 from ampflow.components.train.tokenizer import TokenizerConfig
 from ampflow.errors import ConfigError
 from ampflow.pipeline.parameters import PIPELINE_PARAMETERS, check_arguments, parse_param

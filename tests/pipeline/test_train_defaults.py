@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from ampflow.cliutil import TRISTATE
-from ampflow.components.train.step import TrainConfig
+from ampflow.components.train.config import TrainConfig
 from ampflow.pipeline.parameters import PIPELINE_PARAMETERS
 from ampflow.pipeline.pipeline import TRAIN_DEFAULTS, PipelineOptions, compile_pipeline
 from ampflow.pipeline.run_local import LocalRunConfig
