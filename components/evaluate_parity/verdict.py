@@ -22,7 +22,7 @@ HASH_KEY = "model_sha256"
 
 def model_sha256(model_dir: str | os.PathLike) -> str:
     """sha256 of the trained model file (`<model_dir>/model.keras`): the model's identity."""
-    from ampflow.components.train.step import MODEL_FILE
+    from ampflow.components.train.artifacts import MODEL_FILE
 
     path = Path(model_dir) / MODEL_FILE
     digest = hashlib.sha256()

@@ -351,10 +351,12 @@ def _policy_applied(layers, compute: str, out_layer) -> bool:
         if not _is_model(layer) and layer is not out_layer)
 
 
-def amp_check_of(model: str, info: dict, *, model_path: str | None = None,
+def amp_check_of(model, info: dict, *, model_path: str | None = None,
                  image_size: int | None = None, sequence_length: int | None = None,
                  vocabulary_size: int | None = None):
     """The AMP report of `model` built under the current global policy on `info`'s shapes.
+
+    `model` is `--model`'s text or its parsed user_model.ModelSpec (a config's `model_spec`).
 
     The model is checked as the user wrote it (so a half-precision output is named), with the
     float32 head that ampflow gives every model as its fix; the trace is of that fixed model,
@@ -377,7 +379,7 @@ def amp_check_of(model: str, info: dict, *, model_path: str | None = None,
     return _checked(built, tuple(info["image_shape"]), int(info["num_classes"]))
 
 
-def text_amp_check_of(model: str, sequence_length: int, vocabulary_size: int,
+def text_amp_check_of(model, sequence_length: int, vocabulary_size: int,
                       num_classes: int, *, model_path: str | None = None):
     """`amp_check_of` for a text model: int32 token ids `[batch, sequence_length]` in."""
     from ampflow.components.train.models import make_text_model

@@ -94,10 +94,7 @@ def saved_tokenizer_dir(config):
     """The folder of the `.keras` text model to fine-tune, which must hold its tokenizer."""
     from pathlib import Path
 
-    from ampflow.components.train.models import model_names
-    from ampflow.components.train.user_model import parse_model_spec
-
-    if parse_model_spec(config.model, model_names()).kind != "file":
+    if config.model_spec.kind != "file":
         return None
     return Path(config.model).expanduser().parent
 
@@ -136,11 +133,11 @@ def build_uncompiled_model(config, info: dict, runtime, tokenizer=None):
     if is_text(info):
         tokenizer = tokenizer or text_tokenizer(config, info)
         with runtime.strategy.scope():
-            return make_text_model(config.model, tokenizer.sequence_length,
+            return make_text_model(config.model_spec, tokenizer.sequence_length,
                                    tokenizer.vocabulary_size, info["num_classes"],
                                    model_path=config.model_path).model
     with runtime.strategy.scope():
-        return build_model(config.model, tuple(info["image_shape"]), info["num_classes"],
+        return build_model(config.model_spec, tuple(info["image_shape"]), info["num_classes"],
                            image_size=config.image_size, model_path=config.model_path)
 
 

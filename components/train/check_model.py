@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def _as_train(name: str):
     """The field `name` of TrainConfig: its default and help, written once (STYLE rule 13)."""
-    from ampflow.components.train.step import TrainConfig
+    from ampflow.components.train.config import TrainConfig
 
     source = TrainConfig.__dataclass_fields__[name]
     return field(default=source.default, metadata=source.metadata)
@@ -40,11 +40,15 @@ class CheckModelConfig:
     output_dir: Path | None = field(default=None, metadata={
         "help": "Write amp_report.json here (default: print only)."})
 
-    def __post_init__(self) -> None:
-        from ampflow.components.train.models import model_names
-        from ampflow.components.train.user_model import parse_model_spec
+    @property
+    def model_spec(self):
+        """`model` parsed (user_model.ModelSpec): once per text, as TrainConfig's."""
+        from ampflow.components.train.config import parsed_model_spec
 
-        parse_model_spec(self.model, model_names())
+        return parsed_model_spec(self.model)
+
+    def __post_init__(self) -> None:
+        self.model_spec  # noqa: B018  (a bad --model is one line now)
         if self.precision not in POLICIES:
             from ampflow.cliutil import invalid_choice
 
@@ -73,7 +77,7 @@ def run_check_model(config: CheckModelConfig, hardware=None):
     try:
         setup = configure_precision(config.precision, config.jit_compile,  # logs XLA as train
                                     hardware)
-        report = amp_check_of(config.model, info, model_path=config.model_path,
+        report = amp_check_of(config.model_spec, info, model_path=config.model_path,
                               image_size=config.image_size)
     finally:
         keras.mixed_precision.set_global_policy(previous)
@@ -81,11 +85,9 @@ def run_check_model(config: CheckModelConfig, hardware=None):
         setup.policy, setup.native))
     print(report.table())
     if not report.errors:  # what train checks next: the model reloads for evaluate and export
-        from ampflow.components.train.models import model_names
-        from ampflow.components.train.user_model import check_reloads, parse_model_spec
+        from ampflow.components.train.user_model import check_reloads
 
-        check_reloads(report.model, parse_model_spec(config.model, model_names()),
-                      config.model_path)
+        check_reloads(report.model, config.model_spec, config.model_path)
     if config.output_dir is not None:
         from ampflow.files import ensure_writable_dir
 

@@ -37,7 +37,8 @@ def _text_field(name: str):
 
 
 @functools.cache
-def _parsed_model(text: str) -> ModelSpec:
+def parsed_model_spec(text: str) -> ModelSpec:
+    """`--model` parsed against the built-ins, once per text (TrainConfig, CheckModelConfig)."""
     return parse_model_spec(text, _model_choices())
 
 
@@ -290,7 +291,7 @@ class TrainConfig:
         Cached by the text rather than kept on the instance, so that `config.__dict__`,
         `dataclasses.asdict` and the generated flags hold the declared fields only.
         """
-        return _parsed_model(self.model)
+        return parsed_model_spec(self.model)
 
     @property
     def effective_augment(self) -> bool:

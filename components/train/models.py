@@ -105,7 +105,8 @@ def make_model(
     """
     from ampflow.components.train import user_model
 
-    spec = user_model.parse_model_spec(name, model_names())
+    spec = model_spec_of(name)
+    name = spec.text
     input_shape, num_classes = tuple(int(d) for d in input_shape), int(num_classes)
     with policy_scope(policy):
         import keras
@@ -141,7 +142,8 @@ def make_text_model(
     """
     from ampflow.components.train import user_model
 
-    spec = user_model.parse_model_spec(name, model_names())
+    spec = model_spec_of(name)
+    name = spec.text
     sequence_length, vocabulary_size = int(sequence_length), int(vocabulary_size)
     num_classes = int(num_classes)
     with policy_scope(policy):
@@ -160,6 +162,18 @@ def make_text_model(
         user_model.check_text_io(model, sequence_length, num_classes, f"model {spec.text!r}")
         standard, head_fixes = user_model.standard_head(model)
         return BuiltModel(standard, spec, tuple(fixes + head_fixes), original=model)
+
+
+def model_spec_of(model):
+    """`model` as a user_model.ModelSpec: the one a config parsed already, or text parsed here.
+
+    Callers that hold a TrainConfig or CheckModelConfig pass its `model_spec` (parsed once).
+    """
+    from ampflow.components.train import user_model
+
+    if isinstance(model, user_model.ModelSpec):
+        return model
+    return user_model.parse_model_spec(model, model_names())
 
 
 def _user_model(spec, model_path, target: str, call, task: str):

@@ -183,7 +183,7 @@ def _resolve_auto_batch(config: TrainConfig, info: dict, setup: PrecisionSetup,
     from ampflow.components.train.models import build_model
 
     probe = train_step_probe(
-        lambda shape, classes: build_model(config.model, shape, classes,
+        lambda shape, classes: build_model(config.model_spec, shape, classes,
                                            image_size=config.image_size,
                                            model_path=config.model_path),
         tuple(info["image_shape"]), info["num_classes"], setup.policy,
@@ -209,17 +209,16 @@ def preflight_model(config: TrainConfig, info: dict, tokenizer=None) -> tuple[di
 
     shapes = {} if tokenizer is None else {"sequence_length": tokenizer.sequence_length,
                                            "vocabulary_size": tokenizer.vocabulary_size}
-    report = amp_check_of(config.model, info, model_path=config.model_path,
+    report = amp_check_of(config.model_spec, info, model_path=config.model_path,
                           image_size=config.image_size, **shapes)
     for line in report.table().splitlines():
         log.info("%s", line)
     if report.errors:
         raise ConfigError(f"model {config.model!r} cannot train under {report.policy}: "
                           + "; ".join(report.errors))
-    from ampflow.components.train.models import model_names
-    from ampflow.components.train.user_model import check_reloads, layer_dtypes, parse_model_spec
+    from ampflow.components.train.user_model import check_reloads, layer_dtypes
 
-    spec = parse_model_spec(config.model, model_names())
+    spec = config.model_spec
     check_reloads(report.model, spec, config.model_path)
 
     block = {"spec": config.model, "kind": spec.kind,
@@ -265,14 +264,13 @@ def refuse_before_tensorflow(config: TrainConfig) -> None:
     restart of a bad worker paid it). The same checks run again where they are used.
     """
     from ampflow.components.train.cluster import check_own_port_free, read_tf_config
-    from ampflow.components.train.models import model_names
-    from ampflow.components.train.user_model import import_builder, parse_model_spec
+    from ampflow.components.train.user_model import import_builder
 
     cluster = read_tf_config()
     if cluster is not None and cluster.num_workers > 1 and config.strategy in (
             "auto", "multi_worker"):
         check_own_port_free(cluster)
-    spec = parse_model_spec(config.model, model_names())
+    spec = config.model_spec
     if spec.kind == "builder":
         import_builder(spec, config.model_path)
 
