@@ -118,24 +118,35 @@ def open_image_folder(root: str | os.PathLike, data_dir: Path):
     return AmpflowImageFolder(scan=scan, data_dir=os.fspath(data_dir))
 
 
-def list_folder(root: str | os.PathLike) -> FolderListing:
-    """Find the classes, the files and the layout of `root`; refuse a folder that has no classes."""
+def folder_layout(flag: str, root: str | os.PathLike) -> tuple[Path, str, dict[str, Path]]:
+    """(the resolved folder, "classes" or "splits", the folder of each split) of `root`.
+
+    The layout rules of a folder of class sub-folders, shared by image_folder and text_folder
+    (`flag` names the parameter in the errors): class sub-folders, or train/ and test/ with the
+    classes inside; a validation folder beside train/ is refused, not taken for a class.
+    """
     root = Path(root).expanduser()
     if not root.is_dir():
         raise ConfigError(
-            "image_folder must be an existing directory of class sub-folders. Received: "
-            f"image_folder={str(root)!r} ({'not a directory' if root.exists() else 'missing'})")
+            f"{flag} must be an existing directory of class sub-folders. Received: "
+            f"{flag}={str(root)!r} ({'not a directory' if root.exists() else 'missing'})")
     root = root.resolve()
     top = _visible_dirs(root)
     other_splits = sorted(set(top) & set(OTHER_SPLIT_DIRS))
     if "train" in top and other_splits:  # else train/, val/ and test/ would become 3 classes
         raise ConfigError(
-            f"image_folder must hold class sub-folders, or train/ and test/ (with the classes "
+            f"{flag} must hold class sub-folders, or train/ and test/ (with the classes "
             f"inside). Received: {str(root)!r} with train/ and {', '.join(other_splits)}/: "
             "rename the validation folder to test/ (ampflow evaluates on test), or move it out")
     layout = "splits" if "train" in top and set(top) <= set(SPLIT_DIRS) else "classes"
     split_roots = ({s: root / s for s in SPLIT_DIRS if s in top} if layout == "splits"
                    else {"train": root})
+    return root, layout, split_roots
+
+
+def list_folder(root: str | os.PathLike) -> FolderListing:
+    """Find the classes, the files and the layout of `root`; refuse a folder that has no classes."""
+    root, layout, split_roots = folder_layout("image_folder", root)
     class_names = tuple(sorted({c for d in split_roots.values() for c in _visible_dirs(d)}))
     _require_classes(root, class_names)
     labels = {name: i for i, name in enumerate(class_names)}

@@ -20,11 +20,11 @@ import os
 from pathlib import Path
 
 from ampflow.components.prepare_data.image_folder import (
-    OTHER_SPLIT_DIRS,
     SPLIT_DIRS,
     _loose_files,
     _visible_dirs,
     _walk_files,
+    folder_layout,
 )
 from ampflow.components.prepare_data.text import (
     SKIP_EMPTY,
@@ -44,7 +44,7 @@ from ampflow.components.prepare_data.text_source import (
     prepared_builder,
     require_two_classes,
 )
-from ampflow.errors import ConfigError, DatasetConfigError
+from ampflow.errors import DatasetConfigError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ TEXT_SUFFIX = ".txt"
 
 def open_text_folder(root: str | os.PathLike, data_dir: Path, max_text_bytes: int):
     """The TFDS builder of `root` in `data_dir`: the prepared one if the folder is unchanged."""
-    root, layout, split_roots = _layout(root)
+    root, layout, split_roots = folder_layout("text_folder", root)
     class_names = tuple(sorted({c for d in split_roots.values() for c in _visible_dirs(d)}))
     if not class_names:
         raise DatasetConfigError(
@@ -78,27 +78,6 @@ def open_text_folder(root: str | os.PathLike, data_dir: Path, max_text_bytes: in
     scan = TextScan(key=key, class_names=class_names, examples=examples, skipped=skipped,
                     details={"layout": layout})
     return make_builder(scan, data_dir)
-
-
-def _layout(root: str | os.PathLike) -> tuple[Path, str, dict[str, Path]]:
-    """(the resolved folder, "classes" or "splits", the folder of each split)."""
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        raise ConfigError(
-            "text_folder must be an existing directory of class sub-folders. Received: "
-            f"text_folder={str(root)!r} ({'not a directory' if root.exists() else 'missing'})")
-    root = root.resolve()
-    top = _visible_dirs(root)
-    other_splits = sorted(set(top) & set(OTHER_SPLIT_DIRS))
-    if "train" in top and other_splits:  # else train/, val/ and test/ would become 3 classes
-        raise ConfigError(
-            f"text_folder must hold class sub-folders, or train/ and test/ (with the classes "
-            f"inside). Received: {str(root)!r} with train/ and {', '.join(other_splits)}/: "
-            "rename the validation folder to test/ (ampflow evaluates on test), or move it out")
-    layout = "splits" if "train" in top and set(top) <= set(SPLIT_DIRS) else "classes"
-    split_roots = ({s: root / s for s in SPLIT_DIRS if s in top} if layout == "splits"
-                   else {"train": root})
-    return root, layout, split_roots
 
 
 def _files(root: Path, layout: str, split_roots: dict[str, Path], class_names: tuple[str, ...]):
