@@ -254,8 +254,6 @@ def write_warmup_records(version_dir: str | os.PathLike, model_name: str, images
     on an `image_example`. Returns the number of records written; with `num_predict == 0` no
     file is written.
     """
-    import tensorflow as tf
-
     extra = 1 + (encoded_image is not None)
     if not 0 <= num_predict <= MAX_WARMUP_RECORDS - extra:
         raise ConfigError(f"num_predict must be in [0, {MAX_WARMUP_RECORDS - extra}] ({extra} "
@@ -265,13 +263,23 @@ def write_warmup_records(version_dir: str | os.PathLike, model_name: str, images
         return 0
     if len(images) == 0:
         raise ConfigError("warm-up records need at least one real image. Received: 0 images")
-    records = [_predict_log(model_name, DEFAULT_SIGNATURE, IMAGES_INPUT,
-                            images[i % len(images)][None].astype(np.float32))
+    records = [predict_log(model_name, DEFAULT_SIGNATURE, IMAGES_INPUT,
+                           images[i % len(images)][None].astype(np.float32))
                for i in range(num_predict)]
     if encoded_image is not None:
-        records.append(_predict_log(model_name, IMAGE_BYTES_SIGNATURE, IMAGE_BYTES_INPUT,
-                                    np.array([encoded_image], dtype=object)))
-    records.append(_classify_log(model_name, images[:1]))
+        records.append(predict_log(model_name, IMAGE_BYTES_SIGNATURE, IMAGE_BYTES_INPUT,
+                                   np.array([encoded_image], dtype=object)))
+    records.append(classify_log(model_name, [image_example(image) for image in images[:1]]))
+    return write_warmup_file(version_dir, records)
+
+
+def write_warmup_file(version_dir: str | os.PathLike, records: list) -> int:
+    """Write `records` (PredictionLogs) as the version's WARMUP_FILE; return how many.
+
+    The one writer of the file for every modality: the image records above, the text export's.
+    """
+    import tensorflow as tf
+
     path = Path(version_dir) / WARMUP_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with tf.io.TFRecordWriter(str(path)) as writer:
@@ -280,7 +288,8 @@ def write_warmup_records(version_dir: str | os.PathLike, model_name: str, images
     return len(records)
 
 
-def _predict_log(model_name: str, signature: str, input_name: str, batch: np.ndarray):
+def predict_log(model_name: str, signature: str, input_name: str, batch: np.ndarray):
+    """A warm-up PredictionLog: one Predict request of `batch` on `signature`'s `input_name`."""
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
@@ -292,12 +301,13 @@ def _predict_log(model_name: str, signature: str, input_name: str, batch: np.nda
         predict_log=prediction_log_pb2.PredictLog(request=request))
 
 
-def _classify_log(model_name: str, batch: np.ndarray):
+def classify_log(model_name: str, examples: list):
+    """A warm-up PredictionLog: one Classify request of `examples` (tf.Examples)."""
     from tensorflow_serving.apis import classification_pb2, prediction_log_pb2
 
     request = classification_pb2.ClassificationRequest()
     request.model_spec.name = model_name
     request.model_spec.signature_name = CLASSIFY_SIGNATURE
-    request.input.example_list.examples.extend(image_example(image) for image in batch)
+    request.input.example_list.examples.extend(examples)
     return prediction_log_pb2.PredictionLog(
         classify_log=prediction_log_pb2.ClassifyLog(request=request))

@@ -33,10 +33,11 @@ from ampflow.components.export_savedmodel.text_signatures import (
 from ampflow.components.export_savedmodel.warmup import replay_warmup_records
 from ampflow.errors import ConfigError, ExportError
 from ampflow.serving.model_format import (
-    CLASSIFY_SIGNATURE,
     DEFAULT_SIGNATURE,
     MAX_WARMUP_RECORDS,
-    WARMUP_FILE,
+    classify_log,
+    predict_log,
+    write_warmup_file,
 )
 
 log = logging.getLogger(__name__)
@@ -154,45 +155,15 @@ def write_text_warmup_records(version_dir: Path, model_name: str, texts: list[st
     request (the first sentence's ids) and one Classify request (a tf.Example of it). TF
     Serving replays them at load (model_format's WARMUP_FILE); 0 writes no file.
     """
-    import tensorflow as tf
-
     if not 0 <= num_predict <= MAX_WARMUP_RECORDS - 2:
         raise ConfigError(f"num_predict must be in [0, {MAX_WARMUP_RECORDS - 2}]. Received: "
                           f"num_predict={num_predict}")
     if num_predict == 0:
         return 0
     first_ids = np.asarray(tokenizer.tokenize(np.asarray(texts[:1], dtype=object)), np.int32)
-    records = [_predict_log(model_name, DEFAULT_SIGNATURE, TEXT_INPUT,
-                            np.array([texts[i % len(texts)].encode("utf-8")], dtype=object))
+    records = [predict_log(model_name, DEFAULT_SIGNATURE, TEXT_INPUT,
+                           np.array([texts[i % len(texts)].encode("utf-8")], dtype=object))
                for i in range(num_predict)]
-    records.append(_predict_log(model_name, TOKEN_IDS_SIGNATURE, TOKEN_IDS_INPUT, first_ids))
-    records.append(_classify_log(model_name, texts[:1]))
-    path = Path(version_dir) / WARMUP_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for record in records:
-            writer.write(record.SerializeToString())
-    return len(records)
-
-
-def _predict_log(model_name: str, signature: str, input_name: str, batch: np.ndarray):
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
-
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model_name
-    request.model_spec.signature_name = signature
-    request.inputs[input_name].CopyFrom(tf.make_tensor_proto(batch))
-    return prediction_log_pb2.PredictionLog(
-        predict_log=prediction_log_pb2.PredictLog(request=request))
-
-
-def _classify_log(model_name: str, texts: list[str]):
-    from tensorflow_serving.apis import classification_pb2, prediction_log_pb2
-
-    request = classification_pb2.ClassificationRequest()
-    request.model_spec.name = model_name
-    request.model_spec.signature_name = CLASSIFY_SIGNATURE
-    request.input.example_list.examples.extend(text_example(t) for t in texts)
-    return prediction_log_pb2.PredictionLog(
-        classify_log=prediction_log_pb2.ClassifyLog(request=request))
+    records.append(predict_log(model_name, TOKEN_IDS_SIGNATURE, TOKEN_IDS_INPUT, first_ids))
+    records.append(classify_log(model_name, [text_example(t) for t in texts[:1]]))
+    return write_warmup_file(version_dir, records)
