@@ -42,12 +42,27 @@ LABELS_FILE = "labels.txt"
 _HALF_DTYPES = ("float16", "bfloat16")
 
 
+def prediction_outputs(num_classes: int) -> dict[str, Any]:
+    """The outputs every Predict signature of the contract has, image or text."""
+    return {PROBABILITIES_OUTPUT: {"dtype": "float32", "shape": [-1, num_classes]},
+            CLASS_IDS_OUTPUT: {"dtype": "int64", "shape": [-1]}}
+
+
+def classify_signature(num_classes: int) -> dict[str, Any]:
+    """The contract's `classify` signature, image or text: serialized tf.Examples in."""
+    k = num_classes
+    return {
+        "method_name": CLASSIFY_METHOD,
+        "inputs": {"inputs": {"dtype": "string", "shape": [-1]}},
+        "outputs": {"scores": {"dtype": "float32", "shape": [-1, k]},
+                    "classes": {"dtype": "string", "shape": [-1, k]}},
+    }
+
+
 def expected_signatures(input_shape: tuple[int, int, int], num_classes: int) -> dict[str, Any]:
     """The contract, in the form `describe_signatures` returns (-1 = any batch size)."""
     h, w, c = input_shape
-    k = num_classes
-    predictions = {PROBABILITIES_OUTPUT: {"dtype": "float32", "shape": [-1, k]},
-                   CLASS_IDS_OUTPUT: {"dtype": "int64", "shape": [-1]}}
+    predictions = prediction_outputs(num_classes)
     return {
         DEFAULT_SIGNATURE: {
             "method_name": PREDICT_METHOD,
@@ -59,29 +74,33 @@ def expected_signatures(input_shape: tuple[int, int, int], num_classes: int) -> 
             "inputs": {IMAGE_BYTES_INPUT: {"dtype": "string", "shape": [-1]}},
             "outputs": dict(predictions),
         },
-        CLASSIFY_SIGNATURE: {
-            "method_name": CLASSIFY_METHOD,
-            "inputs": {"inputs": {"dtype": "string", "shape": [-1]}},
-            "outputs": {"scores": {"dtype": "float32", "shape": [-1, k]},
-                        "classes": {"dtype": "string", "shape": [-1, k]}},
-        },
+        CLASSIFY_SIGNATURE: classify_signature(num_classes),
     }
 
 
 def save_servable(model, input_shape: tuple[int, int, int], labels: list[str],
                   export_dir: str | os.PathLike) -> None:
     """Write `model` (a float32 Keras model on raw pixels) as a SavedModel with all signatures."""
-    import tensorflow as tf
-
     export_dir = Path(export_dir)
     with tempfile.TemporaryDirectory(prefix="ampflow-labels-") as tmp:
         labels_path = Path(tmp) / LABELS_FILE
         labels_path.write_text("".join(f"{name}\n" for name in labels))
         module, signatures = _servable(model, tuple(input_shape), list(labels), labels_path)
-        try:
-            tf.saved_model.save(module, str(export_dir), signatures=signatures)
-        except Exception as e:
-            raise ExportError(f"tf.saved_model.save failed for {export_dir}: {e}") from e
+        save_signatures(module, signatures, export_dir)
+
+
+def save_signatures(module, signatures: dict[str, Any], export_dir: str | os.PathLike) -> None:
+    """Save `module` with `signatures`, then give `classify` the method name TF Serving wants.
+
+    Image or text: TF2 writes every signature as Predict (module docstring), so the rewrite
+    follows every save. Any failure is an ExportError.
+    """
+    import tensorflow as tf
+
+    try:
+        tf.saved_model.save(module, str(export_dir), signatures=signatures)
+    except Exception as e:
+        raise ExportError(f"tf.saved_model.save failed for {export_dir}: {e}") from e
     try:
         model_format.set_method_name(export_dir, CLASSIFY_SIGNATURE, CLASSIFY_METHOD)
     except ModelLoadError as e:
@@ -119,8 +138,12 @@ def describe_signatures(export_dir: str | os.PathLike) -> dict[str, Any]:
 
 def check_signatures(export_dir: str | os.PathLike, input_shape, num_classes: int) -> dict:
     """Raise ExportError unless the written signatures are exactly the contract; return them."""
+    return require_signatures(export_dir, expected_signatures(tuple(input_shape), num_classes))
+
+
+def require_signatures(export_dir: str | os.PathLike, expected: dict[str, Any]) -> dict:
+    """Raise ExportError unless every signature of `expected` is written exactly so; return all."""
     found = describe_signatures(export_dir)
-    expected = expected_signatures(tuple(input_shape), num_classes)
     for name, spec in expected.items():
         if found.get(name) != spec:
             raise ExportError(f"signature {name!r} does not follow docs/ARTIFACTS.md. "

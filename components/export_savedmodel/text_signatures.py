@@ -27,13 +27,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ampflow.components.export_savedmodel.signatures import LABELS_FILE, describe_signatures
+from ampflow.components.export_savedmodel.signatures import (
+    LABELS_FILE,
+    classify_signature,
+    prediction_outputs,
+    require_signatures,
+    save_signatures,
+)
 from ampflow.components.prepare_data.text import TEXT_FEATURE
 from ampflow.errors import ExportError, ModelLoadError
 from ampflow.serving import model_format
 from ampflow.serving.model_format import (
     CLASS_IDS_OUTPUT,
-    CLASSIFY_METHOD,
     CLASSIFY_SIGNATURE,
     DEFAULT_SIGNATURE,
     PREDICT_METHOD,
@@ -47,9 +52,7 @@ TOKEN_IDS_INPUT = "input_ids"  # int32 [-1, L], 0 = padding
 
 def expected_text_signatures(sequence_length: int, num_classes: int) -> dict[str, Any]:
     """The text contract, in the form `describe_signatures` returns (-1 = any batch size)."""
-    k = num_classes
-    predictions = {PROBABILITIES_OUTPUT: {"dtype": "float32", "shape": [-1, k]},
-                   CLASS_IDS_OUTPUT: {"dtype": "int64", "shape": [-1]}}
+    predictions = prediction_outputs(num_classes)
     return {
         DEFAULT_SIGNATURE: {
             "method_name": PREDICT_METHOD,
@@ -61,24 +64,14 @@ def expected_text_signatures(sequence_length: int, num_classes: int) -> dict[str
             "inputs": {TOKEN_IDS_INPUT: {"dtype": "int32", "shape": [-1, sequence_length]}},
             "outputs": dict(predictions),
         },
-        CLASSIFY_SIGNATURE: {
-            "method_name": CLASSIFY_METHOD,
-            "inputs": {"inputs": {"dtype": "string", "shape": [-1]}},
-            "outputs": {"scores": {"dtype": "float32", "shape": [-1, k]},
-                        "classes": {"dtype": "string", "shape": [-1, k]}},
-        },
+        CLASSIFY_SIGNATURE: classify_signature(num_classes),
     }
 
 
 def check_text_signatures(export_dir: str | os.PathLike, sequence_length: int,
                           num_classes: int) -> dict:
     """Raise ExportError unless the written signatures are exactly the text contract."""
-    found = describe_signatures(export_dir)
-    for name, spec in expected_text_signatures(sequence_length, num_classes).items():
-        if found.get(name) != spec:
-            raise ExportError(f"signature {name!r} does not follow docs/ARTIFACTS.md. "
-                              f"Expected: {spec}. Received: {found.get(name)}")
-    return found
+    return require_signatures(export_dir, expected_text_signatures(sequence_length, num_classes))
 
 
 def text_example(text: str | bytes, feature: str = TEXT_FEATURE):
@@ -93,22 +86,13 @@ def text_example(text: str | bytes, feature: str = TEXT_FEATURE):
 def save_text_servable(model, tokenizer, labels: list[str],
                        export_dir: str | os.PathLike) -> None:
     """Write `model` (float32, on token ids) with `tokenizer` in the graph, all signatures."""
-    import tensorflow as tf
-
     export_dir = Path(export_dir)
     with tempfile.TemporaryDirectory(prefix="ampflow-text-assets-") as tmp:
         tmp = Path(tmp)
         (tmp / LABELS_FILE).write_text("".join(f"{name}\n" for name in labels))
         tokenizer.save(tmp)  # vocab.txt + tokenizer.json, shipped for who tokenizes outside
         module, signatures = _text_servable(model, tokenizer, list(labels), tmp)
-        try:
-            tf.saved_model.save(module, str(export_dir), signatures=signatures)
-        except Exception as e:
-            raise ExportError(f"tf.saved_model.save failed for {export_dir}: {e}") from e
-    try:
-        model_format.set_method_name(export_dir, CLASSIFY_SIGNATURE, CLASSIFY_METHOD)
-    except ModelLoadError as e:
-        raise ExportError(f"could not set the classify method name in {export_dir}: {e}") from e
+        save_signatures(module, signatures, export_dir)
 
 
 def _text_servable(model, tokenizer, labels: list[str], assets: Path):
