@@ -12,6 +12,7 @@ holds a word no training text has, which must not be in the vocabulary.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -21,12 +22,18 @@ import pytest
 
 from ampflow.errors import ConfigError, ModelLoadError
 
-SEQ = 16
-CLASSES = ("gloomy", "happy", "weird")
-KEYWORDS = {"gloomy": ("awful", "dreadful", "dull"), "happy": ("great", "superb", "wonderful"),
-            "weird": ("odd", "strange", "surreal")}
-FILLER = ("the", "film", "was", "a", "story", "about", "people", "in", "this", "city", "and",
-          "its", "cast", "plot", "ending", "really", "quite", "music")
+
+def _text_helpers():
+    """The export tests' text_model_helpers.py, by its path: its classes and keyword sentences."""
+    path = Path(__file__).parents[1] / "export_savedmodel" / "text_model_helpers.py"
+    spec = importlib.util.spec_from_file_location("text_model_helpers_for_train", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_HELPERS = _text_helpers()
+SEQ, CLASSES = _HELPERS.SEQ, _HELPERS.CLASSES
 TEST_ONLY_WORD = "zebra"  # in every test text, in no training text
 TRAIN_PER_CLASS, TEST_PER_CLASS = 90, 20
 
@@ -36,8 +43,7 @@ def _write_texts(root: Path, split: str, count: int, rng, extra: str = "") -> No
         folder = root / split / name
         folder.mkdir(parents=True)
         for i in range(count):
-            words = list(rng.choice(FILLER, size=int(rng.integers(4, 10))))
-            words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(KEYWORDS[name])))
+            words = _HELPERS.keyword_words(rng, name)
             (folder / f"{i}.txt").write_text(" ".join(words + ([extra] if extra else [])) + ".",
                                              encoding="utf-8")
 
