@@ -70,14 +70,11 @@ def run_evaluate(config: EvaluateConfig) -> EvaluateResult:
     _require_writable_parent(config.output_dir)
 
     served = release.find_served_version(config.serving_base_path)
-    if served is not None and trained.is_text:
-        raise ConfigError("serving_base_path: the comparison with the model serving scores "
-                          "image models only so far; leave it out for a text model. Received: "
-                          f"serving_base_path={config.serving_base_path!r}")
-    images, labels = _examples(config, trained)  # text: the split's token ids
-    served_scores = (release.score_served(served, images, labels, release.class_names(info),
+    request = release.split_request(config.data_dir, config.split, config.limit)
+    served_scores = (release.score_served(served, request, release.class_names(info),
                                           config.batch_size) if served else None)
-    scores = _score_all(config, model, metadata, baseline, images, labels)
+    inputs = np.asarray(trained.inputs(request.examples))  # text: its own tokenizer's ids
+    scores = _score_all(config, model, metadata, baseline, inputs, request.labels)
     if served_scores is not None:
         scores["serving"] = served_scores
     policy = _policy(metadata, model)
@@ -106,21 +103,6 @@ def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 # --- inputs ---------------------------------------------------------------------------------
-
-def _examples(config: EvaluateConfig, trained) -> tuple[np.ndarray, np.ndarray]:
-    """The split as the model takes it: float32 images, or token ids of the texts.
-
-    A text model's texts are tokenized by the tokenizer it was trained with (`trained`, from
-    `load_trained`), as in training; the parity checks then run on those ids.
-    """
-    from ampflow.components.prepare_data import load_arrays, load_texts
-
-    if trained.is_text:
-        texts, labels = load_texts(config.data_dir, config.split, limit=config.limit)
-        return np.asarray(trained.inputs(np.array(texts, dtype=object))), labels
-    images, labels = load_arrays(config.data_dir, config.split, limit=config.limit)
-    return images.astype(np.float32), labels
-
 
 def _require_same_dataset(what: str, metadata: dict[str, Any], info: dict[str, Any]) -> None:
     """The model must take this dataset's images (or texts) and predict its classes."""
@@ -299,7 +281,7 @@ def _per_class(scores: dict[str, ModelScores], info: dict[str, Any]) -> dict[str
 
 def _amp_check(model_dir, metadata: dict) -> dict[str, Any] | None:
     """The train step's AMP check (amp_report.json beside the model), for the report."""
-    from ampflow.components.train.amp_check import AMP_REPORT_FILE
+    from ampflow.components.train.amp_report import AMP_REPORT_FILE
     from ampflow.files import read_json
 
     path = Path(model_dir) / AMP_REPORT_FILE

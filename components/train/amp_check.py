@@ -35,19 +35,31 @@ under the policy; the caller raises ConfigError with them.
 The counts are of the traced graph, before Grappler/XLA: XLA fuses a Cast into the kernels
 around it, so what a Cast costs is memory traffic without XLA, and a broken chain's real price
 is the float32 math it forces.
+
+By role: amp_graph.py traces the step and walks its graph; amp_report.py holds the report (its
+findings, rows, table and amp_report.json); this module holds the rules that make findings.
 """
 
 from __future__ import annotations
 
-import contextlib
-import re
-import time
-from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from ampflow.components.train.amp_graph import (
+    HALF_MAX,
+    REDUCTION_OPS,
+    Trace,
+    is_model,
+    trace_step,
+)
+from ampflow.components.train.amp_report import (  # noqa: F401  (AMP_REPORT_FILE, write_amp_report: re-exported)
+    AMP_REPORT_FILE,
+    SEVERITIES,
+    AmpReport,
+    Finding,
+    LayerRow,
+    layer_rows,
+    write_amp_report,
+)
 from ampflow.components.train.user_model import (
     children as _children,
 )
@@ -57,26 +69,12 @@ from ampflow.components.train.user_model import (
     walk_layers,
 )
 
-AMP_REPORT_FILE = "amp_report.json"
 HALF_DTYPES = ("float16", "bfloat16")
 POLICY_DTYPES = {"float32": ("float32", "float32"), "mixed_float16": ("float16", "float32"),
                  "mixed_bfloat16": ("bfloat16", "float32")}
-SEVERITIES = ("error", "warning", "fixed", "info")
-# Ops whose float16 result overflows (exp: above 11.1; a sum of many terms: above 65504) or
-# loses what the loss needs (softmax/log of small probabilities) when computed in float16.
-UNSAFE_FLOAT16_OPS = ("Softmax", "LogSoftmax", "Log", "Log1p", "Exp", "Expm1")
-REDUCTION_OPS = ("Sum", "Mean", "Prod", "EuclideanNorm")
 # float16 has 11 significant bits: from 2**11 terms on, a running sum stops growing by terms of
 # its own average size, and 2048 activations of about 32 overflow 65504.
 LARGE_REDUCTION = 2048
-# The largest finite value of each half type: a constant beyond it is ±inf in that type.
-HALF_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
-# Ops that make attention scores from two computed tensors (a layer's weights on one side is a
-# projection, not scores); and the ops between the scores and their softmax (scale, mask).
-SCORE_OPS = ("Einsum", "BatchMatMulV2", "BatchMatMulV3", "BatchMatMul")
-_SCORE_PATH_OPS = ("Identity", "Cast", "Mul", "AddV2", "Add", "Sub", "SelectV2", "Select",
-                   "RealDiv", "Maximum", "Minimum", "Reshape", "Transpose")  # (a multi-axis
-# softmax, as MultiHeadAttention's, is a transpose and reshape around the Softmax op)
 _ATTENTION_BY_DESIGN = "the softmax of the attention scores in float32 (the AMP rule for attention)"
 # Why a built-in layer casts to float32 inside itself (the classes Keras keeps in float32).
 _BY_DESIGN = {
@@ -93,169 +91,6 @@ _BY_DESIGN = {
                           "dot_product_attention path: no attention dropout)",
     "Float32SoftmaxAttention": _ATTENTION_BY_DESIGN,
 }
-_TABLE_ROWS = 20  # the log table stays short for any model; amp_report.json has every layer
-_TABLE_WARNINGS = 8
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing the check found: what, how bad, in which layer, and the numbers behind it."""
-
-    kind: str
-    severity: str  # one of SEVERITIES
-    message: str
-    layer: str | None = None
-    detail: dict = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        """The finding as a JSON object."""
-        return {"kind": self.kind, "severity": self.severity, "layer": self.layer,
-                "message": self.message, **({"detail": self.detail} if self.detail else {})}
-
-
-@dataclass(frozen=True)
-class LayerRow:
-    """One layer: its dtypes under the policy and the Cast ops it put in the train step."""
-
-    name: str
-    path: str  # nested layers: "outer/inner/name"
-    class_name: str
-    origin: str  # "keras", "ampflow" or "custom"
-    compute_dtype: str
-    variable_dtype: str
-    head: bool = False
-    casts: dict = field(default_factory=dict)  # category -> {"forward", "backward", "pairs"}
-
-    @property
-    def cast_count(self) -> int:
-        """Forward + backward Casts of every category."""
-        return sum(c["forward"] + c["backward"] for c in self.casts.values())
-
-    def to_json(self) -> dict:
-        """The row as a JSON object."""
-        return {"name": self.name, "path": self.path, "class": self.class_name,
-                "origin": self.origin, "compute_dtype": self.compute_dtype,
-                "variable_dtype": self.variable_dtype, "head": self.head,
-                "casts": self.casts}
-
-
-@dataclass(frozen=True)
-class AmpReport:
-    """What `check_amp` found; `errors` non-empty means the model cannot train under `policy`."""
-
-    policy: str
-    keras_model_name: str  # the checked keras.Model's .name (not a served or built-in name)
-    layers: tuple[LayerRow, ...]
-    findings: tuple[Finding, ...]
-    fixes: tuple[str, ...] = ()
-    casts: dict = field(default_factory=dict)  # totals: forward, backward, by category
-    output_dtype: str | None = None
-    trace_seconds: float | None = None
-    notes: tuple[str, ...] = ()
-    model: Any = field(default=None, compare=False, repr=False)  # the model that was checked
-
-    @property
-    def errors(self) -> list[str]:
-        """Why the model cannot train under the policy (empty: it can)."""
-        return [f.message for f in self.findings if f.severity == "error"]
-
-    @property
-    def warnings(self) -> list[str]:
-        """What breaks the precision chain or risks float16 overflow, without refusing."""
-        return [f.message for f in self.findings if f.severity == "warning"]
-
-    @property
-    def ok(self) -> bool:
-        """Whether the model can train under the policy."""
-        return not self.errors
-
-    def kinds(self) -> set[str]:
-        """The finding kinds present (for tests and gates)."""
-        return {f.kind for f in self.findings}
-
-    def to_json(self) -> dict:
-        """`amp_report.json`: every layer, every finding, the cast totals, the fixes."""
-        return {"policy": self.policy, "keras_model_name": self.keras_model_name, "ok": self.ok,
-                "errors": self.errors, "warnings": self.warnings, "fixes": list(self.fixes),
-                "notes": list(self.notes), "output_dtype": self.output_dtype,
-                "casts": self.casts, "trace_seconds": self.trace_seconds,
-                "dtype_counts": self.dtype_counts(),
-                "findings": [f.to_json() for f in self.findings],
-                "layers": [row.to_json() for row in self.layers]}
-
-    def dtype_counts(self) -> dict[str, int]:
-        """Layers per "compute/variable" dtype pair."""
-        return dict(Counter(f"{r.compute_dtype}/{r.variable_dtype}" for r in self.layers))
-
-    def table(self) -> str:
-        """A short fixed-width table for the log: notable layers, grouped by-design, a summary."""
-        rows: list[tuple[str, str, str, str, str]] = []
-        by_layer: dict[str | None, list[Finding]] = {}
-        for f in self.findings:
-            by_layer.setdefault(f.layer, []).append(f)
-        row_of = {r.name: r for r in self.layers}
-        by_design: dict[str, list[LayerRow]] = {}
-        for f in self.findings:
-            if f.kind == "float32_by_design" and f.layer in row_of:
-                by_design.setdefault(row_of[f.layer].class_name, []).append(row_of[f.layer])
-        for name, found in by_layer.items():
-            notable = [f for f in found if f.kind != "float32_by_design"]
-            if not notable or name is None:
-                continue
-            row = row_of.get(name)
-            label = _class_label(row) if row else notable[0].detail.get("class", "-")
-            rows.append((name, label, row.compute_dtype if row else "-",
-                         _fwd_bwd(row), "; ".join(dict.fromkeys(f.kind for f in notable))))
-        heads = [] if self.policy == "float32" else [r.name for r in self.layers if r.head]
-        for name in sorted(n for n in heads if n not in by_layer):
-            row = row_of[name]
-            rows.append((name, _class_label(row), row.compute_dtype, _fwd_bwd(row), "head"))
-        for cls, members in sorted(by_design.items()):
-            casts = sum(r.cast_count for r in members)
-            rows.append((f"{cls} ×{len(members)}", cls, members[0].compute_dtype,
-                         f"{casts} total", "float32_by_design"))
-        lines = [self.summary()]
-        if rows:
-            shown = rows[:_TABLE_ROWS]
-            widths = [min(max(len(r[i]) for r in shown + [_HEADER]), 28) for i in range(4)]
-            fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
-            lines.append(fmt.format(*_HEADER))
-            lines += [fmt.format(*(_clip(c, w) for c, w in zip(r[:4], widths, strict=True)),
-                                 r[4]) for r in shown]
-            if len(rows) > len(shown):
-                lines.append(f"... and {len(rows) - len(shown)} more rows in {AMP_REPORT_FILE}")
-        lines += [f"error: {m}" for m in self.errors]
-        lines += [f"warning: {m}" for m in self.warnings[:_TABLE_WARNINGS]]
-        if len(self.warnings) > _TABLE_WARNINGS:
-            lines.append(f"... and {len(self.warnings) - _TABLE_WARNINGS} more warnings in "
-                         f"{AMP_REPORT_FILE}")
-        lines += [f"fixed: {m}" for m in self.fixes]
-        lines += [f"note: {m}" for m in self.notes]
-        return "\n".join(lines)
-
-    def summary(self) -> str:
-        """One line: the verdict, the layers per dtype, the casts."""
-        counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.dtype_counts().items()))
-        c = self.casts or {}
-        casts = (f"{c.get('forward', 0) + c.get('backward', 0)} casts in the train step "
-                 f"({c.get('forward', 0)} forward, {c.get('backward', 0)} backward; "
-                 f"{c.get('by_category', {}).get('variable', 0)} variable autocasts)"
-                 if c else "no trace")
-        verdict = "REFUSED" if self.errors else "ok"
-        return (f"AMP check {verdict}: model {self.keras_model_name!r} under {self.policy}: "
-                f"{len(self.layers)} layers (compute/variable: {counts}); {casts}; "
-                f"{len(self.errors)} error(s), {len(self.warnings)} warning(s)")
-
-
-# (the casts column leaves out variable autocasts, which every layer with weights has)
-_HEADER = ("layer", "class", "compute", "casts fwd/bwd", "finding")
-
-
-def write_amp_report(report: AmpReport, directory: str | Path) -> Path:
-    """Write `amp_report.json` into `directory` (atomically); return its path."""
-    from ampflow.files import write_json_atomic
-
-    return write_json_atomic(Path(directory) / AMP_REPORT_FILE, report.to_json())
 
 
 def check_amp(model, policy: str, *, input_shape, num_classes: int, batch_size: int = 2,
@@ -292,7 +127,7 @@ def check_amp(model, policy: str, *, input_shape, num_classes: int, batch_size: 
     applied = _policy_applied(layers, compute, out_layer)
     head = _head_layers(model, compute) if applied else {id(output_layer(model))}
     if not applied:
-        seen = sorted({compute_dtype(layer) for layer, _ in layers if not _is_model(layer)})
+        seen = sorted({compute_dtype(layer) for layer, _ in layers if not is_model(layer)})
         findings.append(Finding(
             "policy_not_applied", "warning",
             f"no layer computes in {compute}: the model was built (or loaded) under another "
@@ -301,12 +136,12 @@ def check_amp(model, policy: str, *, input_shape, num_classes: int, batch_size: 
     findings += _variable_findings(model, layers, variable)
     trace = None
     if not any(f.severity == "error" for f in findings):
-        trace = _trace(model, tuple(int(d) for d in input_shape), batch_size, policy)
+        trace = trace_step(model, tuple(int(d) for d in input_shape), batch_size, policy)
         if trace.error:
             findings.append(Finding("trace_failed", "error",
                                     f"the train step does not trace under {policy}: "
                                     f"{trace.error}"))
-    rows, totals = _rows(layers, head, trace, model)
+    rows, totals = layer_rows(layers, head, trace, model)
     if applied:
         findings += _hand_set_findings(layers, rows, head, compute)
     if trace is not None and not trace.error:
@@ -348,7 +183,7 @@ def _policy_applied(layers, compute: str, out_layer) -> bool:
     """Whether any layer but the output computes in the policy's dtype (float32: always)."""
     return compute == "float32" or any(
         compute_dtype(layer) == compute for layer, _ in layers
-        if not _is_model(layer) and layer is not out_layer)
+        if not is_model(layer) and layer is not out_layer)
 
 
 def amp_check_of(model, info: dict, *, model_path: str | None = None,
@@ -444,24 +279,6 @@ def _io_findings(model, input_shape: tuple[int, ...], num_classes: int) -> list[
     return found
 
 
-def _is_model(layer) -> bool:
-    import keras
-
-    return isinstance(layer, keras.Model)
-
-
-def _origin(layer) -> str:
-    """Whose code the layer's `call` is: "keras", "ampflow" or "custom".
-
-    A user's subclass of a Keras layer that keeps Keras's `call` counts as Keras: its math is.
-    """
-    owner = next((cls for cls in type(layer).__mro__ if "call" in vars(cls)), type(layer))
-    top = owner.__module__.split(".")[0]
-    if top in ("keras", "tf_keras", "tensorflow"):
-        return "keras"
-    return "ampflow" if top == "ampflow" else "custom"
-
-
 def _output_dtype(model) -> str:
     import keras
 
@@ -497,7 +314,7 @@ def _head_layers(model, compute: str) -> set[int]:
         if len(inbound) != 1:
             return head
         layer = inbound[0]
-        if (type(layer).__name__ == "InputLayer" or _is_model(layer)
+        if (type(layer).__name__ == "InputLayer" or is_model(layer)
                 or compute_dtype(layer) != "float32" or id(layer) in head):
             return head
         head.add(id(layer))
@@ -511,7 +328,7 @@ def _own_weights(layer) -> list:
 def _variable_findings(model, layers, variable_dtype: str) -> list[Finding]:
     found = []
     for layer, _path in layers:
-        if _is_model(layer):
+        if is_model(layer):
             continue
         half = [w for w in _own_weights(layer) if str(w.dtype) in HALF_DTYPES]
         other = [w for w in _own_weights(layer)
@@ -547,7 +364,7 @@ def _hand_set_findings(layers, rows: list[LayerRow], head: set[int],
                        compute: str) -> list[Finding]:
     """Layers computing in another dtype than the policy's, outside the head (with the casts)."""
     odd = [(layer, path) for layer, path in layers
-           if not _is_model(layer) and id(layer) not in head and compute_dtype(layer) != compute]
+           if not is_model(layer) and id(layer) not in head and compute_dtype(layer) != compute]
     casts = {row.path: row.casts.get("input") for row in rows}
     parents = _parents(layers)
     odd_ids = {id(layer) for layer, _ in odd}
@@ -584,295 +401,7 @@ def _is_attention_softmax_layer(layer, parents: dict[int, Any]) -> bool:
 # ---- the trace -------------------------------------------------------------------------------
 
 
-@dataclass
-class _Cast:
-    name: str
-    src: str
-    dst: str
-    backward: bool
-    category: str  # variable, constant, input, boundary, internal
-    owner: Any  # the layer (or model) it is attributed to
-
-
-@dataclass
-class _Trace:
-    error: str | None = None
-    seconds: float = 0.0
-    casts: list[_Cast] = field(default_factory=list)
-    ops: list[tuple[str, str, str, Any, int]] = field(default_factory=list)  # type,name,dtype,..
-    output_dtype: str | None = None
-    loss_casts: int = 0
-    no_gradient: list[str] = field(default_factory=list)
-    variables: int = 0
-    # (op name, owner, value as written, dtype, NaN certain: the inf meets a Mul)
-    constants: list[tuple[str, Any, float, str, bool]] = field(default_factory=list)
-    attention_softmax: set[str] = field(default_factory=set)  # Softmax ops over scores
-    float32_attention: set[str] = field(default_factory=set)  # layers softmaxing them in f32
-
-
-@contextlib.contextmanager
-def _recording_scopes(layers) -> Iterator[dict[str, Any]]:
-    """While active, each layer's `call` records the TF name scope it runs in."""
-    import tensorflow as tf
-
-    scopes: dict[str, Any] = {}
-    patched = []
-    for layer in layers:
-        original = layer.__dict__.get("call")
-        call = layer.call
-
-        def recorder(*args, _call=call, _layer=layer, **kwargs):
-            scopes.setdefault(tf.get_current_name_scope(), _layer)
-            return _call(*args, **kwargs)
-
-        object.__setattr__(layer, "call", recorder)  # (not through Keras's attribute tracker)
-        patched.append((layer, original))
-    try:
-        yield scopes
-    finally:
-        for layer, original in patched:
-            if original is None:
-                object.__delattr__(layer, "call")
-            else:
-                object.__setattr__(layer, "call", original)
-
-
-def _trace(model, input_shape: tuple[int, ...], batch_size: int, policy: str) -> _Trace:
-    """Trace one train step as components/train/loop.py runs it (loss scaled under float16)."""
-    import keras
-    import tensorflow as tf
-
-    result = _Trace()
-    scale = 2.0 ** 15 if policy == "mixed_float16" else None  # LossScaleOptimizer's start
-    variables = model.trainable_variables
-    outputs: dict[str, Any] = {}
-
-    def step(images, labels):
-        with tf.GradientTape() as tape:
-            probabilities = model(images, training=True)
-            outputs["dtype"] = keras.backend.standardize_dtype(probabilities.dtype)
-            with tf.name_scope("amp_check_loss"):
-                per_example = keras.losses.sparse_categorical_crossentropy(labels, probabilities)
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch_size)
-                if model.losses:
-                    loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-                scaled = loss * scale if scale else loss
-        return tape.gradient(scaled, variables)
-
-    start = time.perf_counter()
-    layers = [model] + [layer for layer, _ in walk_layers(model)]
-    try:
-        with _recording_scopes(layers) as scopes:
-            concrete = tf.function(step, autograph=False).get_concrete_function(
-                tf.TensorSpec([batch_size, *input_shape], model.inputs[0].dtype),
-                tf.TensorSpec([batch_size], tf.int64))
-    except Exception as e:  # anything a user's layer raises while tracing
-        result.error = _error_line(e)
-        result.seconds = time.perf_counter() - start
-        return result
-    result.output_dtype = outputs.get("dtype")
-    result.variables = len(variables)
-    grads = concrete.structured_outputs
-    result.no_gradient = [v.path for v, g in zip(variables, grads, strict=True) if g is None]
-    _read_graph(concrete.graph, scopes, result)
-    result.seconds = time.perf_counter() - start
-    return result
-
-
-def _owner(name: str, scopes: dict[str, Any]):
-    parts = name.split("/")
-    for end in range(len(parts), 0, -1):
-        owner = scopes.get("/".join(parts[:end]))
-        if owner is not None:
-            return owner
-    return None
-
-
-def _source_kind(op) -> str:
-    """What a forward Cast reads: a variable, a constant, or a computed tensor."""
-    for _ in range(8):
-        if op.type in ("ReadVariableOp", "VarHandleOp", "ResourceGather"):
-            return "variable"
-        if op.type == "Const":
-            return "constant"
-        if op.type != "Identity" or not op.inputs:
-            return "computed"
-        op = op.inputs[0].op
-    return "computed"
-
-
-def _read_graph(graph, scopes: dict[str, Any], result: _Trace) -> None:
-    import tensorflow as tf
-
-    grad = "gradient_tape/"
-    forward: dict[str, _Cast] = {}
-    backward = []
-    for op in graph.get_operations():
-        is_backward = op.name.startswith(grad)
-        name = op.name[len(grad):] if is_backward else op.name
-        if op.type == "Cast":
-            src, dst = op.get_attr("SrcT"), op.get_attr("DstT")
-            if not (src.is_floating and dst.is_floating):
-                continue
-            if is_backward:
-                backward.append((name, src.name, dst.name))
-                continue
-            if name.startswith("amp_check_loss/"):
-                result.loss_casts += 1
-                continue
-            owner = _owner(name, scopes)
-            category = _source_kind(op.inputs[0].op)
-            if category == "computed":
-                category = "internal"
-                if owner is not None and _is_model(owner) and scopes.get(
-                        name.rsplit("/", 1)[0]) is owner:
-                    owner, category = _boundary_owner(op, scopes, owner)
-            cast = _Cast(name, src.name, dst.name, False, category, owner)
-            if category == "constant" and dst.name in HALF_MAX:
-                _record_overflow(op, name, _constant_value(op.inputs[0].op), dst.name, owner,
-                                 result)
-            forward[name] = cast
-            result.casts.append(cast)
-        elif not is_backward and op.type == "Const" and op.outputs[0].dtype.name in HALF_MAX:
-            _record_overflow(op, name, _constant_value(op), op.outputs[0].dtype.name,
-                             _owner(name, scopes), result)
-        elif not is_backward and op.outputs and op.type in UNSAFE_FLOAT16_OPS + REDUCTION_OPS:
-            dtype = op.outputs[0].dtype
-            if op.type == "Softmax" and _over_scores(op):
-                result.attention_softmax.add(name)
-                if dtype == tf.float32 and _owner(name, scopes) is not None:
-                    result.float32_attention.add(_owner(name, scopes).name)
-            if dtype in (tf.float16, tf.bfloat16):
-                result.ops.append((op.type, name, dtype.name, _owner(name, scopes),
-                                   _reduced_elements(op)))
-    for name, src, dst in backward:
-        parts = name.split("/")
-        match = None
-        for end in range(len(parts) - 1, 0, -1):
-            match = forward.get("/".join(parts[:end]))
-            if match is not None:
-                break
-        if name.startswith("amp_check_loss/"):
-            result.loss_casts += 1
-        elif match is not None:
-            result.casts.append(_Cast(name, src, dst, True, match.category, match.owner))
-        else:
-            result.casts.append(_Cast(name, src, dst, True, "internal", _owner(name, scopes)))
-
-
-def _constant_value(op) -> float | None:
-    """The value of a small constant (through Identity ops) with the largest magnitude."""
-    import numpy as np
-    import tensorflow as tf
-
-    for _ in range(8):
-        if op.type == "Const":
-            size = op.outputs[0].shape.num_elements()
-            if size is None or not 0 < size <= 64 or not op.outputs[0].dtype.is_floating:
-                return None  # a mask constant is a scalar; a table of weights is not one
-            value = tf.make_ndarray(op.get_attr("value"))
-            flat = value.astype(np.float64).reshape(-1)
-            return float(flat[np.argmax(np.abs(np.nan_to_num(flat, nan=0.0, posinf=np.inf,
-                                                              neginf=np.inf)))])
-        if op.type != "Identity" or not op.inputs:
-            return None
-        op = op.inputs[0].op
-    return None
-
-
-def _record_overflow(op, name: str, value: float | None, dtype: str, owner,
-                     result: _Trace) -> None:
-    """Note a constant that `dtype` cannot hold (±inf there), and whether a Mul reads it."""
-    import math
-
-    if value is None or not (math.isinf(value) or abs(value) > HALF_MAX[dtype]):
-        return
-    multiplied = any(c.type in ("Mul", "MulNoNan") for c in op.outputs[0].consumers())
-    result.constants.append((name, owner, value, dtype, multiplied))
-
-
-def _over_scores(softmax) -> bool:
-    """Whether a Softmax reads attention scores: a product of two computed tensors."""
-    frontier, seen = [softmax.inputs[0].op], set()
-    for _ in range(12):
-        following = []
-        for op in frontier:
-            if op.name in seen:
-                continue
-            seen.add(op.name)
-            if op.type in SCORE_OPS:
-                return all(_source_kind(t.op) == "computed" for t in op.inputs[:2])
-            if op.type in _SCORE_PATH_OPS:
-                following += [t.op for t in op.inputs]
-        frontier = following
-        if not frontier:
-            return False
-    return False
-
-
-def _boundary_owner(op, scopes, model):
-    """A Cast in a model's own scope: the input cast of the layer that reads it, if any.
-
-    A Cast read by another Cast of the same scope is a nested model's float32 Input round trip
-    (compute dtype → float32 → compute dtype): that pair stays with the model.
-    """
-    source = op.inputs[0].op
-    if source.type == "Cast" and _owner(source.name, scopes) is model:
-        return model, "boundary"
-    for consumer in op.outputs[0].consumers():
-        owner = _owner(consumer.name, scopes)
-        if owner is not None and owner is not model and not _is_model(owner):
-            return owner, "input"
-    return model, "boundary"
-
-
-def _reduced_elements(op) -> int:
-    """Elements summed into each output of a reduction (the batch axis left out), else 0."""
-    import numpy as np
-    import tensorflow as tf
-
-    if op.type not in REDUCTION_OPS or len(op.inputs) < 2:
-        return 0
-    shape = op.inputs[0].shape
-    axes = tf.get_static_value(op.inputs[1])
-    if axes is None or shape.rank is None:
-        return 0
-    count = 1
-    for axis in {int(a) % shape.rank for a in np.reshape(axes, -1)}:
-        if axis != 0 and shape[axis] is not None:
-            count *= int(shape[axis])
-    return count
-
-
 # ---- rows and findings -----------------------------------------------------------------------
-
-
-def _rows(layers, head: set[int], trace: _Trace | None, model) -> tuple[list[LayerRow], dict]:
-    per_layer: dict[int, dict[str, dict]] = {}
-    totals = {"forward": 0, "backward": 0, "by_category": Counter()}
-    for cast in (trace.casts if trace else []):
-        key = id(cast.owner) if cast.owner is not None else 0
-        entry = per_layer.setdefault(key, {}).setdefault(
-            cast.category, {"forward": 0, "backward": 0, "pairs": Counter()})
-        entry["backward" if cast.backward else "forward"] += 1
-        entry["pairs"][f"{cast.src}→{cast.dst}"] += 1
-        totals["backward" if cast.backward else "forward"] += 1
-        totals["by_category"][cast.category] += 1
-    rows = [LayerRow(layer.name, path, type(layer).__name__, _origin(layer), compute_dtype(layer),
-                     layer.dtype_policy.variable_dtype, id(layer) in head,
-                     _plain(per_layer.get(id(layer), {})))
-            for layer, path in layers]
-    if trace is None:
-        return rows, {}
-    top = per_layer.get(id(model), {})
-    totals["model_boundary"] = _plain(top)
-    totals["by_category"] = dict(totals["by_category"])
-    totals["loss"] = trace.loss_casts
-    return rows, totals
-
-
-def _plain(casts: dict[str, dict]) -> dict:
-    return {k: {**v, "pairs": dict(v["pairs"])} for k, v in casts.items()}
 
 
 def _cast_findings(rows: list[LayerRow], compute: str, policy: str,
@@ -925,7 +454,7 @@ def _pairs(pairs: dict) -> str:
     return ", ".join(f"{p} ×{n}" for p, n in sorted(pairs.items()))
 
 
-def _unsafe_findings(trace: _Trace, head: set[int], policy: str, large_reduction: int,
+def _unsafe_findings(trace: Trace, head: set[int], policy: str, large_reduction: int,
                      notes: list[str], parents: dict[int, Any]) -> list[Finding]:
     found: dict[tuple[str, str], Finding] = {}
     halves = []
@@ -944,7 +473,7 @@ def _unsafe_findings(trace: _Trace, head: set[int], policy: str, large_reduction
             found[key] = _attention_softmax_finding(_attention_layer(owner, parents), name)
             continue
         what = (f"{op_type} over {reduced} elements" if op_type in REDUCTION_OPS else op_type)
-        where = (f"a keras.ops call in model {owner.name!r}'s own graph" if _is_model(owner)
+        where = (f"a keras.ops call in model {owner.name!r}'s own graph" if is_model(owner)
                  else f"layer {owner.name!r} ({type(owner).__name__})")
         found[key] = Finding(
             "float16_unsafe_op", "warning",
@@ -952,7 +481,7 @@ def _unsafe_findings(trace: _Trace, head: set[int], policy: str, large_reduction
             "above 65504 (exp above 11.1) and loses small probabilities; give the layer "
             "dtype='float32' or compute it in float32",
             owner.name, {"op": op_type, "tf_op": name, "reduced_elements": reduced,
-                         "class": "(keras.ops)" if _is_model(owner) else type(owner).__name__})
+                         "class": "(keras.ops)" if is_model(owner) else type(owner).__name__})
     if halves and policy == "mixed_bfloat16":
         where = sorted({f"{t} in {n!r}" for t, n in halves})
         notes.append(f"{', '.join(where[:6])}{' …' if len(where) > 6 else ''} compute in "
@@ -972,7 +501,7 @@ def _attention_layer(owner, parents: dict[int, Any]):
     """The layer to name for a softmax: a Keras Softmax/Activation's enclosing layer, if any."""
     parent = parents.get(id(owner))
     if type(owner).__name__ in ("Softmax", "Activation") and parent is not None \
-            and not _is_model(parent):
+            and not is_model(parent):
         return parent
     return owner
 
@@ -995,7 +524,7 @@ def _attention_softmax_finding(layer, op_name: str) -> Finding:
         layer.name, {"op": "Softmax", "tf_op": op_name, "class": type(layer).__name__})
 
 
-def _constant_findings(trace: _Trace) -> list[Finding]:
+def _constant_findings(trace: Trace) -> list[Finding]:
     """A half-precision constant beyond its dtype's range (a mask's -1e9 in float16 is -inf)."""
     import math
 
@@ -1005,7 +534,7 @@ def _constant_findings(trace: _Trace) -> list[Finding]:
         if where in found:
             continue
         what = (f"layer {owner.name!r} ({type(owner).__name__})" if owner is not None
-                and not _is_model(owner) else "the model's own graph")
+                and not is_model(owner) else "the model's own graph")
         largest = f"{dtype}'s largest value is {HALF_MAX[dtype]:g}"
         if math.isinf(value):  # the graph holds the overflowed value only
             what_happened = (f"holds the constant {value:g} in {dtype} ({largest}: a mask value "
@@ -1032,7 +561,7 @@ def _is_multi_head_attention(layer) -> bool:
     return isinstance(layer, keras.layers.MultiHeadAttention)
 
 
-def _gradient_findings(trace: _Trace) -> list[Finding]:
+def _gradient_findings(trace: Trace) -> list[Finding]:
     if not trace.no_gradient:
         return []
     names = ", ".join(trace.no_gradient[:5]) + (" …" if len(trace.no_gradient) > 5 else "")
@@ -1048,30 +577,3 @@ def _gradient_findings(trace: _Trace) -> list[Finding]:
 # ---- small helpers ---------------------------------------------------------------------------
 
 
-def _class_label(row: LayerRow | None) -> str:
-    if row is None:
-        return "(replaced)"
-    return f"{row.class_name}*" if row.origin == "custom" else row.class_name
-
-
-def _fwd_bwd(row: LayerRow | None) -> str:
-    if row is None:
-        return "-"
-    fwd = sum(c["forward"] for k, c in row.casts.items() if k != "variable")
-    bwd = sum(c["backward"] for k, c in row.casts.items() if k != "variable")
-    return f"{fwd}/{bwd}"
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _error_line(error: BaseException) -> str:
-    """One line from a tracing error: its first message line, and the layer Keras names."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras bolds its messages for terminals
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    where = next((line for line in lines if line.startswith("Exception encountered when")), "")
-    message = next((line for line in lines if not line.startswith("Exception encountered when")
-                    and not line.startswith(("Arguments received", "•"))), "")
-    text = f"{type(error).__name__}: {message}"
-    return f"{text} ({where.rstrip('.')})" if where else text

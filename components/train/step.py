@@ -391,7 +391,7 @@ def _publish(model, telemetry, epochs, metadata, output_dir: Path, checkpoint_di
     A text model's tokenizer (vocab.txt, tokenizer.json) is written before it too: a published
     text model always has the vocabulary its ids mean.
     """
-    from ampflow.components.train.amp_check import AMP_REPORT_FILE
+    from ampflow.components.train.amp_report import AMP_REPORT_FILE
     from ampflow.components.train.telemetry import write_json_lines
 
     if checkpoint_dir:  # keep the epoch log with the model it describes
