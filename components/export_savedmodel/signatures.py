@@ -107,6 +107,30 @@ def save_signatures(module, signatures: dict[str, Any], export_dir: str | os.Pat
         raise ExportError(f"could not set the classify method name in {export_dir}: {e}") from e
 
 
+def predictions_of(probabilities) -> dict[str, Any]:
+    """A Predict signature's outputs (traced in the graph): the probabilities, their argmax."""
+    import tensorflow as tf
+
+    return {PROBABILITIES_OUTPUT: probabilities,
+            CLASS_IDS_OUTPUT: tf.argmax(probabilities, axis=-1, output_type=tf.int64)}
+
+
+def classify_outputs(scores, label_names: list[str]) -> dict[str, Any]:
+    """The classify signature's outputs (traced): `scores`, and every label name on each row."""
+    import tensorflow as tf
+
+    names = tf.constant(label_names, dtype=tf.string)
+    classes = tf.tile(names[tf.newaxis, :], tf.stack([tf.shape(scores)[0], 1]))
+    return {"scores": scores, "classes": classes}
+
+
+def concrete_signature(fn, spec):
+    """`fn` traced on one input `spec`: a concrete function, what tf.saved_model.save takes."""
+    import tensorflow as tf
+
+    return tf.function(fn, input_signature=[spec]).get_concrete_function()
+
+
 def _read_written(export_dir: str | os.PathLike):
     """The `SavedModel` proto this step wrote; unreadable, it is an export failure."""
     try:
@@ -219,9 +243,7 @@ def _servable(model, input_shape, labels, labels_path) -> tuple[Any, dict[str, A
         return tf.cast(model(images, training=False), tf.float32)
 
     def predict(images):
-        probabilities = probabilities_of(images)
-        return {PROBABILITIES_OUTPUT: probabilities,
-                CLASS_IDS_OUTPUT: tf.argmax(probabilities, axis=-1, output_type=tf.int64)}
+        return predictions_of(probabilities_of(images))
 
     def predict_encoded(image_bytes):  # the argument name is the input's key
         return predict(decode_batch(image_bytes, (h, w, c)))
@@ -229,18 +251,14 @@ def _servable(model, input_shape, labels, labels_path) -> tuple[Any, dict[str, A
     def classify(inputs):
         features = tf.io.parse_example(
             inputs, {IMAGE_FEATURE: tf.io.FixedLenFeature([h * w * c], tf.float32)})
-        scores = probabilities_of(tf.reshape(features[IMAGE_FEATURE], [-1, h, w, c]))
-        names = tf.constant(label_names, dtype=tf.string)
-        classes = tf.tile(names[tf.newaxis, :], tf.stack([tf.shape(scores)[0], 1]))
-        return {"scores": scores, "classes": classes}
-
-    def signature(fn, spec):
-        return tf.function(fn, input_signature=[spec]).get_concrete_function()
+        return classify_outputs(
+            probabilities_of(tf.reshape(features[IMAGE_FEATURE], [-1, h, w, c])), label_names)
 
     return module, {
-        DEFAULT_SIGNATURE: signature(predict, tf.TensorSpec([None, h, w, c], tf.float32,
-                                                            IMAGES_INPUT)),
-        CLASSIFY_SIGNATURE: signature(classify, tf.TensorSpec([None], tf.string, "inputs")),
-        IMAGE_BYTES_SIGNATURE: signature(predict_encoded, tf.TensorSpec([None], tf.string,
-                                                                        IMAGE_BYTES_INPUT)),
+        DEFAULT_SIGNATURE: concrete_signature(
+            predict, tf.TensorSpec([None, h, w, c], tf.float32, IMAGES_INPUT)),
+        CLASSIFY_SIGNATURE: concrete_signature(
+            classify, tf.TensorSpec([None], tf.string, "inputs")),
+        IMAGE_BYTES_SIGNATURE: concrete_signature(
+            predict_encoded, tf.TensorSpec([None], tf.string, IMAGE_BYTES_INPUT)),
     }

@@ -29,8 +29,11 @@ from typing import Any
 
 from ampflow.components.export_savedmodel.signatures import (
     LABELS_FILE,
+    classify_outputs,
     classify_signature,
+    concrete_signature,
     prediction_outputs,
+    predictions_of,
     require_signatures,
     save_signatures,
 )
@@ -38,11 +41,9 @@ from ampflow.components.prepare_data.text import TEXT_FEATURE
 from ampflow.errors import ExportError, ModelLoadError
 from ampflow.serving import model_format
 from ampflow.serving.model_format import (
-    CLASS_IDS_OUTPUT,
     CLASSIFY_SIGNATURE,
     DEFAULT_SIGNATURE,
     PREDICT_METHOD,
-    PROBABILITIES_OUTPUT,
 )
 
 TEXT_INPUT = TEXT_FEATURE  # serving_default's input: string [-1], one raw text per element
@@ -116,9 +117,7 @@ def _text_servable(model, tokenizer, labels: list[str], assets: Path):
         return tf.cast(model(token_ids, training=False), tf.float32)
 
     def predict_ids(input_ids):  # the argument name is the input's key
-        probabilities = probabilities_of(input_ids)
-        return {PROBABILITIES_OUTPUT: probabilities,
-                CLASS_IDS_OUTPUT: tf.argmax(probabilities, axis=-1, output_type=tf.int64)}
+        return predictions_of(probabilities_of(input_ids))
 
     def predict_text(text):
         return predict_ids(tokenizer.tokenize(text))
@@ -126,19 +125,16 @@ def _text_servable(model, tokenizer, labels: list[str], assets: Path):
     def classify(inputs):
         features = tf.io.parse_example(
             inputs, {TEXT_FEATURE: tf.io.FixedLenFeature([], tf.string)})
-        scores = probabilities_of(tokenizer.tokenize(features[TEXT_FEATURE]))
-        names = tf.constant(label_names, dtype=tf.string)
-        classes = tf.tile(names[tf.newaxis, :], tf.stack([tf.shape(scores)[0], 1]))
-        return {"scores": scores, "classes": classes}
-
-    def signature(fn, spec):
-        return tf.function(fn, input_signature=[spec]).get_concrete_function()
+        return classify_outputs(
+            probabilities_of(tokenizer.tokenize(features[TEXT_FEATURE])), label_names)
 
     return module, {
-        DEFAULT_SIGNATURE: signature(predict_text, tf.TensorSpec([None], tf.string, TEXT_INPUT)),
-        CLASSIFY_SIGNATURE: signature(classify, tf.TensorSpec([None], tf.string, "inputs")),
-        TOKEN_IDS_SIGNATURE: signature(predict_ids, tf.TensorSpec([None, length], tf.int32,
-                                                                  TOKEN_IDS_INPUT)),
+        DEFAULT_SIGNATURE: concrete_signature(
+            predict_text, tf.TensorSpec([None], tf.string, TEXT_INPUT)),
+        CLASSIFY_SIGNATURE: concrete_signature(
+            classify, tf.TensorSpec([None], tf.string, "inputs")),
+        TOKEN_IDS_SIGNATURE: concrete_signature(
+            predict_ids, tf.TensorSpec([None, length], tf.int32, TOKEN_IDS_INPUT)),
     }
 
 
