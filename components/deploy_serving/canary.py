@@ -3,10 +3,15 @@
 Speaks TF Serving's own gRPC API through ampflow's TensorFlow-free client's protos and tensor
 conversion (`ampflow_client`, clients/python), so it checks `tensorflow_model_server` in a
 cluster and `ampflow serve` on a laptop alike. The correctness check sends the real test
-images that export recorded with the version (export_savedmodel/canary_examples.py) to that
+examples that export recorded with the version (export_savedmodel/canary_examples.py) to that
 exact version and compares the answers with the recorded ones: the same classes (except where
 the recorded top two probabilities are closer than the tolerance allows to tell apart) and
 probabilities within `atol`. A server that loaded another version or a damaged copy fails it.
+
+What is sent is decided in one place, `request_tensor`, from data, never from a modality
+test: the examples' own values under their `input_key` (float32 images under `images`, UTF-8
+sentences under `text`, a text TFLite variant's token ids under `input_ids`), in the dtype the
+called signature declares for that input (`SignatureSpec`, whose `name` is the signature).
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ import time
 import grpc
 import numpy as np
 
-from ampflow.components.deploy_serving.model_store import SIGNATURE, SignatureSpec
-from ampflow.components.export_savedmodel.canary_examples import INPUT_KEY, CanaryExamples
+from ampflow.components.deploy_serving.model_store import SignatureSpec
+from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
 from ampflow.errors import DeployError
 from ampflow.serving.model_format import CLASS_IDS_OUTPUT, PROBABILITIES_OUTPUT
 
@@ -68,18 +73,37 @@ def check_version_served(
         prediction_service_pb2_grpc,
     )
 
-    if INPUT_KEY not in spec.inputs:
-        raise DeployError(f"the signature {SIGNATURE!r} must take {INPUT_KEY!r} (the recorded "
-                          f"examples' input). Received inputs: {sorted(spec.inputs)}")
+    tensor = request_tensor(spec, examples)  # before any call: a mismatch is one line
     with grpc.insecure_channel(address) as channel:
         models = model_service_pb2_grpc.ModelServiceStub(channel)
         _wait_available(models, address, model_name, version, timeout_s)
         predictions = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        outputs, served = _predict(predictions, address, model_name, version, examples.images)
+        outputs, served = _predict(predictions, address, model_name, version,
+                                   spec.name, {examples.input_key: tensor})
     compare_answers(outputs, examples, atol, f"{model_name} version {version} at {address}")
     log.info("%s version %d at %s answered all %d recorded examples as expected", model_name,
              version, address, len(examples.images))
     return served
+
+
+def request_tensor(spec: SignatureSpec, examples: CanaryExamples):
+    """The recorded requests as the TensorProto the signature takes under their input key.
+
+    The one place a modality becomes a request: the dtype is the one `spec` declares for
+    `examples.input_key` (DT_FLOAT pixels, DT_STRING sentences, DT_INT32 token ids).
+    """
+    from ampflow_client.tensors import make_tensor_proto, numpy_dtype
+
+    if examples.input_key not in spec.inputs:
+        raise DeployError(f"the signature {spec.name!r} must take {examples.input_key!r} (the "
+                          f"recorded examples' input). Received inputs: {sorted(spec.inputs)}")
+    dtype, _shape = spec.inputs[examples.input_key]
+    try:
+        return make_tensor_proto(examples.images, dtype=numpy_dtype(dtype))
+    except (TypeError, ValueError) as e:
+        raise DeployError(f"the recorded examples ({examples.images.dtype} "
+                          f"{list(examples.images.shape)}) cannot be sent as the signature "
+                          f"{spec.name!r}'s input {examples.input_key!r}: {e}") from e
 
 
 def compare_answers(outputs: dict[str, np.ndarray], examples: CanaryExamples, atol: float,
@@ -145,16 +169,18 @@ def _wait_available(stub, address: str, model_name: str, version: int, timeout_s
     )
 
 
-def _predict(stub, address: str, model_name: str, version: int, images: np.ndarray):
-    """One Predict of `images` on the exact version, retried on transient codes (bounded)."""
+def _predict(stub, address: str, model_name: str, version: int, signature: str,
+             inputs: dict):
+    """One Predict of `inputs` (TensorProtos) on the exact version, retried on transient codes."""
     from ampflow_client._proto.tensorflow_serving.apis import predict_pb2
-    from ampflow_client.tensors import make_ndarray, make_tensor_proto
+    from ampflow_client.tensors import make_ndarray
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model_name
-    request.model_spec.signature_name = SIGNATURE
+    request.model_spec.signature_name = signature
     request.model_spec.version.value = version
-    request.inputs[INPUT_KEY].CopyFrom(make_tensor_proto(images.astype(np.float32)))
+    for key, tensor in inputs.items():
+        request.inputs[key].CopyFrom(tensor)
     for attempt in range(1, _PREDICT_ATTEMPTS + 1):
         try:
             response = stub.Predict(request, timeout=_CALL_DEADLINE_S)

@@ -360,6 +360,9 @@ class Payload:
     model_format: str = "tensorflow"  # KServe's modelFormat name: "tensorflow" or "tflite"
     expected: CanaryExamples | None = None
     tflite_variant: str | None = None  # the TFLite variant published (None: the SavedModel)
+    # the signature the canary calls: None = the SavedModel's serving_default; a TFLite
+    # variant's own (a text model's takes token ids on `token_ids`)
+    spec: model_store.SignatureSpec | None = None
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,22 @@ _UNSUPPORTED = {"s3://": "tf.io.gfile in TF 2.21 and tensorflow/serving >= 2.7 c
 
 @dataclass(frozen=True)
 class SignatureSpec:
-    """The `serving_default` inputs (name -> (dtype enum, shape with -1)) and output names."""
+    """The signature the canary calls: inputs (name -> (dtype enum, shape with -1)), outputs.
+
+    `name` is `serving_default` for a SavedModel and an image TFLite variant, `token_ids` for
+    a text TFLite variant (LiteRT runs no string op: the variant takes ids).
+    """
 
     inputs: dict[str, tuple[int, tuple[int, ...]]]
     outputs: tuple[str, ...]
+    name: str = SIGNATURE
+
+    @classmethod
+    def of(cls, name: str, signature_def) -> SignatureSpec:
+        """The spec of one SignatureDef proto (a SavedModel's or a TFLite servable's)."""
+        inputs = {key: (info.dtype, tuple(d.size for d in info.tensor_shape.dim))
+                  for key, info in signature_def.inputs.items()}
+        return cls(inputs=inputs, outputs=tuple(sorted(signature_def.outputs)), name=name)
 
 
 def is_uri(path: str) -> bool:
@@ -91,12 +103,7 @@ def check_saved_model(path: Path) -> SignatureSpec:
             f"{Path(path) / SAVED_MODEL_PB} must have a 'serve' graph with signature "
             f"{SIGNATURE!r}. Received signatures: {sorted(signatures)}"
         )
-    sig = signatures[SIGNATURE]
-    inputs = {
-        name: (info.dtype, tuple(d.size for d in info.tensor_shape.dim))
-        for name, info in sig.inputs.items()
-    }
-    return SignatureSpec(inputs=inputs, outputs=tuple(sorted(sig.outputs)))
+    return SignatureSpec.of(SIGNATURE, signatures[SIGNATURE])
 
 
 def dir_digest(path: Path) -> str:

@@ -43,6 +43,7 @@ def run_deploy(config: DeployConfig) -> DeployResult:
     """Deploy `config.saved_model_dir` to `config.target`; see the module docstring."""
     spec = model_store.check_saved_model(config.saved_model_dir)
     with _payload(config) as payload:
+        spec = payload.spec or spec
         if config.target == "local":
             with config.claimed(payload.source) as claimed:
                 return _deploy_local(claimed, claimed.resolved_model_name,
@@ -68,11 +69,12 @@ def _payload(config: DeployConfig) -> Iterator[Payload]:
     variant = tflite_variant.select_variant(config.tflite_dir, config.tflite_variant)
     recorded = canary.recorded_examples(config.saved_model_dir)
     with tflite_variant.staged_version(variant) as staged:
-        expected = tflite_variant.expected_answers(staged, variant, recorded)
+        published = tflite_variant.expected_answers(staged, variant, recorded)
         log.info("publishing TFLite variant %s (%s); the server must give its answers to the "
-                 "%d recorded examples", variant.name, variant.tflite, len(recorded.images))
-        yield Payload(staged, model_format="tflite", expected=expected,
-                      tflite_variant=variant.name)
+                 "%d recorded examples on %r", variant.name, variant.tflite,
+                 len(recorded.images), published.spec.name)
+        yield Payload(staged, model_format="tflite", expected=published.expected,
+                      tflite_variant=variant.name, spec=published.spec)
 
 
 def _deploy_local(

@@ -7,6 +7,14 @@ A deploy with `serving_format="tflite"` publishes `<store>/<model>/<version>/` h
 `<variant>.tflite` (what `ampflow serve --model-format tflite|auto` loads) and its
 `<variant>.json`, through the same temp dir, rename and version claim as a SavedModel.
 
+A text model's variants take token ids (the SavedModel's `token_ids` signature: LiteRT runs no
+string op), and their JSON carries a `tokenizer` block naming the vocabulary files the convert
+step shipped beside them (convert_tflite/text_inputs.py). Such a version is published with those
+files beside the `.tflite` (a client tokenizes with them), and its canary sends ids made from
+the recorded sentences with that shipped vocabulary, by the convert step's own `token_ids`, to
+the variant's signature (`token_ids`, input `input_ids`). Which signature, which input and
+which dtype are read from the variant (its JSON and its flatbuffer), not decided by modality.
+
 Refused with a ConfigError before anything is published: a variant the report does not list
 (not converted), one whose gate failed, a file whose sha256 is not the one the converter
 recorded (damaged or replaced since it was checked), a file that does not load, and a variant
@@ -40,6 +48,7 @@ any looser tolerance would be a number nobody chose. So the check is split in tw
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -51,7 +60,8 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.export_savedmodel.canary_examples import INPUT_KEY, CanaryExamples
+from ampflow.components.deploy_serving.model_store import SignatureSpec
+from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
 from ampflow.errors import ConfigError, ModelLoadError
 from ampflow.serving.model_format import CLASS_IDS_OUTPUT, PROBABILITIES_OUTPUT
 from ampflow.serving.model_format import DEFAULT_SIGNATURE as SIGNATURE
@@ -71,6 +81,16 @@ class TFLiteVariant:
     metadata: Path
     checks: tuple[dict[str, Any], ...]  # the report's gate checks of this variant
     measured_max_prob_diff: float  # the converter's max |p - SavedModel p| on the test split
+    signature_key: str = SIGNATURE  # the flatbuffer's signature (token_ids for a text model)
+    tokenizer_files: tuple[Path, ...] = ()  # a text variant's vocabulary, shipped beside it
+
+
+@dataclass(frozen=True)
+class Published:
+    """A checked, staged variant: the signature the canary calls and the answers it expects."""
+
+    spec: SignatureSpec
+    expected: CanaryExamples
 
 
 def select_variant(tflite_dir: Path, variant: str) -> TFLiteVariant:
@@ -91,9 +111,17 @@ def select_variant(tflite_dir: Path, variant: str) -> TFLiteVariant:
             f"see {Path(tflite_dir) / 'report.md'}); a failed variant is never published")
     tflite = Path(tflite_dir) / entry.get("file", f"{variant}.tflite")
     metadata = Path(tflite_dir) / entry.get("metadata", f"{variant}.json")
-    _check_same_file(tflite, metadata)
+    described = _check_same_file(tflite, metadata)
+    tokenizer = described.get("tokenizer") or {}
+    files = tuple(Path(tflite_dir) / tokenizer[key]
+                  for key in ("vocabulary_file", "settings_file") if tokenizer.get(key))
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ConfigError(f"tflite_variant={variant!r} takes token ids made with the vocabulary "
+                          f"the convert step ships beside it; missing: {', '.join(missing)}")
     return TFLiteVariant(variant, tflite, metadata, checks,
-                         float(entry.get("max_abs_prob_diff") or 0.0))
+                         float(entry.get("max_abs_prob_diff") or 0.0),
+                         described.get("signature_key") or SIGNATURE, files)
 
 
 def _read_report(tflite_dir: Path) -> dict[str, Any]:
@@ -112,12 +140,13 @@ def _read_report(tflite_dir: Path) -> dict[str, Any]:
     return report
 
 
-def _check_same_file(tflite: Path, metadata: Path) -> None:
-    """The .tflite must be the bytes the converter checked (its JSON records their sha256)."""
+def _check_same_file(tflite: Path, metadata: Path) -> dict[str, Any]:
+    """The variant's JSON, once the .tflite is proven the bytes the converter checked."""
     try:
-        recorded = json.loads(metadata.read_text()).get("sha256")
+        described = json.loads(metadata.read_text())
+        recorded = described.get("sha256")
         digest = hashlib.sha256(tflite.read_bytes()).hexdigest()
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, AttributeError) as e:
         raise ConfigError(f"the convert step's {tflite.name} and {metadata.name} must be "
                           f"readable: {e}") from e
     if recorded != digest:
@@ -125,22 +154,26 @@ def _check_same_file(tflite: Path, metadata: Path) -> None:
             f"{tflite} is not the file the convert step checked (sha256 {digest[:12]}…, "
             f"{metadata.name} records {str(recorded)[:12]}…): damaged or replaced since; "
             "convert again")
+    return described
 
 
 @contextlib.contextmanager
 def staged_version(variant: TFLiteVariant) -> Iterator[Path]:
-    """A temp dir laid out as the served version: `<variant>.tflite` and `<variant>.json`."""
+    """A temp dir laid out as the served version: `<variant>.tflite` and `<variant>.json`.
+
+    A text variant's vocabulary files go beside them, as the convert step ships them.
+    """
     with tempfile.TemporaryDirectory(prefix="ampflow-tflite-") as tmp:
         staged = Path(tmp) / "version"
         staged.mkdir()
-        shutil.copyfile(variant.tflite, staged / variant.tflite.name)
-        shutil.copyfile(variant.metadata, staged / variant.metadata.name)
+        for path in (variant.tflite, variant.metadata, *variant.tokenizer_files):
+            shutil.copyfile(path, staged / path.name)
         yield staged
 
 
 def expected_answers(staged: Path, variant: TFLiteVariant,
-                     recorded: CanaryExamples) -> CanaryExamples:
-    """The variant's own answers to the recorded images, checked against its gate (doc, 1-2)."""
+                     recorded: CanaryExamples) -> Published:
+    """The variant's own answers to the recorded examples, checked against its gate (doc, 1-2)."""
     from ampflow.serving.models.tflite import TFLiteServable
 
     try:
@@ -148,20 +181,45 @@ def expected_answers(staged: Path, variant: TFLiteVariant,
     except ModelLoadError as e:
         raise ConfigError(f"tflite_variant={variant.name!r}: {variant.tflite} does not load, "
                           f"so no server could serve it: {e}") from e
-    if not servable.can_run(SIGNATURE):
-        raise ConfigError(f"{variant.tflite} must carry the {SIGNATURE!r} signature the "
-                          "canary sends. Received: " + ", ".join(servable.signature_defs))
+    key = variant.signature_key
+    if not servable.can_run(key):
+        raise ConfigError(f"{variant.tflite} must carry the {key!r} signature its JSON names "
+                          "and the canary calls. Received: " + ", ".join(servable.signature_defs))
+    spec = SignatureSpec.of(key, servable.signature_defs[key])
+    requests = variant_requests(variant, spec, recorded)
     try:
-        outputs = servable.run(SIGNATURE, {INPUT_KEY: recorded.images})
+        outputs = servable.run(key, {requests.input_key: requests.images})
     except (ValueError, RuntimeError, KeyError) as e:
-        raise ConfigError(f"{variant.tflite} cannot answer the recorded examples (float32 "
-                          f"{list(recorded.images.shape)} on {INPUT_KEY!r}): {e}") from e
-    expected = CanaryExamples(
-        images=recorded.images,
-        probabilities=np.asarray(outputs[PROBABILITIES_OUTPUT], dtype=np.float32),
+        raise ConfigError(f"{variant.tflite} cannot answer the recorded examples "
+                          f"({requests.images.dtype} {list(requests.images.shape)} on "
+                          f"{requests.input_key!r}): {e}") from e
+    expected = dataclasses.replace(
+        requests, probabilities=np.asarray(outputs[PROBABILITIES_OUTPUT], dtype=np.float32),
         class_ids=np.asarray(outputs[CLASS_IDS_OUTPUT], dtype=np.int64))
     check_against_saved_model(expected, recorded, variant)
-    return expected
+    return Published(spec, expected)
+
+
+def variant_requests(variant: TFLiteVariant, spec: SignatureSpec,
+                     recorded: CanaryExamples) -> CanaryExamples:
+    """The recorded examples as the variant takes them (answers still the SavedModel's).
+
+    The variant's signature has one input. Without shipped vocabulary files it takes what the
+    SavedModel took (the recorded images); with them, the recorded sentences tokenized with
+    that vocabulary by the convert step's own rule (text_inputs.token_ids).
+    """
+    if len(spec.inputs) != 1:
+        raise ConfigError(f"{variant.tflite}'s {spec.name!r} signature must take one input. "
+                          f"Received: {sorted(spec.inputs)}")
+    (input_key,) = spec.inputs
+    values = recorded.images
+    if variant.tokenizer_files:
+        from ampflow.components.convert_tflite.text_inputs import token_ids
+        from ampflow.components.train.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(variant.tokenizer_files[0].parent)
+        values = token_ids(tokenizer, list(recorded.images))
+    return dataclasses.replace(recorded, images=values, input_key=input_key)
 
 
 def check_against_saved_model(answers: CanaryExamples, recorded: CanaryExamples,
