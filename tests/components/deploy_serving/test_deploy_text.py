@@ -23,8 +23,6 @@ import pytest
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
 from ampflow.errors import DeployError, GateFailedError
 
-pytestmark = [pytest.mark.slow, pytest.mark.serving, pytest.mark.timeout(400)]
-
 MODEL = "reviews"
 _HELPERS = Path(__file__).parents[1] / "export_savedmodel" / "text_model_helpers.py"
 
@@ -84,6 +82,9 @@ def _versions(store: Path) -> list[str]:
     return sorted(p.name for p in (store / MODEL).iterdir() if p.name != ".versions.lock")
 
 
+@pytest.mark.slow
+@pytest.mark.serving
+@pytest.mark.timeout(400)
 def test_text_savedmodel_deploy_passes_its_canary_of_real_sentences(server, text_export):
     from ampflow.components.export_savedmodel.canary_examples import load_canary_examples
 
@@ -97,6 +98,9 @@ def test_text_savedmodel_deploy_passes_its_canary_of_real_sentences(server, text
     assert len(set(recorded.class_ids.tolist())) >= 2  # the sentences tell classes apart
 
 
+@pytest.mark.slow
+@pytest.mark.serving
+@pytest.mark.timeout(400)
 def test_text_canary_with_a_wrong_expected_class_fails_and_unpublishes(server, text_export,
                                                                        tmp_path):
     from ampflow.components.export_savedmodel.canary_examples import CANARY_FILE
@@ -116,6 +120,9 @@ def test_text_canary_with_a_wrong_expected_class_fails_and_unpublishes(server, t
     assert "3" not in _versions(store)  # removed: the previous version stays served
 
 
+@pytest.mark.slow
+@pytest.mark.serving
+@pytest.mark.timeout(400)
 def test_text_tflite_float32_deploy_sends_shipped_vocabulary_ids(server, text_export,
                                                                  converted):
     from ampflow.components.convert_tflite.text_inputs import token_ids
@@ -141,6 +148,9 @@ def test_text_tflite_float32_deploy_sends_shipped_vocabulary_ids(server, text_ex
     np.testing.assert_array_equal(answers["class_ids"], recorded.class_ids)
 
 
+@pytest.mark.slow
+@pytest.mark.serving
+@pytest.mark.timeout(400)
 def test_text_tflite_variant_that_failed_its_gate_is_refused_in_one_line(
         text_export, converted, tmp_path, capsys):
     from ampflow.cli import main
@@ -154,3 +164,39 @@ def test_text_tflite_variant_that_failed_its_gate_is_refused_in_one_line(
     assert err[-1].startswith("ampflow deploy: error: --tflite-variant='full_int8' failed the "
                               "convert step's gate ("), err
     assert not (store / MODEL).exists() or _versions(store) == []
+
+
+@pytest.mark.parametrize("key, dtype, values, sent", [
+    ("images", 1, np.full((2, 8, 8, 1), 0.5), np.float32),  # DT_FLOAT
+    ("text", 7, np.array([b"a film", "\u00e9trange".encode()], dtype=object), object),
+    ("input_ids", 3, np.array([[5, 1, 0], [2, 0, 0]], np.int64), np.int32),  # DT_INT32
+], ids=["images-float32", "text-strings", "token-ids-int32"])
+def test_canary_request_is_the_examples_values_in_the_signatures_dtype(key, dtype, values,
+                                                                       sent):
+    """What every target's canary sends (kubernetes and kserve call the same check)."""
+    from ampflow_client.tensors import make_ndarray
+
+    from ampflow.components.deploy_serving.canary import request_tensor
+    from ampflow.components.deploy_serving.model_store import SignatureSpec
+    from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
+
+    spec = SignatureSpec({key: (dtype, (-1,))}, ("class_ids", "probabilities"))
+    examples = CanaryExamples(values, np.zeros((2, 3), np.float32), np.zeros(2, np.int64),
+                              input_key=key)
+    proto = request_tensor(spec, examples)
+    assert proto.dtype == dtype
+    received = make_ndarray(proto)
+    assert received.dtype == np.dtype(sent)
+    np.testing.assert_array_equal(received, values)
+
+
+def test_canary_request_for_an_input_the_signature_lacks_is_one_line():
+    from ampflow.components.deploy_serving.canary import request_tensor
+    from ampflow.components.deploy_serving.model_store import SignatureSpec
+    from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
+
+    examples = CanaryExamples(np.zeros((1, 8, 8, 1), np.float32), np.ones((1, 1), np.float32),
+                              np.zeros(1, np.int64))  # images, recorded for an image model
+    with pytest.raises(DeployError, match=r"^the signature 'serving_default' must take 'images' "
+                                          r".*Received inputs: \['text'\]$"):
+        request_tensor(SignatureSpec({"text": (7, (-1,))}, ()), examples)
