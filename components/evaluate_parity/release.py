@@ -23,9 +23,11 @@ those checks:
   path (`<model_store>/<model_name>`, TF Serving's layout) is run as a server runs it (its
   `serving_default` signature, SavedModel or TFLite: `ampflow.serving.models.servable`), on the same
   test examples, and training.py's paired test (one-sided exact McNemar) says whether the new
-  model is significantly less accurate, at `serving_alpha`. It is read from the store, never
-  retrained. No version there yet is the first release: nothing to compare, and the verdict
-  says so.
+  model is significantly less accurate, at `serving_alpha`. It is sent what a client sends
+  (`SplitRequest`): images as pixels, texts as the raw texts, which a served text model
+  tokenizes in its graph, so one trained with another vocabulary is compared all the same. It
+  is read from the store, never retrained. No version there yet is the first release: nothing
+  to compare, and the verdict says so.
 """
 
 from __future__ import annotations
@@ -320,56 +322,100 @@ def _copy_from_store(gfile, remote: str, local: Path) -> None:
             gfile.copy(f"{folder.rstrip('/')}/{name}", str(target / name), overwrite=True)
 
 
-def score_served(served: ServedVersion, images: np.ndarray, labels: np.ndarray,
-                 class_names: list[str], batch_size: int) -> ModelScores:
+@dataclass(frozen=True)
+class SplitRequest:
+    """A split as a client sends it to `serving_default`: the input's name and the examples.
+
+    Images go as float32 pixels; texts as their raw UTF-8 bytes, never token ids, because a
+    served text model tokenizes in its graph with its own vocabulary. The new model takes the
+    same examples through its own tokenizer (train.artifacts.TrainedModel.inputs).
+    """
+
+    input_name: str  # serving_default's input: IMAGES_INPUT or TEXT_INPUT
+    examples: np.ndarray  # float32 [N, H, W, C], or object [N] of UTF-8 bytes
+    labels: np.ndarray  # int64 [N]
+
+    def declared(self) -> list[tuple[str, int, list[int]]]:
+        """The input as a signature would declare it: (name, DataType enum, one example's shape)."""
+        import tensorflow as tf
+
+        return [(self.input_name, tf.as_dtype(self.examples.dtype).as_datatype_enum,
+                 list(self.examples.shape[1:]))]
+
+
+def split_request(data_dir: str | os.PathLike, split: str,
+                  limit: int | None = None) -> SplitRequest:
+    """The prepared split as `serving_default` is sent it (the one place modality decides it)."""
+    from ampflow.components.prepare_data import load_dataset_info
+    from ampflow.components.prepare_data.text import is_text
+
+    load = _load_texts if is_text(load_dataset_info(data_dir)) else _load_images
+    return load(data_dir, split, limit)
+
+
+def _load_images(data_dir, split: str, limit: int | None) -> SplitRequest:
+    from ampflow.components.prepare_data import load_arrays
+    from ampflow.serving.model_format import IMAGES_INPUT
+
+    images, labels = load_arrays(data_dir, split, limit=limit)
+    return SplitRequest(IMAGES_INPUT, images.astype(np.float32), labels)
+
+
+def _load_texts(data_dir, split: str, limit: int | None) -> SplitRequest:
+    from ampflow.components.export_savedmodel.text_signatures import TEXT_INPUT
+    from ampflow.components.prepare_data import load_texts
+
+    texts, labels = load_texts(data_dir, split, limit=limit)
+    return SplitRequest(TEXT_INPUT, np.array([t.encode("utf-8") for t in texts], dtype=object),
+                        labels)
+
+
+def score_served(served: ServedVersion, request: SplitRequest, class_names: list[str],
+                 batch_size: int) -> ModelScores:
     """The served version's answers on the split, through `serving_default` as a server runs it.
 
     ConfigError, before any example is scored, when the two models cannot be compared on the
-    same examples (another input shape, other classes). The scores' `logits` are the served
+    same examples (another input, other classes). The scores' `logits` are the served
     probabilities: only their argmax (the served `class_ids`) is used.
     """
-    from ampflow.serving.model_format import (
-        DEFAULT_SIGNATURE,
-        IMAGES_INPUT,
-        PROBABILITIES_OUTPUT,
-    )
+    from ampflow.serving.model_format import DEFAULT_SIGNATURE, PROBABILITIES_OUTPUT
     from ampflow.serving.models.servable import load_servable
 
+    examples = request.examples
     try:
         servable = load_servable(served.base_path.rstrip("/").rsplit("/", 1)[-1],
                                  served.version, served.path)
-        _require_comparable(served, servable, images.shape[1:], class_names)
+        _require_comparable(served, servable, request, class_names)
         probabilities = []
-        for start in range(0, len(images), batch_size):
+        for start in range(0, len(examples), batch_size):
             out = servable.run(DEFAULT_SIGNATURE,
-                               {IMAGES_INPUT: images[start:start + batch_size]})
+                               {request.input_name: examples[start:start + batch_size]})
             probabilities.append(np.asarray(out[PROBABILITIES_OUTPUT], dtype=np.float32))
     finally:
         if served.copied:  # an object-store version's temp copy
             shutil.rmtree(served.path.parent, ignore_errors=True)
-    return ModelScores(logits=np.concatenate(probabilities), labels=labels)
+    return ModelScores(logits=np.concatenate(probabilities), labels=request.labels)
 
 
-def _require_comparable(served: ServedVersion, servable, image_shape: tuple,
+def _require_comparable(served: ServedVersion, servable, request: SplitRequest,
                         class_names: list[str]) -> None:
-    from ampflow.serving.model_format import (
-        DEFAULT_SIGNATURE,
-        IMAGES_INPUT,
-        PROBABILITIES_OUTPUT,
-    )
+    """ConfigError in one line unless the served model takes what the split is, with its classes."""
+    from ampflow.serving.model_format import DEFAULT_SIGNATURE, PROBABILITIES_OUTPUT
 
     where = f"the model serving at {served.source} (version {served.version})"
     signature = servable.signature_defs.get(DEFAULT_SIGNATURE)
-    if signature is None or IMAGES_INPUT not in signature.inputs:
-        raise ConfigError(f"{where} has no {DEFAULT_SIGNATURE!r} signature with an "
-                          f"{IMAGES_INPUT!r} input, so it cannot be scored on this split")
-    shape = [d.size for d in signature.inputs[IMAGES_INPUT].tensor_shape.dim][1:]
+    if signature is None:
+        raise ConfigError(f"{where} has no {DEFAULT_SIGNATURE!r} signature, so it cannot be "
+                          "scored on this split")
     outputs = signature.outputs.get(PROBABILITIES_OUTPUT)
     classes = outputs.tensor_shape.dim[-1].size if outputs is not None else -1
     labels = _served_labels(served.path)
     problems = []
-    if shape != list(image_shape):
-        problems.append(f"it takes images {shape}, this split holds {list(image_shape)}")
+    takes = [(name, spec.dtype, [d.size for d in spec.tensor_shape.dim][1:])  # no batch dim
+             for name, spec in sorted(signature.inputs.items())]
+    if takes != request.declared():
+        problems.append(f"it takes {_describe(takes)}, this split holds "
+                        f"{_describe(request.declared())}")
     if classes != len(class_names):
         problems.append(f"it answers {classes} classes, this split has {len(class_names)}")
     elif labels is not None and labels != class_names:
@@ -379,6 +425,28 @@ def _require_comparable(served: ServedVersion, servable, image_shape: tuple,
             f"{where} cannot be compared with this model on the same examples: "
             + "; ".join(problems) + ". Serve the new model under another model name, or "
             "evaluate without a serving baseline (serving_target none)")
+
+
+def _describe(inputs: list[tuple[str, int, list[int]]]) -> str:
+    """Inputs in words, for the one line that says the served model takes something else.
+
+    `images [8, 8, 1]` and `text` for ampflow's two contracts (docs/ARTIFACTS.md); others as
+    declared (a TFLite text variant takes token ids: `'input_ids' int32 [16]`).
+    """
+    from tensorflow.core.framework import types_pb2
+
+    from ampflow.components.export_savedmodel.text_signatures import TEXT_INPUT
+    from ampflow.serving.model_format import IMAGES_INPUT
+
+    contracts = {(IMAGES_INPUT, types_pb2.DT_FLOAT): "images",
+                 (TEXT_INPUT, types_pb2.DT_STRING): "text"}
+    words = []
+    for name, dtype, shape in inputs:
+        kind = contracts.get((name, dtype))
+        if kind is None:
+            kind = f"{name!r} {types_pb2.DataType.Name(dtype)[3:].lower()}"
+        words.append(f"{kind} {shape}" if shape else kind)
+    return ", ".join(words) or "no input"
 
 
 def _served_labels(version_dir: Path) -> list[str] | None:

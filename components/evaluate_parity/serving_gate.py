@@ -5,8 +5,9 @@ evaluate`). In the pipeline the evaluate task runs in every run and mounts no mo
 run without a serving target needs no claim), so the comparison runs where the store is
 mounted, in the serving branch before deploy: this step reads what evaluate recorded (the
 split, the labels and the model's answer to each example: predictions.json), scores the
-served version on the same examples through `serving_default`, and writes
-serving_verdict.json: the paired test of release.py, its numbers and the version compared.
+served version on the same examples through `serving_default` (images as pixels, texts as the
+raw texts: release.SplitRequest), and writes serving_verdict.json: the paired test of
+release.py, its numbers and the version compared.
 No version serving yet is the first release: passed, and said so.
 """
 
@@ -166,20 +167,19 @@ def read_predictions(eval_dir: str | os.PathLike) -> dict[str, Any]:
 def _compare(config: ServingGateConfig, recorded: dict[str, Any],
              served: release.ServedVersion) -> release.ServingComparison:
     """Score the served version on the examples evaluate judged; pair the answers."""
-    from ampflow.components.prepare_data import load_arrays, load_dataset_info
+    from ampflow.components.prepare_data import load_dataset_info
 
     info = load_dataset_info(config.data_dir)
-    images, labels = load_arrays(config.data_dir, recorded["split"], limit=recorded["limit"])
-    if not np.array_equal(labels, recorded["labels"]):
+    request = release.split_request(config.data_dir, recorded["split"], recorded["limit"])
+    if not np.array_equal(request.labels, recorded["labels"]):
         raise ConfigError(f"data_dir must be the dataset evaluate scored: its {recorded['split']}"
                           f" split has other labels than {PREDICTIONS_FILE} in eval_dir. "
                           f"Received: data_dir={config.data_dir}")
     names = release.class_names(info)
-    served_scores = release.score_served(served, images.astype(np.float32), labels, names,
-                                         config.batch_size)
+    served_scores = release.score_served(served, request, names, config.batch_size)
     # the recorded answers as one-hot scores: the paired test reads only their argmax
     new = ModelScores(logits=np.eye(len(names), dtype=np.float32)[recorded["predictions"]],
-                      labels=labels)
+                      labels=request.labels)
     return release.compare_with_served(new, served_scores, served, config.serving_alpha,
                                        recorded["split"])
 

@@ -164,11 +164,12 @@ def test_a_model_worse_than_the_one_serving_is_refused_and_a_better_one_passes(
     from ampflow.components.evaluate_parity import release
 
     served = release.find_served_version(serving_worse)
+    request = release.SplitRequest("images", np.zeros((2, 16, 16, 3), np.float32),
+                                   np.zeros(2, int))
     with pytest.raises(ConfigError, match=r"cannot be compared with this model on the same "
                                           r"examples: it takes images \[8, 8, 1\], this split "
-                                          r"holds \[16, 16, 3\]"):
-        release.score_served(served, np.zeros((2, 16, 16, 3), np.float32), np.zeros(2, int),
-                             [str(i) for i in range(10)], 32)
+                                          r"holds images \[16, 16, 3\]"):
+        release.score_served(served, request, [str(i) for i in range(10)], 32)
 
 
 def _compare_in_kfp_tasks(tmp_path, prepared_digits, base_path, inline: dict) -> None:
