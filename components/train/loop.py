@@ -63,7 +63,9 @@ from ampflow.components.train.allreduce import (
     gradients_already_reduced,
     wire_dtype,
 )
-from ampflow.components.train.cluster import ClusterSpec
+
+# Runtime and distribute_datasets are runtime.py's; re-exported here, where tests import them.
+from ampflow.components.train.runtime import Runtime, distribute_datasets  # noqa: F401
 from ampflow.errors import ConfigError
 from ampflow.progress import Progress
 
@@ -92,64 +94,6 @@ def unpack_step_telemetry(values: list[float]) -> dict[str, float]:
     if layout is None:
         raise ValueError(f"a packed step holds 1, 3, 5 or 7 values. Received: {len(values)}")
     return dict(zip(layout, values, strict=True))
-
-
-@dataclass
-class Runtime:
-    """The strategy a run uses and this process's place in it."""
-
-    strategy: Any
-    name: str
-    reason: str
-    cluster: ClusterSpec | None = None
-
-    @property
-    def num_replicas(self) -> int:
-        """Replicas in sync across every worker (one per GPU, or one per CPU process)."""
-        return int(self.strategy.num_replicas_in_sync)
-
-    @property
-    def num_workers(self) -> int:
-        """Processes in the run."""
-        return self.cluster.num_workers if self.cluster else 1
-
-    @property
-    def is_chief(self) -> bool:
-        """Whether this process publishes the model and writes logs."""
-        return self.cluster is None or self.cluster.is_chief
-
-    @property
-    def worker_id(self) -> int:
-        """0 for the chief (and for a single process)."""
-        return self.cluster.worker_id if self.cluster else 0
-
-    def agree(self, value: float) -> float:
-        """The mean of `value` over the workers: the same number on every worker.
-
-        Decisions that change what a worker runs next (stop, skip a candidate) must be taken on
-        agreed numbers, or one worker waits in a collective that the others never join.
-        """
-        if self.num_workers == 1:
-            return float(value)
-        import tensorflow as tf
-
-        per_replica = self.strategy.run(lambda: tf.constant(float(value), tf.float64))
-        total = self.strategy.reduce("SUM", per_replica, axis=None)
-        return float(total) / self.num_replicas
-
-    def describe(self) -> dict[str, Any]:
-        """The `distribution` block of the metadata."""
-        return {
-            "strategy": self.name,
-            "reason": self.reason,
-            "num_workers": self.num_workers,
-            "num_replicas": self.num_replicas,
-            "is_chief": self.is_chief,
-            "task": ({"type": self.cluster.task_type, "index": self.cluster.task_index}
-                     if self.cluster else None),
-            "cluster": (list(self.cluster.chief + self.cluster.workers) if self.cluster
-                        else None),
-        }
 
 
 @dataclass(frozen=True)
@@ -564,23 +508,6 @@ def backup_dir(state_dir: str) -> str:
     return state_dir.rstrip("/") + "/backup"
 
 
-def distribute_datasets(runtime: Runtime, train_ds, eval_ds):
-    """Distribute the datasets: sharded by DATA, each global batch split into replica shares.
-
-    DATA, not FILE: a small TFDS split may be one file. Worker i gets share i of every global
-    batch, so N workers see the same global batches, in the same order, as one process with the
-    whole batch.
-    """
-    import tensorflow as tf
-
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    train = runtime.strategy.experimental_distribute_dataset(train_ds.with_options(options))
-    evaluation = (runtime.strategy.experimental_distribute_dataset(eval_ds.with_options(options))
-                  if eval_ds is not None else None)
-    return train, evaluation
-
-
 def input_wait_fraction(waited_seconds: float, train_seconds: float) -> float:
     """The share of an epoch's training time spent waiting for batches, 0..1."""
     if train_seconds <= 0:
@@ -642,7 +569,6 @@ def _train_loss(labels, probabilities, label_smoothing: float):
     one_hot = tf.one_hot(labels, tf.shape(probabilities)[-1], dtype=probabilities.dtype)
     return keras.losses.categorical_crossentropy(one_hot, probabilities,
                                                  label_smoothing=label_smoothing)
-
 
 
 def _tf_variable(variable):

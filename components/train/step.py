@@ -379,7 +379,7 @@ def _recipe(config: TrainConfig, learning_rate: float, steps: int) -> dict:
 
 
 def _distribute(runtime, train_ds, test_ds):
-    from ampflow.components.train.loop import distribute_datasets
+    from ampflow.components.train.runtime import distribute_datasets
 
     return distribute_datasets(runtime, train_ds, test_ds)
 

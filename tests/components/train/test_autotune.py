@@ -15,15 +15,13 @@ import time
 import pytest
 
 from ampflow.components.train import TrainConfig, load_trained_model, run_train
-from ampflow.components.train.autotune import (
+from ampflow.components.train.autotune import choose, search, spawn_child
+from ampflow.components.train.autotune_rules import (
     DROP_AFTER_STEPS,
     LARGE_CONV_MODEL,
     candidates,
-    choose,
     clearly_slower,
     eta_s,
-    search,
-    spawn_child,
     stall_limit_s,
 )
 from ampflow.components.train.precision import GpuInfo, HardwareInfo

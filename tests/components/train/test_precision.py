@@ -101,7 +101,7 @@ KINDS = [  # hardware, (float16 native, bfloat16 native), auto's policy
 
 @pytest.mark.parametrize(("hardware", "native", "auto"), KINDS)
 def test_auto_autotune_and_check_model_follow_one_native_format_rule(hardware, native, auto):
-    from ampflow.components.train.autotune import candidates
+    from ampflow.components.train.autotune_rules import candidates
     from ampflow.components.train.precision import native_format_notes, native_formats
 
     formats = native_formats(hardware)
