@@ -3,23 +3,20 @@
 The names below are imported on first use (PEP 562), not with the package, so that building
 the CLI parser (which reads `TrainConfig`) imports no TensorFlow or Keras. `load_trained_model`
 registers the custom layers (`layers.py`) itself before it loads a model; `load_trained` also
-gives a text model's tokenizer (the model dir's contract: `artifacts.py`).
+gives a text model's tokenizer (the model dir's contract: `artifacts.py`). The package's
+modules by role are mapped in docs/development.md ("train/ by role").
 """
 
 import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports them
-    from ampflow.components.train.artifacts import TrainedModel, load_trained
-    from ampflow.components.train.step import (
-        TrainConfig,
-        TrainResult,
-        load_trained_model,
-        run_train,
-    )
+    from ampflow.components.train.artifacts import TrainedModel, load_trained, load_trained_model
+    from ampflow.components.train.config import TrainConfig
+    from ampflow.components.train.step import TrainResult, run_train
 
 _EXPORTS = {
-    "TrainConfig": "step",
+    "TrainConfig": "config",
     "TrainResult": "step",
     "TrainedModel": "artifacts",
     "load_trained": "artifacts",

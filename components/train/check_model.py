@@ -86,7 +86,7 @@ def run_check_model(config: CheckModelConfig, hardware=None):
         setup.policy, setup.native))
     print(report.table())
     if not report.errors:  # what train checks next: the model reloads for evaluate and export
-        from ampflow.components.train.user_model import check_reloads
+        from ampflow.components.train.reload_check import check_reloads
 
         check_reloads(report.model, config.model_spec, config.model_path)
     if config.output_dir is not None:

@@ -216,7 +216,8 @@ def preflight_model(config: TrainConfig, info: dict, tokenizer=None) -> tuple[di
     if report.errors:
         raise ConfigError(f"model {config.model!r} cannot train under {report.policy}: "
                           + "; ".join(report.errors))
-    from ampflow.components.train.user_model import check_reloads, layer_dtypes
+    from ampflow.components.train.reload_check import check_reloads
+    from ampflow.components.train.user_model import layer_dtypes
 
     spec = config.model_spec
     check_reloads(report.model, spec, config.model_path)

@@ -142,7 +142,8 @@ def test_a_get_config_that_forgets_an_argument_is_named_with_its_fix(prepared_di
 def test_a_layer_that_reloads_passes_and_leaves_no_file_behind(user_code, tmp_path, monkeypatch):
     import tempfile
 
-    from ampflow.components.train.user_model import ModelSpec, check_reloads, import_user_module
+    from ampflow.components.train.reload_check import check_reloads
+    from ampflow.components.train.user_model import ModelSpec, import_user_module
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     module = import_user_module("reloadmodels", user_code)
