@@ -134,8 +134,9 @@ def _check_the_gate_stopped_the_run(output: str, workdir, run) -> None:
     assert message.startswith("ampflow demo: error: the local pipeline run stopped at step "
                               "'parity-gate'.\n"), message
     assert "The FP32-parity gate failed 1 check(s), so nothing was exported:" in message
-    assert re.search(r"^  - max_relative_logit_diff: measured \S+ vs threshold <= 0$", message,
-                     re.M), message
+    # the CLI names the flag (--max-relative-logit-diff), the task's own log the setting
+    assert re.search(r"^  - --max-relative-logit-diff: measured \S+ vs threshold <= 0$",
+                     message, re.M), message
     assert f"evaluate report: {evaluated / 'report'}" in message
     assert f"evaluate log:    {workdir / 'logs' / 'evaluate-parity.log'}" in message
     # progress: a line as each task starts and ends
