@@ -292,7 +292,10 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     learning_rate = config.learning_rate * (runtime.num_replicas if config.scale_learning_rate
                                             else 1)
     train_ds, test_ds, steps = training_data(config, info, global_batch, tokenizer)
-    if steps < FEW_STEPS_PER_EPOCH:  # said now: a model that then learns nothing is no surprise
+    capped = config.steps_per_epoch is not None and steps == config.steps_per_epoch
+    # said now, so that a model that then learns nothing is no surprise; an epoch capped on
+    # purpose by --steps-per-epoch (a smoke run, a benchmark) is the user's choice, not the data's
+    if steps < FEW_STEPS_PER_EPOCH and not capped:
         log.warning("an epoch is %d step(s) (%d training examples at a global batch of %d): too "
                     "few to learn from; lower --batch-size or add training examples", steps,
                     info["splits"]["train"], global_batch)
