@@ -17,6 +17,7 @@ import inspect
 from pathlib import Path
 
 import pytest
+from pipeline_signature import pipeline_signature_defaults
 
 from ampflow.components.prepare_data.config import PrepareDataConfig
 from ampflow.components.train.config import TrainConfig
@@ -68,14 +69,7 @@ def test_the_kfp_components_spelt_out_text_defaults_are_the_steps():
 
 
 def test_the_pipelines_signature_restates_no_text_default():
-    import ampflow.pipeline.pipeline as module
-
-    tree = ast.parse(Path(module.__file__).read_text())
-    (pipeline_fn,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-                      and n.name == "ampflow_pipeline"]
-    args = pipeline_fn.args
-    defaults = dict(zip([a.arg for a in args.args][-len(args.defaults):], args.defaults,
-                        strict=True))
+    defaults = pipeline_signature_defaults()
     for name in DATA + TRAIN:
         assert not isinstance(defaults[name], ast.Constant), name
 

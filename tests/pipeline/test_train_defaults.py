@@ -9,10 +9,10 @@ import argparse
 import ast
 import dataclasses
 import inspect
-from pathlib import Path
 
 import pytest
 import yaml
+from pipeline_signature import pipeline_signature_defaults
 
 from ampflow.cliutil import TRISTATE
 from ampflow.components.train.config import TrainConfig
@@ -63,14 +63,7 @@ def test_the_kfp_components_spelt_out_defaults_are_the_train_steps():
 
 def test_the_signatures_restate_no_training_default():
     """The pipeline's signature reads TRAIN_DEFAULTS: a literal there is a second home."""
-    import ampflow.pipeline.pipeline as module
-
-    tree = ast.parse(Path(module.__file__).read_text())
-    (pipeline_fn,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-                      and n.name == "ampflow_pipeline"]
-    args = pipeline_fn.args
-    defaults = dict(zip([a.arg for a in args.args][-len(args.defaults):], args.defaults,
-                        strict=True))
+    defaults = pipeline_signature_defaults()
     for name in TRAINING:
         assert not isinstance(defaults[name], ast.Constant), (
             f"ampflow_pipeline's {name} default is a literal; use TRAIN_DEFAULTS[{name!r}]")
