@@ -25,7 +25,7 @@ COPY requirements/image.lock ./requirements/
 RUN python3 -m pip install --no-cache-dir --require-hashes -r requirements/image.lock
 COPY clients/python ./clients/python
 COPY pyproject.toml README.md ./
-COPY core ./core
+COPY src ./src
 COPY components ./components
 COPY pipeline ./pipeline
 COPY serving ./serving

@@ -1,6 +1,6 @@
 """The promises the CLI makes, kept by every command (issue 38 part 4).
 
-- One exit-code rule (core/errors.py): 2 for a usage or configuration error, found before the
+- One exit-code rule (src/ampflow/errors.py): 2 for a usage or configuration error, found before the
   work starts (an unknown flag, a path that names no usable input); 1 for a run that failed.
   Before: a missing data dir, an empty or one-class image folder and a missing eval dir
   exited 1.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAPPING = {"ampflow": "core", "ampflow.components": "components",
+MAPPING = {"ampflow": "src/ampflow", "ampflow.components": "components",
            "ampflow.pipeline": "pipeline", "ampflow.serving": "serving"}
 
 
@@ -23,6 +23,27 @@ def test_pyproject_lists_every_python_package_folder():
             found.add(".".join([package, *rel.parts]))
     assert found == listed
 
+
+def test_the_mapping_is_pyprojects_and_the_dockerfile_copies_every_mapped_folder():
+    # The image builds the package from the folders pyproject maps: one it does not COPY is a
+    # wheel without that package (found at the first import in a pipeline step, not here).
+    mapped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert mapped["package-dir"] == MAPPING
+    copied = {line.split()[1] for line in (ROOT / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ")}
+    missing = [folder for folder in MAPPING.values()
+               if not any(folder == c or folder.startswith(f"{c}/") for c in copied)]
+    assert missing == []
+
+
+def test_the_root_package_is_named_as_imported_and_never_shadows_the_installed_tree():
+    # src/ampflow holds only the root modules; at the checkout's root (on sys.path under
+    # `python -m pytest`) it would hide ampflow.components. No root-level `ampflow/` at all.
+    assert MAPPING["ampflow"].endswith("/ampflow")
+    assert not (ROOT / "ampflow").exists()
+    out = subprocess.run([sys.executable, "-c", "import ampflow.components, ampflow.cli"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 def test_ampflow_help_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "ampflow.cli", "--help"], capture_output=True,

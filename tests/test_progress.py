@@ -285,7 +285,7 @@ def _train_argv(data_dir, out) -> list[str]:
 def test_train_under_a_terminal_shows_the_bar_advance_within_the_epoch(prepared_digits,
                                                                        tmp_path, clean_env):
     # the console script's own path: its stderr goes through the line filter, which the bar
-    # bypasses (core/cli.py calls progress.keep_terminal() first)
+    # bypasses (src/ampflow/cli.py calls progress.keep_terminal() first)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     out = _in_a_pty([sys.executable, "-m", "ampflow.cli", *_train_argv(prepared_digits,
                                                                        tmp_path)], env)
@@ -309,7 +309,7 @@ def test_train_through_a_pipe_logs_periodic_plain_lines_or_none_when_quiet(
     lines = [x for x in run.stderr.splitlines() if "ampflow.progress:" in x]
     assert "epoch 1/1: loss" in run.stderr
     assert not CONTROL.search(run.stdout + run.stderr)
-    # absl's per-checkpoint timing line is start-up noise like TF's (core/tf_startup.py)
+    # absl's per-checkpoint timing line is start-up noise like TF's (src/ampflow/tf_startup.py)
     assert "Sharding callback duration" not in run.stderr
     if quiet:
         assert lines == []

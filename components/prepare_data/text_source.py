@@ -12,7 +12,7 @@ beside the old one. Every left-out file or row is in the dataset's metadata (`sk
 with a count per reason), which `prepare-data` copies to dataset_info.json: nothing is dropped
 without a count. A source with no usable input (no class folders, one class, no readable text,
 an unknown column) is a configuration error (DatasetConfigError, ConfigError): exit 2, nothing
-ran (core/errors.py's rule), and the message names the flag.
+ran (src/ampflow/errors.py's rule), and the message names the flag.
 """
 
 from __future__ import annotations

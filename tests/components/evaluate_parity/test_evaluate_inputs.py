@@ -203,7 +203,7 @@ def test_evaluate_cli_failed_gate_exits_non_zero_with_measured_vs_threshold(
                  "--max-relative-logit-diff", "1e-9"])
     err = capsys.readouterr().err
     assert code == GateFailedError.exit_code == 1
-    # the CLI says the failed threshold as the flag that sets it (core/cli.py's _in_flags)
+    # the CLI says the failed threshold as the flag that sets it (src/ampflow/cli.py's _in_flags)
     assert err.startswith("ampflow evaluate: error: parity gate failed 1/5 checks: "
                           "--max-relative-logit-diff: measured ")
     assert "vs threshold <= 1.000e-09" in err and "Traceback" not in err

@@ -64,7 +64,7 @@ def test_export_cli_missing_model_one_line_error_exit_2(prepared_digits, passed_
                  str(prepared_digits), "--export-base", str(tmp_path / "base"),
                  "--eval-dir", str(passed_eval_dir)])
     err = capsys.readouterr().err.strip()
-    assert code == 2  # a flag that names no model: a configuration error (core/errors.py)
+    assert code == 2  # a flag that names no model: a configuration error (src/ampflow/errors.py)
     assert err.startswith("ampflow export: error: ") and "is not a published model" in err
     assert "Traceback" not in err and len(err.splitlines()) == 1
 
