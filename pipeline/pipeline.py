@@ -80,6 +80,8 @@ GATE_DEFAULTS = {name: EvaluateConfig.__dataclass_fields__[name].default for nam
 # spelt-out defaults by tests/pipeline/test_train_defaults.py. XLA is `auto|on|off` everywhere
 # (TrainConfig's None is auto); `model` is train's --model (the architecture).
 XLA_VALUES = tuple(TRISTATE)
+# TrainConfig's learning_rate None (the model's own) is 0 here: a KFP parameter has no None.
+MODEL_LEARNING_RATE = 0.0
 # The data and TFLite parameters' defaults: prepare-data's and convert's own.
 DATA_DEFAULTS = {
     "dataset": PrepareDataConfig.__dataclass_fields__["dataset"].default,
@@ -106,7 +108,8 @@ SERVING_DEFAULTS = {name: DeployConfig.__dataclass_fields__[name].default
 _TRAIN_FIELDS = TrainConfig.__dataclass_fields__
 TRAIN_DEFAULTS = {
     **{name: _TRAIN_FIELDS[name].default for name in (
-        "model", "epochs", "batch_size", "learning_rate", "precision", "seed")},
+        "model", "epochs", "batch_size", "precision", "seed")},
+    "learning_rate": _TRAIN_FIELDS["learning_rate"].default or MODEL_LEARNING_RATE,
     "xla": next(word for word, value in TRISTATE.items()
                 if value is _TRAIN_FIELDS["jit_compile"].default),
 }

@@ -21,8 +21,9 @@ from typing import Any, TextIO
 
 from ampflow.components.deploy_serving.config import SERVING_FORMATS, TFLITE_VARIANTS
 from ampflow.components.prepare_data.config import PrepareDataConfig
-from ampflow.components.train.config import TrainConfig
+from ampflow.components.train.config import DEFAULT_LEARNING_RATE, TrainConfig
 from ampflow.components.train.precision import POLICIES
+from ampflow.components.train.text_models import ENCODER_LEARNING_RATE
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.files import ensure_writable_dir
 from ampflow.pipeline.parameters import (
@@ -101,7 +102,9 @@ class LocalRunConfig:
     batch_size: int = field(default=TRAIN_DEFAULTS["batch_size"], metadata={
         "help": "Training batch size per replica."})
     learning_rate: float = field(default=TRAIN_DEFAULTS["learning_rate"], metadata={
-        "help": "Learning rate."})
+        "help": "Learning rate; 0 = the model's own, train --learning-rate's default "
+                f"({ENCODER_LEARNING_RATE:g} for the bert_* encoders, {DEFAULT_LEARNING_RATE:g} "
+                "for the others)."})
     precision: str = field(default="mixed_float16", metadata={
         "choices": POLICIES,
         "help": "Dtype policy. The demo default is mixed_float16 so that dynamic loss scaling "

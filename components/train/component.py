@@ -12,7 +12,7 @@ def train(
     xla: str = "auto",
     epochs: int = 8,
     batch_size: int = 32,
-    learning_rate: float = 3e-3,
+    learning_rate: float = 0.0,
     seed: int = 42,
     checkpoint_dir: str = "",
     autotune: bool = False,
@@ -35,6 +35,7 @@ def train(
     "false", its old spelling, are still read. The defaults here are spelt out because KFP copies
     this function's source into its task; tests/pipeline/test_train_defaults.py ties each to the
     train step's own (TrainConfig).
+    `learning_rate` 0 is train's default, the model's own (KFP has no optional floats either).
     `checkpoint_dir` is durable storage for the resumable checkpoint (empty: inside the output
     artifact, which a retried pod does not get back).
     `workers` > 1 trains on that many workers: inside a cluster, as a TFJob described by
@@ -74,7 +75,7 @@ def train(
         data_dir=data.path, output_dir=model.path, model=architecture,
         model_path=model_path or None, precision=precision,
         jit_compile=jit, epochs=epochs, batch_size=batch_size * batch_size_multiplier,
-        learning_rate=learning_rate,
+        learning_rate=learning_rate or None,
         seed=seed, checkpoint_dir=checkpoint_dir or None, autotune=autotune, workers=workers,
         scale_learning_rate=scale_learning_rate, packed_allreduce=packed_allreduce,
         allreduce_bytes_per_pack=allreduce_bytes_per_pack, allreduce_dtype=allreduce_dtype,

@@ -16,6 +16,7 @@ from ampflow.components.train.allreduce import ALLREDUCE_DTYPES
 from ampflow.components.train.cluster import STRATEGIES
 from ampflow.components.train.guard import GuardLimits
 from ampflow.components.train.precision import POLICIES
+from ampflow.components.train.text_models import BERT_SHAPES, ENCODER_LEARNING_RATE
 from ampflow.components.train.tokenizer import TokenizerConfig
 from ampflow.components.train.user_model import ModelSpec, parse_model_spec
 from ampflow.errors import ConfigError
@@ -23,6 +24,9 @@ from ampflow.errors import ConfigError
 OPTIMIZERS = ("adam", "adamw", "sgd")
 AUTO_BATCH = "auto"
 LR_SCHEDULES = ("constant", "cosine")
+# The learning rate of the built-in CNNs and of a user's model when --learning-rate is not given;
+# the BERT-style encoders declare theirs beside them (text_models.ENCODER_LEARNING_RATE).
+DEFAULT_LEARNING_RATE = 3e-3
 _GUARD = GuardLimits()  # the loss-scale guard's defaults, declared once (guard.py)
 _TOKENIZER = TokenizerConfig.__dataclass_fields__  # the text settings, declared once there
 # Architectures made for natural photos, where random crops and flips are the usual training.
@@ -46,6 +50,13 @@ def _model_choices() -> tuple[str, ...]:
     from ampflow.components.train.models import model_names
 
     return model_names()
+
+
+def default_learning_rate(spec: ModelSpec) -> float:
+    """The learning rate a run of `spec` gets without --learning-rate: the model kind's own."""
+    if spec.kind == "builtin" and spec.text in BERT_SHAPES:
+        return ENCODER_LEARNING_RATE
+    return DEFAULT_LEARNING_RATE
 
 
 def check_allreduce_options(packed_allreduce: bool, allreduce_bytes_per_pack: int,
@@ -103,7 +114,10 @@ class TrainConfig:
         "help": "With --batch-size auto: search against this memory limit (MiB of measured "
                 "train-step peak) instead of the GPU's own, e.g. to leave headroom; also lets "
                 "the search run without a GPU."})
-    learning_rate: float = field(default=3e-3, metadata={"help": "Optimizer learning rate."})
+    learning_rate: float | None = field(default=None, metadata={
+        "help": "Optimizer learning rate (default: the model's own, recorded in metadata.json: "
+                f"{ENCODER_LEARNING_RATE:g} for the bert_* encoders, {DEFAULT_LEARNING_RATE:g} "
+                "for the CNNs and your own builder or .keras file)."})
     optimizer: str = field(default="adam", metadata={
         "choices": OPTIMIZERS, "help": "Optimizer: adam, adamw (decoupled weight decay) or sgd "
                                        "(momentum 0.9)."})
@@ -219,6 +233,8 @@ class TrainConfig:
             raise ConfigError(
                 f"steps_per_epoch must be > 0. Received: steps_per_epoch={self.steps_per_epoch}"
             )
+        if self.learning_rate is None:  # the model's own, resolved once: what runs is recorded
+            object.__setattr__(self, "learning_rate", default_learning_rate(self.model_spec))
         if not self.learning_rate > 0:
             raise ConfigError(
                 f"learning_rate must be > 0. Received: learning_rate={self.learning_rate}"

@@ -17,7 +17,12 @@ from pipeline_signature import pipeline_signature_defaults
 from ampflow.cliutil import TRISTATE
 from ampflow.components.train.config import TrainConfig
 from ampflow.pipeline.parameters import PIPELINE_PARAMETERS
-from ampflow.pipeline.pipeline import TRAIN_DEFAULTS, PipelineOptions, compile_pipeline
+from ampflow.pipeline.pipeline import (
+    MODEL_LEARNING_RATE,
+    TRAIN_DEFAULTS,
+    PipelineOptions,
+    compile_pipeline,
+)
 from ampflow.pipeline.run_local import LocalRunConfig
 
 # Pipeline parameter -> TrainConfig field (the same name, but for XLA).
@@ -30,6 +35,8 @@ LOCAL_ON_PURPOSE = {"precision": "mixed_float16"}
 
 def _home(parameter: str):
     value = TrainConfig.__dataclass_fields__[TRAINING[parameter]].default
+    if parameter == "learning_rate" and value is None:  # the model's own: 0 in KFP (no None)
+        return MODEL_LEARNING_RATE
     return next(w for w, v in TRISTATE.items() if v is value) if parameter == "xla" else value
 
 

@@ -268,3 +268,24 @@ def test_evaluate_scores_a_text_model_on_its_own_tokenizers_ids(trained_text_mod
         run_evaluate(EvaluateConfig(model_dir=model_dir, data_dir=prepared_digits,
                                     output_dir=tmp_path / "eval2"))
     assert not (tmp_path / "eval2").exists()
+
+
+def test_the_default_learning_rate_is_the_model_kinds_own(tmp_path):
+    """bert_tiny at the CNNs' 3e-3 stays at the majority class on real text: the encoders' own
+    default (text_models.py) is what an unset --learning-rate gives them; the CNNs and a user's
+    builder or .keras file keep 3e-3; a rate given is kept; 0 is still refused."""
+    from ampflow.components.train.config import DEFAULT_LEARNING_RATE, TrainConfig
+    from ampflow.components.train.text_models import BERT_SHAPES, ENCODER_LEARNING_RATE
+
+    def rate(model: str, **given) -> float:
+        return TrainConfig(data_dir=tmp_path, output_dir=tmp_path / "o", model=model,
+                           **given).learning_rate
+
+    assert ENCODER_LEARNING_RATE < DEFAULT_LEARNING_RATE
+    for name in BERT_SHAPES:
+        assert rate(name) == ENCODER_LEARNING_RATE, name
+    for model in ("small_cnn", "resnet50", "my_models.text:build", str(tmp_path / "m.keras")):
+        assert rate(model) == DEFAULT_LEARNING_RATE, model
+    assert rate("bert_tiny", learning_rate=2e-5) == 2e-5
+    with pytest.raises(ConfigError, match="learning_rate must be > 0"):
+        rate("bert_tiny", learning_rate=0.0)
