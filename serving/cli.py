@@ -137,7 +137,8 @@ def serve_config_from_args(args: argparse.Namespace):
     from ampflow.serving import config as cfg
 
     if args.model_config_file:
-        models = tuple(dataclasses.replace(m, model_format=args.model_format)
+        models = tuple(dataclasses.replace(m, model_format=args.model_format,
+                                           compute_precision=args.compute_precision)
                        for m in cfg.load_model_config_file(args.model_config_file))
     elif args.model_base_path:
         models = (config_from_args(cfg.ModelConfig, args, name=args.model_name,

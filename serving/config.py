@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ampflow.errors import ConfigError
+from ampflow.serving.compute_precision import COMPUTE_PRECISIONS
 from ampflow.serving.model_format import MAX_VERSION, check_model_name
 from ampflow.serving.models.servable import MODEL_FORMATS
 from ampflow.serving.transport.connection_limits import ConnectionLimits
@@ -53,9 +54,17 @@ class ModelConfig:
         "auto", "what each version dir holds: auto = saved_model.pb if there, else one .tflite "
         "file (a converter variant, run by LiteRT); applies to every model",
         choices=MODEL_FORMATS)
+    compute_precision: str = _field(
+        "float32", "what a SavedModel version computes in: bfloat16 runs its float32 graph "
+        "through TF's oneDNN bfloat16 rewrite, only on a CPU with AVX512_BF16 or AMX-BF16 "
+        "(refused elsewhere; deploy's parity check decides whether a version may); applies "
+        "to every model", choices=COMPUTE_PRECISIONS)
 
     def __post_init__(self) -> None:
         check_model_name(self.name, "name")
+        if self.compute_precision not in COMPUTE_PRECISIONS:
+            raise ConfigError(f"compute_precision must be one of {COMPUTE_PRECISIONS}. "
+                              f"Received: compute_precision={self.compute_precision!r}")
         if self.model_format not in MODEL_FORMATS:
             raise ConfigError(f"model_format must be one of {MODEL_FORMATS}. Received: "
                               f"model_format={self.model_format!r}")

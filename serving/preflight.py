@@ -18,6 +18,7 @@ import socket
 from pathlib import Path
 
 from ampflow.errors import ConfigError
+from ampflow.serving.compute_precision import check_supported
 from ampflow.serving.model_format import SAVED_MODEL_PB, parse_version_name, version_dirs
 
 WAIT_FLAG = "--wait-for-base-path"
@@ -28,6 +29,7 @@ def check_server(config) -> None:
     """Every model's base path and every port of a `ServerConfig`, before anything loads."""
     for model in config.models:
         check_base_path(model.name, model.base_path, wait=config.wait_for_base_path)
+        check_supported(model.compute_precision)  # a bf16 server on a CPU without bf16
     ports = {"--port": config.port, "--rest-api-port": config.rest_api_port}
     if config.metrics_port != config.rest_api_port:  # else the REST app serves the metrics
         ports["--metrics-port"] = config.metrics_port

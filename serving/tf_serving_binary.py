@@ -82,6 +82,9 @@ def cannot_honour(config: ServerConfig) -> list[str]:
         reasons.append("it accepts HandleReloadConfigRequest from any client for any path "
                        "(pass --allow-reload-config without --reload-config-root to accept "
                        "that)")
+    if any(m.compute_precision != "float32" for m in config.models):
+        reasons.append("it has no --compute-precision (TF's oneDNN bfloat16 rewrite is the "
+                       "local server's; use --server local)")
     if any(m.model_format == "tflite" for m in config.models):
         reasons.append("it does not load a version dir holding only a .tflite file "
                        "(--model-format tflite; use --server local)")

@@ -29,11 +29,12 @@ import logging
 from dataclasses import dataclass, field
 
 from ampflow.errors import ConfigError
+from ampflow.serving.cpu_features import BF16_CPU_FLAGS as _CPU_BF16_FLAGS
+from ampflow.serving.cpu_features import read_cpu_flags as _read_cpu_flags
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
-_CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 _CPU_FP16_FLAGS = frozenset({"avx512_fp16", "amx_fp16"})
 HALF_POLICIES = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 _MEASURED = "benchmarks/results/native_formats.md"
@@ -294,14 +295,3 @@ def _auto(hardware: HardwareInfo) -> tuple[str, str]:
         return policy, f"{formats.kind}: {why}"
     return "float32", (f"{formats.kind}: no native half-precision format (float16: "
                        f"{formats.float16.why}; bfloat16: {formats.bfloat16.why})")
-
-
-def _read_cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()

@@ -234,7 +234,8 @@ class ModelRegistry:
         state.status[version] = VersionStatus(VersionState.LOADING)
         started = time.perf_counter()
         try:
-            servable = load_servable(name, version, path, state.config.model_format)
+            servable = load_servable(name, version, path, state.config.model_format,
+                                     state.config.compute_precision)
             replayed = self._warmup(servable) if self._warmup else 0
         except Exception as e:  # a corrupt or partial dir: log, mark, never serve
             state.failed[version] = fingerprint

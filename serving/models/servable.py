@@ -9,7 +9,9 @@ GetModelMetadata returns), the functions from `tf.saved_model.load` (what a requ
 Each signature is one concrete function, traced when the model was saved: any batch size runs
 the same graph, nothing is ever retraced. `SignatureCall` calls it without TensorFlow's
 per-call argument binding, which costs more than the tiny model itself (see
-docs/explanation/serving-path.md).
+docs/explanation/serving-path.md). With `compute_precision="bfloat16"` every call runs inside
+a `PrecisionScope` (compute_precision.py): the same signatures, instantiated with TF's oneDNN
+bfloat16 rewrite on; float32 (the default) calls them as before, with nothing around them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ampflow.errors import ModelLoadError
+from ampflow.errors import ConfigError, ModelLoadError
+from ampflow.serving.compute_precision import PrecisionScope, check_supported
 from ampflow.serving.model_format import SERVE_TAG, serving_signature_defs
 
 log = logging.getLogger(__name__)
@@ -56,14 +59,24 @@ class Servable(Protocol):
         ...
 
 
-def load_servable(model: str, version: int, path: Path, model_format: str = "auto") -> Servable:
-    """Load one version dir as a SavedModel or a TFLite flatbuffer (tflite.py)."""
+def load_servable(model: str, version: int, path: Path, model_format: str = "auto",
+                  compute_precision: str = "float32") -> Servable:
+    """Load one version dir as a SavedModel or a TFLite flatbuffer (tflite.py).
+
+    A TFLite version computes in the precision it was converted to (its variant), so a
+    `compute_precision` other than float32 is refused for it (ModelLoadError: never served).
+    """
     from ampflow.serving.models.tflite import TFLiteServable, detect_format
 
     chosen = detect_format(path) if model_format == "auto" else model_format
     if chosen == "tflite":
+        if compute_precision != "float32":
+            raise ModelLoadError(
+                f"compute_precision {compute_precision} rewrites a SavedModel's graph; this "
+                "version is a TFLite flatbuffer, whose precision is its converter variant "
+                "(serve it with the default float32)")
         return TFLiteServable(model, version, path)
-    return SavedModelServable(model, version, path)
+    return SavedModelServable(model, version, path, compute_precision)
 
 
 class SavedModelServable:
@@ -72,9 +85,17 @@ class SavedModelServable:
     platform = "tensorflow_savedmodel"  # what V2 model metadata calls this format
     model_format = "saved_model"
 
-    def __init__(self, model: str, version: int, path: Path) -> None:
+    def __init__(self, model: str, version: int, path: Path,
+                 compute_precision: str = "float32") -> None:
         import tensorflow as tf  # heavy: imported where a model is actually loaded
 
+        try:  # checked again here for library callers; the CLI refuses before loading
+            check_supported(compute_precision)
+        except ConfigError as e:
+            raise ModelLoadError(str(e)) from e
+        self.compute_precision = compute_precision
+        self._scope = (PrecisionScope(compute_precision).scope
+                       if compute_precision != "float32" else None)
         self.model = model
         self.version = version
         self.path = path
@@ -93,7 +114,10 @@ class SavedModelServable:
 
     def run(self, signature: str, inputs: dict) -> dict:
         """Run `signature` on numpy/tensor `inputs` keyed by signature input names."""
-        return self._functions[signature](inputs)
+        if self._scope is None:
+            return self._functions[signature](inputs)
+        with self._scope():
+            return self._functions[signature](inputs)
 
 
 class SignatureCall:

@@ -1,0 +1,119 @@
+"""`--compute-precision bfloat16`: a float32 SavedModel's math run in bfloat16 where the CPU has it.
+
+The mechanism is TensorFlow's own: grappler's oneDNN auto-mixed-precision pass
+(`RewriterConfig.auto_mixed_precision_onednn_bfloat16`, TF >= 2.9; `auto_mixed_precision_mkl`
+before), which rewrites the graph when a function is instantiated: the ops on its allow list
+(MatMul, Conv2D, their fused forms, and what lies between them) compute in bfloat16, casts are
+inserted at the edges, the signature stays float32. No graph is edited by hand.
+
+Per model, not per process. TF documents the switch as process-wide
+(`tf.config.optimizer.set_experimental_options`), which would turn every model of the server
+bf16. But an eager function call carries the ConfigProto it runs under as the call's
+`config_proto` attribute (`context.call_function` -> `FunctionCallOptions.as_attrs`), the
+runtime instantiates (and optimizes) a function once per attribute set, and those options are
+thread-local. So `PrecisionScope` sets options with the rewrite ON around one call and puts the
+thread's own back: the same loaded signature answers in float32 outside it and in bfloat16
+inside it, in one process (tests/serving/test_bf16_inference.py proves both from the executed
+graph).
+
+Why a serve-time option and not an exported variant: the rewrite happens when the graph is
+instantiated and cannot be saved into a SavedModel (a saved bf16 graph would be a hand-made
+edit, or a Keras rebuild under mixed_bfloat16: another model than the one evaluated), and
+whether bfloat16 is native is a fact of the serving host, not of the model: the same version
+dir serves float32 on an AVX2 node and bfloat16 on a Xeon with AMX. Whether a version may be
+served that way is the deploy step's parity check (components/deploy_serving/bf16_parity.py).
+
+On a CPU without AVX512_BF16/AMX-BF16 bfloat16 is emulated, slower than float32, so it is
+refused there with the reason (`check_supported`), before anything loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from ampflow.errors import ConfigError
+from ampflow.serving import cpu_features
+
+COMPUTE_PRECISIONS = ("float32", "bfloat16")
+FLAG = "--compute-precision"
+_BF16_DTYPE = 14  # types_pb2.DT_BFLOAT16 (a literal: this module imports no TensorFlow)
+
+
+def unsupported_reason(precision: str, cpu_flags: frozenset[str] | None = None) -> str | None:
+    """Why `precision` cannot be served with `cpu_flags` (None: read them here); None: it can."""
+    if precision not in COMPUTE_PRECISIONS:
+        return f"compute_precision must be one of {COMPUTE_PRECISIONS}. Received: {precision!r}"
+    if precision == "float32":
+        return None
+    flags = cpu_features.read_cpu_flags() if cpu_flags is None else cpu_flags
+    if cpu_features.bf16_flags(flags):
+        return None
+    return (f"{FLAG} bfloat16 needs a CPU with AVX512_BF16 or AMX-BF16; this one has neither "
+            "(/proc/cpuinfo), so oneDNN would emulate bfloat16, slower than float32. "
+            "Received: compute_precision='bfloat16' (serve float32, the default)")
+
+
+def check_supported(precision: str, cpu_flags: frozenset[str] | None = None) -> None:
+    """ConfigError (one line) unless `precision` runs natively here."""
+    reason = unsupported_reason(precision, cpu_flags)
+    if reason:
+        raise ConfigError(reason)
+
+
+class PrecisionScope:
+    """Calls inside `scope()` run with the bf16 rewrite ON, on this thread only (module doc).
+
+    The ConfigProto is the one this thread's calls use by default at load time, with the one
+    rewrite switched on, so thread pools and placement stay what they were.
+    """
+
+    def __init__(self, precision: str) -> None:
+        from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+        from tensorflow.python.eager import context
+
+        if precision != "bfloat16":
+            raise ValueError(f"no scope for compute precision {precision!r}")
+        self._context = context.context()
+        config = config_pb2.ConfigProto.FromString(  # this thread's defaults, as a copy
+            self._context.function_call_options.config_proto_serialized)
+        config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = (
+            rewriter_config_pb2.RewriterConfig.ON)
+        self._options = context.FunctionCallOptions(config_proto=config)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """This thread's function calls run under the bf16 options; its own come back after."""
+        previous = self._context.function_call_options
+        self._context.function_call_options = self._options
+        try:
+            yield
+        finally:
+            self._context.function_call_options = previous
+
+
+def bf16_graph_evidence(first_call: Callable[[], object]) -> dict:
+    """What the runtime executed for a function's FIRST call: its nodes computing in bfloat16.
+
+    Run metadata records a function's optimized graphs when it is instantiated, so `first_call`
+    must be the first call of a freshly loaded signature under its scope; later calls record
+    none (`graphs` 0 then says so). Returns the counts and the op types that run in bfloat16.
+    """
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        first_call()
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    nodes, ops, graphs = 0, set(), 0
+    for function in metadata.function_graphs:
+        for graph in function.partition_graphs or [function.post_optimization_graph]:
+            graphs += 1
+            for node in graph.node:
+                if any(attr.type == _BF16_DTYPE for attr in node.attr.values()):
+                    nodes += 1
+                    ops.add(node.op)
+    return {"graphs": graphs, "bfloat16_nodes": nodes, "bfloat16_ops": sorted(ops)}
