@@ -26,6 +26,7 @@ RUN python3 -m pip install --no-cache-dir --require-hashes -r requirements/image
 COPY clients/python ./clients/python
 COPY pyproject.toml README.md ./
 COPY src ./src
+COPY cli ./cli
 COPY components ./components
 COPY pipeline ./pipeline
 COPY serving ./serving

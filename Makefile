@@ -13,7 +13,7 @@ TOOLS_STAMP := $(TOOLS)/.installed
 # editors and type checkers can follow (the default mode maps ampflow.components → components/
 # with an import hook they cannot see). A new or removed module needs a new link, and it changes
 # its folder's mtime, so the folders are prerequisites.
-PACKAGE_DIRS := $(shell find src/ampflow components pipeline serving clients/python/src -type d -not -name __pycache__ -not -name '*.egg-info')
+PACKAGE_DIRS := $(shell find src/ampflow cli components pipeline serving clients/python/src -type d -not -name __pycache__ -not -name '*.egg-info')
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml $(PACKAGE_DIRS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)

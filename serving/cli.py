@@ -468,9 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     Useful where only the serving side is wanted (a serving container, tests that must not
     depend on the other steps' commands).
     """
-    from ampflow.cli import main as ampflow_main
+    import sys
 
-    return ampflow_main(argv, modules=("ampflow.serving.cli",))
+    from ampflow.command import main as run_command
+
+    return run_command(argv, [sys.modules[__name__]])
 
 
 if __name__ == "__main__":

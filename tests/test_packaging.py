@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAPPING = {"ampflow": "src/ampflow", "ampflow.components": "components",
+MAPPING = {"ampflow": "src/ampflow", "ampflow.cli": "cli", "ampflow.components": "components",
            "ampflow.pipeline": "pipeline", "ampflow.serving": "serving"}
 
 

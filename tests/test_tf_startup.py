@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ampflow.cli import _shows_everything
+from ampflow.command import _shows_everything
 from ampflow.tf_startup import is_tensorflow_noise
 
 ABSL_NOTICE = ("WARNING: All log messages before absl::InitializeLog() is called are written "

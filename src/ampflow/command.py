@@ -1,17 +1,19 @@
-"""`ampflow`: one command per pipeline step, plus serving, the pipeline and the demo.
+"""Running one `ampflow` command: process set-up, the one-line error, the exit codes.
 
-Every command is a thin shell over a library function: this file only finds the command's
-module and turns an `AmpflowError` into one clear line and a non-zero exit (no traceback).
-Each module named below exposes `register(subparsers)`.
+The root package's half of the command line, shared by every entry point: `ampflow.cli` (the
+top floor, the one module that imports every step's CLI) and `python -m ampflow.serving.cli`
+hand their command modules to `main` here; this module imports none of them, so nothing in the
+root package points up. Each command module exposes `register(subparsers)`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
+from collections.abc import Iterable
+from types import ModuleType
 
 from ampflow import __version__, progress
 from ampflow.cliutil import ArgumentParser
@@ -23,21 +25,9 @@ from ampflow.tf_startup import filter_stderr_for_life
 log = logging.getLogger("ampflow.cli")
 CLOSED_PIPE_EXIT_CODE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
 
-# (command modules in pipeline order). Modules are imported lazily so `--help` stays fast.
-COMMAND_MODULES: tuple[str, ...] = (
-    "ampflow.components.prepare_data.cli",
-    "ampflow.components.train.cli",
-    "ampflow.components.evaluate_parity.cli",
-    "ampflow.components.export_savedmodel.cli",
-    "ampflow.components.convert_tflite.cli",
-    "ampflow.serving.cli",
-    "ampflow.components.deploy_serving.cli",
-    "ampflow.pipeline.cli",
-)
 
-
-def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.ArgumentParser:
-    """Build the top-level parser with the subcommands of `modules`."""
+def build_parser(modules: Iterable[ModuleType]) -> argparse.ArgumentParser:
+    """The top-level `ampflow` parser with the subcommands that `modules` register, in order."""
     parser = ArgumentParser(
         prog="ampflow",
         description="Mixed-precision TensorFlow training to a served endpoint, as a KFP pipeline.",
@@ -53,8 +43,8 @@ def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.Argumen
                         help="Seconds between progress lines when stderr is not a terminal "
                              f"(default: {progress.DEFAULT_EVERY_S:g} s).")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>")
-    for module_name in modules:
-        importlib.import_module(module_name).register(subparsers)
+    for module in modules:
+        module.register(subparsers)
     return parser
 
 
@@ -73,8 +63,8 @@ def write_whole_lines(*streams) -> None:
             reconfigure(line_buffering=True, write_through=False)
 
 
-def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODULES) -> int:
-    """Entry point of the `ampflow` console script (or of a subset of its `modules`).
+def main(argv: list[str] | None, modules: Iterable[ModuleType]) -> int:
+    """Run the command in `argv` among the commands that `modules` register.
 
     Without `argv` (the console script, `python -m ampflow.cli`) the process is the command's:
     its stderr then goes through `ampflow.tf_startup`'s filter unless `--verbose` or
@@ -105,7 +95,7 @@ def closed_pipe() -> int:
     return CLOSED_PIPE_EXIT_CODE
 
 
-def _main(argv: list[str] | None, modules: tuple[str, ...]) -> int:
+def _main(argv: list[str] | None, modules: Iterable[ModuleType]) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if argv is None:  # the process's own command line: this process is ours to set up
         argv = sys.argv[1:]
@@ -169,6 +159,3 @@ def _shows_everything(argv: list[str]) -> bool:
                 for a, b in zip(argv, following, strict=True))
     return "--verbose" in argv or debug
 
-
-if __name__ == "__main__":
-    sys.exit(main())
