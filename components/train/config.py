@@ -110,6 +110,15 @@ class TrainConfig:
         "help": "Examples per step per replica; the global batch is this × the replicas. 'auto': "
                 "on a GPU, the largest batch whose train step fits its memory (found by trial "
                 "steps); on a CPU it stays 32, and the log says why."})
+    accumulation_steps: int = field(default=1, metadata={
+        "help": "Gradient accumulation: each applied step sums the gradients of this many "
+                "micro-batches of --batch-size (in float32; one all-reduce, one loss-scale "
+                "check and one optimizer update per applied step), so the effective batch is "
+                "batch size x steps x replicas; 1 = off (docs/how-to/gradient-accumulation.md)."})
+    effective_batch_size: int | None = field(default=None, metadata={
+        "help": "With --batch-size auto: the examples per replica per applied step you want; "
+                "when that batch does not fit, auto answers with the largest micro-batch that "
+                "does and the accumulation steps that make it up."})
     auto_batch_memory_limit_mb: int | None = field(default=None, metadata={
         "help": "With --batch-size auto: search against this memory limit (MiB of measured "
                 "train-step peak) instead of the GPU's own, e.g. to leave headroom; also lets "
@@ -225,6 +234,7 @@ class TrainConfig:
                     "batch_size": 1 if self.batch_size == AUTO_BATCH else self.batch_size,
                     "telemetry_every_n_steps": self.telemetry_every_n_steps,
                     "workers": self.workers, "autotune_steps": self.autotune_steps,
+                    "accumulation_steps": self.accumulation_steps,
                     "autotune_budget_s": self.autotune_budget_s}
         for name, value in positive.items():
             if value is None or value <= 0:
@@ -257,6 +267,7 @@ class TrainConfig:
                               "pass a number with --workers > 1 or --autotune. Received: "
                               f"batch_size='auto', workers={self.workers}, "
                               f"autotune={self.autotune}")
+        self._check_effective_batch()
         if self.auto_batch_memory_limit_mb is not None and self.auto_batch_memory_limit_mb <= 0:
             raise ConfigError("auto_batch_memory_limit_mb must be > 0. Received: "
                               f"auto_batch_memory_limit_mb={self.auto_batch_memory_limit_mb}")
@@ -286,6 +297,22 @@ class TrainConfig:
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
         self.tokenizer_config()  # a sequence length of 0, a vocabulary of 2: one line now
+
+    def _check_effective_batch(self) -> None:
+        """--effective-batch-size is what --batch-size auto aims at; it then picks K itself."""
+        wanted = self.effective_batch_size
+        if wanted is None:
+            return
+        if wanted <= 0:
+            raise ConfigError(f"effective_batch_size must be > 0. Received: "
+                              f"effective_batch_size={wanted}")
+        if self.batch_size != AUTO_BATCH or self.accumulation_steps != 1:
+            raise ConfigError(
+                "effective_batch_size is what --batch-size auto aims at (it chooses the "
+                "micro-batch and the accumulation steps): pass --batch-size auto and leave "
+                "--accumulation-steps out. Received: effective_batch_size="
+                f"{wanted}, batch_size={self.batch_size!r}, "
+                f"accumulation_steps={self.accumulation_steps}")
 
     def tokenizer_config(self) -> TokenizerConfig:
         """The text settings (checked by TokenizerConfig: one rule, the tokenizer's)."""

@@ -42,6 +42,17 @@ Distribution details that the code below handles, each measured on TF 2.21 / Ker
   periodic saves without its private attributes; a SIGKILL gives no notice anyway. So the loop
   saves periodically (each epoch, `checkpoint_every_n_steps`) and a killed or evicted worker
   resumes from the last save.
+
+Gradient accumulation (`accumulation_steps` K > 1, issue 40 point 1): one loop step is one
+*applied* step. Its batch is the effective batch (K micro-batches); each replica splits its
+share into K micro-batches and runs forward and backward on one at a time inside a
+`tf.while_loop` (so only one micro-batch's activations are alive), adding each micro-batch's
+gradients into float32 accumulators; then the replicas all-reduce the sum ONCE and the optimizer
+applies it ONCE (`_accumulated_forward_backward` says why Keras's own
+`gradient_accumulation_steps` is not used). Everything per step stays per applied step: the loss
+scale, the skip decision, `optimizer.iterations`, telemetry, the guard, checkpoints. A resumed
+run skips the batches its restored steps consumed (`_skip_consumed_batches`), so it sees the
+same data as a run that was never killed.
 """
 
 from __future__ import annotations
@@ -115,6 +126,9 @@ class LoopConfig:
     packed_allreduce: bool = True  # gradients + step stats in one all-reduce per step
     allreduce_bytes_per_pack: int = 0  # CommunicationOptions.bytes_per_pack; 0: one pack
     allreduce_dtype: str = "float32"  # or "compute": the policy's compute dtype on the wire
+    # Micro-batches per applied step (the module docstring); global_batch_size is then the
+    # effective batch: micro-batch x accumulation_steps x replicas, the loss's denominator.
+    accumulation_steps: int = 1
 
 
 @dataclass
@@ -145,6 +159,14 @@ class TrainLoop:
         # Seconds the steps waited for their batch (summed on the device, read per epoch).
         self._input_wait = tf.Variable(tf.zeros([], tf.float64), trainable=False,
                                        name="input_wait_seconds")
+        # Gradient all-reduces run (each replica counts its own; read once, for the metadata):
+        # with accumulation, one per applied step, never one per micro-batch.
+        self._allreduce_calls = tf.Variable(tf.zeros([], tf.int64), trainable=False,
+                                            name="gradient_allreduce_calls")
+        if config.accumulation_steps < 1:
+            raise ConfigError("accumulation_steps must be >= 1. Received: "
+                              f"accumulation_steps={config.accumulation_steps}")
+        self.steps_run = 0  # train steps (applied steps) this process ran
         self._synced_state = [v for v in model.non_trainable_variables
                               if v.dtype in ("float32", "float16", "bfloat16", "float64")]
         self.jit_scope = self._jit_scope()
@@ -184,19 +206,83 @@ class TrainLoop:
             per_example = _train_loss(labels, probabilities, self.config.label_smoothing)
             loss = tf.nn.compute_average_loss(
                 per_example, global_batch_size=self.config.global_batch_size)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            if model.losses:  # once per applied step: a K-th of it per micro-batch
+                loss += tf.nn.scale_regularization_loss(
+                    tf.add_n(model.losses)) / self.config.accumulation_steps
             scaled = optimizer.scale_loss(loss) if self.config.loss_scaling else loss
         grads = tape.gradient(scaled, model.trainable_variables)
         return _stats(loss, probabilities, labels), grads
 
+    def _gradients(self, images, labels):
+        """(stats, gradients) of the applied step: one batch, or K accumulated micro-batches."""
+        if self.config.accumulation_steps == 1:
+            return self._forward_backward(images, labels)
+        return self._accumulated_forward_backward(images, labels)
+
+    def _accumulated_forward_backward(self, images, labels):
+        """Stats and (scaled) gradients of K micro-batches, summed in float32 accumulators.
+
+        The replica's share of the effective batch is split, in order, into K micro-batches;
+        each one's loss is its examples' loss over the EFFECTIVE global batch
+        (`global_batch_size`), so the K gradients add up to the gradient of the whole batch,
+        as one step on the K-times-larger batch computes it. Why here and not Keras 3's
+        `optimizer.gradient_accumulation_steps` (keras/src/optimizers/base_optimizer.py and
+        loss_scale_optimizer.py, 3.15): LossScaleOptimizer checks each micro-batch's gradients
+        on its own, so a non-finite micro-batch is skipped alone (the other K-1 are applied as
+        if they were the step) and the scale halves per micro-batch; its `apply()` counts
+        micro-batches in `iterations`; and the TF optimizer's all-reduce runs inside `apply()`,
+        which the packed all-reduce (allreduce.py) replaces. Here the accumulators are loop
+        values, not variables: float32 whatever the compute dtype (bfloat16 or float16 sums
+        would lose the small updates a larger batch averages in), zero at the start of every
+        applied step by construction (a skipped step leaves nothing behind), and never part of
+        a checkpoint, which is always taken between applied steps. The loss is scaled with
+        the one scale of this step; an inf or NaN in any micro-batch makes the sum non-finite,
+        so LossScaleOptimizer skips the whole step and halves the scale once.
+        """
+        import tensorflow as tf
+
+        steps = self.config.accumulation_steps
+        variables = self.model.trainable_variables
+
+        micro_images = tf.nest.map_structure(lambda t: split_micro_batches(t, steps), images)
+        micro_labels = split_micro_batches(labels, steps)
+        no_gradient: set[int] = set()  # variables the loss does not reach (found while tracing)
+
+        def body(i, stats, accumulators):
+            part = tf.nest.map_structure(lambda t: t[i], micro_images)
+            part_stats, grads = self._forward_backward(part, micro_labels[i])
+            added = []
+            for index, (total, grad) in enumerate(zip(accumulators, grads, strict=True)):
+                if grad is None:
+                    no_gradient.add(index)
+                    added.append(total)
+                else:
+                    added.append(total + tf.cast(tf.convert_to_tensor(grad), tf.float32))
+            return i + 1, stats + part_stats, added
+
+        zeros = [tf.zeros(v.shape, tf.float32) for v in variables]
+        _, stats, sums = tf.while_loop(
+            lambda i, *_: i < steps, body, (tf.constant(0), tf.zeros(3, tf.float32), zeros),
+            parallel_iterations=1)
+        return stats, [None if i in no_gradient else g for i, g in enumerate(sums)]
+
+    def _count_allreduce(self, reduced):
+        """Count one gradient all-reduce, after it ran (`collective_calls_per_step` reads it)."""
+        import tensorflow as tf
+
+        done = [t for t in tf.nest.flatten(reduced) if t is not None]
+        with tf.control_dependencies(done[:1]):
+            self._allreduce_calls.assign_add(1)
+
     def _apply(self, grads) -> None:
         if self.config.loss_scaling and self.runtime.num_replicas > 1:
             grads = agree_on_finite(self.optimizer, grads)
+        if self.runtime.num_replicas > 1:  # Keras's apply() all-reduces them once
+            self._count_allreduce(grads)
         self.optimizer.apply(grads, self.model.trainable_variables)
 
     def _replica_step(self, images, labels):
-        stats, grads = self._forward_backward(images, labels)
+        stats, grads = self._gradients(images, labels)
         self._apply(grads)
         return stats
 
@@ -206,10 +292,10 @@ class TrainLoop:
 
         if self.jit_scope == "step":
             return tf.function(self._replica_step, jit_compile=True)
-        forward_backward = self._forward_backward
+        forward_backward = self._gradients
         if self.jit_scope == "forward_backward":
-            forward_backward = tf.function(self._forward_backward, jit_compile=True)
-        if not self.packed and forward_backward is self._forward_backward:
+            forward_backward = tf.function(self._gradients, jit_compile=True)
+        if not self.packed and forward_backward == self._gradients:
             return self._replica_step
 
         def replica(images, labels):
@@ -219,10 +305,22 @@ class TrainLoop:
                 return stats
             grads, stats = all_reduce_packed(grads, stats, self.allreduce_wire_dtype,
                                              self.config.allreduce_bytes_per_pack)
+            self._count_allreduce(grads)
             self.optimizer.apply(grads, self.model.trainable_variables)
             return stats
 
         return replica
+
+    def allreduce_calls_per_step(self) -> float | None:
+        """Gradient all-reduces per train step this process ran, counted as they ran.
+
+        None with one replica (nothing to reduce) or before any step. Under accumulation it
+        is 1: the sum of the K micro-batches is reduced once, not each micro-batch.
+        """
+        if self.runtime.num_replicas == 1 or not self.steps_run:
+            return None
+        local_replicas = self.runtime.num_replicas // self.runtime.num_workers  # one counter
+        return int(self._allreduce_calls.numpy()) / (self.steps_run * local_replicas)
 
     def describe_allreduce(self) -> dict[str, Any] | None:
         """How gradients are all-reduced, for the metadata (None with one replica)."""
@@ -311,6 +409,7 @@ class TrainLoop:
         """Run `count` train steps and wait for them (autotune's timing unit)."""
         for _ in range(count):
             self._train_step(iterator)
+            self.steps_run += 1
         self._sums.numpy()
 
     # ---- evaluation -----------------------------------------------------------------------
@@ -376,6 +475,7 @@ class TrainLoop:
         callback_list = keras.callbacks.CallbackList(
             callbacks, model=self.model, epochs=cfg.epochs, steps=cfg.steps_per_epoch, verbose=0)
         iterator = iter(train_dataset)
+        self._skip_consumed_batches(iterator, start)
         step = start
         began = time.perf_counter()
         callback_list.on_train_begin()
@@ -393,6 +493,22 @@ class TrainLoop:
             raise RuntimeError(f"trained {step} steps, planned {total_steps}")
         self._cleanup_private_dir()
         return result
+
+    def _skip_consumed_batches(self, iterator, steps: int) -> None:
+        """Advance a resumed run's input past the `steps` batches the restored steps consumed.
+
+        The input pipeline is seeded and starts from its beginning in every process, so
+        without this a resumed run would train its remaining steps on the batches the killed
+        run had already used and end on different weights. Each applied step takes one
+        (effective) batch; reading them costs input time once per resume, no compute.
+        """
+        if not steps:
+            return
+        began = time.perf_counter()
+        for _ in range(steps):
+            next(iterator)
+        log.info("resumed input: skipped the %d batches the restored steps had used (%.1f s)",
+                 steps, time.perf_counter() - began)
 
     def _run_epoch(self, epoch, step, iterator, eval_dataset, callback_list, manager,
                    start_epoch: int = 0) -> int:
@@ -415,6 +531,7 @@ class TrainLoop:
                 callback.on_train_batch_begin(batch)
             packed = self._train_step(iterator)
             step += 1
+            self.steps_run += 1
             if batch == first and epoch == start_epoch:  # the run's first step: see the top
                 waited_before, began = self.input_wait_seconds, time.perf_counter()
             if batch + 1 == cfg.steps_per_epoch:
@@ -546,6 +663,24 @@ def progress_values(read: dict[str, float]) -> dict[str, float]:
     if "loss_scale" in read:
         values["scale"] = read["loss_scale"]
     return values
+
+
+def split_micro_batches(tensor, steps: int):
+    """[K * b, ...] -> [K, b, ...]: micro-batch i is rows i*b .. (i+1)*b, in order.
+
+    Static shapes are kept where known (XLA and Keras's layers want them). A batch that K does
+    not divide is a ConfigError when its size is known here, and TF's reshape error otherwise.
+    """
+    import tensorflow as tf
+
+    rows, rest = tensor.shape[0], tensor.shape[1:]
+    if rows is not None and rows % steps:
+        raise ConfigError(f"a batch of {rows} examples cannot be split into "
+                          f"accumulation_steps={steps} equal micro-batches")
+    micro = rows // steps if rows is not None else -1
+    if rest.is_fully_defined():
+        return tf.reshape(tensor, [steps, micro, *rest.as_list()])
+    return tf.reshape(tensor, tf.concat([[steps, micro], tf.shape(tensor)[1:]], 0))
 
 
 def _stats(loss_sum, probabilities, labels):

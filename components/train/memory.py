@@ -35,6 +35,12 @@ bounded by host RAM shared with the OS and the input pipeline, where running out
 or the kernel's OOM killer, not an error; and CPU throughput saturates at small batches. So on
 a CPU `auto` keeps `CPU_AUTO_BATCH_SIZE` and logs why; a test (or a user who wants to cap a
 GPU's share) injects a `MemoryLimit`, which runs the same search against the *measured* peak.
+
+With `--effective-batch-size E` (issue 40 point 1), `auto` answers with gradient accumulation
+when E does not fit: the search (or the CPU's default) gives the largest batch that fits, and
+`accumulation_for` turns E into K = ceil(E / fits) micro-batches of E // K (the rule and why
+are in its docstring); the micro-batch's activations are what must fit, the accumulators add
+one float32 copy of the gradients (the size of the weights).
 """
 
 from __future__ import annotations
@@ -409,16 +415,54 @@ class MemoryLimit:
 
 @dataclass(frozen=True)
 class BatchChoice:
-    """What `--batch-size auto` resolved to, and why (the metadata's `batch_size_auto`)."""
+    """What `--batch-size auto` resolved to, and why (the metadata's `batch_size_auto`).
+
+    `accumulation_steps` > 1 when a wanted effective batch did not fit (`with_accumulation`).
+    """
 
     batch_size: int
     reason: str
     search: BatchSearch | None = None
+    accumulation_steps: int = 1
+    wanted_batch_size: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON types, for the metadata."""
         return {"batch_size": self.batch_size, "reason": self.reason,
+                "accumulation_steps": self.accumulation_steps,
+                "effective_batch_size": self.batch_size * self.accumulation_steps,
+                "wanted_batch_size": self.wanted_batch_size,
                 "search": self.search.to_json() if self.search else None}
+
+
+def accumulation_for(wanted: int, fits: int) -> tuple[int, int]:
+    """(micro-batch, accumulation steps) for a wanted batch when only `fits` examples fit.
+
+    The rule: as few accumulation steps as reach the wanted batch, K = ceil(wanted / fits)
+    (each step costs a forward and backward pass, and a larger micro-batch runs faster), and
+    the micro-batch wanted // K, which fits because wanted / K <= fits. The effective batch
+    micro x K is then the wanted one whenever K divides it (a power of two wanted and fitting:
+    always), and otherwise the nearest below it by less than K examples, which the log and the
+    metadata say. A wanted batch that fits is itself, K = 1.
+    """
+    if wanted < 1 or fits < 1:
+        raise ConfigError(f"wanted and fits must be >= 1. Received: wanted={wanted}, "
+                          f"fits={fits}")
+    steps = -(-wanted // fits)
+    return wanted // steps, steps
+
+
+def with_accumulation(choice: BatchChoice, wanted: int) -> BatchChoice:
+    """`choice` (the largest batch that fits, or the CPU's default) made up to `wanted`."""
+    micro, steps = accumulation_for(wanted, choice.batch_size)
+    if steps == 1:
+        reason = f"the wanted effective batch {wanted} fits: no accumulation ({choice.reason})"
+    else:
+        reason = (f"the wanted effective batch {wanted} does not fit ({choice.reason}): "
+                  f"{steps} accumulation steps of micro-batch {micro} = {micro * steps}, "
+                  f"the fewest steps whose micro-batch fits")
+    log.info("batch size auto -> %d x %d accumulation step(s): %s", micro, steps, reason)
+    return BatchChoice(micro, reason, choice.search, steps, wanted)
 
 
 def auto_batch_size(try_batch: Callable[[int], Any], *, limit: int, start: int = 32,

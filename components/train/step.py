@@ -169,17 +169,24 @@ def check_options_fit_data(config: TrainConfig, info: dict) -> None:
 
 
 def _check_batch_fits_split(config: TrainConfig, info: dict, runtime) -> None:
-    if info["splits"]["train"] < config.batch_size * runtime.num_replicas:
+    steps = config.accumulation_steps
+    if info["splits"]["train"] < config.batch_size * steps * runtime.num_replicas:
+        per = (f"the replicas ({runtime.num_replicas})" if steps == 1 else
+               f"the replicas ({runtime.num_replicas}) x accumulation_steps ({steps})")
         raise ConfigError(
             f"batch_size must be <= the training split size ({info['splits']['train']}) divided "
-            f"by the replicas ({runtime.num_replicas}). Received: batch_size={config.batch_size}")
+            f"by {per}. Received: batch_size={config.batch_size}")
 
 
 def _resolve_auto_batch(config: TrainConfig, info: dict, setup: PrecisionSetup,
                         runtime) -> tuple[TrainConfig, dict]:
     """`--batch-size auto`: trial train steps of the real model (components/train/memory.py)."""
     from ampflow.components.train.build import make_optimizer
-    from ampflow.components.train.memory import auto_batch_size, train_step_probe
+    from ampflow.components.train.memory import (
+        auto_batch_size,
+        train_step_probe,
+        with_accumulation,
+    )
     from ampflow.components.train.models import build_model
 
     probe = train_step_probe(
@@ -190,9 +197,20 @@ def _resolve_auto_batch(config: TrainConfig, info: dict, setup: PrecisionSetup,
         jit_compile=setup.jit_compile,
         optimizer_factory=lambda: make_optimizer(config, setup, config.learning_rate))
     limit_mb = config.auto_batch_memory_limit_mb
-    choice = auto_batch_size(probe, limit=info["splits"]["train"] // runtime.num_replicas,
+    limit = info["splits"]["train"] // runtime.num_replicas
+    wanted = config.effective_batch_size
+    if wanted is not None:  # nothing above the wanted batch is worth trying
+        if wanted > limit:
+            raise ConfigError(f"effective_batch_size must be <= the training split size "
+                              f"({info['splits']['train']}) divided by the replicas "
+                              f"({runtime.num_replicas}). Received: effective_batch_size={wanted}")
+        limit = wanted
+    choice = auto_batch_size(probe, limit=limit,
                              memory_limit_bytes=limit_mb * 2**20 if limit_mb else None)
-    return dataclasses.replace(config, batch_size=choice.batch_size), choice.to_json()
+    if wanted is not None:
+        choice = with_accumulation(choice, wanted)
+    return dataclasses.replace(config, batch_size=choice.batch_size,
+                               accumulation_steps=choice.accumulation_steps), choice.to_json()
 
 
 def preflight_model(config: TrainConfig, info: dict, tokenizer=None) -> tuple[dict, dict]:
@@ -288,7 +306,8 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     from ampflow.components.train.telemetry import EpochLog, LossScaleTelemetry, read_epoch_log
 
     keras.utils.set_random_seed(config.seed)  # the same on every worker
-    global_batch = config.batch_size * runtime.num_replicas
+    # The batch of one applied step: K micro-batches of batch_size on every replica.
+    global_batch = config.batch_size * config.accumulation_steps * runtime.num_replicas
     learning_rate = config.learning_rate * (runtime.num_replicas if config.scale_learning_rate
                                             else 1)
     train_ds, test_ds, steps = training_data(config, info, global_batch, tokenizer)
@@ -314,7 +333,8 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         checkpoint_every_n_steps=config.checkpoint_every_n_steps,
         packed_allreduce=config.packed_allreduce,
         allreduce_bytes_per_pack=config.allreduce_bytes_per_pack,
-        allreduce_dtype=config.allreduce_dtype, item="img" if tokenizer is None else "text"))
+        allreduce_dtype=config.allreduce_dtype, item="img" if tokenizer is None else "text",
+        accumulation_steps=config.accumulation_steps))
     limits = config.guard_limits()
     # Every worker runs the guard on the same agreed numbers, so all stop at the same step;
     # only the chief writes telemetry, the epoch log and TensorBoard.
@@ -352,6 +372,7 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         "learning_rate_scaled": config.scale_learning_rate}
     metadata["xla"]["scope"] = loop.describe_jit_scope()
     metadata["distribution"]["allreduce"] = loop.describe_allreduce()
+    metadata["accumulation"] = _accumulation_block(config, runtime, loop)
     digest, identical = loop.weights_fingerprint()
     metadata["weights_sha256"] = digest
     metadata["distribution"]["weights_identical_on_all_workers"] = identical
@@ -370,6 +391,27 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
                  model_report[1], tokenizer)
         tf.io.gfile.rmtree(backup_dir(state_dir))  # after publishing: a crash in between resumes
     return TrainResult(output_dir=output_dir, metadata=metadata)
+
+
+def _accumulation_block(config: TrainConfig, runtime, loop) -> dict:
+    """metadata.json's `accumulation`: micro-batch, K, the effective batch, all-reduces per step.
+
+    `allreduce_calls_per_applied_step` is counted as the steps ran (None with one replica):
+    1 under accumulation, the K micro-batches' sum reduced once.
+    """
+    steps = config.accumulation_steps
+    micro = config.batch_size
+    return {
+        "accumulation_steps": steps,
+        "micro_batch_size": micro,  # per replica
+        "global_micro_batch_size": micro * runtime.num_replicas,
+        "effective_batch_size": micro * steps * runtime.num_replicas,  # per applied step
+        "accumulator_dtype": "float32" if steps > 1 else None,
+        "allreduce_calls_per_applied_step": loop.allreduce_calls_per_step(),
+        "batch_statistics": ("per micro-batch: BatchNormalization normalizes each micro-batch "
+                             "with its own statistics and updates its moving averages once per "
+                             "micro-batch" if steps > 1 else "per batch"),
+    }
 
 
 def _recipe(config: TrainConfig, learning_rate: float, steps: int) -> dict:
