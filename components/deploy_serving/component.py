@@ -1,6 +1,6 @@
 """KFP component: deploy. A thin wrapper over `run_deploy` (local dir or Kubernetes)."""
 
-from kfp.dsl import Artifact, Input, Model, Output
+from kfp.dsl import Artifact, Dataset, Input, Model, Output
 
 
 def deploy_serving(
@@ -16,6 +16,8 @@ def deploy_serving(
     tflite: Input[Model] = None,
     serving_format: str = "saved_model",
     tflite_variant: str = "full_int8",
+    compute_precision: str = "float32",
+    data: Input[Dataset] = None,
 ):
     """Push the exported version to the serving model store; on Kubernetes, roll out + canary.
 
@@ -26,6 +28,9 @@ def deploy_serving(
     `serving_format="tflite"` (local and kserve targets) publishes the `tflite_variant` of the
     convert step's `tflite` output instead of the SavedModel: only a variant that passed its
     gate, checked with its own answers (deploy_serving/tflite_variant.py).
+    `compute_precision="bfloat16"` (local target) publishes the SavedModel only once its
+    parity gate against float32 on `data`'s test split passed here, on a CPU with bf16
+    (deploy_serving/bf16_parity.py); the gate's evidence goes into `endpoint`.
     `target="none"` skips deployment (the task then records nothing to serve).
     `namespace` empty: the namespace this pod runs in (the KFP run's), where the model-store
     PVC it mounts lives; outside a pod, "ampflow".
@@ -56,6 +61,8 @@ def deploy_serving(
             serving_format=serving_format,
             tflite_dir=Path(tflite.path) if tflite is not None else None,
             tflite_variant=tflite_variant,
+            compute_precision=compute_precision,
+            data_dir=Path(data.path) if data is not None else None,
         )
     )
     payload = {
@@ -69,5 +76,8 @@ def deploy_serving(
     }
     if serving_format == "tflite":
         payload["tflite_variant"] = tflite_variant
+    if result.bf16_parity is not None:
+        payload["compute_precision"] = compute_precision
+        payload["bf16_parity"] = result.bf16_parity
     Path(endpoint.path).write_text(json.dumps(payload, indent=2))
     endpoint.metadata.update(payload)

@@ -18,6 +18,7 @@ from ampflow.components.convert_tflite.variants import VARIANTS
 from ampflow.components.deploy_serving import model_store
 from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
 from ampflow.errors import ConfigError
+from ampflow.serving.compute_precision import COMPUTE_PRECISIONS
 from ampflow.serving.model_format import check_model_name, parse_version_name
 
 TARGETS = ("local", "kubernetes", "kserve")
@@ -120,6 +121,38 @@ class DeployConfig:
             "report and have passed its gate",
             "choices": list(TFLITE_VARIANTS),
         },
+    )
+    # --- what the server computes in (bf16_parity.py) ---
+    compute_precision: str = field(
+        default="float32",
+        metadata={
+            "help": "what the server computes the version in: bfloat16 (ampflow serve "
+            "--compute-precision bfloat16, local target, on a CPU with AVX512_BF16/AMX-BF16) "
+            "publishes only after its parity gate against float32 on data_dir's test split",
+            "choices": list(COMPUTE_PRECISIONS),
+        },
+    )
+    data_dir: Path | None = field(
+        default=None,
+        metadata={"help": "compute_precision bfloat16: the prepared dataset whose test split "
+                          "the parity gate runs on"},
+    )
+    bfloat16_test_limit: int | None = field(
+        default=None, metadata={"help": "bfloat16 gate: the first N test examples only "
+                                        "(default: the whole test split)"}
+    )
+    bfloat16_min_agreement: float = field(
+        default=0.995, metadata={"help": "bfloat16 gate: argmax agreement with float32 "
+                                         "(fraction; the float16 TFLite variant's)"}
+    )
+    bfloat16_max_accuracy_drop: float = field(
+        default=0.5, metadata={"help": "bfloat16 gate: top-1 accuracy drop vs float32 "
+                                       "(percentage points; the float16 TFLite variant's)"}
+    )
+    bfloat16_max_prob_diff: float = field(
+        default=0.02, metadata={"help": "bfloat16 gate: max |probability difference| vs "
+                                        "float32 (float16's 0.01, doubled: bfloat16 rounds "
+                                        "8x coarser)"}
     )
     # --- kubernetes target ---
     namespace: str = field(default="ampflow", metadata={"help": "Kubernetes namespace"})
@@ -240,6 +273,7 @@ class DeployConfig:
             )
         model_store.refuse_unsupported_uri(self.model_store)
         self._check_serving_format()
+        self._check_compute_precision()
         if self.target == "kserve":
             self._check_kserve()
 
@@ -263,6 +297,37 @@ class DeployConfig:
                 "serving_format='tflite' publishes into a directory (a temp dir, then one "
                 "rename); a bucket has no rename, and a server polling it could see the dir "
                 f"before its .tflite file. Received: model_store={self.model_store!r}")
+
+    def _check_compute_precision(self) -> None:
+        """bfloat16: a SavedModel, on the local target (ampflow serve), with data to check on."""
+        if self.compute_precision not in COMPUTE_PRECISIONS:
+            raise ConfigError(f"compute_precision must be one of {COMPUTE_PRECISIONS}. "
+                              f"Received: compute_precision={self.compute_precision!r}")
+        for name in ("bfloat16_min_agreement", "bfloat16_max_accuracy_drop",
+                     "bfloat16_max_prob_diff"):
+            value = getattr(self, name)
+            if not 0 <= value < float("inf") or (name.endswith("agreement") and value > 1):
+                raise ConfigError(f"{name} must be a finite number >= 0 (an agreement <= 1). "
+                                  f"Received: {name}={value}")
+        if self.bfloat16_test_limit is not None and self.bfloat16_test_limit <= 0:
+            raise ConfigError("bfloat16_test_limit must be > 0. Received: "
+                              f"bfloat16_test_limit={self.bfloat16_test_limit}")
+        if self.compute_precision == "float32":
+            return
+        if self.serving_format != "saved_model":
+            raise ConfigError("compute_precision='bfloat16' rewrites a SavedModel's graph; a "
+                              "TFLite variant computes in the precision it was converted to. "
+                              f"Received: serving_format={self.serving_format!r}")
+        if self.target != "local":
+            raise ConfigError(
+                "compute_precision='bfloat16' needs target 'local' (ampflow serve "
+                "--compute-precision bfloat16; tensorflow_model_server has no such option, and "
+                f"the kserve runtime does not pass it yet). Received: target={self.target!r}")
+        if self.data_dir is None:
+            raise ConfigError("compute_precision='bfloat16' needs data_dir, the prepared "
+                              "dataset whose test split its parity gate runs on. Received: "
+                              "data_dir=None")
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
 
     def _check_kserve(self) -> None:
         """The InferenceService name and the canary share KServe's webhook would refuse."""
@@ -363,6 +428,7 @@ class Payload:
     # the signature the canary calls: None = the SavedModel's serving_default; a TFLite
     # variant's own (a text model's takes token ids on `token_ids`)
     spec: model_store.SignatureSpec | None = None
+    bf16_parity: dict[str, Any] | None = None  # compute_precision bfloat16: the gate's evidence
 
 
 @dataclass(frozen=True)
@@ -381,6 +447,8 @@ class DeployResult:
     canary_share: float | None = None  # approximate share of the Service's traffic it served
     promoted: bool | None = None
     tflite_variant: str | None = None  # set when the version is a TFLite variant
+    compute_precision: str | None = None  # set when not float32 (bfloat16: bf16_parity.py)
+    bf16_parity: dict[str, Any] | None = None  # that gate's evidence, as in the deploy record
 
     def summary(self) -> dict[str, Any]:
         """Rows for the CLI's closing summary."""

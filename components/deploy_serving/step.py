@@ -18,6 +18,11 @@ With `serving_format="tflite"` the version published (local and kserve targets) 
 variant of the convert step's output instead, checked before anything is published, and the
 server must give that variant's own answers (tflite_variant.py).
 
+With `compute_precision="bfloat16"` (local target) the SavedModel is published only after its
+parity gate against float32 on `data_dir`'s test split, run here in bfloat16 by `ampflow
+serve`'s own servable; the evidence goes into the deploy record, and the canary expects the
+bfloat16 answers (bf16_parity.py).
+
 The version number is claimed by the step (every target, once its cluster answered), so
 `ampflow deploy` and the pipeline's deploy task number and lock alike: in a store that is a
 directory (local, or the PVC mounted for kubernetes and kserve), an unset `version` is the next
@@ -61,6 +66,9 @@ def run_deploy(config: DeployConfig) -> DeployResult:
 @contextlib.contextmanager
 def _payload(config: DeployConfig) -> Iterator[Payload]:
     """The exported SavedModel, or the chosen TFLite variant staged with its expected answers."""
+    if config.compute_precision == "bfloat16":
+        yield _bf16_payload(config)
+        return
     if config.serving_format != "tflite":
         yield Payload(config.saved_model_dir)
         return
@@ -77,6 +85,19 @@ def _payload(config: DeployConfig) -> Iterator[Payload]:
                       tflite_variant=variant.name, spec=published.spec)
 
 
+def _bf16_payload(config: DeployConfig) -> Payload:
+    """The SavedModel once it passed its bfloat16 gate, with the bf16 answers expected."""
+    from ampflow.components.deploy_serving import bf16_parity, canary
+
+    recorded = canary.recorded_examples(config.saved_model_dir) if config.server_address else None
+    gate = bf16_parity.Gate(config.bfloat16_min_agreement, config.bfloat16_max_accuracy_drop,
+                            config.bfloat16_max_prob_diff)
+    verdict = bf16_parity.check(config.saved_model_dir, config.data_dir, gate,
+                                limit=config.bfloat16_test_limit, recorded=recorded)
+    return Payload(config.saved_model_dir, expected=verdict.expected,
+                   bf16_parity=verdict.evidence)
+
+
 def _deploy_local(
     config: DeployConfig, model_name: str, version: int, spec: model_store.SignatureSpec,
     payload: Payload,
@@ -88,8 +109,11 @@ def _deploy_local(
 
         examples = canary.recorded_examples(config.saved_model_dir)
     store = Path(str(config.model_store))
+    record = config.to_dict()
+    if payload.bf16_parity is not None:
+        record["bf16_parity"] = payload.bf16_parity
     dest, already = model_store.push_local(
-        payload.source, store / model_name / str(version), config.to_dict()
+        payload.source, store / model_name / str(version), record
     )
     served = None
     if config.server_address:
@@ -115,4 +139,7 @@ def _deploy_local(
         served_version=served,
         already_present=already,
         tflite_variant=payload.tflite_variant,
+        compute_precision=None if config.compute_precision == "float32" else
+        config.compute_precision,
+        bf16_parity=payload.bf16_parity,
     )
