@@ -13,8 +13,9 @@ achieved GFLOP/s, and that as a fraction of the conv peak (a 3×3 conv, 32×56×
 counted the same way) and of the matmul peak, both measured in the same run for the policy's
 compute dtype. The CPU's bf16 units (AVX512_BF16/AMX flags and the ISA oneDNN dispatches to) are
 recorded: without them bfloat16 runs emulated and the bf16 efficiency goal (≥ 1.6× float32,
-≥ 40 % of the bf16 conv peak, issue 13) does not apply. `--profile` instead times each policy's
-ops with the TF profiler and writes the share of each op type (where a step's time goes).
+≥ 40 % of the bf16 conv peak, issue 13) does not apply. `--profile` instead runs
+step_profile.py for the model (the op-level ceiling, the step per policy and the TF profiler's
+split of the step by op group: where a step's time goes, benchmarks/step_profile.py).
 `--progress-ab` instead runs each configuration with the progress display off (quiet), as plain
 lines every second (stderr a pipe), and as a live bar (stderr a pseudo-terminal), interleaved
 `--repeats` times, and writes the throughput of each as a ratio to off (issue 25: the display
@@ -40,6 +41,13 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# The host's facts live in bench_host.py; these names stay for the scripts that import them here
+# (input_pipeline.py, train_memory.py).
+from bench_host import cpu_capabilities as _cpu_capabilities  # noqa: E402
+from bench_host import device as _device  # noqa: E402
+from bench_host import simd_flags as _simd_flags  # noqa: E402
 
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 # The efficiency goal of issue 13 for mixed_bfloat16 on a CPU with bf16 units.
@@ -52,12 +60,9 @@ def main() -> int:
     if args.worker:
         print(json.dumps(_worker(args)))
         return 0
-    if args.profile_worker:
-        print(json.dumps(_profile_worker(args)))
-        return 0
-    data_dir = _prepare(args)
     if args.profile:
-        return _profile(args, data_dir)
+        return _profile(args)
+    data_dir = _prepare(args)
     if args.progress_ab:
         return _progress_ab(args, data_dir)
     cpu = _cpu_capabilities()
@@ -118,7 +123,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--inter-op-threads", type=int, default=0, help="0 = TF's default")
     p.add_argument("--intra-op-threads", type=int, default=0, help="0 = TF's default")
     p.add_argument("--profile", action="store_true",
-                   help="profile each policy's ops (TF profiler) instead of the throughput sweep")
+                   help="run step_profile.py (ceiling, step, per-op profile) for the model "
+                        "instead of the throughput sweep")
     p.add_argument("--profile-steps", type=int, default=4, help="profiled steps per policy")
     p.add_argument("--progress-ab", action="store_true",
                    help="throughput with the progress display off / plain lines / a bar, "
@@ -126,7 +132,6 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--tag", default="",
                    help="suffix for the output files (e.g. the machine), so runs do not overwrite")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--profile-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--policy", default="float32", help=argparse.SUPPRESS)
     p.add_argument("--jit", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
@@ -484,49 +489,6 @@ def _peak_probe(dtypes=("float32", "bfloat16", "float16")) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
 
 
-def _simd_flags() -> list[str]:
-    """The CPU's vector/matrix flags from /proc/cpuinfo (AVX*, AMX*, FMA, F16C)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return sorted(f for f in line.split(":", 1)[1].split()
-                              if f.startswith(("avx", "amx", "fma", "f16c")))
-    except OSError:
-        pass
-    return []
-
-
-def _cpu_capabilities() -> dict:
-    """The CPU's bf16/fp16 units (from /proc/cpuinfo) and the ISA oneDNN dispatches to.
-
-    Without AVX512_BF16 or AMX, oneDNN runs bfloat16 kernels emulated on AVX-512 (slower than
-    float32), so no bf16 speed-up can be expected, and the bf16 goal does not apply.
-    """
-    flags: set[str] = set()
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-            elif line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    code = ("import os; os.environ['TF_CPP_MIN_LOG_LEVEL']='2'; import tensorflow as tf; "
-            "tf.nn.conv2d(tf.ones((1, 8, 8, 8)), tf.ones((3, 3, 8, 8)), 1, 'SAME').numpy()")
-    isa = None
-    try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=120, env={**os.environ, "ONEDNN_VERBOSE": "1"})
-        isa = next((line.split("isa:", 1)[1].strip() for line in done.stdout.splitlines()
-                    if "isa:" in line), None)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    bf16 = sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})
-    return {"model_name": model, "bf16_units": bf16, "bf16_hardware": bool(bf16),
-            "fp16_units": sorted(flags & {"avx512_fp16", "amx_fp16"}), "onednn_isa": isa}
-
-
 def _bf16_goal(report: dict) -> dict:
     """Whether mixed_bfloat16 without XLA meets issue 13's goal, or why it cannot apply here."""
     row = next((r for r in report["rows"]
@@ -547,152 +509,16 @@ def _bf16_goal(report: dict) -> dict:
     return {**goal, "measured": measured, "status": status}
 
 
-# Op types → what they are, for the profile's summary (TF's oneDNN op names on CPUs).
-_OP_GROUPS = (
-    ("conv backward (weights)", ("Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter")),
-    ("conv backward (input)", ("Conv2DBackpropInput", "DepthwiseConv2dNativeBackpropInput")),
-    ("conv forward", ("Conv2D", "DepthwiseConv2dNative")),
-    ("batch norm", ("FusedBatchNorm",)),
-    ("casts", ("Cast",)),
-    ("matmul", ("MatMul",)),
-)
+def _profile(args) -> int:
+    """`--profile`: step_profile.py for this model, batch and policies (its own report)."""
+    import step_profile
 
-
-def _op_group(op_type: str) -> str:
-    for group, needles in _OP_GROUPS:
-        if any(needle in op_type for needle in needles):
-            return group
-    return "other (element-wise, optimizer, pooling, input)"
-
-
-def _profile(args, data_dir: str) -> int:
-    """Per policy (no XLA), the share of each op type in a training step: where time goes."""
-    profiles = {}
-    for policy in args.policies:
-        cmd = [sys.executable, __file__, "--profile-worker",
-               *_worker_args(args, data_dir, policy)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        if done.returncode != 0:
-            profiles[policy] = {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:200]}
-        else:
-            profiles[policy] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{policy}: {profiles[policy].get('images_per_sec', 0):.1f} img/s while profiled",
-              flush=True)
-    report = {"model": args.model, "image_size": args.image_size, "batch_size": args.batch_size,
-              "tag": args.tag, "profiled_steps": args.profile_steps, "threads": _threads(args),
-              "cpu": _cpu_capabilities(), "device": _device(), "profiles": profiles}
-    _write_profile(report, Path(args.out))
-    return 0
-
-
-def _profile_worker(args) -> dict:
-    """`fit` steps of the model (as run_train compiles it) under the TF profiler; op totals."""
-    import collections
-    import glob
-    import time
-
-    import keras
-    import numpy as np
-    import tensorflow as tf
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    from ampflow.components.prepare_data import (
-        load_dataset_info,
-        load_split,
-        make_input_pipeline,
-    )
-    from ampflow.components.train.models import build_model
-
-    _set_threads(args)
-    keras.utils.set_random_seed(0)
-    keras.mixed_precision.set_global_policy(args.policy)
-    info = load_dataset_info(args.data_dir)
-    ds = make_input_pipeline(load_split(args.data_dir, "train"), batch_size=args.batch_size,
-                             training=True).repeat()
-    model = build_model(args.model, tuple(info["image_shape"]), info["num_classes"],
-                        image_size=args.image_size)
-    optimizer = (keras.optimizers.Adam(args.learning_rate) if args.optimizer == "adam"
-                 else keras.optimizers.SGD(args.learning_rate, momentum=0.9))
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"], jit_compile=False)
-    model.fit(ds, steps_per_epoch=3, epochs=1, verbose=0)  # tracing + warm-up
-    with tempfile.TemporaryDirectory() as logdir:
-        tf.profiler.experimental.start(logdir)
-        start = time.perf_counter()
-        model.fit(ds, steps_per_epoch=args.profile_steps, epochs=1, verbose=0)
-        seconds = time.perf_counter() - start
-        tf.profiler.experimental.stop()
-        space = xplane_pb2.XSpace()
-        space.ParseFromString(Path(glob.glob(f"{logdir}/**/*.xplane.pb",
-                                             recursive=True)[0]).read_bytes())
-    totals: collections.Counter = collections.Counter()
-    for plane in space.planes:
-        if plane.name != "/host:CPU":
-            continue
-        for line in plane.lines:  # the executor threads: one event per op execution
-            if not line.name.startswith("tf_Compute"):
-                continue
-            for event in line.events:
-                name = plane.event_metadata[event.metadata_id].name
-                op_type = name.rsplit(":", 1)[-1]
-                if op_type != "Process":  # the executor's wrapper event, not an op
-                    totals[op_type] += event.duration_ps / 1e9 / args.profile_steps
-    _, flops = _model_flops(model)
-    del np
-    return {"images_per_sec": args.batch_size * args.profile_steps / seconds,
-            "step_ms": 1000 * seconds / args.profile_steps,
-            "train_gflop_per_image": flops / 1e9,
-            "op_ms_per_step": dict(totals.most_common())}
-
-
-def _write_profile(report: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"train_profile_{report['model']}" + (f"_{report['tag']}" if report["tag"] else "")
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    policies = [p for p, r in report["profiles"].items() if "error" not in r]
-    groups: dict[str, dict[str, float]] = {p: {} for p in policies}
-    for p in policies:
-        for op, ms in report["profiles"][p]["op_ms_per_step"].items():
-            groups[p][_op_group(op)] = groups[p].get(_op_group(op), 0.0) + ms
-    cpu = report["cpu"]
-    lines = [f"# Where a training step goes: {report['model']} at {report['image_size']}², batch "
-             f"{report['batch_size']}, {report['device']}", "",
-             f"CPU: {cpu['model_name']}; bf16 units: {', '.join(cpu['bf16_units']) or 'none'}; "
-             f"oneDNN ISA: {cpu['onednn_isa']}. TF profiler, {report['profiled_steps']} `fit` "
-             "steps per policy after warm-up, no XLA; op time summed over the executor threads "
-             "(ms per step) and its share of all op time.", "",
-             "| op group | " + " | ".join(policies) + " |",
-             "|---|" + "---:|" * len(policies)]
-    names = sorted({g for p in policies for g in groups[p]},
-                   key=lambda g: -max(groups[p].get(g, 0) for p in policies))
-    for group in names:
-        cells = []
-        for p in policies:
-            total = sum(groups[p].values()) or 1.0
-            ms = groups[p].get(group, 0.0)
-            cells.append(f"{ms:.0f} ms ({ms / total:.0%})")
-        lines.append(f"| {group} | " + " | ".join(cells) + " |")
-    lines.append("| **step (wall, profiled)** | " + " | ".join(
-        f"{report['profiles'][p]['step_ms']:.0f} ms" for p in policies) + " |")
-    lines += ["", "Top op types per policy (ms per step):", ""]
-    for p in policies:
-        top = list(report["profiles"][p]["op_ms_per_step"].items())[:12]
-        lines.append(f"- {p}: " + ", ".join(f"{op} {ms:.0f}" for op, ms in top))
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-
-def _device() -> str:
-    try:
-        import subprocess as sp
-
-        gpu = sp.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                     capture_output=True, text=True, timeout=10)
-        if gpu.returncode == 0 and gpu.stdout.strip():
-            return gpu.stdout.strip().splitlines()[0]
-    except (OSError, sp.TimeoutExpired):
-        pass
-    return f"CPU, {os.cpu_count()} cores"
+    argv = ["--model", args.model, "--image-size", str(args.image_size),
+            "--batch-size", str(args.batch_size), "--profile-steps", str(args.profile_steps),
+            "--out", args.out, "--tag", args.tag]
+    if args.policies != list(POLICIES):  # else step_profile's default: float16 where native
+        argv += ["--policies", *args.policies]
+    return step_profile.main(argv + (["--data-dir", args.data_dir] if args.data_dir else []))
 
 
 def _print_row(row: dict) -> None:
