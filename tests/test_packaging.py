@@ -45,6 +45,15 @@ def test_the_root_package_is_named_as_imported_and_never_shadows_the_installed_t
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
 
+def test_an_editable_install_finds_the_checkouts_k8s_manifests(monkeypatch):
+    # Without $AMPFLOW_K8S_DIR (the image sets it) the steps read the checkout's k8s/, found
+    # from the root package's file: a layout move must move that path with it.
+    from ampflow.files import k8s_manifests_dir
+
+    monkeypatch.delenv("AMPFLOW_K8S_DIR", raising=False)
+    assert k8s_manifests_dir() == ROOT / "k8s"
+    assert (k8s_manifests_dir() / "base" / "kustomization.yaml").is_file()
+
 def test_ampflow_help_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "ampflow.cli", "--help"], capture_output=True,
                          text=True, timeout=120, check=True).stdout

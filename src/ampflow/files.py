@@ -24,7 +24,7 @@ def k8s_manifests_dir() -> Path:
     """
     if os.environ.get("AMPFLOW_K8S_DIR"):
         return Path(os.environ["AMPFLOW_K8S_DIR"])
-    return Path(__file__).resolve().parents[1] / "k8s"
+    return Path(__file__).resolve().parents[2] / "k8s"  # <checkout>/src/ampflow/files.py
 
 
 def ensure_writable_dir(path: str | os.PathLike, what: str = "output_dir") -> Path:
