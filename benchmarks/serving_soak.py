@@ -76,8 +76,15 @@ LAST_VERSION = 5  # the last version the pusher installs
 LAST_VERSION_WAIT_S = 60.0  # how long past `seconds` the clients run until it answers
 
 
-def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> dict:
+def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5,
+         flags: tuple[str, ...] = (), own_connections: bool = False) -> dict:
     """`clients` threads query for `seconds` while versions 2-5 are pushed (see the plan).
+
+    `flags`: more `ampflow serve` flags (`--workers 2`: the server's RSS is then the
+    supervisor's alone). `own_connections`: each client on its own TCP connection, as separate
+    client processes would be (gRPC gives all channels of a process to one address one shared
+    connection unless their channel arguments differ: here the message limit, by a byte per
+    client), so that `--workers` gets connections to spread.
 
     Version 5 lands at 75 % of the run; the clients keep going past `seconds` (up to
     LAST_VERSION_WAIT_S) until it has answered once, so a loaded machine's slower reload is
@@ -99,7 +106,8 @@ def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> di
         write_model_version(store, version, model_name=MODEL)
     install_version(store, base, 1)
     server = ServeProcess(MODEL, base, workdir / "soak-server.log", "--grace-s", "2",
-                          "--file-system-poll-wait-seconds", str(poll_s), stop_timeout_s=30)
+                          "--file-system-poll-wait-seconds", str(poll_s), *flags,
+                          stop_timeout_s=30)
     images = sample_images(1, seed=3)
     records: list[tuple[float, int | None, str, float]] = []
     lock = threading.Lock()
@@ -113,7 +121,8 @@ def soak(workdir: Path, clients: int, seconds: float, poll_s: float = 0.5) -> di
 
     def client_loop(index: int):
         out = outs[index]
-        with PredictionClient(server.address, timeout_s=10, retries=0) as client:
+        extra = {"max_message_bytes": (64 << 20) + index} if own_connections else {}
+        with PredictionClient(server.address, timeout_s=10, retries=0, **extra) as client:
             client.input_specs(MODEL)
             while not stop.is_set():
                 t0 = time.monotonic()

@@ -19,7 +19,9 @@ One data plane, thin protocol adapters (the shape of KServe's model server). By 
 - `transport/`: `grpc` and `http`, one error envelope each for both protocols on that port;
   `connection_limits` (slow clients, floods) and `grpc_guard` (undecodable requests).
 - `server`: assembles them (`start_local_server`, `serve_forever`): health, reflection, TLS,
-  batching, Prometheus metrics, SIGTERM drain. `tf_serving_binary`: the real
+  batching, Prometheus metrics, SIGTERM drain. `workers`: `serve --workers N`, a TF-free
+  supervisor of N such servers on the same ports (SO_REUSEPORT), with one multiprocess
+  Prometheus view, restarts and a drain of all. `tf_serving_binary`: the real
   `tensorflow_model_server`'s argv, used when on PATH.
 - `client` (`PredictionClient`, gRPC) and `rest_client` (`RestClient`): ampflow's errors over
   the TensorFlow-free ampflow-client; `cli`: `ampflow serve | predict | model-metadata |

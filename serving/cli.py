@@ -191,6 +191,8 @@ def _serve(args: argparse.Namespace) -> int:
                            "Received: not found (use --server local)")
     if binary is not None:
         reasons = tf_serving_binary.cannot_honour(config)
+        if config.workers > 1:  # the binary is one multi-threaded C++ process: no GIL to split
+            reasons.append(f"--workers {config.workers} (it is one multi-threaded process)")
         if not reasons:
             preflight.check_server(config)
             tf_serving_binary.exec_binary(config, binary)
@@ -202,6 +204,10 @@ def _serve(args: argparse.Namespace) -> int:
     # before TensorFlow is imported (seconds) or any model loaded: a path one level off or a
     # busy port is one line at once (the server checks again, for its library callers)
     preflight.check_server(config)
+    if config.workers > 1:  # a supervisor that never imports TensorFlow (serving/workers.py)
+        from ampflow.serving.workers import supervise
+
+        return supervise(config)
     from ampflow.serving.server import serve_forever
 
     return serve_forever(config)

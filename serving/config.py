@@ -27,6 +27,7 @@ DEFAULT_MAX_REQUEST_BATCH = 1024  # rows per request when server-side batching i
 # One string of a request: an encoded phone photo fits (image_bytes), 10 MB of text does not.
 # A text model reads max_sequence_length tokens (128 by default) of it in any case.
 DEFAULT_MAX_STRING_BYTES = 4 * 1024 * 1024
+MAX_WORKERS = 64  # server processes of `--workers`: each holds every model in its memory
 
 
 def _field(default, help: str, **metadata):
@@ -158,6 +159,10 @@ class ServerConfig:
     metrics_port: int = _field(0, "Prometheus /metrics port (0 = off)")
     max_workers: int = 16
     grace_s: float = _field(10.0, "on SIGTERM, how long in-flight requests may take to finish")
+    workers: int = _field(
+        1, "server processes sharing the gRPC and REST ports (SO_REUSEPORT; the kernel spreads "
+           "connections), each with the models and its own batcher, under one supervisor that "
+           "restarts a worker that dies; about one per core (1 = one process)")
     enable_warmup: bool = _field(True, "replay assets.extra/tf_serving_warmup_requests before "
                                        "a version serves", flag="--warmup")
     model_config_file: Path | None = _field(
@@ -215,6 +220,7 @@ class ServerConfig:
             raise ConfigError(f"max_workers must be >= 1. Received: max_workers={self.max_workers}")
         if self.grace_s < 0:
             raise ConfigError(f"grace_s must be >= 0. Received: grace_s={self.grace_s}")
+        _check_workers(self.workers, self.allow_reload_config)
         if self.max_request_batch_size < 0:
             raise ConfigError(
                 "max_request_batch_size must be >= 0 (0 = the batching max_batch_size, or "
@@ -269,6 +275,19 @@ class ServerConfig:
     def model(self, name: str) -> ModelConfig | None:
         """The config of model `name`, or None."""
         return next((m for m in self.models if m.name == name), None)
+
+
+def _check_workers(workers: int, allow_reload_config: bool) -> None:
+    """1..MAX_WORKERS processes; a config reload would reach only the worker it landed on."""
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError(f"workers must be in 1..{MAX_WORKERS} (1 = one process). Received: "
+                          f"workers={workers}")
+    if workers > 1 and allow_reload_config:
+        raise ConfigError(
+            "allow_reload_config needs workers=1: a HandleReloadConfigRequest reaches only the "
+            "worker its connection landed on, and the workers would then serve different "
+            "models. Received: allow_reload_config=True, workers="
+            f"{workers} (change --model-config-file and restart instead)")
 
 
 def _check_host(host: str) -> None:

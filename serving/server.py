@@ -37,6 +37,7 @@ from ampflow.serving.protocols.v2_grpc import SERVICE as V2_SERVICE
 from ampflow.serving.protocols.v2_grpc import V2Servicer
 from ampflow.serving.transport.connection_limits import grpc_server_options
 from ampflow.serving.transport.grpc_guard import UndecodableRequestInterceptor
+from ampflow.serving.workers import announce, client_host
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class RunningServer:
     @property
     def rest_address(self) -> str | None:
         """host:port of the REST API, or None when it is off."""
-        return f"{_client_host(self.config.host)}:{self.rest_port}" if self.rest_port else None
+        return f"{client_host(self.config.host)}:{self.rest_port}" if self.rest_port else None
 
     def stop(self, grace: float | None = None) -> None:
         """Refuse new calls, let in-flight ones finish within `grace` seconds, then stop."""
@@ -91,12 +92,23 @@ class RunningServer:
 
 
 class _Metrics:
-    """Prometheus counters/histogram per model, version and method, in a private registry."""
+    """Prometheus counters/histogram per model, version and method, in a private registry.
 
-    def __init__(self) -> None:
+    `exposed` is the registry /metrics serves: the private one, or with `--workers N` (the
+    client library's multiprocess mode, PROMETHEUS_MULTIPROC_DIR set by the supervisor) a
+    `MultiProcessCollector` over every worker's files, so any worker answers for all of them.
+    """
+
+    def __init__(self, multiprocess: bool = False) -> None:
         import prometheus_client as prom
 
         self.registry = prom.CollectorRegistry()
+        self.exposed = self.registry
+        if multiprocess:
+            from prometheus_client import multiprocess as prom_multiprocess
+
+            self.exposed = prom.CollectorRegistry()
+            prom_multiprocess.MultiProcessCollector(self.exposed)
         labels = ("model", "version", "method")
         self.requests = prom.Counter("ampflow_serving_requests", "gRPC requests handled",
                                      labels, registry=self.registry)
@@ -126,11 +138,22 @@ class _Metrics:
             self.errors.labels(model, version, method, code.name).inc()
 
 
-def start_local_server(config: ServerConfig) -> RunningServer:
-    """Check base paths and ports, bind, load the configured models; returns once listening."""
-    preflight.check_server(config)
+def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> RunningServer:
+    """Check base paths and ports, bind, load the configured models; returns once listening.
+
+    `as_worker`: one of `--workers N` processes (serving/workers.py). The supervisor checked
+    and holds the ports, so they are bound with SO_REUSEPORT beside the other workers' (the
+    kernel spreads connections), metrics go to the shared multiprocess files, and a separate
+    `--metrics-port` is the supervisor's to serve.
+    """
+    if as_worker:
+        for model in config.models:
+            preflight.check_base_path(model.name, model.base_path,
+                                      wait=config.wait_for_base_path)
+    else:
+        preflight.check_server(config)
     credentials = _server_credentials(config.tls) if config.tls else None
-    metrics = _Metrics() if config.metrics_port else None
+    metrics = _Metrics(multiprocess=as_worker) if config.metrics_port else None
     observe = metrics.observe if metrics else None
     registry = model_registry.ModelRegistry(config.models)
     batcher = Batcher(config.batching, metrics.observe_batch if metrics else None) \
@@ -145,7 +168,7 @@ def start_local_server(config: ServerConfig) -> RunningServer:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers,
                                    thread_name_prefix="ampflow-grpc"),
-        options=server_options(config),
+        options=server_options(config, reuse_port=as_worker),
         maximum_concurrent_rpcs=config.max_workers * 8,
         interceptors=(UndecodableRequestInterceptor(),),
     )
@@ -164,13 +187,14 @@ def start_local_server(config: ServerConfig) -> RunningServer:
     _on_change(registry, health_servicer, batcher)
     server.start()
     try:
-        rest = _start_rest(config, v2, metrics)
-        metrics_http, metrics_port = _start_metrics(config, metrics)
+        rest = _start_rest(config, v2, metrics, reuse_port=as_worker)
+        metrics_http, metrics_port = (None, config.metrics_port) if as_worker else \
+            _start_metrics(config, metrics)
     except Exception:
         server.stop(0)
         registry.stop()
         raise
-    address = f"{_client_host(config.host)}:{port}"
+    address = f"{client_host(config.host)}:{port}"
     log.info("ampflow model server listening on %s:%d (models %s)%s%s", config.host, port,
              [m.name for m in config.models],
              f", REST API on :{rest.port}" if rest else "",
@@ -202,17 +226,21 @@ def reflection_pool(services) -> descriptor_pool.DescriptorPool:
     return pool
 
 
-def server_options(config: ServerConfig) -> list[tuple[str, int]]:
-    """The gRPC server's channel arguments (the serving benchmark's echo floor uses them too)."""
+def server_options(config: ServerConfig, reuse_port: bool = False) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments (the serving benchmark's echo floor uses them too).
+
+    SO_REUSEPORT only for `--workers N`: otherwise a second server on a busy port must fail.
+    """
     return [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),
         *grpc_server_options(config.connection_limits),
     ]
 
 
-def _start_rest(config: ServerConfig, v2: V2Core, metrics: _Metrics | None):
+def _start_rest(config: ServerConfig, v2: V2Core, metrics: _Metrics | None,
+                reuse_port: bool = False):
     """TF Serving's REST API and the V2 REST API on --rest-api-port (gRPC's host and TLS).
 
     Metrics are served there too when --metrics-port names the same port (as the binary does).
@@ -226,10 +254,10 @@ def _start_rest(config: ServerConfig, v2: V2Core, metrics: _Metrics | None):
     observe = metrics.observe if metrics else None
     handler = tf_serving_rest.RestHandler(v2.core, observe)
     app = http.RestApp(handler, config.max_message_bytes, workers=min(8, config.max_workers),
-                       metrics=metrics.registry if shared else None,
+                       metrics=metrics.exposed if shared else None,
                        v2=v2_rest.V2RestHandler(v2, observe))
     return http.RestServer(app, config.host, config.rest_api_port, config.tls,
-                           config.connection_limits)
+                           config.connection_limits, reuse_port=reuse_port)
 
 
 def prediction_service_pb2_grpc_add(server: grpc.Server, core: InferenceCore, observe) -> None:
@@ -317,37 +345,37 @@ def _start_metrics(config: ServerConfig, metrics: _Metrics | None):
     return http, http.server_address[1]
 
 
-def _client_host(host: str) -> str:
-    if host in ("0.0.0.0", "::"):
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
-
-
 def serve_forever(config: ServerConfig) -> int:
     """`ampflow serve`: run until SIGTERM/SIGINT, drain in-flight calls, return 0."""
     running = start_local_server(config)
+    run_until_signalled(running, lambda: announce(config, running.address,
+                                                  running.rest_address))
+    log.info("server stopped cleanly")
+    return 0
+
+
+def run_until_signalled(running: RunningServer, on_ready=None) -> None:
+    """Serve until SIGTERM/SIGINT, then drain in-flight calls (up to the config's grace_s).
+
+    `on_ready` runs once the signal handlers are in place (so a SIGTERM right after it drains).
+    `ampflow serve` runs this, and so does each `--workers N` process (its supervisor passes
+    SIGTERM on).
+    """
     stop = threading.Event()
+    grace_s = running.config.grace_s
 
     def _signal(signum, _frame):
         log.info("received %s: draining in-flight requests (grace %.1fs)",
-                 signal.Signals(signum).name, config.grace_s)
+                 signal.Signals(signum).name, grace_s)
         stop.set()
 
     previous = {s: signal.signal(s, _signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        print(f"ampflow serve: listening on {running.address}", flush=True)
-        if running.rest_address:
-            scheme = "https" if config.tls else "http"
-            print(f"ampflow serve: REST API on {scheme}://{running.rest_address}/v1/models/",
-                  flush=True)
-            print(f"ampflow serve: Open Inference Protocol (V2) on {scheme}://"
-                  f"{running.rest_address}/v2/ and inference.GRPCInferenceService on "
-                  f"{running.address}", flush=True)
+        if on_ready is not None:
+            on_ready()
         while not stop.wait(0.5):
             pass
-        running.stop(config.grace_s)
-        log.info("server stopped cleanly")
-        return 0
+        running.stop(grace_s)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

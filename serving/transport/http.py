@@ -167,13 +167,16 @@ class RestServer:
     """uvicorn serving a `RestApp` on its own thread and event loop."""
 
     def __init__(self, app: RestApp, host: str, port: int, tls=None,
-                 limits: ConnectionLimits | None = None) -> None:
+                 limits: ConnectionLimits | None = None, reuse_port: bool = False) -> None:
+        """`reuse_port`: share the port with the other `--workers N` processes (SO_REUSEPORT)."""
         limits = limits or ConnectionLimits()
         import uvicorn
 
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             self._socket.bind((host, port))
         except OSError as e:

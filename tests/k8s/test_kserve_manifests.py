@@ -192,6 +192,15 @@ def test_predictor_runs_real_ampflow_serve_flags_on_kserves_ports(render):
     assert config.port == 9000  # gRPC, KServe's usual grpc port (its TF Serving runtime's)
 
 
+def test_one_server_process_per_core_of_the_cpu_limit(render):
+    """`--workers` (issue 42): one Python server process uses about one core, so the runtime
+    runs as many as its CPU limit gives it whole cores, and no more."""
+    container = predictor_pod(render(TARGET)[1])["spec"]["template"]["spec"]["containers"][0]
+    cpu = str(container["resources"]["limits"]["cpu"])
+    cores = int(cpu[:-1]) // 1000 if cpu.endswith("m") else int(float(cpu))
+    assert serve_config(container).workers == max(1, cores) > 1
+
+
 def test_the_queue_proxy_on_loopback_is_not_capped_as_one_client(render):
     """In Serverless mode every REST connection reaches the container from Knative's
     queue-proxy on 127.0.0.1: one client address. The per-address cap (default 128) would
