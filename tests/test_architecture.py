@@ -3,10 +3,15 @@
 - Every `ampflow...` import in our code resolves through pyproject's package mapping to a file,
   and every name imported from it is defined there (or is a submodule): an editor or type
   checker following the same mapping finds what Python finds.
-- The layers point one way: the step layer (`components/`) and `serving/` never import the
-  pipeline layer (`pipeline/`), which wires them.
+- The floors point one way: `ampflow.cli` (cli/, the `ampflow` command) on top imports the
+  step CLIs; the pipeline layer (`pipeline/`) wires the steps (`components/`) and `serving/`;
+  serving never imports the steps (a serving image runs without them); the root package
+  (src/ampflow/) imports nothing above it.
 - Our modules have no import cycle (imports inside functions count: they hide a cycle, they do
   not remove it).
+
+Each rule is a function of the modules it reads (name → file), so a test can plant a
+violation (a temporary file standing in for, or beside, our modules) and see the rule catch it.
 """
 
 from __future__ import annotations
@@ -73,7 +78,8 @@ def _defined_names(path: Path) -> frozenset[str]:
     return frozenset(names)
 
 
-def _imports(path: Path, module: str) -> list[tuple[str, str | None, int]]:
+@cache
+def _imports(path: Path, module: str) -> tuple[tuple[str, str | None, int], ...]:
     """`(imported module, imported name or None, line)` for each ampflow import in `path`."""
     out = []
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -88,12 +94,11 @@ def _imports(path: Path, module: str) -> list[tuple[str, str | None, int]]:
                 base = ".".join(anchor + ([base] if base else []))
             if base.split(".")[0] == "ampflow":
                 out += [(base, a.name, node.lineno) for a in node.names]
-    return out
+    return tuple(out)
 
 
-def _edges() -> dict[str, set[str]]:
+def _edges(modules: dict[str, Path]) -> dict[str, set[str]]:
     """module → the ampflow modules it imports (a `from pkg import submodule` names the sub)."""
-    modules = _modules()
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         for target, name, _ in _imports(path, module):
@@ -118,19 +123,49 @@ def test_every_ampflow_import_resolves_statically():
     assert unresolved == []
 
 
-def test_step_and_serving_layers_never_import_the_pipeline_layer():
-    upward = [
-        f"{path.relative_to(ROOT)}:{line} imports {target}"
-        for module, path in _modules().items()
-        if module.startswith(("ampflow.components", "ampflow.serving"))
+def _imports_of(modules: dict[str, Path], importers: tuple[str, ...],
+                imported: tuple[str, ...]) -> list[str]:
+    """Each import (at the top or inside a function) of an `imported` module by an `importers`
+    one, as `file:line imports module`."""
+    return [
+        f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{line} imports {target}"
+        for module, path in modules.items()
+        if module.startswith(importers)
         for target, _, line in _imports(path, module)
-        if target.startswith("ampflow.pipeline")
+        if target.startswith(imported)
     ]
-    assert upward == []
 
 
-def test_no_import_cycles_between_our_modules():
-    graph = _edges()
+def _floor(module: str) -> str:
+    """The package-dir entry `module` belongs to: `ampflow` (the root package, src/ampflow/),
+    `ampflow.cli`, `ampflow.components`, `ampflow.pipeline` or `ampflow.serving`."""
+    parts = module.split(".")
+    return next(".".join(parts[:cut]) for cut in range(len(parts), 0, -1)
+                if ".".join(parts[:cut]) in _package_dirs())
+
+
+def _root_package_imports_above(modules: dict[str, Path]) -> list[str]:
+    """Each import in the root package of a module of another floor, as `file:line imports x`."""
+    found = []
+    for module, path in modules.items():
+        if _floor(module) != "ampflow":
+            continue
+        for target, name, line in _imports(path, module):
+            imported = f"{target}.{name}" if name and name != "*" else target
+            if _floor(imported) != "ampflow":
+                where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                found.append(f"{where}:{line} imports {imported}")
+    return found
+
+
+def test_step_and_serving_layers_never_import_the_pipeline_layer():
+    assert _imports_of(_modules(), ("ampflow.components", "ampflow.serving"),
+                       ("ampflow.pipeline",)) == []
+
+
+def _cycles(modules: dict[str, Path]) -> list[str]:
+    """Each import cycle among `modules`, as `a → b → a`."""
+    graph = _edges(modules)
     # A package's __init__ that re-exports its own submodules is not a cycle of design: drop
     # the edge from a submodule to its own package's __init__ only when that __init__ is the
     # one importing it (the re-export), which Python resolves by loading the package first.
@@ -156,20 +191,77 @@ def test_no_import_cycles_between_our_modules():
     for node in sorted(graph):
         if node not in state:
             visit(node)
-    assert cycles == []
+    return cycles
+
+
+def test_no_import_cycles_between_our_modules():
+    assert _cycles(_modules()) == []
 
 
 def test_serving_never_imports_the_step_layer():
     # The server runs in a serving image without the steps' code; what both need (the model
     # format) lives in serving/ and the steps import it, never the other way.
-    upward = [
-        f"{path.relative_to(ROOT)}:{line} imports {target}"
-        for module, path in _modules().items()
-        if module.startswith("ampflow.serving")
-        for target, _, line in _imports(path, module)
-        if target.startswith("ampflow.components")
-    ]
-    assert upward == []
+    assert _imports_of(_modules(), ("ampflow.serving",), ("ampflow.components",)) == []
+
+
+def test_the_root_package_imports_nothing_above_it():
+    # src/ampflow/ is the bottom floor (errors, files, the CLI's helpers): every other floor
+    # imports it, so one import up from it is a cycle waiting for its first caller.
+    assert _root_package_imports_above(_modules()) == []
+
+
+def test_the_command_line_dispatcher_is_the_top_floor():
+    # ampflow.cli imports every step's CLI; nothing of ours imports it back (the console
+    # script and `python -m ampflow.cli` run it from outside).
+    importers = [m for m, path in _modules().items() if not m.startswith("ampflow.cli")
+                 for target, name, _ in _imports(path, m)
+                 if target == "ampflow.cli" or f"{target}.{name}" == "ampflow.cli"]
+    assert importers == []
+    imported = {target for target, _, _ in _imports(_modules()["ampflow.cli"], "ampflow.cli")}
+    assert {"ampflow.components.train", "ampflow.serving", "ampflow.pipeline"} <= imported
+
+
+def _planted(tmp_path: Path, module: str, source: str, instead_of: str | None = None):
+    """Our modules with `module` (a temporary file holding `source`) added, or standing in for
+    `instead_of`'s file: the rules read files, so a planted one is read like ours."""
+    path = tmp_path / f"{module}.py"
+    path.write_text(source)
+    modules = dict(_modules())
+    if instead_of:
+        del modules[instead_of]
+    modules[module] = path
+    return modules
+
+
+def test_a_planted_serving_import_of_a_step_fails_the_rule(tmp_path):
+    source = ('"""A serving module that reads the train step\'s config."""\n\n\n'
+              "def handler():\n    from ampflow.components.train.config import TrainConfig\n"
+              "\n    return TrainConfig\n")
+    modules = _planted(tmp_path, "ampflow.serving.planted", source)
+    assert _imports_of(modules, ("ampflow.serving",), ("ampflow.components",)) == [
+        f"{tmp_path / 'ampflow.serving.planted.py'}:5 imports ampflow.components.train.config"]
+
+
+def test_a_planted_root_import_of_an_upper_floor_fails_the_rule(tmp_path):
+    # both spellings: `from ampflow import serving` and a late `import ampflow.pipeline...`
+    source = ("from ampflow import errors, serving\n\n\n"
+              "def later():\n    import ampflow.pipeline.settings\n")
+    modules = _planted(tmp_path, "ampflow.planted", source)
+    planted = tmp_path / "ampflow.planted.py"
+    assert _root_package_imports_above(modules) == [
+        f"{planted}:1 imports ampflow.serving", f"{planted}:5 imports ampflow.pipeline.settings"]
+
+
+def test_a_planted_late_import_cycle_fails_the_rule(tmp_path):
+    # The cycle the string-named registry hid, written as an import: the root package's
+    # command runner asking the dispatcher (which imports it) for its commands, in a function.
+    command = _modules()["ampflow.command"]
+    source = command.read_text() + ("\n\ndef every_command():\n"
+                                    "    from ampflow.cli import COMMANDS\n\n"
+                                    "    return COMMANDS\n")
+    modules = _planted(tmp_path, "ampflow.command", source, instead_of="ampflow.command")
+    assert "ampflow.cli → ampflow.command → ampflow.cli" in _cycles(modules)
+    assert _root_package_imports_above(modules)  # and it points up, as the rule says
 
 
 def test_no_module_imports_another_modules_private_name():
