@@ -304,3 +304,37 @@ def test_components_take_the_wire_names_from_model_format():
              for line, value in hits]
     assert not extra, "\n".join(extra)
     assert {path: len(hits) for path, hits in found.items()} == SPELLED_ALIKE  # none went stale
+
+
+# Every hand-written source file stays under this many lines (issue 41): past it a file holds
+# more than one role, and splitting it by role is the fix (protoc's generated *_pb2 files are
+# not ours to split).
+MAX_SOURCE_LINES = 600
+
+
+def _source_folders() -> list[Path]:
+    """The package folders pyproject maps, the benchmarks and the client distribution's src."""
+    return [*_package_dirs().values(), ROOT / "benchmarks", ROOT / "clients" / "python" / "src"]
+
+
+def _long_files(folders: list[Path], limit: int = MAX_SOURCE_LINES) -> list[str]:
+    """`path: N lines` for each .py under `folders` of `limit` lines or more, longest first."""
+    lengths = {}
+    for folder in folders:
+        for path in folder.rglob("*.py"):
+            if "_pb2" in path.name or "__pycache__" in path.parts:
+                continue
+            lengths[path] = len(path.read_text().splitlines())
+    return [f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: {n} lines"
+            for path, n in sorted(lengths.items(), key=lambda item: -item[1]) if n >= limit]
+
+
+def test_every_source_file_is_under_600_lines():
+    assert _long_files(_source_folders()) == []
+
+
+def test_a_planted_long_file_is_listed_and_a_generated_one_is_not(tmp_path):
+    (tmp_path / "long.py").write_text("x = 1\n" * MAX_SOURCE_LINES)
+    (tmp_path / "short.py").write_text("x = 1\n" * (MAX_SOURCE_LINES - 1))
+    (tmp_path / "big_pb2.py").write_text("x = 1\n" * 5000)
+    assert _long_files([tmp_path]) == [f"{tmp_path / 'long.py'}: {MAX_SOURCE_LINES} lines"]
