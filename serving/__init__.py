@@ -4,7 +4,9 @@ One data plane, thin protocol adapters (the shape of KServe's model server). By 
 - `model_format`: what a served model is (TF Serving's model-name rule, method names, warm-up
   file, `MAX_VERSION`, the signature and output names), shared with export and deploy;
   `config`: typed configs and TF Serving's `ModelServerConfig` text proto; `preflight`: the
-  base paths and ports `serve` refuses before it loads anything.
+  base paths and ports `serve` refuses before it loads anything; `compute_precision`:
+  `--compute-precision bfloat16` (TF's oneDNN bf16 rewrite, per model), over `cpu_features`
+  (the CPU's bf16 flags, which training's precision rule reads too).
 - `models/`: `servable` (the `Servable` interface and the SavedModel behind it), `tflite` (the
   TFLite one), `version_source` (version dirs, the version policy), `registry` (loading,
   warm-up, hot reload, labels; no format branch).
