@@ -451,5 +451,12 @@ class DeployResult:
     bf16_parity: dict[str, Any] | None = None  # that gate's evidence, as in the deploy record
 
     def summary(self) -> dict[str, Any]:
-        """Rows for the CLI's closing summary."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        """Rows for the CLI's closing summary (the bf16 gate's evidence in one line)."""
+        rows = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if self.bf16_parity is not None:
+            e = self.bf16_parity
+            rows["bf16_parity"] = (
+                f"passed on {e['num_examples']} test examples: agreement {e['agreement']:.4f}, "
+                f"accuracy drop {e['accuracy_drop_points']:.2f} points, max |p diff| "
+                f"{e['max_abs_prob_diff']:.3g} (all of it in the version's ampflow_deploy.json)")
+        return rows

@@ -42,6 +42,7 @@ def test_bf16_gate_passes_records_its_evidence_and_fails_closed(export_base, pre
     assert {c["name"] for c in evidence["checks"]} == {
         "agreement", "accuracy_drop_points", "max_abs_prob_diff"}
     assert 0 < evidence["max_abs_prob_diff"] <= 0.02  # bfloat16's rounding, within the gate
+    assert result.summary()["bf16_parity"].startswith("passed on 160 test examples: agreement ")
 
     # the same version with a bound bfloat16 cannot meet: refused, nothing published
     with pytest.raises(ConfigError, match=r"failed its parity gate .*max_abs_prob_diff = "):
