@@ -209,7 +209,8 @@ def _resolve_auto_batch(config: TrainConfig, info: dict, setup: PrecisionSetup,
                              memory_limit_bytes=limit_mb * 2**20 if limit_mb else None)
     if wanted is not None:
         choice = with_accumulation(choice, wanted)
-    return dataclasses.replace(config, batch_size=choice.batch_size,
+    # The resolved config (config.json) holds numbers; batch_size_auto keeps what was wanted.
+    return dataclasses.replace(config, batch_size=choice.batch_size, effective_batch_size=None,
                                accumulation_steps=choice.accumulation_steps), choice.to_json()
 
 
