@@ -40,8 +40,8 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "ampflow"
-# the top-level folders and the `ampflow` names they install as (pyproject's package-dir)
-PACKAGES = {"serving": "serving", "components": "components", "pipeline": "pipeline"}
+# A revision's packages are laid out by its own pyproject's package-dir (the root package was
+# core/ before it moved to src/ampflow/, and ampflow.cli/ came later).
 
 
 def _cpu() -> dict:
@@ -57,19 +57,24 @@ def _cpu() -> dict:
 
 
 def checkout(revision: str, where: Path) -> Path:
-    """`revision`'s packages laid out as an importable `ampflow` (core/ is the package)."""
+    """`revision`'s packages laid out as an importable `ampflow`, by its pyproject's mapping."""
+    import tomllib
+
+    pyproject = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:pyproject.toml"],
+                               check=True, capture_output=True, text=True).stdout
+    mapping = tomllib.loads(pyproject)["tool"]["setuptools"]["package-dir"]
     archive = where / "src.tar"
     subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), revision,
-                    "core", *PACKAGES], check=True)
+                    *mapping.values()], check=True)
     src = where / "src"
     with tarfile.open(archive) as tar:
         tar.extractall(src, filter="data")
-    package = where / "overlay" / "ampflow"
-    package.parent.mkdir()
-    (src / "core").rename(package)
-    for folder, name in PACKAGES.items():
-        (src / folder).rename(package / name)
-    return package.parent
+    overlay = where / "overlay"
+    for name, folder in sorted(mapping.items()):  # `ampflow` first, its subpackages inside it
+        target = overlay.joinpath(*name.split("."))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (src / folder).rename(target)
+    return overlay
 
 
 class Server:
