@@ -17,6 +17,11 @@ def _summary(result) -> dict:
     text = {} if tokenizer is None else {"tokenizer": (
         f"{tokenizer['vocabulary_in_use']} words, {tokenizer['max_sequence_length']} tokens a "
         f"text ({tokenizer['source']})")}
+    accumulation = meta.get("accumulation") or {}
+    accumulated = {} if accumulation.get("accumulation_steps", 1) == 1 else {"accumulation": (
+        f"{accumulation['accumulation_steps']} micro-batches of "
+        f"{accumulation['micro_batch_size']} per replica and applied step (effective batch "
+        f"{accumulation['effective_batch_size']})")}
     return {
         "model": meta["architecture"],
         **text,
@@ -29,6 +34,7 @@ def _summary(result) -> dict:
         "strategy": f"{dist.get('strategy')} ({dist.get('num_workers')} worker(s), "
                     f"{dist.get('num_replicas')} replica(s), global batch "
                     f"{dist.get('global_batch_size')})",
+        **accumulated,
         "model_dir": str(result.output_dir),
     }
 
