@@ -1,8 +1,7 @@
 """TFLite variants of a text model (issue 39 point 5): token ids in, the vocabulary beside.
 
 The SavedModel is the real export of bert_tiny trained by `ampflow train` under mixed_float16
-(tests/components/export_savedmodel/text_model_helpers.py, loaded here by its path; made once
-per session for both test files). The
+(tests/tiny_text_model.py, made once per test run for every test that needs it). The
 conversion runs once per module with every variant; its verdict is whatever the gate decides on
 the measured numbers (full_int8 of bert_tiny may fail: then the report must say why, and the
 step must raise). Every variant is then loaded in the pip LiteRT interpreter (the runtime an
@@ -12,29 +11,20 @@ on the raw sentences.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_text_model import export_text_model
 
 from ampflow.errors import ConfigError, GateFailedError
-
-_HELPERS = Path(__file__).parents[1] / "export_savedmodel" / "text_model_helpers.py"
-
-
-def _helpers():
-    spec = importlib.util.spec_from_file_location("text_model_helpers_for_convert", _HELPERS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def text_savedmodel(tmp_path_factory):
     """(prepared text dir, the version run_export published; shared with export's tests)."""
-    data_dir, _, version_dir = _helpers().export_text_model(tmp_path_factory)
+    data_dir, _, version_dir = export_text_model(tmp_path_factory)
     return data_dir, version_dir
 
 

@@ -1,8 +1,8 @@
 """Deploying a text model (issue 39 point 5): the canary sends sentences, a text variant ids.
 
 The SavedModel is the real export of bert_tiny trained by `ampflow train` (the session-shared
-text export of tests/components/export_savedmodel/text_model_helpers.py, loaded by its path,
-made once per session under a file lock for the export, convert and deploy tests). Its
+text export of tests/tiny_text_model.py, made once per test run under a file lock for the
+export, convert and deploy tests). Its
 `ampflow_canary.npz` holds real test sentences; `serving_default` takes `text` (tf.string).
 One in-process `ampflow serve` server for the module polls the store (every version served);
 the deploy's canary talks to it over gRPC on loopback, as it talks to tensorflow_model_server.
@@ -12,32 +12,24 @@ which fails its gate on bert_tiny: ARTIFACTS.md says why).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_text_model import export_text_model
 
 from ampflow.components.deploy_serving import DeployConfig, run_deploy
 from ampflow.errors import DeployError, GateFailedError
 
 MODEL = "reviews"
-_HELPERS = Path(__file__).parents[1] / "export_savedmodel" / "text_model_helpers.py"
-
-
-def _helpers():
-    spec = importlib.util.spec_from_file_location("text_model_helpers_for_deploy", _HELPERS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def text_export(tmp_path_factory) -> tuple[Path, Path]:
     """(prepared text dir, the exported version dir), shared with the export/convert tests."""
-    data_dir, _, version_dir = _helpers().export_text_model(tmp_path_factory)
+    data_dir, _, version_dir = export_text_model(tmp_path_factory)
     return data_dir, version_dir
 
 

@@ -3,35 +3,27 @@
 A served text model tokenizes in its graph (`serving_default` takes `text`, tf.string [-1]), so
 it is scored as a server runs it, on the test split's raw texts, and a new model with another
 vocabulary is still compared with it on the same examples. The model serving is the real
-bert_tiny export shared by the export, convert and deploy tests (text_model_helpers.py, made
-once per session under a file lock), installed in a tmp store. The worse model is that same
+bert_tiny export shared by the export, convert and deploy tests (tests/tiny_text_model.py,
+made once per test run under a file lock), installed in a tmp store. The worse model is that same
 trained model given a reversed vocabulary: each word reads as another word's embedding, so it
 answers near chance, and it tokenizes differently from the served model.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_text_model import export_text_model
 
 from ampflow.components.evaluate_parity import EvaluateConfig, load_verdict, release, run_evaluate
 from ampflow.components.evaluate_parity.serving_gate import ServingGateConfig, run_serving_gate
 from ampflow.errors import ConfigError, GateFailedError
 
 MODEL = "reviews"
-_HELPERS = Path(__file__).parents[1] / "export_savedmodel" / "text_model_helpers.py"
-
-
-def _helpers():
-    spec = importlib.util.spec_from_file_location("text_model_helpers_for_release", _HELPERS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_served_image_model_is_not_compared_on_a_text_split_in_one_line(tmp_path):
@@ -55,7 +47,7 @@ def test_a_served_image_model_is_not_compared_on_a_text_split_in_one_line(tmp_pa
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
     """(data dir, model dir, served base path): the shared text export as version 1 of a store."""
-    data_dir, model_dir, version_dir = _helpers().export_text_model(tmp_path_factory)
+    data_dir, model_dir, version_dir = export_text_model(tmp_path_factory)
     base_path = tmp_path_factory.mktemp("store") / MODEL
     shutil.copytree(version_dir, base_path / "1")
     return data_dir, model_dir, base_path

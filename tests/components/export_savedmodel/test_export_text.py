@@ -1,8 +1,8 @@
 """Export of a text model (issue 39 point 5): raw text in, the tokenizer in the graph.
 
 The model is real: bert_tiny trained by `ampflow train` under mixed_float16 on a prepared text
-folder and exported behind a passed verdict, once per session (text_model_helpers.py: the
-convert tests reuse both). The SavedModel
+folder and exported behind a passed verdict, once per test run (tests/tiny_text_model.py: the
+train, convert, release and deploy tests reuse both). The SavedModel
 is then called as TF Serving calls it: `serving_default` on raw strings, `classify` on
 tf.Examples with a `text` feature, `token_ids` on ids, and the warm-up file replayed.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from text_model_helpers import export_text_model, prepare_and_train
+from tiny_text_model import export_text_model, prepare_and_train
 
 from ampflow.components.export_savedmodel import ExportConfig, list_versions, run_export
 from ampflow.components.export_savedmodel.text_signatures import (

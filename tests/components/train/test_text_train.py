@@ -1,97 +1,51 @@
 """`ampflow train` on a prepared text dataset (issue 39 point 5, training).
 
-A folder of short texts in 3 classes (one file not UTF-8) is prepared by `prepare-data
---text-folder` and trained by `ampflow train --model bert_tiny --precision mixed_float16`, once
-per module: the train step reads the modality from dataset_info.json, fits the tokenizer on the
-training split only, tokenizes in tf.data, trains through the same loop (loss scaling,
-telemetry, metadata.json) and publishes the tokenizer beside model.keras, which
-`load_trained` gives back with the model. Each text is filler words around one keyword of its
-class, so a model that learns reaches far above chance (1/3) in two epochs; the test split
-holds a word no training text has, which must not be in the vocabulary.
+The suite's one tiny text model (tests/tiny_text_model.py, trained once per run and shared with
+the evaluate, export, convert, release and deploy tests): a folder of short texts in 3 classes
+(one file not UTF-8) prepared by `prepare-data --text-folder` and trained by `ampflow train
+--model bert_tiny --precision mixed_float16`. The train step reads the modality from
+dataset_info.json, fits the tokenizer on the training split only, tokenizes in tf.data, trains
+through the same loop (loss scaling, telemetry, metadata.json) and publishes the tokenizer
+beside model.keras, which `load_trained` gives back with the model. Each text is filler words
+around one keyword of its class, so a model that learns reaches far above chance (1/3) in two
+epochs; every test text holds a word no training text has, which must not be in the vocabulary.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_text_model as shared
 
 from ampflow.errors import ConfigError, ModelLoadError
 
-
-def _text_helpers():
-    """The export tests' text_model_helpers.py, by its path: its classes and keyword sentences."""
-    path = Path(__file__).parents[1] / "export_savedmodel" / "text_model_helpers.py"
-    spec = importlib.util.spec_from_file_location("text_model_helpers_for_train", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_HELPERS = _text_helpers()
-SEQ, CLASSES = _HELPERS.SEQ, _HELPERS.CLASSES
-TEST_ONLY_WORD = "zebra"  # in every test text, in no training text
-TRAIN_PER_CLASS, TEST_PER_CLASS = 90, 20
-
-
-def _write_texts(root: Path, split: str, count: int, rng, extra: str = "") -> None:
-    for name in CLASSES:
-        folder = root / split / name
-        folder.mkdir(parents=True)
-        for i in range(count):
-            words = _HELPERS.keyword_words(rng, name)
-            (folder / f"{i}.txt").write_text(" ".join(words + ([extra] if extra else [])) + ".",
-                                             encoding="utf-8")
+SEQ, CLASSES = shared.SEQ, shared.CLASSES
+TEST_ONLY_WORD = shared.TEST_ONLY_WORD
+TRAIN_PER_CLASS, TEST_PER_CLASS = shared.TRAIN_PER_CLASS, shared.TEST_PER_CLASS
 
 
 @pytest.fixture(scope="module")
-def text_folder(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("texts") / "reviews"
-    rng = np.random.default_rng(7)
-    _write_texts(root, "train", TRAIN_PER_CLASS, rng)
-    _write_texts(root, "test", TEST_PER_CLASS, rng, extra=TEST_ONLY_WORD)
-    (root / "train" / "happy" / "latin1.txt").write_bytes("un film très réussi".encode("latin-1"))
-    return root
+def prepared_texts(tmp_path_factory) -> Path:
+    return shared.prepared_texts(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def prepared_texts(tmp_path_factory, text_folder) -> Path:
-    from ampflow.cli import main
-
-    out = tmp_path_factory.mktemp("prepared") / "texts"
-    assert main(["prepare-data", "--text-folder", str(text_folder), "--output-dir",
-                 str(out)]) == 0
-    return out
-
-
-@pytest.fixture(scope="module")
-def trained_text_model(tmp_path_factory, prepared_texts) -> tuple[Path, str]:
-    """bert_tiny trained by `ampflow train` under mixed_float16: (model dir, the CLI's stdout)."""
-    import contextlib
-    import io
-
-    from ampflow.cli import main
-
-    out = tmp_path_factory.mktemp("bert") / "model"
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        # --xla off: the loop and loss scaling are the same; XLA's compile costs the suite ~10 s
-        code = main(["train", "--data-dir", str(prepared_texts), "--output-dir", str(out),
-                     "--model", "bert_tiny", "--precision", "mixed_float16", "--xla", "off",
-                     "--max-sequence-length", str(SEQ), "--epochs", "2", "--seed", "1"])
-    assert code == 0, stdout.getvalue()
-    return out, stdout.getvalue()
+def trained_text_model(tmp_path_factory) -> tuple[Path, str]:
+    """The shared bert_tiny (mixed_float16, 2 epochs): (model dir, `ampflow train`'s stdout)."""
+    trained = shared.trained_text_model(tmp_path_factory)
+    return trained.model_dir, trained.train_stdout
 
 
 def _metadata(model_dir: Path) -> dict:
     return json.loads((model_dir / "metadata.json").read_text())
 
 
-@pytest.mark.slow  # trains bert_tiny (the module's one training run, about 15 CPU-s)
+@pytest.mark.slow  # trains the shared bert_tiny unless another test did (about 15 CPU-s)
 def test_train_takes_a_text_folder_and_publishes_model_and_tokenizer(trained_text_model):
     model_dir, stdout = trained_text_model
     meta = _metadata(model_dir)
@@ -113,6 +67,46 @@ def test_train_takes_a_text_folder_and_publishes_model_and_tokenizer(trained_tex
     assert meta["tokenizer"]["source"].startswith("fitted on the training split")
     assert meta["config"]["max_sequence_length"] == SEQ
     assert "tokenizer" in stdout and "throughput_text_s" in stdout
+
+
+@pytest.mark.slow  # reads the shared model; scores one untrained bert_tiny (no training)
+def test_bert_tiny_learns_under_float16_at_the_encoders_default_learning_rate(
+        trained_text_model, prepared_texts):
+    """The shared model ran at the default learning rate: the encoders' own, recorded in
+    metadata.json and the one its optimizer got; and at it bert_tiny learns under float16
+    through ampflow's own loop with dynamic loss scaling, from chance to far above it (the
+    float16 case of test_text_training.py, merged here onto the run every text test shares)."""
+    import keras
+
+    from ampflow.components.prepare_data import load_texts
+    from ampflow.components.train.artifacts import load_trained
+    from ampflow.components.train.models import make_text_model
+    from ampflow.components.train.text_models import ENCODER_LEARNING_RATE
+
+    model_dir = trained_text_model[0]
+    meta = _metadata(model_dir)
+    assert meta["config"]["learning_rate"] == ENCODER_LEARNING_RATE
+    assert meta["recipe"]["learning_rate"] == ENCODER_LEARNING_RATE
+    with zipfile.ZipFile(model_dir / "model.keras") as archive:
+        optimizer = json.loads(archive.read("config.json"))["compile_config"]["optimizer"]
+    assert optimizer["class_name"] == "LossScaleOptimizer"
+    assert optimizer["config"]["inner_optimizer"]["config"]["learning_rate"] == pytest.approx(
+        ENCODER_LEARNING_RATE)
+    # before training: the same architecture with fresh weights, on the same test ids
+    trained = load_trained(model_dir)
+    texts, labels = load_texts(prepared_texts, "test")
+    ids = trained.inputs(np.array(texts, dtype=object))
+    keras.utils.set_random_seed(1)
+    fresh = make_text_model("bert_tiny", SEQ, trained.tokenizer.vocabulary_size,
+                            len(CLASSES)).model
+    before = float(np.mean(np.argmax(fresh.predict(ids, verbose=0), axis=1) == labels))
+    after = meta["final_metrics"]["val_accuracy"]
+    assert after > 0.8 > before + 0.2, (before, after)
+    assert np.isfinite(meta["final_metrics"]["val_loss"])
+    scale = meta["loss_scale"]  # the dynamic scale held and the steps were applied, not skipped
+    assert scale["enabled"] and scale["final"] >= 1.0
+    applied = scale["steps"] - scale["skipped_steps"]
+    assert applied > 0.9 * shared.EPOCHS * meta["final_metrics"]["steps"], scale
 
 
 @pytest.mark.slow
@@ -284,7 +278,7 @@ def test_the_default_learning_rate_is_the_model_kinds_own(tmp_path):
     assert ENCODER_LEARNING_RATE < DEFAULT_LEARNING_RATE
     for name in BERT_SHAPES:
         assert rate(name) == ENCODER_LEARNING_RATE, name
-    for model in ("small_cnn", "resnet50", "my_models.text:build", str(tmp_path / "m.keras")):
+    for model in ("small_cnn", "my_models.text:build", str(tmp_path / "m.keras")):
         assert rate(model) == DEFAULT_LEARNING_RATE, model
     assert rate("bert_tiny", learning_rate=2e-5) == 2e-5
     with pytest.raises(ConfigError, match="learning_rate must be > 0"):

@@ -1,4 +1,8 @@
-"""bert_tiny learns under mixed_float16 and mixed_bfloat16 through ampflow's own train loop.
+"""bert_tiny learns under mixed_bfloat16 through ampflow's own train loop.
+
+(Under mixed_float16, with dynamic loss scaling, the suite's shared text model shows it:
+test_text_train.py's test_bert_tiny_learns_under_float16_at_the_encoders_default_learning_rate,
+on the run tests/tiny_text_model.py makes once for every text test.)
 
 The data is synthetic but learnable: each sentence is filler words around one keyword of its
 class (3 classes, chance 1/3). The tokenizer is fitted on the training sentences only; batches
@@ -13,6 +17,7 @@ import tensorflow as tf
 
 from ampflow.components.train.loop import LoopConfig, Runtime, TrainLoop
 from ampflow.components.train.models import make_text_model
+from ampflow.components.train.text_models import ENCODER_LEARNING_RATE
 from ampflow.components.train.tokenizer import TokenizerConfig, fit_tokenizer
 
 SEQ, BATCH, CLASSES = 24, 32, 3
@@ -40,28 +45,24 @@ def _dataset(tokenizer, texts, labels, training: bool) -> tf.data.Dataset:
     return ds.map(lambda text, label: (tokenizer.tokenize(text), label)).prefetch(2)
 
 
-@pytest.mark.slow  # trains bert_tiny twice (about 10-20 s each on 2 cores)
-@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-def test_bert_tiny_learns_keyword_sentences_under_amp(policy, tmp_path):
+@pytest.mark.slow  # trains bert_tiny (about 10-20 s on 2 cores)
+def test_bert_tiny_learns_keyword_sentences_under_bfloat16(tmp_path):
     import keras
 
-    keras.mixed_precision.set_global_policy(policy)
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
     keras.utils.set_random_seed(0)
     train_texts, train_labels = _sentences(384, seed=1)
     test_texts, test_labels = _sentences(192, seed=2)
     tokenizer = fit_tokenizer(train_texts, TokenizerConfig(max_sequence_length=SEQ,
                                                            vocabulary_size=64))
     model = make_text_model("bert_tiny", SEQ, tokenizer.vocabulary_size, CLASSES).model
-    loss_scaling = policy == "mixed_float16"
-    optimizer = keras.optimizers.Adam(1e-3)
-    if loss_scaling:
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # as build.make_optimizer
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    model.compile(optimizer=keras.optimizers.Adam(ENCODER_LEARNING_RATE),
+                  loss="sparse_categorical_crossentropy")
     runtime = Runtime(tf.distribute.get_strategy(), "default", "test")
     steps = len(train_texts) // BATCH
     loop = TrainLoop(runtime, model, LoopConfig(
         epochs=4, steps_per_epoch=steps, global_batch_size=BATCH, jit_compile=False,
-        loss_scaling=loss_scaling, state_dir=str(tmp_path), progress=False))
+        loss_scaling=False, state_dir=str(tmp_path), progress=False))
     test = _dataset(tokenizer, test_texts, test_labels, training=False)
     before = loop.evaluate(test)["accuracy"]
 
@@ -70,6 +71,3 @@ def test_bert_tiny_learns_keyword_sentences_under_amp(policy, tmp_path):
     after = loop.evaluate(test)
     assert after["accuracy"] > 0.8 > before + 0.2, (before, after)
     assert np.isfinite(after["loss"])
-    if loss_scaling:  # the dynamic scale held and the steps were applied, not skipped
-        assert float(optimizer.dynamic_scale) >= 1.0
-        assert int(optimizer.iterations) > 0.9 * 4 * steps
