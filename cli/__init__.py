@@ -9,6 +9,7 @@ script is `main`; `python -m ampflow.cli` runs it too (`__main__.py`).
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable
 from types import ModuleType
 
@@ -38,7 +39,7 @@ COMMANDS: tuple[ModuleType, ...] = (
 )
 
 
-def build_parser(modules: Iterable[ModuleType | str] = COMMANDS):
+def build_parser(modules: Iterable[ModuleType | str] = COMMANDS) -> argparse.ArgumentParser:
     """The `ampflow` parser with every command, or with those of `modules` (a test's subset)."""
     return command.build_parser(_command_modules(modules))
 

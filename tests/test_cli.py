@@ -239,6 +239,32 @@ def test_the_console_script_without_a_command_prints_help_and_exits_2():
     assert done.stdout.startswith("usage: ampflow") and "Traceback" not in done.stderr
 
 
+
+def test_the_serving_commands_alone_run_without_the_dispatcher_or_the_steps():
+    """`python -m ampflow.serving.cli` (a serving container) runs through ampflow.command,
+    not the dispatcher that imports every step (the serving image has no steps' code)."""
+    code = ("import sys\nfrom ampflow.serving.cli import main\n"
+            "try:\n    code = main(['model-status', '--port', 'x'])\n"
+            "except SystemExit as e:  # argparse's own usage error\n    code = e.code\n"
+            "print('code', code, sorted(m for m in sys.modules if m.split('.')[:2] in ("
+            "['ampflow', 'cli'], ['ampflow', 'components'], ['ampflow', 'pipeline'])))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.splitlines()[-1] == "code 2 []", done.stderr[-2000:]
+    assert done.stderr.startswith("ampflow model-status: error: ")
+
+
+def test_a_subset_of_commands_is_named_among_the_dispatchers_own():
+    from ampflow.cli import COMMANDS, build_parser
+
+    parser = build_parser(("ampflow.serving.cli",))
+    assert parser.command_parser("serve") and not parser.command_parser("train")
+    with pytest.raises(ValueError, match="ampflow.nowhere.cli is not an ampflow command"):
+        build_parser(("ampflow.nowhere.cli",))
+    assert [m.__name__.rsplit(".", 2)[-2] for m in COMMANDS] == [
+        "prepare_data", "train", "evaluate_parity", "export_savedmodel", "convert_tflite",
+        "serving", "deploy_serving", "pipeline"]  # pipeline order: `ampflow --help`'s
+
 # --- one style of help and errors in every command (issue 27 part 4) ---------------------------
 
 def _summaries(cli) -> dict[str, str]:
