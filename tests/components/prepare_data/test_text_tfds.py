@@ -126,6 +126,23 @@ def test_tfds_text_dataset_without_test_split_holds_out_each_class(prepared_sent
     assert len(set(train_texts) | set(test_texts)) == sum(PER_CLASS)
 
 
+@pytest.mark.slow  # trains bert_tiny for 2 steps
+def test_train_takes_a_prepared_tfds_text_dataset(prepared_sentences, tmp_path):
+    """A TFDS text dataset prepared from a local data dir trains (issue 39's "Done when")."""
+    from ampflow.components.train import TrainConfig, run_train
+
+    result = run_train(TrainConfig(
+        data_dir=prepared_sentences, output_dir=tmp_path / "model", model="bert_tiny",
+        precision="mixed_float16", jit_compile=False, epochs=1, batch_size=8,
+        steps_per_epoch=2, max_sequence_length=8))
+    meta = result.metadata
+    assert meta["modality"] == "text" and meta["dataset"]["name"] == "ampflow_test_sentences"
+    assert meta["input_shape"] == [8] and meta["num_classes"] == 3
+    assert meta["loss_scale"]["steps"] == 2 and np.isfinite(meta["final_metrics"]["loss"])
+    vocabulary = (tmp_path / "model" / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert set(WORDS) <= set(vocabulary)  # the sentences' words, read through TFDS
+
+
 def test_load_text_split_gives_string_and_int64_scalars(prepared_sentences):
     import tensorflow as tf
 

@@ -122,6 +122,20 @@ def test_check_model_names_a_minus_1e9_mask_under_float16_with_the_reason(
         named["float16_attention_softmax"]["message"]
 
 
+def test_check_model_passes_the_built_in_bert_tiny_under_float16(prepared_texts, tmp_path,
+                                                                capsys):
+    """What names the user's -1e9 mask passes the built-in encoder: exit 0, no warning."""
+    from ampflow.cli import main
+
+    code = main(["check-model", "--data-dir", str(prepared_texts), "--model", "bert_tiny",
+                 "--precision", "mixed_float16", "--output-dir", str(tmp_path / "report")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads((tmp_path / "report" / "amp_report.json").read_text())
+    assert not {"error", "warning"} & {f["severity"] for f in report["findings"]}, report
+    assert "float32_by_design" in out
+
+
 def test_a_cast_constant_is_named_with_the_value_written(tmp_path):
     report = _user(tmp_path, "hand_attention_cast_mask", "mixed_float16")
     found = [f for f in report.findings if f.kind == "overflowing_constant"]
