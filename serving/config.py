@@ -66,6 +66,10 @@ class ModelConfig:
         if self.compute_precision not in COMPUTE_PRECISIONS:
             raise ConfigError(f"compute_precision must be one of {COMPUTE_PRECISIONS}. "
                               f"Received: compute_precision={self.compute_precision!r}")
+        if self.compute_precision != "float32" and self.model_format == "tflite":
+            raise ConfigError("compute_precision bfloat16 rewrites a SavedModel's graph; a "
+                              "TFLite model computes in its converter variant's precision. "
+                              "Received: model_format='tflite'")
         if self.model_format not in MODEL_FORMATS:
             raise ConfigError(f"model_format must be one of {MODEL_FORMATS}. Received: "
                               f"model_format={self.model_format!r}")

@@ -62,6 +62,8 @@ def test_bf16_is_refused_in_one_line_on_a_cpu_without_it(model_store, tmp_path, 
         load_servable(MODEL, 1, version, compute_precision="bfloat16")
     with pytest.raises(ConfigError, match="one of"):
         ModelConfig(MODEL, tmp_path, compute_precision="float16")
+    with pytest.raises(ConfigError, match="TFLite"):
+        ModelConfig(MODEL, tmp_path, model_format="tflite", compute_precision="bfloat16")
     with socket.socket() as busy:  # had the refusal not come first, the port would say so
         busy.bind(("127.0.0.1", 0))
         busy.listen()
