@@ -41,6 +41,8 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
                                             "package.module:function or a .keras path"),
     "epochs": (int, TRAIN_DEFAULTS["epochs"], "training epochs"),
     "batch_size": (int, TRAIN_DEFAULTS["batch_size"], "training batch size per replica"),
+    "accumulation_steps": (int, TRAIN_DEFAULTS["accumulation_steps"],
+                           "micro-batches of batch_size summed per applied step (1 = off)"),
     "learning_rate": (float, TRAIN_DEFAULTS["learning_rate"],
                       "learning rate (0: the model's own, as train's default)"),
     "precision": (str, TRAIN_DEFAULTS["precision"],
@@ -178,6 +180,10 @@ def check_arguments(arguments: dict[str, object]) -> None:
     given = {name: str(arguments.get(name, PIPELINE_PARAMETERS[name][1])) for name in (
         "serving_format", "tflite_variant", "tflite_variants", "serving_target")}
     check_serving_format(**given)
+    steps = arguments.get("accumulation_steps", 1)
+    if not isinstance(steps, int) or steps < 1:  # train would refuse it after prepare-data
+        raise ConfigError(f"accumulation_steps must be an integer >= 1. Received: "
+                          f"accumulation_steps={steps!r}")
     check_gate_arguments(arguments)
     check_data_arguments(arguments)
 

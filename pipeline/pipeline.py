@@ -102,7 +102,7 @@ SERVING_DEFAULTS = {name: DeployConfig.__dataclass_fields__[name].default
 _TRAIN_FIELDS = TrainConfig.__dataclass_fields__
 TRAIN_DEFAULTS = {
     **{name: _TRAIN_FIELDS[name].default for name in (
-        "model", "epochs", "batch_size", "precision", "seed")},
+        "model", "epochs", "batch_size", "accumulation_steps", "precision", "seed")},
     "learning_rate": _TRAIN_FIELDS["learning_rate"].default or MODEL_LEARNING_RATE,
     "xla": next(word for word, value in TRISTATE.items()
                 if value is _TRAIN_FIELDS["jit_compile"].default),
@@ -142,6 +142,7 @@ def build_pipeline(options: PipelineOptions | None = None):
         model: str = TRAIN_DEFAULTS["model"],
         epochs: int = TRAIN_DEFAULTS["epochs"],
         batch_size: int = TRAIN_DEFAULTS["batch_size"],
+        accumulation_steps: int = TRAIN_DEFAULTS["accumulation_steps"],
         learning_rate: float = TRAIN_DEFAULTS["learning_rate"],
         precision: str = TRAIN_DEFAULTS["precision"],
         xla: str = TRAIN_DEFAULTS["xla"],
@@ -185,7 +186,8 @@ def build_pipeline(options: PipelineOptions | None = None):
         set_resources(data, options.default_resources)
 
         train_args = dict(data=data.outputs["data"], architecture=model, epochs=epochs,
-                          batch_size=batch_size, learning_rate=learning_rate,
+                          batch_size=batch_size, accumulation_steps=accumulation_steps,
+                          learning_rate=learning_rate,
                           xla=xla, seed=seed, model_path=model_path,
                           max_sequence_length=max_sequence_length,
                           vocabulary_size=vocabulary_size)

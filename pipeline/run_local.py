@@ -101,6 +101,9 @@ class LocalRunConfig:
     epochs: int = field(default=TRAIN_DEFAULTS["epochs"], metadata={"help": "Training epochs."})
     batch_size: int = field(default=TRAIN_DEFAULTS["batch_size"], metadata={
         "help": "Training batch size per replica."})
+    accumulation_steps: int = field(default=TRAIN_DEFAULTS["accumulation_steps"], metadata={
+        "help": "Micro-batches of --batch-size summed per applied step, as train "
+                "--accumulation-steps (1 = off)."})
     learning_rate: float = field(default=TRAIN_DEFAULTS["learning_rate"], metadata={
         "help": "Learning rate; 0 = the model's own, train --learning-rate's default "
                 f"({ENCODER_LEARNING_RATE:g} for the bert_* encoders, {DEFAULT_LEARNING_RATE:g} "
@@ -176,6 +179,9 @@ class LocalRunConfig:
             raise ConfigError(f"epochs must be > 0. Received: epochs={self.epochs}")
         if self.batch_size <= 0:
             raise ConfigError(f"batch_size must be > 0. Received: batch_size={self.batch_size}")
+        if self.accumulation_steps <= 0:
+            raise ConfigError("accumulation_steps must be > 0. Received: "
+                              f"accumulation_steps={self.accumulation_steps}")
         check_model_names(self.model, self.model_name)
         check_serving_format(self.serving_format, self.tflite_variant, self.tflite_variants,
                              "local")

@@ -12,6 +12,7 @@ def train(
     xla: str = "auto",
     epochs: int = 8,
     batch_size: int = 32,
+    accumulation_steps: int = 1,
     learning_rate: float = 0.0,
     seed: int = 42,
     checkpoint_dir: str = "",
@@ -35,6 +36,8 @@ def train(
     "false", its old spelling, are still read. The defaults here are spelt out because KFP copies
     this function's source into its task; tests/pipeline/test_train_defaults.py ties each to the
     train step's own (TrainConfig).
+    `accumulation_steps` is train's --accumulation-steps: K micro-batches of `batch_size` per
+    applied step (the float32 baseline takes the same K, so both see the same effective batch).
     `learning_rate` 0 is train's default, the model's own (KFP has no optional floats either).
     `checkpoint_dir` is durable storage for the resumable checkpoint (empty: inside the output
     artifact, which a retried pod does not get back).
@@ -75,6 +78,7 @@ def train(
         data_dir=data.path, output_dir=model.path, model=architecture,
         model_path=model_path or None, precision=precision,
         jit_compile=jit, epochs=epochs, batch_size=batch_size * batch_size_multiplier,
+        accumulation_steps=accumulation_steps,
         learning_rate=learning_rate or None,
         seed=seed, checkpoint_dir=checkpoint_dir or None, autotune=autotune, workers=workers,
         scale_learning_rate=scale_learning_rate, packed_allreduce=packed_allreduce,

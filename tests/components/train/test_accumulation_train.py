@@ -183,3 +183,35 @@ def test_killed_accumulating_run_resumes_to_the_weights_of_an_unkilled_one(prepa
     for mine, reference in zip(_weights(resumed.output_dir), _weights(unkilled.output_dir),
                                strict=True):
         np.testing.assert_allclose(mine, reference, rtol=0, atol=1e-6)
+
+
+def test_the_pipeline_and_run_local_pass_the_accumulation_steps(tmp_path):
+    """One default (TrainConfig's) for the pipeline parameter, run-local's flag and the KFP
+    component; both train tasks (AMP and the float32 baseline) take the run's value."""
+    import dataclasses
+    import inspect
+
+    import yaml
+
+    from ampflow.components.train.component import train
+    from ampflow.pipeline.parameters import PIPELINE_PARAMETERS, check_arguments
+    from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
+    from ampflow.pipeline.run_local import LocalRunConfig
+
+    default = TrainConfig.__dataclass_fields__["accumulation_steps"].default
+    local = {f.name: f.default for f in dataclasses.fields(LocalRunConfig)}
+    assert (PIPELINE_PARAMETERS["accumulation_steps"][:2], local["accumulation_steps"],
+            inspect.signature(train).parameters["accumulation_steps"].default) == (
+        (int, default), default, default)
+    assert LocalRunConfig(workdir=tmp_path, accumulation_steps=4).arguments()[
+        "accumulation_steps"] == 4
+    with pytest.raises(ConfigError, match="accumulation_steps must be > 0"):
+        LocalRunConfig(workdir=tmp_path, accumulation_steps=0)
+    with pytest.raises(ConfigError, match="accumulation_steps must be an integer >= 1"):
+        check_arguments({"accumulation_steps": 0})
+    path = compile_pipeline(tmp_path / "p.yaml", PipelineOptions(gpu=False))
+    spec = next(yaml.safe_load_all(Path(path).read_text()))
+    tasks = spec["root"]["dag"]["tasks"]
+    for task in ("train", "train-2"):
+        assert tasks[task]["inputs"]["parameters"]["accumulation_steps"] == {
+            "componentInputParameter": "accumulation_steps"}, task
