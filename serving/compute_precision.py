@@ -97,23 +97,27 @@ def bf16_graph_evidence(first_call: Callable[[], object]) -> dict:
 
     Run metadata records a function's optimized graphs when it is instantiated, so `first_call`
     must be the first call of a freshly loaded signature under its scope; later calls record
-    none (`graphs` 0 then says so). Returns the counts and the op types that run in bfloat16.
+    none (`graphs` 0 then says so). Returns the counts, the op types that run in bfloat16 and
+    every op type executed (`ops`: a frozen bfloat16 model's hold no ReadVariableOp).
     """
     from tensorflow.python.eager import context
 
     ctx = context.context()
     ctx.enable_run_metadata()
     try:
+        ctx.export_run_metadata()  # drops graphs left from earlier calls (a load, a save)
         first_call()
         metadata = ctx.export_run_metadata()
     finally:
         ctx.disable_run_metadata()
-    nodes, ops, graphs = 0, set(), 0
+    nodes, ops, graphs, executed = 0, set(), 0, set()
     for function in metadata.function_graphs:
         for graph in function.partition_graphs or [function.post_optimization_graph]:
             graphs += 1
             for node in graph.node:
+                executed.add(node.op)
                 if any(attr.type == _BF16_DTYPE for attr in node.attr.values()):
                     nodes += 1
                     ops.add(node.op)
-    return {"graphs": graphs, "bfloat16_nodes": nodes, "bfloat16_ops": sorted(ops)}
+    return {"graphs": graphs, "bfloat16_nodes": nodes, "bfloat16_ops": sorted(ops),
+            "ops": sorted(executed)}

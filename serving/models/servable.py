@@ -11,7 +11,9 @@ the same graph, nothing is ever retraced. `SignatureCall` calls it without Tenso
 per-call argument binding, which costs more than the tiny model itself (see
 docs/explanation/serving-path.md). With `compute_precision="bfloat16"` every call runs inside
 a `PrecisionScope` (compute_precision.py): the same signatures, instantiated with TF's oneDNN
-bfloat16 rewrite on; float32 (the default) calls them as before, with nothing around them.
+bfloat16 rewrite on, each frozen at load (frozen.py: its weights as constants, which grappler
+casts to bfloat16 once, not on every call); float32 (the default) calls them as before, with
+nothing around them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 from ampflow.errors import ConfigError, ModelLoadError
 from ampflow.serving.compute_precision import PrecisionScope, check_supported
 from ampflow.serving.model_format import SERVE_TAG, serving_signature_defs
+from ampflow.serving.models.frozen import FrozenSignature
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +104,9 @@ class SavedModelServable:
         self.path = path
         self.signature_defs = serving_signature_defs(path)
         self._loaded = tf.saved_model.load(str(path), tags=[SERVE_TAG])
-        self._functions = {name: SignatureCall(fn) for name, fn in self._loaded.signatures.items()}
+        freeze = compute_precision != "float32"  # frozen.py: weights cast once, not per call
+        self._functions = {name: SignatureCall(fn, freeze=freeze)
+                           for name, fn in self._loaded.signatures.items()}
         # TF Serving lists the init op in metadata too, but it is not a signature to call.
         missing = set(self.signature_defs) - set(self._functions) - {INIT_OP_SIGNATURE}
         if missing:
@@ -131,19 +136,20 @@ class SignatureCall:
     raises TensorFlow's own error for it. Both run the same graph; no retracing either way.
     """
 
-    def __init__(self, fn) -> None:
+    def __init__(self, fn, *, freeze: bool = False) -> None:
         import tensorflow as tf
 
         self.fn = fn
         self._constant = tf.constant
         self.fast = False
         self.runtime_call: RuntimeCall | None = None
+        self.frozen = FrozenSignature(fn) if freeze else None
         try:
             self._order, self._specs = _flat_input_order(fn)
             self.fast = _has_flat_call(fn)
         except Exception as e:  # an unusual signature keeps the public call, nothing else
             log.info("signature %s: no fast call (%s)", getattr(fn, "name", "?"), e)
-        if self.fast:
+        if self.fast and self.frozen is None:
             try:
                 self.runtime_call = RuntimeCall(fn)
             except Exception as e:  # the flat call stays: same graph, TF's Python around it
@@ -151,7 +157,9 @@ class SignatureCall:
 
     def __call__(self, inputs: dict) -> dict:
         flat = self._flat_tensors(inputs) if self.fast else None
-        if flat is None:
+        if self.frozen is not None:
+            outputs = self.frozen(self.frozen.bind(inputs) if flat is None else flat)
+        elif flat is None:
             outputs = self.fn(**inputs)
         else:
             outputs = self._call_flat(flat)

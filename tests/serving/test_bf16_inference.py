@@ -43,10 +43,54 @@ def test_bf16_model_runs_its_matmul_in_bfloat16_beside_a_float32_model(model_sto
         runs[name]["out"] = servable.run("serving_default", {"images": images})
     assert runs["f32"]["graphs"] and runs["bf16"]["graphs"], runs  # first calls were recorded
     assert runs["f32"]["bfloat16_nodes"] == 0
+    # frozen at load: its weights are constants, cast once, so no call reads (and casts) one
+    assert "ReadVariableOp" not in runs["bf16"]["ops"], runs["bf16"]["ops"]
+    assert "ReadVariableOp" in runs["f32"]["ops"]  # the same dir's float32 graph reads them
     assert any("MatMul" in op for op in runs["bf16"]["bfloat16_ops"]), runs["bf16"]
     f32, bf16 = runs["f32"]["out"]["probabilities"], runs["bf16"]["out"]["probabilities"]
     assert bf16.dtype == np.float32  # the signature's contract is unchanged
     np.testing.assert_allclose(bf16, f32, atol=0.02)
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="this CPU has neither AVX512_BF16 nor AMX-BF16: "
+                                            "bfloat16 serving is refused here (tested below)")
+def test_bf16_text_model_keeps_its_lookup_table_when_frozen(tmp_path):
+    """A lookup table is a resource, not a variable: the frozen graph gets the live table."""
+    from ampflow.serving.models.servable import SavedModelServable
+
+    path = _write_text_model(tmp_path / "text" / "1")
+    texts = {"text": np.array([b"great film", b"awful odd film", b"unseen"], dtype=object)}
+    f32 = SavedModelServable("f32", 1, path).run("serving_default", texts)
+    bf16_model = SavedModelServable("bf16", 1, path, "bfloat16")
+    evidence = compute_precision.bf16_graph_evidence(
+        lambda: bf16_model.run("serving_default", texts))
+    assert evidence["bfloat16_nodes"] and "LookupTableFindV2" in evidence["ops"], evidence
+    assert "ReadVariableOp" not in evidence["ops"] and "ResourceGather" not in evidence["ops"]
+    bf16 = bf16_model.run("serving_default", texts)
+    np.testing.assert_array_equal(bf16["class_ids"], f32["class_ids"])
+    np.testing.assert_allclose(bf16["probabilities"], f32["probabilities"], atol=0.02)
+
+
+def _write_text_model(path):
+    """Words -> ids by a StaticHashTable (TextVectorization's resource), embedding, dense."""
+    import tensorflow as tf
+
+    words = tf.constant(["great", "awful", "odd", "film"])
+    module = tf.Module()
+    module.table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(words, tf.range(1, 5, dtype=tf.int64)), 0)
+    module.embedding = tf.Variable(tf.random.stateless_normal([5, 16], (1, 2)))
+    module.dense = tf.Variable(tf.random.stateless_normal([16, 3], (3, 4)))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, "text")])
+    def serve(text):
+        ids = module.table.lookup(tf.strings.split(text)).to_tensor()
+        pooled = tf.reduce_mean(tf.gather(module.embedding, ids), axis=1)
+        probabilities = tf.nn.softmax(tf.matmul(pooled, module.dense))
+        return {"probabilities": probabilities, "class_ids": tf.argmax(probabilities, -1)}
+
+    tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
+    return path
 
 
 def test_bf16_is_refused_in_one_line_on_a_cpu_without_it(model_store, tmp_path, monkeypatch,
