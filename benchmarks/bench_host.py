@@ -99,8 +99,8 @@ def git_commit(paths: tuple[str, ...] = ("components/train",)) -> dict:
                                   text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return ""
-        return done.stdout.strip() if done.returncode == 0 else ""
+        return done.stdout if done.returncode == 0 else ""
 
-    changed = git("status", "--porcelain", "--", *paths).splitlines()
-    return {"commit": git("rev-parse", "HEAD") or None,
+    changed = git("status", "--porcelain", "--", *paths).splitlines()  # "XY path" each
+    return {"commit": git("rev-parse", "HEAD").strip() or None,
             "uncommitted_in": sorted({line[3:] for line in changed})}

@@ -165,56 +165,91 @@ def _seconds(fn, inputs, min_seconds: float) -> float:
     return (time.perf_counter() - began) / calls
 
 
+class Probe:
+    """The ops' functions, built and warmed up once; `round()` times each op in each dtype.
+
+    step_profile.py runs a probe round between its step rounds, so the ceiling and the step
+    are measured side by side; `measure` runs the rounds back to back.
+    """
+
+    def __init__(self, ops: list[OpShape], min_seconds: float = 0.2) -> None:
+        import tensorflow as tf
+
+        self.ops, self.min_seconds = ops, min_seconds
+        self.fns: dict[tuple[int, str], tuple] = {}
+        self.errors: dict[tuple[int, str], str] = {}
+        self.times: dict[tuple[int, str], list[float]] = {}
+        self.rounds = 0
+        for i, op in enumerate(ops):
+            for dtype in DTYPES:
+                try:
+                    self.fns[(i, dtype)] = _train_fn(tf, op, dtype)
+                    _seconds(*self.fns[(i, dtype)], 0.0)  # trace and warm up
+                except Exception as e:  # no kernel for this dtype here: recorded, not fatal
+                    self.fns.pop((i, dtype), None)
+                    self.errors[(i, dtype)] = (str(e).strip().splitlines()
+                                               or [type(e).__name__])[0][:160]
+
+    def round(self) -> None:
+        """Every op in both dtypes, side by side (the dtypes' order flipped every round)."""
+        order = DTYPES if self.rounds % 2 == 0 else DTYPES[::-1]
+        for i in range(len(self.ops)):
+            for dtype in order:
+                if (i, dtype) in self.fns:
+                    self.times.setdefault((i, dtype), []).append(
+                        _seconds(*self.fns[(i, dtype)], self.min_seconds))
+        self.rounds += 1
+
+    def rows(self) -> list[dict]:
+        """Per op: each dtype's median ms, GFLOP/s and per-round ms; the bf16 speed-up."""
+        rows = []
+        for i, op in enumerate(self.ops):
+            row = {**asdict(op), "params": repr(op.params)}
+            for dtype in DTYPES:
+                if (i, dtype) in self.times:
+                    ms = 1000 * statistics.median(self.times[(i, dtype)])
+                    row[dtype] = {"ms": ms,
+                                  "gflops": op.gflop / ms * 1000 if op.gflop else None,
+                                  "rounds_ms": [1000 * t for t in self.times[(i, dtype)]]}
+                else:
+                    row[dtype] = {"error": self.errors.get((i, dtype), "not measured")}
+            f32, bf16 = row["float32"].get("ms"), row["bfloat16"].get("ms")
+            row["bf16_speedup"] = f32 / bf16 if f32 and bf16 else None
+            rows.append(row)
+        return rows
+
+
 def measure(ops: list[OpShape], rounds: int = 3, min_seconds: float = 0.2) -> list[dict]:
     """Each op in each dtype, interleaved over `rounds` (the order flipped every round)."""
-    import tensorflow as tf
-
-    fns: dict[tuple[int, str], tuple] = {}
-    errors: dict[tuple[int, str], str] = {}
-    for i, op in enumerate(ops):
-        for dtype in DTYPES:
-            try:
-                fns[(i, dtype)] = _train_fn(tf, op, dtype)
-                _seconds(*fns[(i, dtype)], 0.0)  # trace and warm up
-            except Exception as e:  # no kernel for this dtype here: recorded, not fatal
-                fns.pop((i, dtype), None)
-                errors[(i, dtype)] = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-    times: dict[tuple[int, str], list[float]] = {}
-    for r in range(rounds):
-        for i in range(len(ops)):
-            for dtype in (DTYPES if r % 2 == 0 else DTYPES[::-1]):
-                if (i, dtype) in fns:
-                    times.setdefault((i, dtype), []).append(_seconds(*fns[(i, dtype)],
-                                                                     min_seconds))
-    rows = []
-    for i, op in enumerate(ops):
-        row = {**asdict(op), "params": repr(op.params)}
-        for dtype in DTYPES:
-            if (i, dtype) in times:
-                ms = 1000 * statistics.median(times[(i, dtype)])
-                row[dtype] = {"ms": ms, "gflops": op.gflop / ms * 1000 if op.gflop else None,
-                              "rounds_ms": [1000 * t for t in times[(i, dtype)]]}
-            else:
-                row[dtype] = {"error": errors.get((i, dtype), "not measured")}
-        f32, bf16 = row["float32"].get("ms"), row["bfloat16"].get("ms")
-        row["bf16_speedup"] = f32 / bf16 if f32 and bf16 else None
-        rows.append(row)
-    return rows
+    probe = Probe(ops, min_seconds)
+    for _ in range(rounds):
+        probe.round()
+    return probe.rows()
 
 
 def ceiling(rows: list[dict]) -> dict:
-    """The step-level ceiling from the measured ops: count-weighted times per dtype, ratio."""
+    """The step-level ceiling from the measured ops: count-weighted times per dtype, ratio.
+
+    `ratio` is the median over rounds of each round's ratio (both dtypes of every op were
+    timed side by side in a round, so a busy spell of the shared host falls on both);
+    `ms_per_step` the per-op medians summed.
+    """
     compute = [r for r in rows if r["kind"] != "softmax"]
     ok = [r for r in compute if r["bf16_speedup"]]
     total = {d: sum(r["count"] * r[d]["ms"] for r in ok) for d in DTYPES}
     gflop = sum(r["count"] * r["gflop"] for r in ok)
     softmax = [r for r in rows if r["kind"] == "softmax"]
+    rounds = min((len(r[d]["rounds_ms"]) for r in ok for d in DTYPES), default=0)
+    per_round = [sum(r["count"] * r["float32"]["rounds_ms"][k] for r in ok)
+                 / sum(r["count"] * r["bfloat16"]["rounds_ms"][k] for r in ok)
+                 for k in range(rounds)]
     return {
         "ops_measured": len(ok), "ops_failed": len(compute) - len(ok),
         "gflop_per_step": gflop,
         "ms_per_step": total,
         "gflops": {d: gflop / total[d] * 1000 if total[d] else None for d in DTYPES},
-        "ratio": total["float32"] / total["bfloat16"] if ok and total["bfloat16"] else None,
+        "rounds_ratio": per_round,
+        "ratio": statistics.median(per_round) if per_round else None,
         "softmax_ms_per_step": {d: sum(r["count"] * r[d].get("ms", 0) for r in softmax)
                                 for d in DTYPES} if softmax else None,
     }

@@ -195,8 +195,8 @@ def policies(args, hardware) -> tuple[list[str], dict[str, str]]:
     return chosen, skipped
 
 
-def time_steps(loops: dict, rounds: int, steps: int, batch: int) -> dict:
-    """Each policy's steps, interleaved round by round (the order flipped every round).
+def step_round(loops: dict, rates: dict, steps: int, batch: int, flip: bool) -> None:
+    """Each policy's steps once, side by side (the order flipped when `flip`).
 
     Each turn runs one untimed step first (switching models evicts the other's oneDNN
     primitives and cache lines: the first step after a switch measured up to 100x slower
@@ -204,17 +204,19 @@ def time_steps(loops: dict, rounds: int, steps: int, batch: int) -> dict:
     its median step, so one step slowed by another job on the shared cores does not count.
     """
     order = list(loops)
-    rates: dict[str, list[float]] = {p: [] for p in order}
-    for r in range(rounds):
-        for policy in (order if r % 2 == 0 else order[::-1]):
-            loop, iterator = loops[policy]
+    for policy in (order[::-1] if flip else order):
+        loop, iterator = loops[policy]
+        loop.run_steps(iterator, 1)
+        seconds = []
+        for _ in range(steps):
+            began = time.perf_counter()
             loop.run_steps(iterator, 1)
-            seconds = []
-            for _ in range(steps):
-                began = time.perf_counter()
-                loop.run_steps(iterator, 1)
-                seconds.append(time.perf_counter() - began)
-            rates[policy].append(batch / statistics.median(seconds))
+            seconds.append(time.perf_counter() - began)
+        rates.setdefault(policy, []).append(batch / statistics.median(seconds))
+
+
+def step_rows(rates: dict, batch: int) -> dict:
+    """Per policy: the median rate over rounds, and the per-round ratio to float32's."""
     out = {}
     for policy, per_round in rates.items():
         median = statistics.median(per_round)
@@ -293,6 +295,11 @@ def parse_onednn_verbose(stdout: str, steps: int) -> dict[str, float]:
     return totals
 
 
+def say(message: str) -> None:
+    """A phase's start, on stderr (a run on a busy host takes long: show where it is)."""
+    print(f"step_profile {time.strftime('%H:%M:%S')}: {message}", file=sys.stderr, flush=True)
+
+
 def run(args) -> dict:
     """The three phases in one process; the report's dict."""
     loads = {"start": bench_host.load_average()}
@@ -301,14 +308,23 @@ def run(args) -> dict:
         session = Session(train_config(args, data_dir, out))
         chosen, skipped = policies(args, session.hardware)
         shapes = op_shapes(args, session)
-        rows = op_ceiling.measure(shapes, rounds=args.rounds,
-                                  min_seconds=0.05 if args.smoke else 0.2)
-        loads["after_ceiling"] = bench_host.load_average()
-        loops = {policy: session.loop(policy) for policy in chosen}
-        step = time_steps(loops, args.rounds, args.steps, args.batch_size)
-        loads["after_step"] = bench_host.load_average()
+        loops = {}
+        for policy in chosen:
+            say(f"building and warming up the {policy} step")
+            loops[policy] = session.loop(policy)
+        say(f"ceiling: {len(shapes)} distinct ops x {op_ceiling.DTYPES}, traced")
+        probe = op_ceiling.Probe(shapes, min_seconds=0.05 if args.smoke else 0.2)
+        rates: dict[str, list[float]] = {}
+        for r in range(args.rounds):  # the ceiling's round, then the step's: side by side
+            say(f"round {r + 1}/{args.rounds}: the ceiling's ops, then {chosen} x {args.steps}")
+            probe.round()
+            step_round(loops, rates, args.steps, args.batch_size, flip=r % 2 == 1)
+            loads[f"after_round_{r + 1}"] = bench_host.load_average()
+        rows = probe.rows()
+        step = step_rows(rates, args.batch_size)
         profiles = {}
         for policy, (loop, iterator) in loops.items():
+            say(f"profiling {policy}: {args.profile_steps} steps")
             profiles[policy] = profile_steps(loop, iterator, args.profile_steps)
             profiles[policy]["groups_ms"] = group_ops(profiles[policy]["ops"])
         sequence = session.tokenizer.sequence_length if session.tokenizer else None
@@ -316,6 +332,7 @@ def run(args) -> dict:
     onednn = {}
     if args.onednn_verbose:
         for policy in chosen:
+            say(f"oneDNN verbose child for {policy}")
             onednn[policy] = _onednn_child(args, data_dir, policy)
     loads["end"] = bench_host.load_average()
     import tensorflow as tf

@@ -116,7 +116,8 @@ def test_an_op_a_dtype_cannot_run_is_recorded_not_fatal(ceiling_mod):
     assert "error" in rows[1]["float32"] and rows[1]["bf16_speedup"] is None
     summary = ceiling_mod.ceiling(rows)
     assert summary["ops_measured"] == 1 and summary["ops_failed"] == 1
-    assert summary["ratio"] == pytest.approx(rows[0]["bf16_speedup"])
+    assert summary["ratio"] == pytest.approx(rows[0]["bf16_speedup"])  # one op, one round
+    assert summary["rounds_ratio"] == [summary["ratio"]]
 
 
 def _report(bf16_hardware=True):
@@ -129,9 +130,11 @@ def _report(bf16_hardware=True):
         groups[name] = {"groups_ms": {g: values.get(g, 0.0) for g in GROUPS}}
     return {
         "cpu": {"bf16_hardware": bf16_hardware, "onednn_isa": "AVX2"},
-        "ceiling": {"ratio": 4.0, "ms_per_step": {"float32": 400.0, "bfloat16": 100.0}},
+        "ceiling": {"ratio": 4.0, "rounds_ratio": [4.0, 2.5],
+                    "ms_per_step": {"float32": 400.0, "bfloat16": 100.0}},
         "step": {"float32": {"step_ms": 800.0},
-                 "mixed_bfloat16": {"step_ms": 400.0, "ratio_vs_float32": 2.0}},
+                 "mixed_bfloat16": {"step_ms": 400.0, "ratio_vs_float32": 2.0,
+                                    "rounds_ratio_vs_float32": [2.0, 2.0]}},
         "profiles": groups,
     }
 
@@ -145,6 +148,8 @@ def test_the_ratio_is_a_fraction_of_the_ceiling_and_the_gap_is_shared_out(report
     report = _report()
     summary = report_mod.summarize(report)
     assert summary["fraction_of_ceiling"] == pytest.approx(0.5)
+    # round by round: each round's step ratio over the same round's ceiling
+    assert summary["rounds_fraction_of_ceiling"] == pytest.approx([0.5, 0.8])
     gap = summary["gap_ms"]
     # each group: its bf16 time - its float32 time / 4
     assert gap["convolutions/matmuls"] == pytest.approx(200 - 150)
