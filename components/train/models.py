@@ -252,23 +252,30 @@ BATCH_NORM_MAX_MOMENTUM = 0.99
 
 
 def _with_fused_batch_norm(backbone):
-    """`backbone` with each BatchNormalization replaced by the fused one (same names, configs).
+    """`backbone` with its BatchNormalization and Conv2D layers swapped for ampflow's faster twins.
 
+    Same names and configs: each BatchNormalization becomes the fused one, each Conv2D a
+    MatmulGradientConv2D.
     Keras 3 runs BatchNormalization unfused in float32, which caps the mixed-precision gain of
     these BN-heavy nets at 1.2× on a bf16 CPU; the fused layer gives the same numbers faster
-    (components/train/layers.py). The applications build plain BN, so the backbone is cloned;
-    its weights are fresh initializations either way (weights=None), so nothing is copied.
-    The moving-average momentum is capped at BATCH_NORM_MAX_MOMENTUM (why: above it).
+    (components/train/layers.py). MatmulGradientConv2D is Conv2D except for its bfloat16 filter
+    gradient on small maps, where oneDNN's AMX kernel was the slowest op of the bf16 step
+    (benchmarks/results/train_bf16_gap_amx.md). The applications build plain layers, so the
+    backbone is cloned; its weights are fresh initializations either way (weights=None), so
+    nothing is copied. The moving-average momentum is capped at BATCH_NORM_MAX_MOMENTUM (why:
+    above it).
     """
     import keras
 
-    from ampflow.components.train.layers import FusedBatchNormalization
+    from ampflow.components.train.layers import FusedBatchNormalization, MatmulGradientConv2D
 
     def convert(layer):
         config = layer.get_config()
         if type(layer) is keras.layers.BatchNormalization:
             config["momentum"] = min(config["momentum"], BATCH_NORM_MAX_MOMENTUM)
             return FusedBatchNormalization.from_config(config)
+        if type(layer) is keras.layers.Conv2D:
+            return MatmulGradientConv2D.from_config(config)
         return layer.__class__.from_config(config)
 
     return keras.models.clone_model(backbone, clone_function=convert)

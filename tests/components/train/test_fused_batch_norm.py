@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ampflow.components.train.layers import FusedBatchNormalization
+from ampflow.components.train.layers import FusedBatchNormalization, MatmulGradientConv2D
 from ampflow.components.train.models import build_model
 
 SHAPE = (4, 5, 6, 8)  # NHWC, tiny
@@ -67,6 +67,31 @@ def test_training_gradients_match_keras(policy):
         _close(actual, expected, 1e-3 * max(1.0, float(np.abs(expected).max())))
 
 
+def test_bf16_training_step_runs_the_fused_kernels_in_bfloat16():
+    """The point of the layer: forward and backward are the fused ops on bf16 activations, with
+    float32 scale/offset and statistics, not an upcast to float32 and separate element-wise ops."""
+    import tensorflow as tf
+
+    _, fused = _pair("mixed_bfloat16", momentum=0.9)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fused(tf.cast(x, tf.bfloat16), training=True)
+            loss = tf.reduce_sum(tf.cast(y, tf.float32))
+        return tape.gradient(loss, [x, *fused.trainable_weights])
+
+    graph = step.get_concrete_function(tf.TensorSpec(SHAPE, tf.float32)).graph
+    ops = [op for op in graph.get_operations()
+           if op.type in ("FusedBatchNormV3", "FusedBatchNormGradV3")]
+    assert sorted(op.type for op in ops) == ["FusedBatchNormGradV3", "FusedBatchNormV3"]
+    for op in ops:
+        assert op.get_attr("T") == tf.bfloat16  # activations and their gradient in bf16
+        assert op.get_attr("U") == tf.float32  # scale, offset, statistics in float32
+    assert all(v.dtype == "float32" for v in fused.weights)
+
+
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 @pytest.mark.parametrize("options", [{}, {"center": False}, {"scale": False}])
 def test_inference_matches_keras(policy, options):
@@ -119,6 +144,8 @@ def test_applications_use_only_fused_batch_norm_and_share_weights_with_float32_t
     kinds = [type(layer) for layer in layers]
     assert keras.layers.BatchNormalization not in kinds
     assert FusedBatchNormalization in kinds
+    assert keras.layers.Conv2D not in kinds  # each one's bf16 filter gradient: the faster way
+    assert MatmulGradientConv2D in kinds
     twin = build_model(name, (8, 8, 1), 3, image_size=32, policy="float32")
     twin.set_weights(mixed.get_weights())  # what evaluate_parity/export do
     x = np.random.default_rng(0).uniform(0, 16, (2, 8, 8, 1)).astype("float32")
