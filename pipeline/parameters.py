@@ -15,6 +15,7 @@ from ampflow.cliutil import did_you_mean
 from ampflow.components.deploy_serving.config import (
     SERVING_FORMATS,
     TFLITE_VARIANTS,
+    check_compute_precision_target,
     check_tflite_target,
 )
 from ampflow.errors import ConfigError
@@ -31,6 +32,7 @@ from ampflow.pipeline.pipeline import (
     TRAIN_DEFAULTS,
     XLA_VALUES,
 )
+from ampflow.serving.compute_precision import COMPUTE_PRECISIONS
 from ampflow.serving.model_format import DEFAULT_MODEL_NAME, check_model_name
 
 SERVING_TARGETS = ("none", "local", "kubernetes", "kserve")  # "none" + deploy_serving TARGETS
@@ -79,6 +81,9 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
                        "what the deploy step publishes: " + ", ".join(SERVING_FORMATS)),
     "tflite_variant": (str, SERVING_DEFAULTS["tflite_variant"],
                        "serving_format=tflite: the converted variant to publish"),
+    "serving_compute_precision": (str, SERVING_DEFAULTS["compute_precision"],
+                                  "what ampflow serve computes in: float32, or bfloat16 after "
+                                  "deploy's parity gate on the test split (a bf16 CPU)"),
     "model_path": (str, "", "directory to import a `model` builder from (in the image)"),
     "image_size": (str, "", "H W, HxW or one number: the size to train and serve at"),
     "image_folder": (str, "", "a folder of class sub-folders, read instead of `dataset`"),
@@ -103,7 +108,8 @@ _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 CHOICES: dict[str, tuple[str, ...]] = {"xla": XLA_VALUES, "serving_target": SERVING_TARGETS,
                                         "serving_overlay": SERVING_OVERLAYS,
                                         "serving_format": SERVING_FORMATS,
-                                        "tflite_variant": TFLITE_VARIANTS}
+                                        "tflite_variant": TFLITE_VARIANTS,
+                                        "serving_compute_precision": COMPUTE_PRECISIONS}
 # Old names and values still taken, each with a one-line note: name -> (new name, values).
 DEPRECATED: dict[str, tuple[str, dict[str, str]]] = {
     "jit_compile": ("xla", {"auto": "auto", "true": "on", "false": "off"}),
@@ -180,6 +186,9 @@ def check_arguments(arguments: dict[str, object]) -> None:
     given = {name: str(arguments.get(name, PIPELINE_PARAMETERS[name][1])) for name in (
         "serving_format", "tflite_variant", "tflite_variants", "serving_target")}
     check_serving_format(**given)
+    check_compute_precision_target(  # deploy would refuse it, but only after training
+        str(arguments.get("serving_compute_precision", "float32")), given["serving_target"],
+        given["serving_format"])
     steps = arguments.get("accumulation_steps", 1)
     if not isinstance(steps, int) or steps < 1:  # train would refuse it after prepare-data
         raise ConfigError(f"accumulation_steps must be an integer >= 1. Received: "

@@ -98,7 +98,7 @@ SERVING_OVERLAYS = OVERLAYS
 DEFAULT_SERVING_OVERLAY = DeployConfig.__dataclass_fields__["overlay"].default
 # What the deploy step publishes (the SavedModel, or one TFLite variant): its own defaults.
 SERVING_DEFAULTS = {name: DeployConfig.__dataclass_fields__[name].default
-                    for name in ("serving_format", "tflite_variant")}
+                    for name in ("serving_format", "tflite_variant", "compute_precision")}
 _TRAIN_FIELDS = TrainConfig.__dataclass_fields__
 TRAIN_DEFAULTS = {
     **{name: _TRAIN_FIELDS[name].default for name in (
@@ -165,6 +165,7 @@ def build_pipeline(options: PipelineOptions | None = None):
         serving_overlay: str = DEFAULT_SERVING_OVERLAY,
         serving_format: str = SERVING_DEFAULTS["serving_format"],
         tflite_variant: str = SERVING_DEFAULTS["tflite_variant"],
+        serving_compute_precision: str = SERVING_DEFAULTS["compute_precision"],
         model_path: str = "",
         image_size: str = "",
         image_folder: str = "",
@@ -260,7 +261,8 @@ def build_pipeline(options: PipelineOptions | None = None):
                 model_store=serving_model_store, server_address=serving_address,
                 namespace=options.serving_namespace or "", overlay=serving_overlay,
                 tflite=converted.outputs["tflite"], serving_format=serving_format,
-                tflite_variant=tflite_variant, **claim).after(release)
+                tflite_variant=tflite_variant, compute_precision=serving_compute_precision,
+                data=data.outputs["data"], **claim).after(release)  # data: the bf16 gate's
             set_resources(deployed, options.default_resources)
             deployed.set_caching_options(False)  # a deployment is a side effect, never cached
             label_serving_client(deployed)

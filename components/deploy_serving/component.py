@@ -28,7 +28,7 @@ def deploy_serving(
     `serving_format="tflite"` (local and kserve targets) publishes the `tflite_variant` of the
     convert step's `tflite` output instead of the SavedModel: only a variant that passed its
     gate, checked with its own answers (deploy_serving/tflite_variant.py).
-    `compute_precision="bfloat16"` (local target) publishes the SavedModel only once its
+    `compute_precision="bfloat16"` (local and kserve targets) publishes the SavedModel only once its
     parity gate against float32 on `data`'s test split passed here, on a CPU with bf16
     (deploy_serving/bf16_parity.py); the gate's evidence goes into `endpoint`.
     `target="none"` skips deployment (the task then records nothing to serve).

@@ -48,6 +48,22 @@ def check_tflite_target(target: str) -> None:
             "a .tflite file")
 
 
+def check_compute_precision_target(compute_precision: str, target: str,
+                                   serving_format: str) -> None:
+    """ConfigError unless `target` runs ampflow serve on the SavedModel (bfloat16 only)."""
+    if compute_precision == "float32":
+        return
+    if serving_format != "saved_model":
+        raise ConfigError("compute_precision='bfloat16' rewrites a SavedModel's graph; a "
+                          "TFLite variant computes in the precision it was converted to. "
+                          f"Received: serving_format={serving_format!r}")
+    if target not in ("local", "kserve"):
+        raise ConfigError(
+            "compute_precision='bfloat16' needs target 'local' or 'kserve' (both run ampflow "
+            "serve --compute-precision bfloat16; tensorflow_model_server has no such option). "
+            f"Received: target={target!r}")
+
+
 @dataclass(frozen=True)
 class DeployConfig:
     """What to deploy, and where; validated before anything is copied or applied."""
@@ -127,7 +143,8 @@ class DeployConfig:
         default="float32",
         metadata={
             "help": "what the server computes the version in: bfloat16 (ampflow serve "
-            "--compute-precision bfloat16, local target, on a CPU with AVX512_BF16/AMX-BF16) "
+            "--compute-precision bfloat16, local and kserve targets, on a CPU with "
+            "AVX512_BF16/AMX-BF16) "
             "publishes only after its parity gate against float32 on data_dir's test split",
             "choices": list(COMPUTE_PRECISIONS),
         },
@@ -314,15 +331,7 @@ class DeployConfig:
                               f"bfloat16_test_limit={self.bfloat16_test_limit}")
         if self.compute_precision == "float32":
             return
-        if self.serving_format != "saved_model":
-            raise ConfigError("compute_precision='bfloat16' rewrites a SavedModel's graph; a "
-                              "TFLite variant computes in the precision it was converted to. "
-                              f"Received: serving_format={self.serving_format!r}")
-        if self.target != "local":
-            raise ConfigError(
-                "compute_precision='bfloat16' needs target 'local' (ampflow serve "
-                "--compute-precision bfloat16; tensorflow_model_server has no such option, and "
-                f"the kserve runtime does not pass it yet). Received: target={self.target!r}")
+        check_compute_precision_target(self.compute_precision, self.target, self.serving_format)
         if self.data_dir is None:
             raise ConfigError("compute_precision='bfloat16' needs data_dir, the prepared "
                               "dataset whose test split its parity gate runs on. Received: "

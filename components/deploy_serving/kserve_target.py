@@ -187,6 +187,8 @@ def release(rendered: list[dict[str, Any]], config: DeployConfig, model_name: st
     model["storageUri"] = storage_uri(config, model_name)
     model["args"] = [f"--model-name={model_name}", "--version-policy=specific",
                      f"--versions={version}"]
+    if config.compute_precision != "float32":  # appended to the runtime's args by KServe
+        model["args"].append(f"--compute-precision={config.compute_precision}")
     return [runtime, isvc]
 
 

@@ -293,6 +293,24 @@ def test_deploy_step_release_validates_and_keeps_the_policies(render):
     assert (model.name, list(model.versions)) == ("digits", [3])
 
 
+def test_a_bfloat16_deploy_asks_the_runtime_for_bfloat16_in_its_model_args(render, tmp_path):
+    """`deploy --target kserve --compute-precision bfloat16`: KServe appends the model's args
+    to the runtime's, so the predictor runs `ampflow serve --compute-precision bfloat16`; a
+    float32 deploy adds nothing (the server's default)."""
+    objects = render(TARGET)[1]
+    served = {}
+    for precision in ("float32", "bfloat16"):
+        config = DeployConfig(saved_model_dir=Path("/x/digits/3"), target="kserve",
+                              model_store="/models", compute_precision=precision,
+                              data_dir=tmp_path)
+        pod = predictor_pod(kserve_target.release(objects, config, "digits", 3))
+        container = pod["spec"]["template"]["spec"]["containers"][0]
+        served[precision] = serve_config(container).models[0].compute_precision
+        assert sum("--compute-precision" in a for a in container["args"]) == (
+            precision == "bfloat16")
+    assert served == {"float32": "float32", "bfloat16": "bfloat16"}
+
+
 def test_checkov_passes_on_the_predictor_pod(render, tmp_path):
     """checkov reads no KServe kind (it finds 0 resources in the render), so it checks the pod
     KServe builds from them, with the base Deployment's two justified exceptions and two more:

@@ -124,6 +124,12 @@ def test_compile_deploy_task_takes_the_convert_output_and_the_serving_format(def
         assert parameters[name]["componentInputParameter"] == f"pipelinechannel--{name}"
     defaults = spec["root"]["inputDefinitions"]["parameters"]
     assert defaults["serving_format"]["defaultValue"] == "saved_model"  # unchanged behaviour
+    # serving_compute_precision=bfloat16: deploy's parity gate runs on prepare-data's test split
+    assert (parameters["compute_precision"]["componentInputParameter"]
+            == "pipelinechannel--serving_compute_precision")
+    assert (deploy["inputs"]["artifacts"]["data"]["componentInputArtifact"]
+            == "pipelinechannel--prepare-data-data")
+    assert defaults["serving_compute_precision"]["defaultValue"] == "float32"
 
 
 def test_compile_train_pods_are_kept_from_the_cluster_autoscaler(default_ir, tmp_path):
