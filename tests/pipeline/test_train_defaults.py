@@ -27,7 +27,8 @@ from ampflow.pipeline.run_local import LocalRunConfig
 
 # Pipeline parameter -> TrainConfig field (the same name, but for XLA).
 TRAINING = {"model": "model", "epochs": "epochs", "batch_size": "batch_size",
-            "accumulation_steps": "accumulation_steps", "learning_rate": "learning_rate", "precision": "precision", "seed": "seed",
+            "accumulation_steps": "accumulation_steps", "learning_rate": "learning_rate",
+            "precision": "precision", "seed": "seed",
             "xla": "jit_compile"}
 # run-local/demo train under mixed_float16 on purpose (loss scaling runs even on a CPU).
 LOCAL_ON_PURPOSE = {"precision": "mixed_float16"}
