@@ -232,3 +232,27 @@ def test_telemetry_and_the_guard_count_applied_steps(tmp_path):
         (1, 1, 2.0**14), (2, 1, 2.0**14), (3, 2, 2.0**13), (4, 2, 2.0**13)]
     assert telemetry.guard.longest_run == 1
     assert int(loop.optimizer.iterations.numpy()) == 2
+
+
+def test_batch_normalization_uses_each_micro_batchs_statistics():
+    """As the how-to says: with K = 2, the moving mean moves twice per applied step, once
+    towards each micro-batch's own mean (momentum 0.5: 0.25 m1 + 0.5 m2 from a zero start)."""
+    import keras
+    import tensorflow as tf
+
+    from ampflow.components.train.heads import float32_head
+    from ampflow.components.train.runtime import Runtime
+
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((FEATURES,))
+    normalized = keras.layers.BatchNormalization(momentum=0.5, name="bn")(inputs)
+    model = keras.Model(inputs, float32_head(normalized, CLASSES))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    loop = TrainLoop(Runtime(tf.distribute.get_strategy(), "default", "test"), model, LoopConfig(
+        epochs=1, steps_per_epoch=1, global_batch_size=BATCH, jit_compile=False,
+        loss_scaling=False, state_dir="", progress=False, accumulation_steps=2))
+    images, labels = _data()
+    loop.run_steps(iter(tf.data.Dataset.from_tensors((images, labels)).repeat()), 1)
+    first, second = images[:BATCH // 2].mean(0), images[BATCH // 2:].mean(0)
+    np.testing.assert_allclose(model.get_layer("bn").moving_mean.numpy(),
+                               0.25 * first + 0.5 * second, rtol=1e-5, atol=1e-6)
