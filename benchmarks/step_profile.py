@@ -303,6 +303,7 @@ def say(message: str) -> None:
 def run(args) -> dict:
     """The three phases in one process; the report's dict."""
     loads = {"start": bench_host.load_average()}
+    git = bench_host.git_commit()  # at the start: the code the run imports is this tree's now
     data_dir = prepare(args)
     with tempfile.TemporaryDirectory() as out:
         session = Session(train_config(args, data_dir, out))
@@ -348,7 +349,7 @@ def run(args) -> dict:
         "profiled_steps": args.profile_steps, "policies": chosen, "skipped_policies": skipped,
         "tensorflow": tf.__version__, "device": bench_host.device(), "cpu": cpu,
         "cpu_kind": bench_host.cpu_kind(cpu), "cpu_simd_flags": bench_host.simd_flags(),
-        "load_average": loads, "shared_host": True, "git": bench_host.git_commit(),
+        "load_average": loads, "shared_host": True, "git": git,
         "ceiling_ops": rows, "ceiling": op_ceiling.ceiling(rows), "step": step,
         "profiles": profiles, "onednn_primitives_ms": onednn,
     }
