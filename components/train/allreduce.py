@@ -66,6 +66,26 @@ def all_reduce_packed(grads, stats, reduce_dtype: str | None, bytes_per_pack: in
     return reduced, stats
 
 
+def count_allreduce(counter, reduced) -> None:
+    """Add 1 to `counter` once `reduced` (an all-reduce's result) exists: counted as it ran."""
+    import tensorflow as tf
+
+    done = [t for t in tf.nest.flatten(reduced) if t is not None]
+    with tf.control_dependencies(done[:1]):
+        counter.assign_add(1)
+
+
+def calls_per_step(count: int, steps: int, num_replicas: int, num_workers: int) -> float | None:
+    """Gradient all-reduces per train step from a process's counter (None: one replica).
+
+    The counter is the process's own, added to by each of its local replicas. Under gradient
+    accumulation it reads 1: the sum of the K micro-batches is reduced once, not each one.
+    """
+    if num_replicas == 1 or not steps:
+        return None
+    return count / (steps * (num_replicas // num_workers))
+
+
 def describe_allreduce(packed: bool, loss_scaling: bool, reduce_dtype: str | None,
                        bytes_per_pack: int) -> dict[str, Any]:
     """How gradients are all-reduced with several replicas, for the metadata."""

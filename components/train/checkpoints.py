@@ -138,3 +138,23 @@ def _reason(error: Exception) -> str:
     """The first line of a TF or OS error, without TF's long op context."""
     text = str(getattr(error, "message", None) or getattr(error, "strerror", None) or error)
     return text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
+
+
+def skip_consumed_batches(iterator, steps: int) -> None:
+    """Advance a resumed run's input past the `steps` batches the restored steps consumed.
+
+    The input pipeline is seeded and starts from its beginning in every process, so without
+    this a resumed run would train its remaining steps on the batches the killed run had
+    already used and end on other weights than a run never killed. Each step (an applied step
+    under gradient accumulation) takes one batch; reading them costs input time once per
+    resume, no compute.
+    """
+    import time
+
+    if not steps:
+        return
+    began = time.perf_counter()
+    for _ in range(steps):
+        next(iterator)
+    log.info("resumed input: skipped the %d batches the restored steps had used (%.1f s)",
+             steps, time.perf_counter() - began)

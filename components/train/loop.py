@@ -43,16 +43,9 @@ Distribution details that the code below handles, each measured on TF 2.21 / Ker
   saves periodically (each epoch, `checkpoint_every_n_steps`) and a killed or evicted worker
   resumes from the last save.
 
-Gradient accumulation (`accumulation_steps` K > 1, issue 40 point 1): one loop step is one
-*applied* step. Its batch is the effective batch (K micro-batches); each replica splits its
-share into K micro-batches and runs forward and backward on one at a time inside a
-`tf.while_loop` (so only one micro-batch's activations are alive), adding each micro-batch's
-gradients into float32 accumulators; then the replicas all-reduce the sum ONCE and the optimizer
-applies it ONCE (`_accumulated_forward_backward` says why Keras's own
-`gradient_accumulation_steps` is not used). Everything per step stays per applied step: the loss
-scale, the skip decision, `optimizer.iterations`, telemetry, the guard, checkpoints. A resumed
-run skips the batches its restored steps consumed (`_skip_consumed_batches`), so it sees the
-same data as a run that was never killed.
+Gradient accumulation (`accumulation_steps` K > 1, issue 40 point 1) is accumulation.py's: one
+loop step is one *applied* step, so the loss scale, the skip decision, iterations, telemetry,
+the guard and checkpoints all count applied steps; its module docstring says how and why.
 """
 
 from __future__ import annotations
@@ -67,15 +60,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ampflow.components.train import checkpoints
+from ampflow.components.train.accumulation import (  # noqa: F401 (split: tests import it here)
+    accumulate_gradients,
+    check_accumulation_steps,
+    split_micro_batches,
+)
 from ampflow.components.train.allreduce import (
     agree_on_finite,
     all_reduce_packed,
+    calls_per_step,
+    count_allreduce,
     describe_allreduce,
     gradients_already_reduced,
     wire_dtype,
 )
 
-# Runtime and distribute_datasets are runtime.py's; re-exported here, where tests import them.
+# input_wait.py's helpers, runtime.py's Runtime and distribute_datasets: re-exported here, where
+# tests import them.
+from ampflow.components.train.input_wait import (  # noqa: F401
+    INPUT_BOUND_ADVICE,
+    INPUT_BOUND_FRACTION,
+    input_wait_fraction,
+    is_input_bound,
+    log_input_wait,
+)
 from ampflow.components.train.runtime import Runtime, distribute_datasets  # noqa: F401
 from ampflow.errors import ConfigError
 from ampflow.progress import Progress
@@ -91,12 +99,6 @@ _SCALE = ("loss_scale", "iterations")
 _EPOCH_SUMS = ("epoch_loss_sum", "epoch_correct", "epoch_examples", "epoch_steps")
 _LAYOUTS = {1: ("loss",), 3: ("loss", *_SCALE), 5: ("loss", *_EPOCH_SUMS),
             7: ("loss", *_SCALE, *_EPOCH_SUMS)}
-# An epoch that spent this share of its training time waiting for batches is input-bound: the
-# accelerator (or the CPU's training threads) idled that long; a faster model would not help.
-INPUT_BOUND_FRACTION = 0.2
-INPUT_BOUND_ADVICE = ("the input pipeline is the bottleneck: see docs/explanation/performance.md "
-                      "(prepare-data at a smaller --image-size so that the decoded images fit "
-                      "in memory and are cached, --no-augment, more CPU cores for the input)")
 
 
 def unpack_step_telemetry(values: list[float]) -> dict[str, float]:
@@ -163,9 +165,7 @@ class TrainLoop:
         # with accumulation, one per applied step, never one per micro-batch.
         self._allreduce_calls = tf.Variable(tf.zeros([], tf.int64), trainable=False,
                                             name="gradient_allreduce_calls")
-        if config.accumulation_steps < 1:
-            raise ConfigError("accumulation_steps must be >= 1. Received: "
-                              f"accumulation_steps={config.accumulation_steps}")
+        check_accumulation_steps(config.accumulation_steps)
         self.steps_run = 0  # train steps (applied steps) this process ran
         self._synced_state = [v for v in model.non_trainable_variables
                               if v.dtype in ("float32", "float16", "bfloat16", "float64")]
@@ -217,62 +217,11 @@ class TrainLoop:
         """(stats, gradients) of the applied step: one batch, or K accumulated micro-batches."""
         if self.config.accumulation_steps == 1:
             return self._forward_backward(images, labels)
-        return self._accumulated_forward_backward(images, labels)
-
-    def _accumulated_forward_backward(self, images, labels):
-        """Stats and (scaled) gradients of K micro-batches, summed in float32 accumulators.
-
-        The replica's share of the effective batch is split, in order, into K micro-batches;
-        each one's loss is its examples' loss over the EFFECTIVE global batch
-        (`global_batch_size`), so the K gradients add up to the gradient of the whole batch,
-        as one step on the K-times-larger batch computes it. Why here and not Keras 3's
-        `optimizer.gradient_accumulation_steps` (keras/src/optimizers/base_optimizer.py and
-        loss_scale_optimizer.py, 3.15): LossScaleOptimizer checks each micro-batch's gradients
-        on its own, so a non-finite micro-batch is skipped alone (the other K-1 are applied as
-        if they were the step) and the scale halves per micro-batch; its `apply()` counts
-        micro-batches in `iterations`; and the TF optimizer's all-reduce runs inside `apply()`,
-        which the packed all-reduce (allreduce.py) replaces. Here the accumulators are loop
-        values, not variables: float32 whatever the compute dtype (bfloat16 or float16 sums
-        would lose the small updates a larger batch averages in), zero at the start of every
-        applied step by construction (a skipped step leaves nothing behind), and never part of
-        a checkpoint, which is always taken between applied steps. The loss is scaled with
-        the one scale of this step; an inf or NaN in any micro-batch makes the sum non-finite,
-        so LossScaleOptimizer skips the whole step and halves the scale once.
-        """
-        import tensorflow as tf
-
-        steps = self.config.accumulation_steps
-        variables = self.model.trainable_variables
-
-        micro_images = tf.nest.map_structure(lambda t: split_micro_batches(t, steps), images)
-        micro_labels = split_micro_batches(labels, steps)
-        no_gradient: set[int] = set()  # variables the loss does not reach (found while tracing)
-
-        def body(i, stats, accumulators):
-            part = tf.nest.map_structure(lambda t: t[i], micro_images)
-            part_stats, grads = self._forward_backward(part, micro_labels[i])
-            added = []
-            for index, (total, grad) in enumerate(zip(accumulators, grads, strict=True)):
-                if grad is None:
-                    no_gradient.add(index)
-                    added.append(total)
-                else:
-                    added.append(total + tf.cast(tf.convert_to_tensor(grad), tf.float32))
-            return i + 1, stats + part_stats, added
-
-        zeros = [tf.zeros(v.shape, tf.float32) for v in variables]
-        _, stats, sums = tf.while_loop(
-            lambda i, *_: i < steps, body, (tf.constant(0), tf.zeros(3, tf.float32), zeros),
-            parallel_iterations=1)
-        return stats, [None if i in no_gradient else g for i, g in enumerate(sums)]
+        return accumulate_gradients(self._forward_backward, self.model.trainable_variables,
+                                    images, labels, self.config.accumulation_steps)
 
     def _count_allreduce(self, reduced):
-        """Count one gradient all-reduce, after it ran (`collective_calls_per_step` reads it)."""
-        import tensorflow as tf
-
-        done = [t for t in tf.nest.flatten(reduced) if t is not None]
-        with tf.control_dependencies(done[:1]):
-            self._allreduce_calls.assign_add(1)
+        count_allreduce(self._allreduce_calls, reduced)
 
     def _apply(self, grads) -> None:
         if self.config.loss_scaling and self.runtime.num_replicas > 1:
@@ -312,15 +261,9 @@ class TrainLoop:
         return replica
 
     def allreduce_calls_per_step(self) -> float | None:
-        """Gradient all-reduces per train step this process ran, counted as they ran.
-
-        None with one replica (nothing to reduce) or before any step. Under accumulation it
-        is 1: the sum of the K micro-batches is reduced once, not each micro-batch.
-        """
-        if self.runtime.num_replicas == 1 or not self.steps_run:
-            return None
-        local_replicas = self.runtime.num_replicas // self.runtime.num_workers  # one counter
-        return int(self._allreduce_calls.numpy()) / (self.steps_run * local_replicas)
+        """Gradient all-reduces per train step this process ran (allreduce.calls_per_step)."""
+        return calls_per_step(int(self._allreduce_calls.numpy()), self.steps_run,
+                              self.runtime.num_replicas, self.runtime.num_workers)
 
     def describe_allreduce(self) -> dict[str, Any] | None:
         """How gradients are all-reduced, for the metadata (None with one replica)."""
@@ -475,7 +418,7 @@ class TrainLoop:
         callback_list = keras.callbacks.CallbackList(
             callbacks, model=self.model, epochs=cfg.epochs, steps=cfg.steps_per_epoch, verbose=0)
         iterator = iter(train_dataset)
-        self._skip_consumed_batches(iterator, start)
+        checkpoints.skip_consumed_batches(iterator, start)  # exact resume
         step = start
         began = time.perf_counter()
         callback_list.on_train_begin()
@@ -493,22 +436,6 @@ class TrainLoop:
             raise RuntimeError(f"trained {step} steps, planned {total_steps}")
         self._cleanup_private_dir()
         return result
-
-    def _skip_consumed_batches(self, iterator, steps: int) -> None:
-        """Advance a resumed run's input past the `steps` batches the restored steps consumed.
-
-        The input pipeline is seeded and starts from its beginning in every process, so
-        without this a resumed run would train its remaining steps on the batches the killed
-        run had already used and end on different weights. Each applied step takes one
-        (effective) batch; reading them costs input time once per resume, no compute.
-        """
-        if not steps:
-            return
-        began = time.perf_counter()
-        for _ in range(steps):
-            next(iterator)
-        log.info("resumed input: skipped the %d batches the restored steps had used (%.1f s)",
-                 steps, time.perf_counter() - began)
 
     def _run_epoch(self, epoch, step, iterator, eval_dataset, callback_list, manager,
                    start_epoch: int = 0) -> int:
@@ -625,29 +552,6 @@ def backup_dir(state_dir: str) -> str:
     return state_dir.rstrip("/") + "/backup"
 
 
-def input_wait_fraction(waited_seconds: float, train_seconds: float) -> float:
-    """The share of an epoch's training time spent waiting for batches, 0..1."""
-    if train_seconds <= 0:
-        return 0.0
-    return min(max(waited_seconds / train_seconds, 0.0), 1.0)
-
-
-def is_input_bound(fraction: float) -> bool:
-    """Whether an epoch with this input-wait share was held back by its input pipeline."""
-    return fraction >= INPUT_BOUND_FRACTION
-
-
-def log_input_wait(epoch: int, epochs: int, fraction: float, train_seconds: float) -> None:
-    """The epoch's input verdict: a warning when input-bound, an info line otherwise."""
-    if is_input_bound(fraction):
-        log.warning("epoch %d/%d was input-bound: %.0f%% of its %.1f s of training waited for "
-                    "the next batch; %s", epoch + 1, epochs, 100 * fraction, train_seconds,
-                    INPUT_BOUND_ADVICE)
-    else:
-        log.info("epoch %d/%d: not input-bound (%.0f%% of %.1f s waited for batches)",
-                 epoch + 1, epochs, 100 * fraction, train_seconds)
-
-
 def progress_values(read: dict[str, float]) -> dict[str, float]:
     """The display's values from one telemetry read.
 
@@ -663,24 +567,6 @@ def progress_values(read: dict[str, float]) -> dict[str, float]:
     if "loss_scale" in read:
         values["scale"] = read["loss_scale"]
     return values
-
-
-def split_micro_batches(tensor, steps: int):
-    """[K * b, ...] -> [K, b, ...]: micro-batch i is rows i*b .. (i+1)*b, in order.
-
-    Static shapes are kept where known (XLA and Keras's layers want them). A batch that K does
-    not divide is a ConfigError when its size is known here, and TF's reshape error otherwise.
-    """
-    import tensorflow as tf
-
-    rows, rest = tensor.shape[0], tensor.shape[1:]
-    if rows is not None and rows % steps:
-        raise ConfigError(f"a batch of {rows} examples cannot be split into "
-                          f"accumulation_steps={steps} equal micro-batches")
-    micro = rows // steps if rows is not None else -1
-    if rest.is_fully_defined():
-        return tf.reshape(tensor, [steps, micro, *rest.as_list()])
-    return tf.reshape(tensor, tf.concat([[steps, micro], tf.shape(tensor)[1:]], 0))
 
 
 def _stats(loss_sum, probabilities, labels):

@@ -128,13 +128,13 @@ def test_accumulators_are_float32_under_a_bfloat16_policy():
 
     loop = _loop("mixed_bfloat16", 4)
     images, labels = (tf.constant(t) for t in _data())
-    _stats, grads = tf.function(loop._accumulated_forward_backward)(images, labels)
+    _stats, grads = tf.function(loop._gradients)(images, labels)
     assert [g.dtype for g in grads] == [tf.float32] * len(loop.model.trainable_variables)
     assert loop.model.layers[1].compute_dtype == "bfloat16"  # the model does compute in bf16
 
 
 def test_a_batch_that_k_does_not_divide_is_a_clear_error():
-    from ampflow.components.train.loop import split_micro_batches
+    from ampflow.components.train.accumulation import split_micro_batches
 
     with pytest.raises(ConfigError, match="cannot be split into accumulation_steps=3"):
         split_micro_batches(np.zeros((32, 2), "float32"), 3)
