@@ -198,10 +198,11 @@ def policies(args, hardware) -> tuple[list[str], dict[str, str]]:
 def step_round(loops: dict, rates: dict, steps: int, batch: int, flip: bool) -> None:
     """Each policy's steps once, side by side (the order flipped when `flip`).
 
-    Each turn runs one untimed step first (switching models evicts the other's oneDNN
-    primitives and cache lines: the first step after a switch measured up to 100x slower
-    on a small model), then `steps` steps timed one by one; the turn's rate is the batch over
-    its median step, so one step slowed by another job on the shared cores does not count.
+    Each turn runs one untimed step first (the first step after switching models can be far
+    slower: one bert_tiny step took 7.2 s against 0.05 s in a smoke run on a busy host; the
+    cause, oneDNN's primitive cache or the caches' contents, was not isolated), then `steps`
+    steps timed one by one; the turn's rate is the batch over its median step, so one step
+    slowed by another job on the shared cores does not count.
     """
     order = list(loops)
     for policy in (order[::-1] if flip else order):
