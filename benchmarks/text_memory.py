@@ -31,9 +31,10 @@ mixed_bfloat16 and mixed_float16, side by side in one run:
 
 **Memory safety** (a shared machine): every worker is watched by the parent, which kills it
 when its resident set passes `--cap-gib` (default 4.5 GiB), and the worker itself stops before
-a batch whose predicted RSS (its RSS now + 1.3 × the allocator peak the points so far predict)
-would pass the cap: that batch and the larger ones are recorded as "not run" with the
-prediction. bert_base at 512 × 32 in float32 (~16 GB) is never run on a CPU; it is computed.
+a batch whose predicted RSS would pass the cap (its RSS now, freed heap returned to the OS, +
+the allocator peak the points so far predict, + the largest RSS overhead over the allocator
+seen): that batch and the larger ones are recorded as "not run" with the prediction. bert_base
+at 512 × 32 in float32 (~16 GB) is never run on a CPU; it is computed.
 
     python benchmarks/text_memory.py --out benchmarks/results --tag cpu_xeon
     python benchmarks/text_memory.py --models bert_small --sequence-lengths 128 --batches 1 2 4
@@ -68,7 +69,6 @@ GIB = 2**30
 # The reference article's claim: bert_base, sequence 512, batch 32: float32 ~16 GB, AMP ~9 GB.
 CLAIM = {"model": "bert_base", "sequence_length": 512, "batch_size": 32,
          "float32_gb": 16.0, "amp_gb": 9.0}
-RSS_SAFETY = 1.3  # the process's RSS grew up to ~1.25x the allocator's peak (train_memory)
 
 
 def main() -> int:
@@ -77,36 +77,74 @@ def main() -> int:
         _worker(args)
         return 0
     sys.path.insert(0, str(HERE))
+    from text_memory_report import print_config, write
     from train_memory import _cpu_flags, _versions
     from train_throughput import _cpu_capabilities, _device
 
     began = time.monotonic()
-    host = {"cpu": {**_cpu_capabilities(), "flags": _cpu_flags()}, "device": _device(),
-            "versions": _versions()}
+    host = _merged_host(args) if args.merge_only else {
+        "cpu": {**_cpu_capabilities(), "flags": _cpu_flags()}, "device": _device(),
+        "versions": _versions()}
     done = _resumed(args)
     configs = []
-    for model in args.models:
-        for sequence in args.sequence_lengths:
-            for policy in args.policies:  # the policies of one shape side by side
-                key = (model, sequence, policy)
-                if key in done:
-                    points, notes = done[key]["points"], done[key]["notes"]
-                else:
-                    points, notes = _run_worker(args, model, sequence, policy)
-                configs.append(_analyse(args, model, sequence, policy, points, notes))
-                _print_config(configs[-1])
-                # written after each: a stopped run keeps what it measured
-                _write(_report(args, configs, began, host), Path(args.out))
+    for model, sequence, policy in _order(args):
+        key = (model, sequence, policy)
+        if key in done:
+            points, notes = done[key]["points"], done[key]["notes"]
+        elif args.merge_only:
+            points, notes = [], ["not run (time)"]
+        else:
+            points, notes = _run_worker(args, model, sequence, policy)
+        configs.append(_analyse(args, model, sequence, policy, points, notes))
+        print_config(configs[-1])
+        # written after each: a stopped run keeps what it measured
+        write(_report(args, configs, began, host), Path(args.out))
     return 0
 
 
+def _merged_host(args) -> dict:
+    """--merge-only: the host as the merged runs recorded it, and each run's wall and load."""
+    args.resume = [p for p in args.resume or [] if Path(p).is_file()]
+    runs = [json.loads(Path(p).read_text()) for p in args.resume]
+    if not runs:
+        raise SystemExit("text_memory.py: error: --merge-only needs --resume JSON files")
+    return {"cpu": runs[0]["cpu"], "device": runs[0]["device"], "versions": runs[0]["versions"],
+            "merged_runs": [{"file": Path(p).name, "wall_seconds": r["wall_seconds"],
+                             "load_average": r["load_average"]}
+                            for p, r in zip(args.resume, runs, strict=True)]}
+
+
+def _order(args) -> list[tuple[str, int, str]]:
+    """The configurations in run order: float32 and mixed_bfloat16 for every shape first.
+
+    mixed_float16 (the GPU policy; two bytes an activation, as bfloat16) comes last.
+    """
+    first = [p for p in args.policies if p != "mixed_float16"]
+    passes = [first, [p for p in args.policies if p not in first]]
+    return [(m, s, p) for group in passes for m in args.models
+            for s in args.sequence_lengths for p in group]
+
+
 def _resumed(args) -> dict:
-    """--resume: the configurations an earlier run of the same output already measured."""
-    path = Path(args.out) / ("text_memory" + (f"_{args.tag}" if args.tag else "") + ".json")
-    if not args.resume or not path.is_file():
+    """--resume: the configurations an earlier run (this output, or the files named) measured."""
+    if args.resume is None:
         return {}
-    return {(c["model"], c["sequence_length"], c["policy"]): c
-            for c in json.loads(path.read_text())["configs"]}
+    own = Path(args.out) / ("text_memory" + (f"_{args.tag}" if args.tag else "") + ".json")
+    done: dict = {}
+    for path in [own, *map(Path, args.resume)]:
+        if not path.is_file():
+            continue
+        for c in json.loads(path.read_text())["configs"]:
+            key = (c["model"], c["sequence_length"], c["policy"])
+            old = done.setdefault(key, {"points": [], "notes": []})
+            measured = {p["batch"]: p for p in old["points"] + c["points"]
+                        if "allocator_peak_bytes" in p}  # batches measured in several runs
+            skipped = [p for p in c["points"] + old["points"] if "allocator_peak_bytes" not in p
+                       and p["batch"] not in measured]
+            old["points"] = sorted([*measured.values(), *{p["batch"]: p for p in skipped}
+                                    .values()], key=lambda p: p["batch"])
+            old["notes"] = list(dict.fromkeys(old["notes"] + c["notes"]))
+    return {k: v for k, v in done.items() if v["points"]}
 
 
 def _report(args, configs: list[dict], began: float, host: dict) -> dict:
@@ -143,11 +181,13 @@ def _parse() -> argparse.Namespace:
                    help="injected device limits for the batch that fits")
     p.add_argument("--effective-batch", type=int, default=64,
                    help="the global batch that accumulation must reach")
-    p.add_argument("--timeout", type=float, default=1200, help="seconds per worker")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per worker")
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--tag", default="", help="suffix for the output files (e.g. the machine)")
-    p.add_argument("--resume", action="store_true",
-                   help="keep the configurations the output's JSON already holds")
+    p.add_argument("--resume", nargs="*", default=None, metavar="JSON",
+                   help="keep the configurations the output's JSON (and these files) hold")
+    p.add_argument("--merge-only", action="store_true",
+                   help="with --resume: run nothing, mark what is missing as not run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--sequence-length", type=int, help=argparse.SUPPRESS)
@@ -176,11 +216,13 @@ def _run_worker(args, model: str, sequence: int, policy: str) -> tuple[list[dict
         rss = _rss_bytes(child.pid)
         top = max(top, rss or 0)
         if rss and rss > args.cap_gib * GIB:
-            child.kill()
             notes.append(f"killed by the guard: RSS {rss / GIB:.2f} GiB > {args.cap_gib} GiB")
         elif time.monotonic() - began > args.timeout:
-            child.kill()
             notes.append(f"timed out after {args.timeout:.0f} s")
+        if notes:
+            child.kill()
+            child.wait()
+            break
         time.sleep(0.1)
     for reader in readers:
         reader.join(5)
@@ -219,10 +261,13 @@ def _worker(args) -> None:
     for batch in sorted(args.batches):
         keras.backend.clear_session()
         gc.collect()
+        _return_freed_memory()
         predicted = _predict(points, batch, 16 * parameter_count(
             args.model, args.sequence_length, args.vocabulary_size))
         rss = _rss_bytes(os.getpid()) or 0
-        if predicted is not None and rss + RSS_SAFETY * predicted > args.cap_gib * GIB:
+        overhead = max((p["process_region_bytes"] - p["allocator_peak_bytes"] for p in points),
+                       default=0)
+        if predicted is not None and rss + predicted + max(overhead, 0) > args.cap_gib * GIB:
             _emit({"batch": batch, "not_run": (
                 f"predicted allocator peak {predicted / GIB:.2f} GiB; with the process's "
                 f"{rss / GIB:.2f} GiB that passes the {args.cap_gib} GiB cap")})
@@ -250,6 +295,16 @@ def _worker(args) -> None:
                  "updates_applied": applied, "seconds": time.perf_counter() - began}
         points.append(point)
         _emit(point)
+
+
+def _return_freed_memory() -> None:
+    """Give the freed heap back to the OS (glibc's malloc_trim), so RSS is what is in use."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _train_steps(tf, keras, model, args, batch: int) -> tuple[int, int]:
@@ -363,8 +418,10 @@ def _analyse(args, model, sequence, policy, points, notes) -> dict:
     params = parameter_count(model, sequence, args.vocabulary_size)
     row = {"model": model, "sequence_length": sequence, "policy": policy, "points": points,
            "notes": notes, "trainable_params": params, "weights_grads_adam_bytes": 16 * params}
+    if not measured:
+        return {**row, "error": "not measured"}
     if len(measured) < 2:
-        return {**row, "error": "fewer than two batches measured: no fit"}
+        return {**row, "error": "one batch under the cap: no fit of its own"}
     xy = [(p["batch"], p["allocator_peak_bytes"]) for p in measured]
     fit = split_fit(xy)
     fixed, per_example, on_line = fit["fixed"], fit["per_example"], xy[fit["first_on_line"]:]
@@ -400,26 +457,31 @@ def _limits(args, row: dict) -> None:
 
 
 def _borrow_fixed(args, configs: list[dict]) -> None:
-    """Fit a shape with one batch under the cap from its fixed part at another sequence.
+    """Fit a shape with one batch under the cap from the fixed part of a fitted neighbour.
 
-    The fixed part comes from the same model and policy at the shortest sequence (+ 16 bytes
-    per extra position-embedding parameter), so per_example = (peak − fixed) / batch. Marked
-    `fixed_from`.
+    The neighbour: the same model and policy at the shortest fitted sequence (+ 16 bytes per
+    extra position-embedding parameter), else the same model and sequence under the other
+    half-precision policy (the same float32 state and two-byte weight copies). Then
+    per_example = (peak − fixed) / batch. Marked `fixed_from`.
     """
+    half = ("mixed_bfloat16", "mixed_float16")
     for row in configs:
         measured = [p for p in row["points"] if "allocator_peak_bytes" in p]
-        donor = min((c for c in configs if c["model"] == row["model"] and "fixed_bytes" in c
-                     and c["policy"] == row["policy"] and "fixed_from" not in c),
-                    key=lambda c: c["sequence_length"], default=None)
+        fitted = [c for c in configs if c["model"] == row["model"] and "fixed_bytes" in c
+                  and "fixed_from" not in c]
+        donor = min((c for c in fitted if c["policy"] == row["policy"]),
+                    key=lambda c: c["sequence_length"], default=None) or next(
+            (c for c in fitted if c["sequence_length"] == row["sequence_length"]
+             and row["policy"] in half and c["policy"] in half), None)
         if "fixed_bytes" in row or len(measured) != 1 or donor is None:
             continue
         point = measured[0]
         fixed = donor["fixed_bytes"] + 16 * (row["trainable_params"] - donor["trainable_params"])
         row.pop("error", None)
-        row.update(fixed_bytes=fixed, fixed_from=f"sequence {donor['sequence_length']}",
-                   per_example_bytes=(point["allocator_peak_bytes"] - fixed) / point["batch"],
-                   fit_batches=[point["batch"]], largest_measured_batch=point["batch"],
-                   max_relative_residual=None)
+        row.update(fixed_bytes=fixed, per_example_bytes=(point["allocator_peak_bytes"] - fixed)
+                   / point["batch"], fit_batches=[point["batch"]],
+                   fixed_from=f"{donor['policy']} at sequence {donor['sequence_length']}",
+                   largest_measured_batch=point["batch"], max_relative_residual=None)
         row["activation_share_at_largest"] = (row["per_example_bytes"] * point["batch"]
                                               / point["allocator_peak_bytes"])
         _limits(args, row)
@@ -454,127 +516,6 @@ def _claim(configs: list[dict]) -> dict:
         out["predicted"][policy] = {"gb": c["predicted_claim_bytes"] / 1e9,
                                     "ratio_vs_float32": c.get("claim_batch_ratio_vs_float32")}
     return out
-
-
-# ---- output ----------------------------------------------------------------------------------
-
-def _gib(value) -> str:
-    return f"{value / GIB:.2f}" if value is not None else "–"
-
-
-def _mib(value) -> str:
-    return f"{value / 2**20:,.0f}" if value is not None else "–"
-
-
-def _x(value) -> str:
-    return f"{value:.2f}×" if value is not None else "–"
-
-
-def _fixed_note(c: dict) -> str:
-    if c.get("fixed_from"):
-        return f" (from {c['fixed_from']})"
-    floor = f", floor {_mib(c['floor_bytes'])}" if c.get("floor_bytes") else ""
-    return f" (fit b{','.join(map(str, c['fit_batches']))}{floor})"
-
-
-def _pct(value) -> str:
-    return f"{value:.1%}" if value is not None else "–"
-
-
-def _loo(loo: dict | None) -> str:
-    return f"{loo['relative_error']:+.1%} (b{loo['batch']})" if loo else "–"
-
-
-def _print_config(c: dict) -> None:
-    head = f"{c['model']:>10} seq {c['sequence_length']:>4} {c['policy']:>15}"
-    points = ", ".join(f"b{p['batch']}={_mib(p['allocator_peak_bytes'])}"
-                       if "allocator_peak_bytes" in p else f"b{p['batch']}: not run"
-                       for p in c["points"])
-    print(f"{head}  {points} MiB  fixed {_mib(c.get('fixed_bytes'))} MiB  per example "
-          f"{_mib(c.get('per_example_bytes'))} MiB  {c.get('error', '')}", flush=True)
-
-
-def _write(report: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "text_memory" + (f"_{report['tag']}" if report["tag"] else "")
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    (out / f"{stem}.md").write_text("\n".join(_markdown(report)) + "\n")
-    print("\n".join(_markdown(report)))
-
-
-def _markdown(report: dict) -> list[str]:
-    cpu, limits = report["cpu"], report["limits_gib"]
-    lines = [f"# BERT training memory per policy, and the batch that fits: {report['device']}",
-             "", f"{report['loop']}; {report['optimizer']}; {report['data']}; vocabulary "
-             f"{report['vocabulary_size']:,}, {report['num_classes']} classes; XLA "
-             f"{'on' if report['xla'] else 'off'} for every policy; {report['steps']} steps per "
-             "batch, each batch in its own region of one fresh subprocess per (model, sequence, "
-             "policy). Peak = the TF allocator's peak above what the process held before the "
-             "model was built (`PeakMemory`, components/train/memory.py).", "",
-             "## Peak per batch, and the fit `peak = fixed + per_example × batch`", "",
-             "| model | seq | policy | measured peaks MiB (batch: peak) | fixed MiB | weights+grads"
-             "+Adam MiB | per example MiB | × float32 | max residual | leave-one-out error "
-             "| activation share (at batch) |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for c in report["configs"]:
-        points = ", ".join(f"{p['batch']}: {_mib(p['allocator_peak_bytes'])}"
-                           if "allocator_peak_bytes" in p else f"{p['batch']}: not run"
-                           for p in c["points"])
-        if "error" in c:
-            lines.append(f"| {c['model']} | {c['sequence_length']} | {c['policy']} | {points} "
-                         f"| {c['error']}; {'; '.join(c['notes'])} | | | | | | |")
-            continue
-        loo = c.get("leave_one_out")
-        lines.append(
-            f"| {c['model']} | {c['sequence_length']} | {c['policy']} | {points} | "
-            f"{_mib(c['fixed_bytes'])}{_fixed_note(c)} | {_mib(c['weights_grads_adam_bytes'])} | "
-            f"{_mib(c['per_example_bytes'])} | {_x(c.get('per_example_ratio_vs_float32'))} | "
-            f"{_pct(c['max_relative_residual'])} | "
-            f"{_loo(loo)} | "
-            f"{c['activation_share_at_largest']:.0%} ({c['largest_measured_batch']}) |")
-    lines += ["", f"## The batch that fits a device limit, and accumulation at an effective "
-              f"batch of {report['effective_batch']}", "",
-              "From the fit (`floor((limit − fixed) / per_example)`), not run: these batches are "
-              "beyond this machine. K = accumulation steps (micro-batch = the largest divisor of "
-              "the effective batch that fits); saved = float32's K − the policy's.", "",
-              "| model | seq | policy | " + " | ".join(
-                  f"fits {x:g} GiB (× f32) | K at {report['effective_batch']} (saved)"
-                  for x in limits) + " |",
-              "|---|---:|---|" + "---:|---:|" * len(limits)]
-    for c in report["configs"]:
-        if "error" in c:
-            continue
-        cells = []
-        for x in limits:
-            e = c["limits"][str(x)]
-            saved = e.get("accumulation_steps_saved")
-            cells += [f"{e['batch_that_fits']} ({_x(e.get('batch_ratio_vs_float32'))})",
-                      f"{e['accumulation_steps'] or '–'}"
-                      + (f" ({saved:+d})" if saved is not None else "")]
-        lines.append(f"| {c['model']} | {c['sequence_length']} | {c['policy']} | "
-                     + " | ".join(cells) + " |")
-    claim = report["claim"]
-    lines += ["", f"## The seed's claim: {claim['model']}, sequence {claim['sequence_length']}, "
-              f"batch {claim['batch_size']}", "",
-              f"Seed: {claim['float32_gb']:g} GB in float32 → {claim['amp_gb']:g} GB with AMP "
-              f"({claim['claim_ratio']:.2f}×). Predicted here from the fit (GB = 10⁹ bytes):", ""]
-    for policy, p in claim["predicted"].items():
-        lines.append(f"- {policy}: {p['gb']:.1f} GB ({_x(p['ratio_vs_float32'])} float32)")
-    lines += ["", f"Host: {cpu['model_name']}, {report['cores']} cores (load average "
-              f"{', '.join(f'{x:.1f}' for x in report['load_average'])} at the end); bf16 "
-              f"units: {', '.join(cpu['bf16_units']) or 'none'}; fp16 units: "
-              f"{', '.join(cpu['fp16_units']) or 'none'}; oneDNN ISA: {cpu['onednn_isa']}; "
-              f"flags: {' '.join(cpu['flags'])}. TensorFlow {report['versions']['tensorflow']}, "
-              f"Keras {report['versions']['keras']}. Wall time {report['wall_seconds']:.0f} s. "
-              f"Every worker ran under a {report['cap_gib']} GiB RSS guard.", ""]
-    for c in report["configs"]:
-        extra = [n for n in c["notes"] if not n.startswith("worker's largest")]
-        extra += [f"batch {p['batch']}: {p.get('not_run') or p.get('out_of_memory')}"
-                  for p in c["points"] if "allocator_peak_bytes" not in p]
-        if extra:
-            lines.append(f"- {c['model']} {c['sequence_length']} {c['policy']}: "
-                         + "; ".join(extra))
-    return lines
 
 
 if __name__ == "__main__":
