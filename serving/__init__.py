@@ -23,7 +23,8 @@ One data plane, thin protocol adapters (the shape of KServe's model server). By 
 - `server`: assembles them (`start_local_server`, `serve_forever`): health, reflection, TLS,
   batching, Prometheus metrics, SIGTERM drain. `workers`: `serve --workers N`, a TF-free
   supervisor of N such servers on the same ports (SO_REUSEPORT), with one multiprocess
-  Prometheus view, restarts and a drain of all. `tf_serving_binary`: the real
+  Prometheus view, restarts and a drain of all; `listening`: the lines both print once they
+  listen (below both, so neither imports the other). `tf_serving_binary`: the real
   `tensorflow_model_server`'s argv, used when on PATH.
 - `client` (`PredictionClient`, gRPC) and `rest_client` (`RestClient`): ampflow's errors over
   the TensorFlow-free ampflow-client; `cli`: `ampflow serve | predict | model-metadata |

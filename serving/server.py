@@ -29,6 +29,7 @@ from ampflow.serving import preflight
 from ampflow.serving.config import ServerConfig
 from ampflow.serving.core.batching import Batcher
 from ampflow.serving.core.inference import InferenceCore, ReloadPolicy, RequestLimits
+from ampflow.serving.listening import announce, client_host
 from ampflow.serving.models import registry as model_registry
 from ampflow.serving.protocols.tf_serving import TFServingAPI
 from ampflow.serving.protocols.tf_serving_grpc import ModelServicer, PredictionServicer
@@ -37,7 +38,6 @@ from ampflow.serving.protocols.v2_grpc import SERVICE as V2_SERVICE
 from ampflow.serving.protocols.v2_grpc import V2Servicer
 from ampflow.serving.transport.connection_limits import grpc_server_options
 from ampflow.serving.transport.grpc_guard import UndecodableRequestInterceptor
-from ampflow.serving.workers import announce, client_host
 
 log = logging.getLogger(__name__)
 

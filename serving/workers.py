@@ -40,6 +40,7 @@ from multiprocessing import connection as mp_connection
 from pathlib import Path
 
 from ampflow.errors import AmpflowError, ServingError
+from ampflow.serving.listening import announce, client_host
 
 log = logging.getLogger(__name__)
 
@@ -48,25 +49,6 @@ MAX_BOOT_FAILURES = 5  # a worker that dies before it is ready this often in a r
 MAX_RESTART_DELAY_S = 30.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 STOP_MARGIN_S = 15.0  # past --grace-s: a worker's TensorFlow teardown before SIGKILL
-
-
-# ---- what the supervisor prints (TF-free, so server.py shares it) ----------------------------
-
-def client_host(host: str) -> str:
-    """The host a client on this machine dials for a bind address."""
-    if host in ("0.0.0.0", "::"):
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
-
-
-def announce(config, address: str, rest_address: str | None) -> None:
-    """The lines `ampflow serve` prints once it listens (scripts and tests read the first)."""
-    print(f"ampflow serve: listening on {address}", flush=True)
-    if rest_address:
-        scheme = "https" if config.tls else "http"
-        print(f"ampflow serve: REST API on {scheme}://{rest_address}/v1/models/", flush=True)
-        print(f"ampflow serve: Open Inference Protocol (V2) on {scheme}://{rest_address}/v2/ "
-              f"and inference.GRPCInferenceService on {address}", flush=True)
 
 
 # ---- the worker process --------------------------------------------------------------------
