@@ -132,13 +132,60 @@ def summarize(one: list[float], batch: list[float], batch_size: int) -> dict:
             "batch_calls": len(batch)}
 
 
+def rss_mb() -> float:
+    """This process's resident memory (Linux /proc)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def live_mb() -> float:
+    """Resident MB after gc and glibc's malloc_trim: what is live, not freed temporaries.
+
+    A load's temporary copies (the frozen graph's) stay in RSS until the allocator returns them.
+    """
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    return rss_mb()
+
+
+def memory_cost(path: Path, shape: tuple[int, ...], loads: int = 2) -> dict:
+    """MB a version adds loaded and warm (one call), per precision, and after unloading it.
+
+    Loaded `loads` times each, one after the other (a version swap), so a leak would show as
+    an `after_unload` that keeps growing. `peak_rss_mb`: the raw RSS rise before trimming.
+    """
+    from ampflow.serving.models.servable import SavedModelServable
+
+    images = np.zeros((1, *shape), np.float32)
+    out = {}
+    for precision in PRECISIONS:
+        rows = []
+        for _ in range(loads):
+            before = live_mb()
+            servable = SavedModelServable("m", 1, path, precision)
+            servable.run("serving_default", {"images": images})
+            peak = rss_mb()
+            loaded = live_mb()
+            del servable
+            rows.append({"loaded_warm_mb": loaded - before, "peak_rss_mb": peak - before,
+                         "after_unload_mb": live_mb() - before})
+        out[precision] = rows
+    return out
+
+
 def measure_model(kind: str, args, work: Path) -> dict:
     from ampflow.serving import compute_precision
     from ampflow.serving.config import ModelConfig, ServerConfig
     from ampflow.serving.server import start_local_server
 
     base = work / kind
-    _, shape = write_model(kind, base, args.image_size)
+    version, shape = write_model(kind, base, args.image_size)
+    memory = memory_cost(version, shape)
     models = tuple(ModelConfig(NAMES[p], base, compute_precision=p) for p in PRECISIONS)
     server = start_local_server(ServerConfig(models=models, host="127.0.0.1", port=0,
                                              enable_warmup=False,
@@ -185,7 +232,8 @@ def measure_model(kind: str, args, work: Path) -> dict:
     diff = np.abs(answers["bfloat16"].astype(np.float64) - answers["float32"])
     agree = np.argmax(answers["bfloat16"], 1) == np.argmax(answers["float32"], 1)
     return {"model": kind, "input_shape": list(shape), "batch_size": args.batch_size,
-            "rewrite": {p: evidence[p] for p in PRECISIONS}, "rounds": rounds,
+            "rewrite": {p: evidence[p] for p in PRECISIONS}, "memory": memory,
+            "rounds": rounds,
             "ratios": ratios(rounds),
             "batch_answers": {"max_abs_prob_diff": float(diff.max()),
                               "argmax_agreement": float(agree.mean())}}
@@ -252,8 +300,25 @@ def markdown(result: dict) -> str:
                       f"{model['rewrite']['float32']['bfloat16_nodes']}. On the batch: max "
                       f"|probability difference| {model['batch_answers']['max_abs_prob_diff']:.3g},"
                       f" argmax agreement {model['batch_answers']['argmax_agreement']:.3f} "
-                      "(random weights: the deploy gate measures a trained model).", ""]
+                      "(random weights: the deploy gate measures a trained model). Variables "
+                      f"read by the executed bf16 graph: {variable_reads(bf16)}.",
+                  "", memory_line(model["memory"]), ""]
     return "\n".join(lines)
+
+
+def variable_reads(evidence: dict) -> str:
+    ops = evidence.get("ops")
+    if ops is None:
+        return "not recorded"
+    return "yes (ReadVariableOp)" if "ReadVariableOp" in ops else "none (frozen)"
+
+
+def memory_line(memory: dict) -> str:
+    per = "; ".join(f"{p}: " + ", ".join(
+        f"{r['loaded_warm_mb']:.0f} MB (raw RSS rise {r.get('peak_rss_mb', float('nan')):.0f}, "
+        f"after unload {r['after_unload_mb']:+.0f})" for r in memory[p]) for p in PRECISIONS)
+    return ("Live memory a version adds, loaded and warm (one call; gc and malloc_trim before "
+            f"reading RSS), loaded twice in turn (a swap), and what stays after unloading: {per}.")
 
 
 def main(argv=None) -> int:

@@ -19,11 +19,12 @@ What the frozen function keeps:
 Cost, measured on ResNet-50 96² (94 MB of float32 weights; benchmarks/serving_bf16.py, a
 2-core Xeon under load): the weights live several times over while the version is loaded (the
 variables, the frozen graph's constants in Python and in the runtime's function library, the
-instantiated graph's float32 and folded bfloat16 constants, oneDNN's reordered filters): about
-1.0 GB live once warm, against 0.23 GB in float32; after an unload the process is back at the
-same level every time (a swap does not grow it).
-Loading takes a freeze pass (16-28 s against 7 s there) and the first call grappler's folding
-(8-12 s against 3 s): the version's warm-up requests pay it before it is served.
+instantiated graph's float32 and folded bfloat16 constants, oneDNN's reordered filters):
+715-854 MB live once warm, against 70-86 MB in float32 (results/serving_bf16_run2.md), and the
+raw RSS rises about 1.7 GB while it loads; after an unload the process is back at the same
+level every time (a swap does not grow it). Loading takes a freeze pass (16-28 s against 7 s
+there) and the first call grappler's folding (8-12 s against 3 s): the version's warm-up
+requests pay it before it is served.
 """
 
 from __future__ import annotations
