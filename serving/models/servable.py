@@ -105,8 +105,17 @@ class SavedModelServable:
         self.signature_defs = serving_signature_defs(path)
         self._loaded = tf.saved_model.load(str(path), tags=[SERVE_TAG])
         freeze = compute_precision != "float32"  # frozen.py: weights cast once, not per call
-        self._functions = {name: SignatureCall(fn, freeze=freeze)
-                           for name, fn in self._loaded.signatures.items()}
+        try:
+            self._functions = {name: SignatureCall(fn, freeze=freeze)
+                               for name, fn in self._loaded.signatures.items()}
+        except Exception as e:
+            if not freeze:
+                raise
+            raise ModelLoadError(  # as the deploy gate would: never served half-converted
+                f"compute_precision {compute_precision} freezes each signature's weights into "
+                f"constants at load, and TensorFlow could not freeze this model's "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); serve it "
+                "in float32") from e
         # TF Serving lists the init op in metadata too, but it is not a signature to call.
         missing = set(self.signature_defs) - set(self._functions) - {INIT_OP_SIGNATURE}
         if missing:

@@ -71,6 +71,24 @@ def test_bf16_text_model_keeps_its_lookup_table_when_frozen(tmp_path):
     np.testing.assert_allclose(bf16["probabilities"], f32["probabilities"], atol=0.02)
 
 
+def test_a_model_tensorflow_cannot_freeze_fails_to_load_with_the_reason(model_store, tmp_path,
+                                                                          monkeypatch):
+    """Never served half-converted: the version fails to load, and says why (any CPU)."""
+    from ampflow.serving.models import frozen
+    from ampflow.serving.models.servable import load_servable
+
+    def cannot_freeze(self, fn):
+        raise ValueError("Cannot convert the While op\nsecond line")
+
+    monkeypatch.setattr(cpu_features, "read_cpu_flags", lambda: frozenset({"amx_bf16"}))
+    monkeypatch.setattr(frozen.FrozenSignature, "__init__", cannot_freeze)
+    version = install_version(model_store, tmp_path / MODEL, 1)
+    with pytest.raises(ModelLoadError, match=r"could not freeze this model's \(ValueError: "
+                                             r"Cannot convert the While op\); serve it in float32"):
+        load_servable(MODEL, 1, version, compute_precision="bfloat16")
+    assert load_servable(MODEL, 1, version).can_run("serving_default")  # float32 never freezes
+
+
 def _write_text_model(path):
     """Words -> ids by a StaticHashTable (TextVectorization's resource), embedding, dense."""
     import tensorflow as tf
