@@ -4,6 +4,13 @@ The parent's side (autotune.py: the budget, the stall rule, the choice) starts t
 `python -m ampflow.components.train.autotune_child REQUEST_FILE FD` and reads its events (one
 JSON line per start, warm-up, timed step and result) from the pipe FD. Split from autotune.py
 by role: this side imports TensorFlow, the parent must not before it has measured.
+
+**Text models: the tokenizer is fitted once per process.** Fitting (TextVectorization `adapt`
+on the training split) was done once for the input pipeline, once for the planning model and
+once more for every candidate's model but the first (5 fits for bert_tiny's 4 candidates on
+a bf16 CPU): seconds each on 2 cores, all out of the search's budget, and none changed
+anything (the same split gives the same vocabulary). `_ChildRun` fits it once and hands it to
+the pipeline and to every model.
 """
 
 from __future__ import annotations
@@ -98,7 +105,7 @@ class _ChildRun:
 
     def __init__(self, request: dict) -> None:
         from ampflow.components.prepare_data import load_dataset_info
-        from ampflow.components.train.build import training_data
+        from ampflow.components.train.build import text_tokenizer, training_data
         from ampflow.components.train.config import TrainConfig
         from ampflow.components.train.precision import detect_hardware
         from ampflow.components.train.runtime import distribute_datasets, make_runtime
@@ -109,7 +116,8 @@ class _ChildRun:
         self.info = load_dataset_info(self.config.data_dir)
         self.runtime = make_runtime(self.config)
         self.global_batch = self.config.batch_size * self.runtime.num_replicas
-        train_ds, _, _ = training_data(self.config, self.info, self.global_batch)
+        self.tokenizer = text_tokenizer(self.config, self.info)  # once (doc above); None: images
+        train_ds, _, _ = training_data(self.config, self.info, self.global_batch, self.tokenizer)
         self.dataset, _ = distribute_datasets(self.runtime, train_ds, None)
         self._loop = self._float32_model = None
 
@@ -124,7 +132,8 @@ class _ChildRun:
 
         keras.mixed_precision.set_global_policy("float32")
         keras.utils.set_random_seed(self.config.seed)
-        self._float32_model = build_uncompiled_model(self.config, self.info, self.runtime)
+        self._float32_model = build_uncompiled_model(self.config, self.info, self.runtime,
+                                                     self.tokenizer)
         conv_layers = count_convolutions(self._float32_model)
         pairs, skipped = candidates(self.hardware, parse_policies(self.config.autotune_policies),
                                     self.config.autotune_xla, conv_layers)
@@ -151,7 +160,8 @@ class _ChildRun:
         if policy != "float32":
             built = None
         model = build_compiled_model(self.config, self.info, setup, self.runtime,
-                                     self.config.learning_rate, model=built)
+                                     self.config.learning_rate, model=built,
+                                     tokenizer=self.tokenizer)
         loop = TrainLoop(self.runtime, model, LoopConfig(
             epochs=1, steps_per_epoch=self.config.autotune_steps,
             global_batch_size=self.global_batch, jit_compile=jit,
