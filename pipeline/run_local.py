@@ -19,7 +19,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
-from ampflow.components.deploy_serving.config import SERVING_FORMATS, TFLITE_VARIANTS
+from ampflow.components.deploy_serving.config import (
+    SERVING_FORMATS,
+    TFLITE_VARIANTS,
+    check_compute_precision_target,
+)
 from ampflow.components.prepare_data.config import PrepareDataConfig
 from ampflow.components.train.config import DEFAULT_LEARNING_RATE, TrainConfig
 from ampflow.components.train.precision import POLICIES
@@ -48,6 +52,7 @@ from ampflow.pipeline.pipeline import (
     step_names,
 )
 from ampflow.pipeline.task_logs import TaskLogRouter, plain, routed_output
+from ampflow.serving.compute_precision import COMPUTE_PRECISIONS, check_supported
 from ampflow.serving.model_format import DEFAULT_MODEL_NAME
 
 log = logging.getLogger(__name__)
@@ -160,6 +165,12 @@ class LocalRunConfig:
         "choices": TFLITE_VARIANTS,
         "help": "With --serving-format tflite: the variant to publish (it must be among "
                 "--tflite-variants and pass its gate)."})
+    serving_compute_precision: str = field(
+        default=SERVING_DEFAULTS["compute_precision"], metadata={
+            "choices": COMPUTE_PRECISIONS,
+            "help": "What ampflow serve computes the published SavedModel in: bfloat16 (this "
+                    "CPU must have AVX512_BF16 or AMX-BF16) publishes it only after deploy's "
+                    "parity gate against float32 on the test split."})
     train_workers: int = field(default=1, metadata={
         "help": "Train on this many local worker processes (MultiWorkerMirroredStrategy over "
                 "loopback, the TF_CONFIG contract of a TFJob)."})
@@ -185,6 +196,9 @@ class LocalRunConfig:
         check_model_names(self.model, self.model_name)
         check_serving_format(self.serving_format, self.tflite_variant, self.tflite_variants,
                              "local")
+        check_compute_precision_target(self.serving_compute_precision, "local",
+                                       self.serving_format)
+        check_supported(self.serving_compute_precision)  # deploy runs its gate on this CPU
         check_gate_arguments({name: getattr(self, name) for name in GATE_DEFAULTS})
         self._check_local_sources()
         check_data_arguments(self.arguments())

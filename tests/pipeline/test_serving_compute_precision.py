@@ -4,7 +4,8 @@ Its default is DeployConfig's `compute_precision` field (the signature restates 
 compiled deploy task's wiring, with prepare-data's dataset for the bf16 parity gate, is checked
 in test_compile_submit.py). A bfloat16 run whose deploy would refuse it (a target that runs
 tensorflow_model_server, a TFLite variant) is refused by `check_arguments` before anything
-runs, with deploy's own line, rather than by the deploy task after training.
+runs, with deploy's own line, rather than by the deploy task after training. `run-local`
+passes its `--serving-compute-precision` to the pipeline, refused first on a CPU without bf16.
 """
 
 from __future__ import annotations
@@ -47,3 +48,19 @@ def test_bfloat16_on_what_deploy_refuses_is_refused_before_anything_runs(params,
         "serving_compute_precision", "bfloat16")
     with pytest.raises(ConfigError, match="float32, bfloat16|bfloat16"):
         parse_param("serving_compute_precision=float16")
+
+
+def test_run_local_passes_it_and_refuses_it_first_on_a_cpu_without_bf16(tmp_path, monkeypatch):
+    from ampflow.pipeline.run_local import LocalRunConfig
+    from ampflow.serving import cpu_features
+
+    monkeypatch.setattr(cpu_features, "read_cpu_flags", lambda: frozenset({"amx_bf16"}))
+    config = LocalRunConfig(workdir=tmp_path, serving_compute_precision="bfloat16")
+    assert config.arguments()["serving_compute_precision"] == "bfloat16"
+    with pytest.raises(ConfigError, match="rewrites a SavedModel's graph"):
+        LocalRunConfig(workdir=tmp_path, serving_compute_precision="bfloat16",
+                       serving_format="tflite", tflite_variant="float16")
+    monkeypatch.setattr(cpu_features, "read_cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    with pytest.raises(ConfigError, match="needs a CPU with AVX512_BF16 or AMX-BF16"):
+        LocalRunConfig(workdir=tmp_path, serving_compute_precision="bfloat16")
+    assert LocalRunConfig(workdir=tmp_path).arguments()["serving_compute_precision"] == "float32"
