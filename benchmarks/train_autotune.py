@@ -11,6 +11,9 @@ rules would have cost.
     python benchmarks/train_autotune.py --model resnet50 --image-size 64 --budget 600 \
         --out benchmarks/results --name resnet50_64_amx   # the issue-37 goal: < 90 s, 2 cores
     python benchmarks/train_autotune.py --model small_cnn --steps 5        # a quick check
+    python benchmarks/train_autotune.py --model bert_tiny --data-dir work/reviews --steps 5 \
+        --budget 300 --name bert_tiny_amx   # a text model (prepare-data --dataset
+                                            # ampflow_rotten_tomatoes); rates are texts/s
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="resnet50")
     p.add_argument("--image-size", type=int, default=96)
+    p.add_argument("--max-sequence-length", type=int, default=None,
+                   help="text models: tokens per text (default: --max-sequence-length's)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=None,
                    help="timed steps per candidate (default: --autotune-steps's)")
@@ -41,21 +46,32 @@ def main() -> int:
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args()
 
-    from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
+    from ampflow.components.prepare_data import (
+        PrepareDataConfig,
+        load_dataset_info,
+        run_prepare_data,
+    )
+    from ampflow.components.prepare_data.text import is_text
     from ampflow.components.train import TrainConfig, run_train
 
     data_dir = args.data_dir or str(run_prepare_data(PrepareDataConfig(
         output_dir=Path(tempfile.gettempdir()) / "ampflow-bench-digits")).output_dir)
+    text = is_text(load_dataset_info(data_dir))
+    sized = {"max_sequence_length": args.max_sequence_length} if args.max_sequence_length else {}
     began = time.monotonic()
     with tempfile.TemporaryDirectory() as out:
-        meta = run_train(TrainConfig(
+        config = TrainConfig(
             data_dir=Path(data_dir), output_dir=Path(out), model=args.model,
-            image_size=args.image_size if args.model != "small_cnn" else None,
+            image_size=args.image_size if args.model != "small_cnn" and not text else None,
+            **sized,
             batch_size=args.batch_size, epochs=1, steps_per_epoch=1, autotune=True,
             **({"autotune_steps": args.steps} if args.steps else {}),
             autotune_budget_s=args.budget,
-            autotune_policies=args.policies, autotune_xla=args.xla)).metadata
-    report = {"model": args.model, "image_size": args.image_size, "batch_size": args.batch_size,
+            autotune_policies=args.policies, autotune_xla=args.xla)
+        meta = run_train(config).metadata
+    report = {"model": args.model, "image_size": None if text else args.image_size,
+              "max_sequence_length": config.max_sequence_length if text else None,
+              "text": text, "batch_size": args.batch_size,
               "name": args.name or args.model, "command_wall_s": time.monotonic() - began,
               "command_cpu_s": _cpu_seconds(),
               "load_average_1min": os.getloadavg()[0],
@@ -78,7 +94,11 @@ def _write(report: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"train_autotune_{report['name']}"
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    size = f" at {report['image_size']}²" if report["model"] != "small_cnn" else ""
+    size = f" at {report['image_size']}²" if report["image_size"] and report["model"] != (
+        "small_cnn") else ""
+    if report.get("text"):
+        size = f" at sequence length {report['max_sequence_length']}"
+    rate = "texts/s" if report.get("text") else "img/s"
     lines = [f"# --autotune: {report['model']}{size}, batch {report['batch_size']}, "
              f"{report['hardware']}, {report['cpus']} CPUs", "",
              f"{report['warmup_steps']} warm-up + {report['timed_steps']} timed steps per "
@@ -88,7 +108,7 @@ def _write(report: dict, out: Path) -> None:
              f"publishing) {report['command_wall_s']:.0f} s wall, "
              f"{report['command_cpu_s']:.0f} CPU-s; load average "
              f"{report['load_average_1min']:.1f} at the end (a shared machine).", "",
-             "| policy | XLA | status | img/s | × float32 | step ms | note |",
+             f"| policy | XLA | status | {rate} | × float32 | step ms | note |",
              "|---|---|---|---:|---:|---:|---|"]
     for r in report["candidates"]:
         chosen = " **chosen**" if (r["policy"], r["xla"]) == (report["choice"]["policy"],
