@@ -30,8 +30,10 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 # Words in a fixture's or test's source that mean "trains or builds a large model".
 # The soak and the fuzz run a server under load for tens of seconds: slow too.
-HEAVY = re.compile(r"\b(resnet50|mobilenet_v2|trained_model|run_demo|run_local|serving_soak"
-                   r"|serving_fuzz)\b"
+# (`run_local` after a dot is the module in an import path, e.g. `pipeline.run_local import
+# LocalRunConfig`, not a run.)
+HEAVY = re.compile(r"\b(resnet50|mobilenet_v2|trained_model|run_demo|(?<!\.)run_local"
+                   r"|serving_soak|serving_fuzz)\b"
                    # a fresh venv with pip installs; a serving process (imports TF, serves)
                    r"|\bvenv\.EnvBuilder\b|\bServeProcess\(|\bexec ampflow serve\b"
                    r"|\"ampflow(\.serving)?\.cli\",\s*\"serve\"")
