@@ -56,7 +56,8 @@ def main() -> int:
         return 0
     began = time.perf_counter()
     if args.merge:
-        _write(_report(args, _merged(args.merge), began), Path(args.out), args.smoke)
+        _write({**_report(args, _merged(args.merge), began), "merged": args.merge},
+               Path(args.out), args.smoke)
         return 0
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ampflow-fidelity-text-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -279,16 +280,17 @@ def _points(value: dict) -> str:
     return f"{value['mean']:+.2f} pt [{lo:+.2f}, {hi:+.2f}]"
 
 
-def _gates(row: dict) -> str:
+def _gates(row: dict, seeds: list[int]) -> str:
     out = []
     for g in row["gates"]:
         if g["passed"]:
             out.append(f"s{g['seed']} passed")
         else:
-            why = ", ".join(f"{e['name']} {_num(e['value'])} {e['op']} {_num(e['threshold'])}"
-                            for e in g["evidence"]) or "see metrics.json"
-            out.append(f"s{g['seed']} FAILED ({why} is false)")
-    return "; ".join(out)
+            why = ", ".join(f"{e['name']} {_num(e['value'])} (needs {e['op']} "
+                            f"{_num(e['threshold'])})" for e in g["evidence"]) or "metrics.json"
+            out.append(f"s{g['seed']} FAILED: {why}")
+    missing = [f"s{seed} not run (time)" for seed in seeds if seed not in row["seeds"]]
+    return "; ".join(out + missing)
 
 
 def _num(value) -> str:
@@ -305,8 +307,10 @@ def markdown(report: dict) -> list[str]:
         f"{report['learning_rate']:g} (passed explicitly), {report['optimizer']}; seeds "
         f"{report['seeds']}; TF {env['tensorflow']}, {env['cpu_count']} CPUs, bf16 units: "
         f"{', '.join(env['cpu_bf16']) or 'none'}, fp16 units: "
-        f"{', '.join(env['cpu_fp16']) or 'none'}. Whole run: "
-        f"{report['wall_seconds'] / 60:.1f} min.", "",
+        f"{', '.join(env['cpu_fp16']) or 'none'}. " + (
+            "Merged from (model, seed) runs made in parallel on this host (their times below)."
+            if report.get("merged") else f"Whole run: {report['wall_seconds'] / 60:.1f} min."),
+        "",
         "AMP − float32 = the AMP-trained model's test accuracy minus the float32-trained one's "
         "with the same seed; mean over the seeds and its 95 % t-interval. Twin = the AMP "
         "weights run under float32 (inference rounding only). Gate = the evaluate step's "
@@ -327,7 +331,8 @@ def markdown(report: dict) -> list[str]:
             f"{', '.join(f'{d:+.2f}' for d in r['per_seed_delta_points'])} | "
             f"{r['twin_agreement_mean']:.2%} ({r['twin_agreement_min']:.2%}) | "
             f"{r['max_relative_logit_diff']:.1e} ({r['relative_logit_bound']:.1e}) | "
-            f"{_gates(r)}{' — ' + '; '.join(r['errors']) if r['errors'] else ''} |")
+            f"{_gates(r, report['seeds'])}"
+            f"{' — ' + '; '.join(r['errors']) if r['errors'] else ''} |")
     lines += ["", "TFLite variants (from the float32 twin of the AMP model; agreement = argmax "
               "agreement with the SavedModel on the same test sentences):", "",
               "| model | policy | seed | variant | accuracy | agreement | size KiB | gate |",

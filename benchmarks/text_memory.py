@@ -429,8 +429,9 @@ def _analyse(args, model, sequence, policy, points, notes) -> dict:
     row.update(fixed_bytes=fixed, per_example_bytes=per_example, fit_batches=[
         x for x, _ in on_line], floor_bytes=fit["floor"],
         max_abs_residual_bytes=max(abs(r) for r in fit["residuals"]),
-        max_relative_residual=max(abs(r) / y for r, (_, y)
-                                  in zip(fit["residuals"], on_line, strict=True)),
+        max_relative_residual=max(abs(r) / y for r, (_, y)  # two points: a line, no check
+                                  in zip(fit["residuals"], on_line, strict=True))
+        if len(on_line) >= 3 else None,
         largest_measured_batch=largest["batch"],
         activation_share_at_largest=per_example * largest["batch"]
         / largest["allocator_peak_bytes"])
