@@ -1,29 +1,14 @@
 """The statistics the performance benchmarks report: the loop-vs-fit interval, the JPEG folder."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name):
-    sys.path.insert(0, str(BENCHMARKS))  # the scripts import each other's helpers
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def scaling():
-    return _load("train_scaling")
+    return load_benchmark("train_scaling")
 
 
 def test_the_interval_is_around_the_geometric_mean_of_the_pairs(scaling):
@@ -50,7 +35,7 @@ def test_more_pairs_narrow_the_interval(scaling):
 def test_the_jpeg_folder_is_seeded_sized_and_classed(tmp_path):
     from PIL import Image
 
-    bench = _load("input_pipeline")
+    bench = load_benchmark("input_pipeline")
     bench.make_image_folder(tmp_path / "a", 6, 3, seed=0)
     bench.make_image_folder(tmp_path / "b", 6, 3, seed=0)
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.jpg"))

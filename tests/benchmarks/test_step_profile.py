@@ -6,41 +6,26 @@ fraction of the ceiling and who holds the gap, and that an op a dtype cannot run
 without bf16 kernels) is recorded, not fatal.
 """
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name):
-    sys.path.insert(0, str(BENCHMARKS))  # the scripts import each other's helpers
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def report_mod():
-    return _load("step_profile_report")
+    return load_benchmark("step_profile_report")
 
 
 @pytest.fixture(scope="module")
 def ceiling_mod():
-    return _load("op_ceiling")
+    return load_benchmark("op_ceiling")
 
 
 @pytest.fixture(scope="module")
 def profile_mod():
-    return _load("step_profile")
+    return load_benchmark("step_profile")
 
 
 @pytest.mark.parametrize(("name", "group"), [
@@ -182,9 +167,9 @@ def test_onednn_verbose_counts_only_the_timed_steps(profile_mod):
 
 
 def test_train_throughput_profile_runs_step_profile(monkeypatch):
-    bench = _load("train_throughput")
+    bench = load_benchmark("train_throughput")
     seen = {}
-    step_profile = _load("step_profile")
+    step_profile = load_benchmark("step_profile")
     monkeypatch.setattr(step_profile, "main", lambda argv: seen.setdefault("argv", argv) and 0)
     # main is replaced: nothing is built, so any model name is only passed on
     monkeypatch.setattr(sys, "argv", ["train_throughput.py", "--profile", "--model", "small_cnn",

@@ -1,24 +1,13 @@
 """The BERT memory benchmark's arithmetic: the fit, the batch that fits, accumulation, params."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "text_memory.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("text_memory", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    return load_benchmark("text_memory")
 
 
 def test_the_fit_leaves_out_the_update_bound_floor(bench):
