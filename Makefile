@@ -59,11 +59,12 @@ demo: $(STAMP)
 # splitting a long file: make test PYTEST_ADDOPTS=--record-file-durations=tests/file_durations.json
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-## test: lint, then the whole test suite: 1,863 tests in 1,085 s of pytest with -n 2 on a 2-core
-## clean clone of a Xeon (AMX) host, over the 12-minute goal (the files the suite had before took
-## 1.56x their Zen 4 seconds there; text, release-gate and guard files added 267 s). Before:
-## 1,502 tests in 516-621 s on Zen 4 (seven runs). -n 3 measured 646 s against 660 s with 9 %
-## more CPU (contention): within noise, so -n 2.
+## test: lint, then the whole test suite: 1,962 tests in 1,124 s of pytest with -n 2 on a 2-core
+## clean clone of a Xeon (AMX) host, quiet: over the 12-minute goal (stop 35 there: 1,863 tests
+## in 1,085 s). The files the suite had went 2,073 -> 2,007 file-seconds (shared session
+## fixtures, one tiny text model per run), the 10 new files add 146 s. On Zen 4 the suite took
+## 516-621 s (1,502 tests, seven runs); this Xeon runs the same files ~1.56x slower. -n 3
+## measured 646 s against 660 s with 9 % more CPU (contention): within noise, so -n 2.
 test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS)
