@@ -8,6 +8,7 @@ The slow test runs the same model on 2 local workers (MultiWorkerMirroredStrateg
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -177,21 +178,14 @@ def test_two_workers_accumulating_make_the_step_of_one_process_on_the_larger_bat
 
     from ampflow.components.train.launcher import local_ports, run_workers, tf_configs
 
-    lines: list[str] = []
-
-    class Sink:
-        def write(self, text):
-            lines.append(text)
-
-        def flush(self):
-            pass
-
+    sink = io.StringIO()  # the launcher's stream: each worker prints its RESULT line
     script = _WORKER.format(here=str(Path(__file__).parent), policies=POLICIES,
                             out=str(tmp_path))
-    run_workers([sys.executable, "-c", script], tf_configs(local_ports(2)), stream=Sink())
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in "".join(lines).splitlines()
+    run_workers([sys.executable, "-c", script], tf_configs(local_ports(2)), stream=sink)
+    output = sink.getvalue()
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in output.splitlines()
                if "RESULT " in line]
-    assert len(results) == 2, "".join(lines)[-3000:]
+    assert len(results) == 2, output[-3000:]
     for policy in POLICIES:
         initial = _model(policy).get_weights()
         reference_loop = _loop(policy, 1)

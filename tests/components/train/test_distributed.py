@@ -6,6 +6,7 @@ steps) with MultiWorkerMirroredStrategy, exactly as a TFJob would; each is bound
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -172,22 +173,14 @@ def test_launcher_stops_every_worker_when_one_fails(tmp_path):
               "        time.sleep(0.01)\n"
               "    print('ampflow train: error: bad thing', file=sys.stderr); sys.exit(3)\n"
               "time.sleep(60)\n")
-    lines: list[str] = []
-
-    class Sink:
-        def write(self, text):
-            lines.append(text)
-
-        def flush(self):
-            pass
-
+    sink = io.StringIO()  # the launcher's stream: what a terminal would show
     began = time.monotonic()
     with pytest.raises(WorkerFailedError, match="worker 1 exited with code 3: bad thing; "
                                                 "stopped the other workers") as error:
-        run_workers([sys.executable, "-c", script], tf_configs(local_ports(2)), stream=Sink())
+        run_workers([sys.executable, "-c", script], tf_configs(local_ports(2)), stream=sink)
     assert time.monotonic() - began < 30
     assert error.value.exit_code == 3
-    output = "".join(lines)
+    output = sink.getvalue()
     assert "[worker 0] hello from 0" in output and "[worker 1] hello from 1" in output
 
 
