@@ -70,7 +70,8 @@ test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS)
 
 ## test-fast: lint, then every test that trains no real model and loads no server (-m "not slow"):
-## 1,703 tests in 165 s with -n 2 on the same quiet 2-core Xeon clean clone (goal: 3 minutes);
+## 1,703 tests in 165 s and 194 s (two runs) with -n 2 on the same quiet 2-core Xeon clean clone
+## (goal: 3 minutes, at its edge there);
 ## 1,306 tests in 119 s on Zen 4 two sessions before.
 test-fast: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
