@@ -108,11 +108,16 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--result-file", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.smoke:
-        args.steps_per_epoch = args.steps_per_epoch or SMOKE["steps_per_epoch"]
-        args.test_limit = args.test_limit or SMOKE["test_limit"]
-        args.latency_runs = min(args.latency_runs, SMOKE["latency_runs"])
-        args.representative_size = min(args.representative_size, SMOKE["representative_size"])
+        apply_smoke(args, SMOKE)
     return args
+
+
+def apply_smoke(args, smoke: dict) -> None:
+    """--smoke's sizes where the user set none (steps, test texts) or a larger one (runs)."""
+    args.steps_per_epoch = args.steps_per_epoch or smoke["steps_per_epoch"]
+    args.test_limit = args.test_limit or smoke["test_limit"]
+    args.latency_runs = min(args.latency_runs, smoke["latency_runs"])
+    args.representative_size = min(args.representative_size, smoke["representative_size"])
 
 
 def _epochs(args, model: str) -> int:

@@ -106,10 +106,7 @@ def _parse() -> argparse.Namespace:
     if args.tflite_seeds is None:
         args.tflite_seeds = args.seeds[:1]
     if args.smoke:
-        args.steps_per_epoch = args.steps_per_epoch or SMOKE["steps_per_epoch"]
-        args.test_limit = args.test_limit or SMOKE["test_limit"]
-        args.latency_runs = min(args.latency_runs, SMOKE["latency_runs"])
-        args.representative_size = min(args.representative_size, SMOKE["representative_size"])
+        fidelity.apply_smoke(args, SMOKE)
     return args
 
 
