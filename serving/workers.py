@@ -306,6 +306,15 @@ def _metrics_dir() -> tuple[Path, bool]:
     return Path(tempfile.mkdtemp(prefix="ampflow-metrics-")), True
 
 
+def _restore_env(name: str, value: str | None) -> None:
+    """Put an environment variable back as it was: an in-process caller of `supervise` (a test,
+    a notebook) must not be left with the workers' multiprocess metrics dir."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 def _mark_dead(pid: int) -> None:
     """The client library's clean-up for a dead process (its live gauges; counters stay)."""
     if os.environ.get(MULTIPROC_ENV):
@@ -348,6 +357,7 @@ def supervise(config) -> int:
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     pool = None
+    environ_before = os.environ.get(MULTIPROC_ENV)
     try:
         if config.metrics_port:
             metrics_dir, owned = _metrics_dir()
@@ -381,3 +391,4 @@ def supervise(config) -> int:
             metrics_http.server_close()
         if owned:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+        _restore_env(MULTIPROC_ENV, environ_before)

@@ -21,6 +21,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+# Imported here, before any test names PROMETHEUS_MULTIPROC_DIR: the client library picks its
+# value class (in-process or multiprocess files) once, at import, from that variable. Imported
+# first under a test's monkeypatched variable, every later server in this pytest process would
+# write files into a dir that no longer exists (CI: 37 serving tests failed on one xdist worker).
+import prometheus_client
 import pytest
 from serving_helpers import MODEL, free_port, install_version, local_only
 
@@ -29,6 +34,15 @@ from ampflow.serving.cli import main as serving_main
 SERVE_FLAGS = ("--workers", "2", "--grace-s", "10")
 ROUND = 16  # requests (fresh connections) per round: all on one worker has p = 2**-15
 RELOAD_BOUND_S = 60.0  # poll interval + loading on a busy 2-core machine, far above either
+
+
+@pytest.fixture(autouse=True)
+def this_process_keeps_in_process_metrics():
+    """After each test, this pytest process's metrics are still in-process ones."""
+    before = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    yield
+    assert prometheus_client.values.ValueClass.__name__ != "MultiProcessValue"
+    assert os.environ.get("PROMETHEUS_MULTIPROC_DIR") == before
 
 
 # ---- bad input: one line, before anything starts --------------------------------------------
