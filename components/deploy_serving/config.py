@@ -36,6 +36,15 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Knative service "<name>-predictor" must stay a 63-character DNS label
 _ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ISVC_NAME_MAX = 63 - len("-predictor")
+# Node Feature Discovery's labels for the CPUs that compute bfloat16 natively (AVX512_BF16, AMX
+# with bfloat16 tiles): its cpuid source publishes `cpu-cpuid.<flag>=true`, flags named as
+# github.com/klauspost/cpuid names them (NFD docs, "Feature labels": X86 CPUID flags). Neither
+# flag is in NFD's default blacklist.
+BF16_NODE_LABELS = ("feature.node.kubernetes.io/cpu-cpuid.AVX512BF16=true",
+                    "feature.node.kubernetes.io/cpu-cpuid.AMXBF16=true")
+_NODE_LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_NODE_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
 
 def check_tflite_target(target: str) -> None:
@@ -236,6 +245,16 @@ class DeployConfig:
             "first deploy gets all of it)"
         },
     )
+    bfloat16_node_labels: str | None = field(
+        default=",".join(BF16_NODE_LABELS),
+        metadata={
+            "metavar": "K=V[,K=V]",
+            "help": "kserve target with compute_precision bfloat16: the predictor's pods run "
+            "only on nodes with at least one of these labels (a required node affinity), "
+            "where the parity gate's measurements hold and bfloat16 is fast. The default is "
+            "Node Feature Discovery's labels for AVX512_BF16 and AMX-BF16 CPUs; none: any node"
+        },
+    )
     model_store_claim: str = field(
         default="tf-serving-models",
         metadata={
@@ -289,6 +308,9 @@ class DeployConfig:
                 f"canary_replicas must be >= 1. Received: canary_replicas={self.canary_replicas}"
             )
         model_store.refuse_unsupported_uri(self.model_store)
+        if (self.bfloat16_node_labels or "none").lower() == "none":  # a flag's word for None
+            object.__setattr__(self, "bfloat16_node_labels", None)
+        self.bfloat16_node_selector  # noqa: B018  (parses its text, or raises ConfigError)
         self._check_serving_format()
         self._check_compute_precision()
         if self.target == "kserve":
@@ -354,6 +376,23 @@ class DeployConfig:
         if not _DNS_LABEL.match(self.model_store_claim):
             raise ConfigError("model_store_claim must be a PVC name (lower-case letters, digits, "
                               f"'-'). Received: model_store_claim={self.model_store_claim!r}")
+
+    @property
+    def bfloat16_node_selector(self) -> tuple[tuple[str, str], ...]:
+        """`bfloat16_node_labels` as (label, value) pairs, any one of which a node must have."""
+        if self.bfloat16_node_labels is None:
+            return ()
+        labels = []
+        for text in self.bfloat16_node_labels.split(","):
+            key, sep, value = text.strip().partition("=")
+            if not sep or not _NODE_LABEL_KEY.fullmatch(key) or not (
+                    _NODE_LABEL_VALUE.fullmatch(value)) or len(value) > 63:
+                raise ConfigError(
+                    "bfloat16_node_labels must be KEY=VALUE node labels, comma-separated (e.g. "
+                    f"{BF16_NODE_LABELS[0]}), or none. "
+                    f"Received: bfloat16_node_labels={self.bfloat16_node_labels!r}")
+            labels.append((key, value))
+        return tuple(labels)
 
     @property
     def inference_service_name(self) -> str:

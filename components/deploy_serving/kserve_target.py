@@ -25,6 +25,13 @@ model in the store, the version the revision serves and the canary percent.
 A TFLite variant (`serving_format="tflite"`) is published the same way; the InferenceService
 asks for the model format `tflite`, which the `ampflow` ServingRuntime lists (its `ampflow
 serve` loads a version dir holding a .tflite file), and the canary expects the variant's answers.
+
+A bfloat16 version (`compute_precision="bfloat16"`, checked by its parity gate where the deploy
+runs) is served with `--compute-precision=bfloat16` in the model's args, and its predictor is
+given a required node affinity: only nodes with one of `bfloat16_node_labels` (by default Node
+Feature Discovery's labels for AVX512_BF16 and AMX-BF16 CPUs), where bfloat16 is native, the
+gate's measurements hold, and `ampflow serve` does not refuse it. In Serverless mode Knative
+accepts the affinity only with its `kubernetes.podspec-affinity` feature on.
 """
 
 from __future__ import annotations
@@ -189,7 +196,28 @@ def release(rendered: list[dict[str, Any]], config: DeployConfig, model_name: st
                      f"--versions={version}"]
     if config.compute_precision != "float32":  # appended to the runtime's args by KServe
         model["args"].append(f"--compute-precision={config.compute_precision}")
+        require_node_labels(predictor, config.bfloat16_node_selector)
     return [runtime, isvc]
+
+
+def require_node_labels(pod: dict[str, Any], labels: tuple[tuple[str, str], ...]) -> None:
+    """Let `pod` (a PodSpec, or KServe's predictor) run only on nodes with one of `labels`.
+
+    Why: a bfloat16 version passed its parity gate on a CPU with native bfloat16, and only
+    there is it fast; elsewhere `ampflow serve --compute-precision bfloat16` refuses to start.
+    A required node affinity, one term per label: the scheduler ORs the terms (a nodeSelector
+    can only AND). Terms the manifest already holds (an operator's own) still hold: each is
+    combined with each of ours, so a node must meet one of theirs and one of ours.
+    """
+    if not labels:
+        return
+    ours = [{"key": key, "operator": "In", "values": [value]} for key, value in labels]
+    required = (pod.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+                .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {}))
+    theirs = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [
+        {**term, "matchExpressions": [*term.get("matchExpressions", []), expression]}
+        for term in theirs for expression in ours]
 
 
 def _supported_format(runtime: dict[str, Any], name: str) -> dict[str, str]:

@@ -311,6 +311,86 @@ def test_a_bfloat16_deploy_asks_the_runtime_for_bfloat16_in_its_model_args(rende
     assert served == {"float32": "float32", "bfloat16": "bfloat16"}
 
 
+# Node labels as Node Feature Discovery publishes them (cpu-cpuid.<flag>=true) on the CPU kinds
+# ampflow's hosts include: AVX2 only, Zen 4 (AVX512_BF16, no AMX), Sapphire Rapids (both)
+NFD = "feature.node.kubernetes.io/cpu-cpuid."
+NODES = {"avx2-only": {f"{NFD}AVX2": "true", "kubernetes.io/arch": "amd64"},
+         "zen4": {f"{NFD}AVX2": "true", f"{NFD}AVX512BF16": "true", "kubernetes.io/arch": "amd64"},
+         "sapphire-rapids": {f"{NFD}AVX512BF16": "true", f"{NFD}AMXBF16": "true",
+                             f"{NFD}AMXTILE": "true", "kubernetes.io/arch": "amd64"},
+         "amx-labelled-only": {f"{NFD}AMXBF16": "true", "kubernetes.io/arch": "amd64"}}
+
+
+def schedulable_on(deployment: dict) -> set[str]:
+    """The NODES the scheduler may put the pod on: its nodeSelector (ANDed) and its required
+    node affinity (terms ORed, a term's expressions ANDed), as Kubernetes reads them."""
+    spec = deployment["spec"]["template"]["spec"]
+    required = (spec.get("affinity", {}).get("nodeAffinity", {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+
+    def meets(expression: dict, labels: dict) -> bool:
+        value, operator = labels.get(expression["key"]), expression["operator"]
+        return {"In": lambda: value in expression["values"],
+                "NotIn": lambda: value not in expression["values"],
+                "Exists": lambda: value is not None,
+                "DoesNotExist": lambda: value is None}[operator]()
+
+    def fits(labels: dict) -> bool:
+        if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+            return False
+        return required is None or any(
+            all(meets(e, labels) for e in term.get("matchExpressions", []))
+            for term in required["nodeSelectorTerms"])
+
+    return {name for name, labels in NODES.items() if fits(labels)}
+
+
+def _bf16_release(objects: list[dict], tmp_path, **overrides) -> list[dict]:
+    config = DeployConfig(saved_model_dir=Path("/x/digits/3"), target="kserve",
+                          model_store="/models", data_dir=tmp_path, **overrides)
+    return kserve_target.release(objects, config, "digits", 3)
+
+
+def test_a_bfloat16_predictor_runs_only_on_nodes_with_bf16_units(render, tmp_path):
+    """The gate's measurements hold, and bfloat16 is fast, only on a CPU with AVX512_BF16 or
+    AMX-BF16: a bfloat16 deploy requires a node Node Feature Discovery labels with either (a
+    node affinity: a nodeSelector cannot say "either"); a float32 one may run anywhere."""
+    objects = render(TARGET)[1]
+    float32 = _bf16_release(objects, tmp_path)
+    bfloat16 = _bf16_release(objects, tmp_path, compute_precision="bfloat16")
+    for obj in bfloat16:
+        validate(obj)  # the affinity is a field KServe's CRD has, spelt as it has it
+    assert schedulable_on(predictor_pod(float32)) == set(NODES)
+    assert schedulable_on(predictor_pod(bfloat16)) == {"zen4", "sapphire-rapids",
+                                                       "amx-labelled-only"}
+    # Knative (Serverless mode) takes an affinity only with kubernetes.podspec-affinity on
+    # (docs/how-to/serve-and-query.md says so); nothing else of the pod changes
+    assert knative_problems(predictor_pod(bfloat16)) == ["pod field affinity"]
+    assert security_context_problems([predictor_pod(bfloat16)]) == []
+
+
+def test_the_bf16_node_labels_are_the_operators_to_change(render, tmp_path):
+    """--bfloat16-node-labels: other labels (a cluster labelling its bf16 pool itself), none
+    (no constraint), and an affinity already in the manifest still holds beside ours."""
+    objects = render(TARGET)[1]
+    own = _bf16_release(objects, tmp_path, compute_precision="bfloat16",
+                        bfloat16_node_labels=f"{NFD}AMXBF16=true")
+    assert schedulable_on(predictor_pod(own)) == {"sapphire-rapids", "amx-labelled-only"}
+    anywhere = _bf16_release(objects, tmp_path, compute_precision="bfloat16",
+                             bfloat16_node_labels="none")
+    assert "affinity" not in one(anywhere, "InferenceService")["spec"]["predictor"]
+    assert schedulable_on(predictor_pod(anywhere)) == set(NODES)
+
+    manifest = copy.deepcopy(objects)  # an operator's own rule: no amx-labelled-only node
+    one(manifest, "InferenceService")["spec"]["predictor"]["affinity"] = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": f"{NFD}AVX2", "operator": "Exists"}]},
+            {"matchExpressions": [{"key": f"{NFD}AMXTILE", "operator": "Exists"}]}]}}}
+    both = _bf16_release(manifest, tmp_path, compute_precision="bfloat16")
+    validate(one(both, "InferenceService"))
+    assert schedulable_on(predictor_pod(both)) == {"zen4", "sapphire-rapids"}
+
+
 def test_checkov_passes_on_the_predictor_pod(render, tmp_path):
     """checkov reads no KServe kind (it finds 0 resources in the render), so it checks the pod
     KServe builds from them, with the base Deployment's two justified exceptions and two more:

@@ -161,6 +161,9 @@ def test_first_deploy_never_ready_says_nothing_served_before(export_base, tmp_pa
                                  r"Received: 'my_model'"),
     ({"name_prefix": "9-"}, r"must start with a lower-case letter.*Received: '9-digits'"),
     ({"model_store_claim": "Models"}, r"model_store_claim must be a PVC name"),
+    ({"bfloat16_node_labels": "AVX512BF16"}, r"bfloat16_node_labels must be KEY=VALUE node "
+                                             r"labels.*Received: .*'AVX512BF16'"),
+    ({"bfloat16_node_labels": "a=true,cpu flags=AMX"}, r"bfloat16_node_labels must be KEY="),
 ])
 def test_kserve_config_refuses_what_kserve_would(export_base, tmp_path, kwargs, match):
     with pytest.raises(ConfigError, match=match):
