@@ -1,4 +1,4 @@
-r"""`ampflow train --autotune` on a real model: every candidate's img/s, the choice and why.
+r"""`ampflow train --autotune` on a real model: every candidate's rate, the choice and why.
 
 Runs `run_train` itself with `autotune=True` (the candidates are timed on the real model, batch
 and input pipeline, compilation excluded, side by side in one child process), then one training
@@ -98,7 +98,7 @@ def _write(report: dict, out: Path) -> None:
         "small_cnn") else ""
     if report.get("text"):
         size = f" at sequence length {report['max_sequence_length']}"
-    rate = "texts/s" if report.get("text") else "img/s"
+    rate = report["throughput_unit"]  # img/s or texts/s: the run's (throughput.py)
     lines = [f"# --autotune: {report['model']}{size}, batch {report['batch_size']}, "
              f"{report['hardware']}, {report['cpus']} CPUs", "",
              f"{report['warmup_steps']} warm-up + {report['timed_steps']} timed steps per "

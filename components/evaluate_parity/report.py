@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ampflow.components.train.throughput import throughput_unit
+
 PER_CLASS_PNG = "per_class_accuracy.png"
 LOGIT_DIFF_PNG = "logit_diff_histogram.png"
 LOSS_SCALE_PNG = "loss_scale_history.png"
@@ -243,7 +245,7 @@ _RELEASE_CHECKS = ("chance_", "serving_", "min_accuracy", "threshold:")
 
 def _training_section(metrics: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
     """AMP-trained vs float32-trained: accuracy, the paired test, the speedup with its noise."""
-    m = metrics
+    m, unit = metrics, throughput_unit(ctx.get("modality")).rate
     lines = [
         "", "## Training parity (AMP-trained vs float32-trained, same data and seed)", "",
         f"- accuracy: AMP {_pct(m['amp_accuracy'])} vs float32 {_pct(m['baseline_accuracy'])}: "
@@ -254,9 +256,9 @@ def _training_section(metrics: dict[str, Any], ctx: dict[str, Any]) -> list[str]
         f"{_cell(m['baseline_mcnemar_p_value'])} ({m.get('baseline_mcnemar_method', '')})",
         f"- AMP training speedup: {_cell(m['training_speedup'])}× ± "
         f"{_cell(m['training_speedup_stderr'])} (SE; AMP {_cell(m['amp_train_img_per_s'])} ± "
-        f"{_cell(m['amp_train_img_per_s_stdev'])} img/s vs float32 "
+        f"{_cell(m['amp_train_img_per_s_stdev'])} {unit} vs float32 "
         f"{_cell(m['baseline_train_img_per_s'])} ± {_cell(m['baseline_train_img_per_s_stdev'])}"
-        f" img/s, mean ± SD over {_cell(m['training_speedup_epochs_measured'])} epochs; "
+        f" {unit}, mean ± SD over {_cell(m['training_speedup_epochs_measured'])} epochs; "
         "measured in two separate tasks)",
         *_memory_lines(m),
         "",

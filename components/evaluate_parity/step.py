@@ -297,6 +297,7 @@ def _amp_check(model_dir, metadata: dict) -> dict[str, Any] | None:
 def _context(config, metadata, baseline, policy, compute_dtype, bound) -> dict[str, Any]:
     ctx = {
         "architecture": metadata.get("architecture"),
+        "modality": metadata.get("modality"),  # the training rates' unit (train/throughput.py)
         "model_dir": os.fspath(config.model_dir),
         "policy": policy,
         "compute_dtype": compute_dtype,

@@ -23,6 +23,10 @@ float32 without XLA is measured first, so the choice is never slower than it on 
 the rule's own choice second. The progress line's ETA comes from measured time only (the
 warm-ups and steps timed so far), capped by the budget left.
 
+Rates are examples per second in the data's unit (throughput.py: img/s for images, texts/s
+for text models), which the child's plan names; the rows keep their `images_per_sec` field
+(benchmarks/results hold it) and the report says the unit in `throughput_unit`.
+
 Multi-worker: each worker's child measures its own local replicas; the workers then agree on
 each candidate's mean rate (a candidate counts only if every worker measured it), so every
 worker picks the same pair.
@@ -66,6 +70,7 @@ from ampflow.components.train.precision import (
     choose_policy,
     native_formats,
 )
+from ampflow.components.train.throughput import ThroughputUnit, throughput_unit
 from ampflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -120,6 +125,7 @@ class SearchResult:
     hardware: str | None = None
     restarts: int = 0
     cpu_s: float | None = None  # CPU seconds of the measuring processes (load-independent)
+    modality: str | None = None  # the data's, from the plan: the rates' unit (throughput.py)
 
 
 class _Search:
@@ -166,7 +172,8 @@ class _Search:
         return SearchResult(rows, self.plan.get("global_batch_size"),
                             self.plan.get("conv_layers"), self.clock() - self.started,
                             self.config.autotune_budget_s, self.stopped_at_budget,
-                            self.plan.get("hardware"), self.restarts)
+                            self.plan.get("hardware"), self.restarts,
+                            modality=self.plan.get("modality"))
 
     def _follow(self, child: _Child) -> bool:
         """Read one child to its end; False when the search must stop (budget, setup error)."""
@@ -285,11 +292,15 @@ class _Search:
     def _log(self, row: dict[str, Any]) -> None:
         if not self.chief:
             return
-        what = (f"{row['images_per_sec']:.1f} img/s ({row.get('timed_steps')} timed steps)"
+        what = (f"{row['images_per_sec']:.1f} {self._unit().rate} ({row.get('timed_steps')} "
+                "timed steps)"
                 if row["status"] == "measured" else row.get("reason", ""))
         log.info("autotune %s xla=%s: %s: %s", row["policy"], row["xla"], row["status"], what)
 
     # what is known so far
+    def _unit(self) -> ThroughputUnit:
+        return throughput_unit(self.plan.get("modality"))
+
     def _best(self) -> dict[str, Any] | None:
         ok = [r for r in self.rows.values() if r["status"] == "measured"]
         return max(ok, key=lambda r: r["images_per_sec"]) if ok else None
@@ -331,7 +342,8 @@ class _Search:
         return {"planned": total or None,
                 "running": running,
                 "fastest": (f"{best['policy']} xla={best['xla']} "
-                            f"{best['images_per_sec']:.1f} img/s" if best else None),
+                            f"{best['images_per_sec']:.1f} {self._unit().rate}" if best
+                            else None),
                 "ETA": (_duration(seconds) if estimated
                         else f"<= {_duration(seconds)} (budget left; not measured yet)")}
 
@@ -393,10 +405,11 @@ def choose(result: SearchResult, runtime, hardware: HardwareInfo, config
     rule_policy, _ = choose_policy("auto", hardware)
     rule_jit, _ = choose_jit(None, hardware, rule_policy)
     formats = native_formats(hardware)
+    unit = throughput_unit(result.modality)
     if ok:
         best = max(ok, key=lambda r: rates[(r["policy"], r["xla"])])
         rate = rates[(best["policy"], best["xla"])]
-        why = (f"autotune: fastest of {len(ok)} measured candidates at {rate:.1f} img/s"
+        why = (f"autotune: fastest of {len(ok)} measured candidates at {rate:.1f} {unit.rate}"
                + (f", {best['ratio_vs_float32']:.2f}x float32 without XLA" if baseline else "")
                + f" (the rule would pick {rule_policy}, xla={rule_jit})")
         keras.mixed_precision.set_global_policy(best["policy"])
@@ -416,6 +429,8 @@ def choose(result: SearchResult, runtime, hardware: HardwareInfo, config
         "reason": why,
         "rule_choice": {"policy": rule_policy, "xla": rule_jit},
         "candidates": result.rows,
+        "modality": result.modality,
+        "throughput_unit": unit.rate,  # of every rate here (the rows' images_per_sec included)
         "warmup_steps": WARMUP_STEPS,
         "timed_steps": config.autotune_steps,
         "drop_rule": (f"after {DROP_AFTER_STEPS} timed steps, dropped if its fastest step > "
@@ -434,7 +449,7 @@ def choose(result: SearchResult, runtime, hardware: HardwareInfo, config
 
 
 def _agreed_rates(rows: list[dict[str, Any]], runtime) -> dict[tuple[str, bool], float]:
-    """{pair: img/s} of the pairs every worker measured, the mean over the workers.
+    """{pair: examples/s} of the pairs every worker measured, the mean over the workers.
 
     Every worker agrees on every possible pair in a fixed order, so the collectives match
     even where the workers' candidate lists differ.

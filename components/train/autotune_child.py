@@ -138,7 +138,8 @@ class _ChildRun:
         pairs, skipped = candidates(self.hardware, parse_policies(self.config.autotune_policies),
                                     self.config.autotune_xla, conv_layers)
         emit(event="plan", pairs=pairs, skipped=skipped, conv_layers=conv_layers,
-             global_batch_size=self.global_batch, hardware=self.hardware.describe())
+             global_batch_size=self.global_batch, hardware=self.hardware.describe(),
+             modality=self.info.get("modality"))  # the rates' unit (throughput.py)
         return pairs
 
     def prepare(self, policy: str, jit: bool):

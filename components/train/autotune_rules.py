@@ -205,7 +205,11 @@ def hardware_from_dict(data: dict[str, Any]) -> HardwareInfo:
 
 
 def step_rates(times: list[float], global_batch: int) -> dict[str, float]:
-    """A candidate's timed steps as rates: examples per second, mean and median step."""
+    """A candidate's timed steps as rates: examples per second, mean and median step.
+
+    `images_per_sec` counts examples of either kind (texts for a text model): the name is the
+    one benchmarks/results hold; the report's `throughput_unit` says the unit (throughput.py).
+    """
     return {"timed_steps": len(times),
             "images_per_sec": len(times) * global_batch / sum(times),
             "step_ms": 1000 * sum(times) / len(times),

@@ -6,6 +6,8 @@ from ampflow.cliutil import add_step_command
 
 
 def _summary(result) -> dict:
+    from ampflow.components.train.throughput import throughput_unit
+
     meta = result.metadata
     dist = meta.get("distribution") or {}
     if dist.get("is_chief") is False:
@@ -28,7 +30,8 @@ def _summary(result) -> dict:
         "policy": f"{meta['precision']['policy']} ({meta['precision']['reason']})",
         "xla": f"{meta['xla']['effective']} ({meta['xla']['reason']})",
         "val_accuracy": final.get("val_accuracy"),
-        "throughput_text_s" if text else "throughput_img_s": meta["throughput_examples_per_sec"],
+        f"throughput_{throughput_unit(meta.get('modality')).kind}_s":
+            meta["throughput_examples_per_sec"],
         "loss_scale": meta["loss_scale"].get("final", "n/a (no loss scaling)"),
         "skipped_steps": meta["loss_scale"].get("skipped_steps", 0),
         "strategy": f"{dist.get('strategy')} ({dist.get('num_workers')} worker(s), "

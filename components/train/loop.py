@@ -123,7 +123,7 @@ class LoopConfig:
     max_checkpoints: int = 2
     label_smoothing: float = 0.0  # of the training loss only; evaluation reports the plain one
     progress: bool = True  # the per-step display on the chief (ampflow.progress's settings)
-    item: str = "img"  # what one example is called in the display's rate ("text" for text)
+    item: str = "img"  # one example in the display's rate: throughput.py's ("texts" for text)
     # With more than one replica (the module docstring says why and what was measured):
     packed_allreduce: bool = True  # gradients + step stats in one all-reduce per step
     allreduce_bytes_per_pack: int = 0  # CommunicationOptions.bytes_per_pack; 0: one pack

@@ -55,6 +55,7 @@ from ampflow.components.train.config import (  # noqa: F401
 )
 from ampflow.components.train.precision import HardwareInfo, PrecisionSetup
 from ampflow.components.train.runtime import make_runtime
+from ampflow.components.train.throughput import throughput_unit
 from ampflow.components.train.tokenizer import TokenizerConfig
 from ampflow.errors import AmpflowError, ConfigError, TrainingDivergedError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
@@ -334,7 +335,7 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         checkpoint_every_n_steps=config.checkpoint_every_n_steps,
         packed_allreduce=config.packed_allreduce,
         allreduce_bytes_per_pack=config.allreduce_bytes_per_pack,
-        allreduce_dtype=config.allreduce_dtype, item="img" if tokenizer is None else "text",
+        allreduce_dtype=config.allreduce_dtype, item=throughput_unit(info.get("modality")).item,
         accumulation_steps=config.accumulation_steps))
     limits = config.guard_limits()
     # Every worker runs the guard on the same agreed numbers, so all stop at the same step;
@@ -534,6 +535,7 @@ def _metadata(config, info, setup, epochs, loss_scale, train_seconds, resumed_at
         "resumed_at_epoch": resumed_at,
         "train_seconds": train_seconds,
         "throughput_examples_per_sec": sum(timed) / len(timed) if timed else None,
+        "throughput_unit": throughput_unit(info.get("modality")).rate,  # img/s or texts/s
         "throughput_excludes_first_epoch": len(epochs) > 1,
         "final_metrics": {k: v for k, v in final.items()
                           if k not in ("epoch", "seconds", "train_seconds")},

@@ -8,13 +8,14 @@ so a slow candidate is slow by construction, not by this CPU's speed or load.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import textwrap
 import time
 
 import pytest
 
-from ampflow.components.train import TrainConfig, load_trained_model, run_train
+from ampflow.components.train import TrainConfig, autotune, load_trained_model, run_train
 from ampflow.components.train.autotune import choose, search, spawn_child
 from ampflow.components.train.autotune_rules import (
     DROP_AFTER_STEPS,
@@ -153,15 +154,17 @@ FAKE_CHILD = textwrap.dedent('''
     if pairs is None:
         pairs = scenario["plan"]
         emit(event="plan", pairs=pairs, skipped=[], conv_layers=0, global_batch_size=32,
-             hardware="fake")
+             hardware="fake", modality=scenario.get("modality"))
     autotune.run_candidates([tuple(p) for p in pairs], request["config"]["autotune_steps"], 32,
                             request["best_median_s"], prepare, emit, lambda: now[0])
     emit(event="end")
 ''')
 
 
-def _fake_search(tmp_path, step_s, plan, budget_s=60.0, steps=10, stall_min_s=10.0):
-    code = FAKE_CHILD.replace("SCENARIO", repr(json.dumps({"step_s": step_s, "plan": plan})))
+def _fake_search(tmp_path, step_s, plan, budget_s=60.0, steps=10, stall_min_s=10.0,
+                 modality=None):
+    code = FAKE_CHILD.replace("SCENARIO", repr(json.dumps({"step_s": step_s, "plan": plan,
+                                                            "modality": modality})))
     config = TrainConfig(data_dir=tmp_path, output_dir=tmp_path, autotune=True,
                          autotune_steps=steps, autotune_budget_s=budget_s)
     began = time.monotonic()
@@ -191,6 +194,32 @@ def test_a_clearly_slower_candidate_is_dropped_and_the_winner_is_the_full_measur
     assert f"{setup.policy} {setup.jit_compile}" == full_winner == "mixed_bfloat16 False"
     assert report["choice"] == {"policy": "mixed_bfloat16", "xla": False}
     assert report["candidates"][0]["ratio_vs_float32"] == 1.0
+
+
+def test_a_text_models_rates_are_texts_per_second_wherever_autotune_says_them(tmp_path,
+                                                                              caplog):
+    """bert_* on text data (the plan names the data's modality): every rate autotune prints or
+    records is texts (sequences) per second: the candidates' log lines, the choice's reason and
+    the report, whose `throughput_unit` says it (the rows keep `images_per_sec`, the field
+    benchmarks/results hold). Image data keeps img/s."""
+    import keras
+
+    step_s = {"float32 False": 0.10, "mixed_bfloat16 False": 0.05}  # 320 and 640 a second
+    try:
+        for modality, unit, wrong in (("text", "texts/s", "img/s"), ("image", "img/s", "texts/s")):
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger=autotune.log.name):
+                result, _, config = _fake_search(tmp_path, step_s, PLAN[:2], steps=3,
+                                                 modality=modality)
+                setup, report = choose(result, None, BF16_CPU, config)
+            lines = [r.getMessage() for r in caplog.records]
+            assert f"autotune float32 xla=False: measured: 320.0 {unit} (3 timed steps)" in lines
+            assert f"measured candidates at 640.0 {unit}," in setup.reason
+            assert report["throughput_unit"] == unit and report["modality"] == modality
+            assert [r["images_per_sec"] for r in report["candidates"]] == pytest.approx([320, 640])
+            assert wrong not in "\n".join([*lines, setup.reason, json.dumps(report)])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
 
 
 def test_the_budget_stops_a_running_candidate_and_says_where(tmp_path):

@@ -18,6 +18,7 @@ import tiny_text_model as shared
 from ampflow.components.train import TrainConfig
 from ampflow.components.train.autotune_rules import config_to_dict, hardware_to_dict
 from ampflow.components.train.precision import HardwareInfo
+from ampflow.components.train.throughput import throughput_unit
 
 BF16_CPU = HardwareInfo(cpu_flags=frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}))
 
@@ -52,6 +53,8 @@ def test_the_search_fits_the_text_tokenizer_once_and_measures_xla_for_an_encoder
         keras.mixed_precision.set_global_policy("float32")
     plan = events[0]
     assert plan["conv_layers"] == 0
+    # the parent's rates are in the data's unit, which the plan names: texts, not images
+    assert throughput_unit(plan["modality"]).rate == "texts/s"
     assert {("float32", True), ("mixed_bfloat16", True)} <= set(pairs)  # measured, not skipped
     # float32 first, then `auto`'s choice: the images' rule (bf16 where native, no XLA on a CPU)
     assert pairs[:2] == [("float32", False), ("mixed_bfloat16", False)]

@@ -50,6 +50,7 @@ def test_train_takes_a_text_folder_and_publishes_model_and_tokenizer(trained_tex
     model_dir, stdout = trained_text_model
     meta = _metadata(model_dir)
     assert meta["modality"] == "text" and meta["architecture"] == "bert_tiny"
+    assert meta["throughput_unit"] == "texts/s"  # examples of text, not images (throughput.py)
     assert meta["input_shape"] == [SEQ] and meta["input_dtype"] == "int32"
     assert meta["class_names"] == list(CLASSES) and meta["num_classes"] == 3
     assert meta["precision"]["policy"] == "mixed_float16"
