@@ -339,11 +339,15 @@ def run(args) -> dict:
     loads["end"] = bench_host.load_average()
     import tensorflow as tf
 
+    from ampflow.components.prepare_data.text import MODALITY_IMAGE, MODALITY_TEXT
+    from ampflow.components.train.throughput import throughput_unit
+
     cpu = bench_host.cpu_capabilities()
+    unit = throughput_unit(MODALITY_TEXT if sequence else MODALITY_IMAGE)
     report = {
         "model": args.model, "batch_size": args.batch_size, "tag": args.tag,
         "image_size": None if sequence else args.image_size, "sequence_length": sequence,
-        "item": "text" if sequence else "img", "smoke": args.smoke,
+        "item": unit.item, "smoke": args.smoke,  # img, or texts for a text model
         "path": "build.build_compiled_model + loop.TrainLoop.run_steps (what ampflow train "
                 "runs), no XLA, optimizer adam, the training input pipeline",
         "rounds": args.rounds, "steps_per_round": args.steps, "warmup_steps": WARMUP_STEPS,
