@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ampflow.components.prepare_data.text import MODALITY_IMAGE
 from ampflow.components.train.autotune_rules import (
     DROP_MARGIN,
     WARMUP_STEPS,
@@ -139,7 +140,7 @@ class _ChildRun:
                                     self.config.autotune_xla, conv_layers)
         emit(event="plan", pairs=pairs, skipped=skipped, conv_layers=conv_layers,
              global_batch_size=self.global_batch, hardware=self.hardware.describe(),
-             modality=self.info.get("modality"))  # the rates' unit (throughput.py)
+             modality=self.info.get("modality") or MODALITY_IMAGE)  # the rates' unit
         return pairs
 
     def prepare(self, policy: str, jit: bool):

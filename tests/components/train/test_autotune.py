@@ -306,6 +306,7 @@ def test_autotune_measures_picks_the_fastest_and_records_every_candidate(prepare
     assert set(rows) == {("float32", False), ("mixed_bfloat16", False)}
     assert not report["stopped_at_budget"] and report["elapsed_s"] < report["budget_s"]
     assert report["cpu_s"] > 0  # the child's CPU time, waited for and counted
+    assert (report["modality"], report["throughput_unit"]) == ("image", "img/s")  # the digits
     assert {r["status"] for r in rows.values()} <= {"measured", "dropped"}
     measured = [r for r in rows.values() if r["status"] == "measured"]
     best = max(measured, key=lambda r: r["images_per_sec"])
