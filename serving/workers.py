@@ -307,8 +307,11 @@ def _metrics_dir() -> tuple[Path, bool]:
 
 
 def _restore_env(name: str, value: str | None) -> None:
-    """Put an environment variable back as it was: an in-process caller of `supervise` (a test,
-    a notebook) must not be left with the workers' multiprocess metrics dir."""
+    """Put an environment variable back as it was.
+
+    An in-process caller of `supervise` (a test, a notebook) must not be left with the
+    workers' multiprocess metrics dir.
+    """
     if value is None:
         os.environ.pop(name, None)
     else:
