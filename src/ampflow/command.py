@@ -9,6 +9,7 @@ root package points up. Each command module exposes `register(subparsers)`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -18,12 +19,15 @@ from types import ModuleType
 from ampflow import __version__, progress
 from ampflow.cliutil import ArgumentParser
 from ampflow.errors import AmpflowError
-from ampflow.fast_start import quiet_python_noise
+from ampflow.fast_start import python_noise_quieted, quiet_python_noise
 from ampflow.requirements import check_installed_versions
 from ampflow.tf_startup import filter_stderr_for_life
 
 log = logging.getLogger("ampflow.cli")
 CLOSED_PIPE_EXIT_CODE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
+# What a command sets in its process, for itself and the processes it starts (the TF log
+# level, --quiet, --progress-every-s): an in-process caller gets its own values back.
+COMMAND_ENV = ("TF_CPP_MIN_LOG_LEVEL", progress.QUIET_ENV, progress.EVERY_S_ENV)
 
 
 def build_parser(modules: Iterable[ModuleType]) -> argparse.ArgumentParser:
@@ -69,15 +73,37 @@ def main(argv: list[str] | None, modules: Iterable[ModuleType]) -> int:
     Without `argv` (the console script, `python -m ampflow.cli`) the process is the command's:
     its stderr then goes through `ampflow.tf_startup`'s filter unless `--verbose` or
     `--log-level DEBUG` asks for everything. With `argv` (tests, a caller's own process) the
-    process's file descriptors are left alone.
+    process's file descriptors are left alone, and its settings put back after the command
+    (`callers_settings_kept`).
 
     Exit codes (ampflow/errors.py has the rule): 0, 2 (usage or configuration), 1 (the run
     failed), 130 (Ctrl-C), 141 (stdout's reader went away: `ampflow ... | head -1`).
     """
     try:
-        return _main(argv, modules)
+        with contextlib.nullcontext() if argv is None else callers_settings_kept():
+            return _main(argv, modules)
     except BrokenPipeError:
         return closed_pipe()
+
+
+@contextlib.contextmanager
+def callers_settings_kept():
+    """Put back what a command sets in its process: `COMMAND_ENV`, absl's noise filter.
+
+    For a caller's own process: a test or a notebook that runs `main(argv)` is not left
+    quiet, or logging every 5 s, for the rest of its life.
+    """
+    env = {name: os.environ.get(name) for name in COMMAND_ENV}
+    quieted = python_noise_quieted()
+    try:
+        yield
+    finally:
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        quiet_python_noise(quieted)
 
 
 def closed_pipe() -> int:

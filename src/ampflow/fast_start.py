@@ -78,6 +78,12 @@ class _DropPythonNoise(logging.Filter):
         return not str(record.msg).startswith(_PYTHON_NOISE)
 
 
+def python_noise_quieted() -> bool:
+    """Whether `quiet_python_noise`'s filter is on absl's logger now."""
+    return any(type(f).__name__ == _DropPythonNoise.__name__
+               for f in logging.getLogger(_ABSL_LOGGER).filters)
+
+
 def quiet_python_noise(quiet: bool = True) -> None:
     """Silence TensorFlow's Python-side noise, as `tf_startup` filters its C++ lines.
 

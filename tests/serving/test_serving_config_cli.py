@@ -383,3 +383,24 @@ def test_cli_serve_flag_defaults_are_the_config_fields_defaults():
 def test_cli_serve_config_error_names_the_flag(capsys):
     assert serving_main(["serve", "--model-base-path", "m", "--num-latest", "0"]) == 2
     assert "--num-latest must be >= 1" in capsys.readouterr().err
+
+
+def test_cli_in_a_callers_process_leaves_its_settings_as_they_were(tmp_path, capsys, monkeypatch):
+    """`main(argv)` in a caller's own process (a test, a notebook): --quiet, --progress-every-s
+    and --log-level DEBUG are the command's. Before, they stayed in os.environ (AMPFLOW_QUIET=1
+    for every later progress display and child process) and absl's noise filter stayed off."""
+    import os
+
+    from ampflow import progress
+    from ampflow.fast_start import python_noise_quieted
+
+    monkeypatch.setenv(progress.EVERY_S_ENV, "7")  # the caller's own: kept
+    monkeypatch.setenv(progress.QUIET_ENV, "")
+    monkeypatch.delenv(progress.QUIET_ENV)  # unset, and unset again after this test
+    assert python_noise_quieted()  # `import ampflow` installs absl's noise filter
+    code = serving_main(["--quiet", "--progress-every-s", "5", "--log-level", "DEBUG", "serve",
+                         "--model-base-path", str(tmp_path / "missing")])
+    assert code == 2, capsys.readouterr().err
+    assert os.environ.get(progress.EVERY_S_ENV) == "7"
+    assert progress.QUIET_ENV not in os.environ
+    assert python_noise_quieted()  # --log-level DEBUG took it off for the command only
