@@ -1,0 +1,80 @@
+"""A KFP task's process ends as soon as its work is done, without tearing TensorFlow down.
+
+Each step of the pipeline runs as its own process (`python -m kfp.dsl.executor_main`, under
+the kfp local runner and on a cluster alike). Once the executor has written the task's output,
+all that is left is the interpreter's finalization, which in a process that imported
+TensorFlow takes 2-4 s of wall time (~0.7 CPU-s) on this 2-core host: module teardown and
+TensorFlow's C++ destructors, for memory the OS reclaims anyway. Measured in the demo's logs:
+"Wrote executor output file" to "finished with status SUCCESS" 3.1 s for prepare-data, 3.8 s
+for evaluate-parity; with six such tasks per run, the pipeline waited ~20 s for nothing.
+
+`install()` (called when the `ampflow` package is imported, only in a KFP executor process)
+registers an exit handler that runs every other exit handler (logging's flush included),
+flushes stdout and stderr, then ends the process with `os._exit(0)`. Only after a success: the
+executor wrote the task's output file (it does so after the component function returned) and
+no exception went uncaught (sys.excepthook saw none); a failed task (an exception, a
+`sys.exit(1)`: no output file) finalizes as before and keeps its exit code.
+Nothing else is lost: files are written by then (the steps write atomically and close what they
+open, and non-daemon threads are joined before exit handlers run), as with `serve --workers`,
+whose drained worker exits the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import sys
+import time
+
+# The module KFP runs every lightweight component's task with (`python3 -m ...`).
+KFP_EXECUTOR = "kfp.dsl.executor_main"
+_state = {"installed": False, "failed": False, "since": 0.0}
+
+
+def in_kfp_task() -> bool:
+    """Whether this process is a KFP task: its main module is KFP's component executor."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == KFP_EXECUTOR
+
+
+def install() -> None:
+    """In a KFP task's process, end it without finalization once it succeeded; once."""
+    if _state["installed"] or not in_kfp_task():
+        return
+    _state.update(installed=True, since=time.time())
+    sys.excepthook = _noting_failure(sys.excepthook)
+    atexit.register(_exit_without_teardown)
+
+
+def _noting_failure(hook):
+    def excepthook(*exc_info):
+        _state["failed"] = True
+        hook(*exc_info)
+    return excepthook
+
+
+def _exit_without_teardown() -> None:
+    if _state["failed"] or not _output_written():
+        return  # the normal way out, with the failure's exit code
+    atexit.unregister(_exit_without_teardown)
+    atexit._run_exitfuncs()  # the others (logging.shutdown, TensorFlow's own), newest first
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(0)
+
+
+def _output_written() -> bool:
+    """Whether the executor wrote this task's output file (`outputs.outputFile`) since start."""
+    parser = argparse.ArgumentParser(add_help=False)  # as executor_main reads it
+    parser.add_argument("--executor_input")
+    text = parser.parse_known_args(sys.argv[1:])[0].executor_input
+    try:
+        path = json.loads(text)["outputs"]["outputFile"]
+        return os.path.getmtime(path) >= _state["since"]
+    except (TypeError, KeyError, ValueError, OSError):
+        return False
