@@ -31,8 +31,12 @@ class FakeTerminal(io.StringIO):
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    monkeypatch.delenv(progress_module.QUIET_ENV, raising=False)
-    monkeypatch.delenv(progress_module.EVERY_S_ENV, raising=False)
+    """The progress variables unset, and unset again after the test even where `configure()`
+    set them: `delenv(raising=False)` of an unset variable records nothing for monkeypatch to
+    undo, so set first (test_configure_... left AMPFLOW_PROGRESS_EVERY_S=2.0 in the process)."""
+    for name in (progress_module.QUIET_ENV, progress_module.EVERY_S_ENV):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
 
 def _run(progress: Progress, steps: int, pause_s: float = 0.0, values=None) -> None:
