@@ -364,6 +364,10 @@ def supervise(config) -> int:
     try:
         if config.metrics_port:
             metrics_dir, owned = _metrics_dir()
+            # The client library picks its value class once, at import, from the variable:
+            # imported under it, this process's own metrics (an in-process caller's servers)
+            # would be files in a dir gone after this returns; the supervisor records none.
+            import prometheus_client  # noqa: F401
             os.environ[MULTIPROC_ENV] = str(metrics_dir)  # the spawned workers inherit it
             if config.metrics_port != config.rest_api_port:
                 metrics_http = _serve_metrics(config, metrics_dir)

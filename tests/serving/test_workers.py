@@ -41,7 +41,8 @@ def this_process_keeps_in_process_metrics():
     """After each test, this pytest process's metrics are still in-process ones."""
     before = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     yield
-    assert prometheus_client.values.ValueClass.__name__ != "MultiProcessValue"
+    # (the multiprocess class is named MmapedValue: MultiProcessValue is its factory)
+    assert prometheus_client.values.ValueClass is prometheus_client.values.MutexValue
     assert os.environ.get("PROMETHEUS_MULTIPROC_DIR") == before
 
 
@@ -63,6 +64,42 @@ def test_bad_workers_flag_is_one_line(flags, message, tmp_path, capsys):
     assert code == 2
     assert len(err.splitlines()) == 1 and err.startswith("ampflow serve: error: "), err
     assert message in err
+
+
+def test_supervise_in_a_callers_process_leaves_its_metrics_in_process(tmp_path):
+    """`supervise` names PROMETHEUS_MULTIPROC_DIR for its workers; the client library, imported
+    first under it, would write every later in-process server's metrics into files of a dir
+    that is gone (the CI failure's mechanism). A fresh interpreter, the metrics port taken so
+    that supervise stops right after its metrics set-up, before any worker starts."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        script = (
+            "import os, sys\n"
+            "from ampflow.errors import ServingError\n"
+            "from ampflow.serving.config import ModelConfig, ServerConfig\n"
+            "from ampflow.serving.workers import supervise\n"
+            f"config = ServerConfig(models=(ModelConfig('m', {str(tmp_path)!r}),), "
+            f"host='127.0.0.1', port=0, metrics_port={busy.getsockname()[1]}, workers=2)\n"
+            "try:\n"
+            "    supervise(config)\n"
+            "except ServingError as e:\n"
+            "    print('refused:', e)\n"
+            "import prometheus_client.values as v\n"
+            "print(v.ValueClass.__name__, os.environ.get('PROMETHEUS_MULTIPROC_DIR'))\n"
+            "print('tensorflow' in sys.modules)\n")
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    refused, value_class, tensorflow = proc.stdout.splitlines()
+    assert refused.startswith("refused: cannot bind the metrics port"), proc.stdout
+    assert value_class == "MutexValue None"  # in-process metrics, and no variable left
+    assert tensorflow == "False"  # the supervisor never imports it (nor did this test)
 
 
 # ---- real workers ----------------------------------------------------------------------------
