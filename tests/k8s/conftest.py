@@ -7,8 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-import yaml
-from k8s_helpers import K8S_DIR, require_tool
+from k8s_helpers import K8S_DIR, load_all_yaml, require_tool
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +31,7 @@ def render(kubectl):
                 check=False,
             )
             assert proc.returncode == 0, proc.stderr
-            cache[target] = (proc.stdout, [d for d in yaml.safe_load_all(proc.stdout) if d])
+            cache[target] = (proc.stdout, load_all_yaml(proc.stdout))
         return cache[target]
 
     return _render
