@@ -55,7 +55,7 @@ class SavedModelReference:
                 f"signature_key must name a signature of the SavedModel {sorted(loaded.signatures)}"
                 f". Received: signature_key={signature_key!r}"
             )
-        self._loaded = loaded  # keeps the variables alive
+        self.loaded = loaded  # keeps the variables alive; the converter reuses it
         self._fn = loaded.signatures[signature_key]
         inputs = self._fn.structured_input_signature[1]
         if len(inputs) != 1:

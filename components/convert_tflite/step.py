@@ -79,7 +79,8 @@ def run_convert(config: ConvertConfig) -> ConvertResult:
                                      labels, ref_probs, config)
     labels_list = _labels(saved_model_dir, info)
     results: dict[str, VariantResult] = {}
-    converter = SavedModelConverter(saved_model_dir, inputs.signature_key)  # one for all
+    converter = SavedModelConverter(saved_model_dir, inputs.signature_key,  # one for all
+                                    loaded=reference.loaded)  # not loaded again
     with staging_dir(config.output_dir, replaces="report.json") as tmp:
         shipped = inputs.ship(tmp)
         for i, variant in enumerate(config.variants, 1):

@@ -51,7 +51,8 @@ class TextReference:
             raise ModelLoadError(f"a text SavedModel must have the signatures serving_default "
                                  f"and {TOKEN_IDS_SIGNATURE!r} (docs/ARTIFACTS.md). Received: "
                                  f"{sorted(loaded.signatures)}")
-        self._loaded = loaded  # keeps the variables and the vocabulary table alive
+        self.loaded = loaded  # keeps the variables and vocabulary alive; the converter
+        # reuses it
         self._fn = loaded.signatures[DEFAULT_SIGNATURE]
         ids_spec, = loaded.signatures[TOKEN_IDS_SIGNATURE].structured_input_signature[1].values()
         self.input_shape = tuple(ids_spec.shape.as_list()[1:])

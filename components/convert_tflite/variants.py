@@ -15,12 +15,14 @@ input tensor's (scale, zero_point) and dequantize the outputs (see each variant'
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import logging
 import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -78,21 +80,25 @@ def convert_variant(
 
 
 class SavedModelConverter:
-    """One SavedModel signature, converted to any variant; the converter is built once.
+    """One SavedModel signature, converted to any variant; the SavedModel is loaded once.
 
     `tf.lite.TFLiteConverter.from_saved_model` loads the whole SavedModel (functions and
-    variables) only to check the signature key, and every `convert()` loads it once more, so
-    four variants from four converters load it eight times. An unused converter holds only
-    its settings and the SavedModel's path, so each variant converts with a deep copy of the
-    first: five loads instead of eight, the same bytes (tests/components/convert_tflite).
-    Measured on ResNet-50 at 32×32 (2-core Zen 4): 25.0 CPU-s for the four variants instead
-    of 30.3.
+    variables) only to check the signature key, and every `convert()` loads it once more only
+    to read its debug info, so four variants from four converters loaded it eight times. Here
+    the converter is built once and each variant converts with a deep copy of it (an unused
+    converter holds only its settings and the SavedModel's path), and every load TensorFlow's
+    converter asks for is answered with one loaded SavedModel (`loaded`, e.g. the one the
+    checks already hold, or loaded here at the first variant): no load per variant, the same
+    bytes (tests/components/convert_tflite). What is left per variant is the converter's own
+    C++ import of the SavedModel and its passes, which no public API shares. Measured on
+    ResNet-50 at 32×32 (2-core Xeon): the loads were ~1.3 CPU-s of each variant's ~7.
     """
 
     def __init__(self, saved_model_dir: str | os.PathLike,
-                 signature_key: str = DEFAULT_SIGNATURE) -> None:
+                 signature_key: str = DEFAULT_SIGNATURE, *, loaded: Any = None) -> None:
         self.saved_model_dir = os.fspath(saved_model_dir)
         self.signature_key = signature_key
+        self._loaded = loaded  # a tf.saved_model.load() of saved_model_dir, or None: load once
         self._template = None  # built at the first convert, after its arguments are checked
 
     def convert(self, variant: str, *, representative: np.ndarray | None = None,
@@ -103,15 +109,23 @@ class SavedModelConverter:
         samples = None
         if variant == "full_int8":
             if representative is not None and input_shape is None:
-                input_shape = signature_input_shape(self.saved_model_dir, self.signature_key)
+                input_shape = _input_shape_of(self._saved_model(), self.signature_key,
+                                              self.saved_model_dir)
             samples = check_representative(representative, input_shape)
-        converter = _configure(self._fresh_converter(), variant, samples, int8_io)
-        try:
-            with _native_stderr_to_debug_log():
-                return converter.convert()
-        except Exception as e:  # the converter raises ConverterError, RuntimeError, ValueError...
-            raise explain_conversion_error(e, variant=variant,
-                                           source=self.saved_model_dir) from e
+        with _loads_answered_with(self.saved_model_dir, self._saved_model()):
+            converter = _configure(self._fresh_converter(), variant, samples, int8_io)
+            try:
+                with _native_stderr_to_debug_log():
+                    return converter.convert()
+            except Exception as e:  # the converter raises ConverterError, RuntimeError, ...
+                raise explain_conversion_error(e, variant=variant,
+                                               source=self.saved_model_dir) from e
+
+    def _saved_model(self):
+        """The loaded SavedModel, loaded at the first call unless it was given."""
+        if self._loaded is None:
+            self._loaded = _load_saved_model(self.saved_model_dir, self.signature_key)
+        return self._loaded
 
     def _fresh_converter(self):
         """A converter no variant has set or run yet."""
@@ -120,8 +134,17 @@ class SavedModelConverter:
         try:
             return copy.deepcopy(self._template)
         except Exception as e:  # noqa: BLE001 (a TensorFlow whose converter cannot be copied)
-            log.debug("TFLite converter not copyable (%s); loading the SavedModel again", e)
+            log.debug("TFLite converter not copyable (%s); building it again", e)
             return _from_saved_model(self.saved_model_dir, self.signature_key)
+
+
+def _load_saved_model(saved_model_dir: str, signature_key: str):
+    import tensorflow as tf
+
+    try:
+        return tf.saved_model.load(saved_model_dir)
+    except (OSError, ValueError, KeyError) as e:
+        raise _missing_signature(saved_model_dir, signature_key, e) from e
 
 
 def _from_saved_model(saved_model_dir: str, signature_key: str):
@@ -131,9 +154,62 @@ def _from_saved_model(saved_model_dir: str, signature_key: str):
         return tf.lite.TFLiteConverter.from_saved_model(
             saved_model_dir, signature_keys=[signature_key])
     except (OSError, ValueError, KeyError) as e:
-        raise ModelLoadError(f"saved_model_dir must hold a SavedModel with the signature "
-                             f"{signature_key!r}. Received: saved_model_dir="
-                             f"{saved_model_dir!r} ({e})") from e
+        raise _missing_signature(saved_model_dir, signature_key, e) from e
+
+
+def _missing_signature(saved_model_dir: str, signature_key: str, error: Exception):
+    return ModelLoadError(f"saved_model_dir must hold a SavedModel with the signature "
+                          f"{signature_key!r}. Received: saved_model_dir={saved_model_dir!r} "
+                          f"({error})")
+
+
+# The loaded SavedModel each directory's loads are answered with, in this thread's conversion.
+_ANSWERED_LOADS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "ampflow_answered_saved_model_loads", default=None)
+
+
+@contextlib.contextmanager
+def _loads_answered_with(saved_model_dir: str, loaded) -> Iterator[None]:
+    """Inside, TensorFlow's converter gets `loaded` for every load of `saved_model_dir`.
+
+    The converter loads the SavedModel (`tensorflow.lite.python.lite._load`, tf.saved_model's
+    load) in `from_saved_model` and again in every `convert()`, and reads from it only the
+    signatures and the debug info, which a second load of the same directory would give the
+    same. Its module-level `_load` is wrapped once (a TensorFlow without it: loads as before);
+    other directories, other threads and code outside this block load as usual.
+    """
+    lite = _converter_module()
+    if lite is None:
+        yield
+        return
+    token = _ANSWERED_LOADS.set({os.path.realpath(saved_model_dir): loaded})
+    try:
+        yield
+    finally:
+        _ANSWERED_LOADS.reset(token)
+
+
+def _converter_module():
+    """tensorflow.lite.python.lite with its `_load` answering from `_ANSWERED_LOADS`, or None."""
+    try:
+        from tensorflow.lite.python import lite
+    except ImportError:
+        return None
+    load = getattr(lite, "_load", None)
+    if not callable(load):
+        return None
+    if not getattr(load, "answers_ampflow_loads", False):
+        lite._load = _answering(load)
+    return lite
+
+
+def _answering(load):
+    def answered_load(export_dir, *args, **kwargs):
+        given = (_ANSWERED_LOADS.get() or {}).get(os.path.realpath(os.fspath(export_dir)))
+        return given if given is not None else load(export_dir, *args, **kwargs)
+
+    answered_load.answers_ampflow_loads = True
+    return answered_load
 
 
 def _configure(converter, variant: str, samples, int8_io: bool):
@@ -155,14 +231,16 @@ def _configure(converter, variant: str, samples, int8_io: bool):
 
 def signature_input_shape(saved_model_dir: str | os.PathLike, signature_key: str) -> tuple:
     """The signature's single input shape without the batch dim, e.g. (8, 8, 1)."""
-    import tensorflow as tf
+    directory = os.fspath(saved_model_dir)
+    return _input_shape_of(_load_saved_model(directory, signature_key), signature_key,
+                           directory)
 
+
+def _input_shape_of(loaded, signature_key: str, saved_model_dir: str = "") -> tuple:
     try:
-        fn = tf.saved_model.load(os.fspath(saved_model_dir)).signatures[signature_key]
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelLoadError(f"saved_model_dir must hold a SavedModel with the signature "
-                             f"{signature_key!r}. Received: saved_model_dir="
-                             f"{os.fspath(saved_model_dir)!r} ({e})") from e
+        fn = loaded.signatures[signature_key]
+    except KeyError as e:
+        raise _missing_signature(saved_model_dir, signature_key, e) from e
     (spec,) = fn.structured_input_signature[1].values()
     return tuple(spec.shape.as_list()[1:])
 

@@ -10,7 +10,6 @@ from ampflow.components.convert_tflite import (
     VARIANTS,
     ConvertConfig,
     SavedModelConverter,
-    convert_variant,
     draw_representative,
     run_convert,
 )
@@ -158,17 +157,54 @@ def test_draw_representative_is_seeded_and_from_the_training_split(prepared_digi
     assert all(x.tobytes() in train for x in first)
 
 
-def test_one_converter_for_every_variant_gives_each_variant_the_bytes_of_its_own_converter(
-        float32_savedmodel, prepared_digits):
+@pytest.fixture
+def saved_model_loads(monkeypatch):
+    """Counts the SavedModel loads (tf.saved_model.load, and the TFLite converter's own)."""
+    from tensorflow.python.saved_model import load
+
+    loads = []
+    init = load.Loader.__init__
+
+    def counted(self, *args, **kwargs):
+        loads.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(load.Loader, "__init__", counted)
+    return loads
+
+
+def test_one_converter_loads_the_saved_model_once_and_gives_each_variant_tf_own_bytes(
+        float32_savedmodel, prepared_digits, saved_model_loads):
     # run_convert converts every variant through one SavedModelConverter (a copy of one
-    # converter each); no variant's settings may reach the next: full_int8's int8-only ops
-    # and calibration, float16's types. Reversed order, so each comes after those settings.
-    # full_int8 comes first: the same calibration images (a copy) give the same bytes.
+    # converter each, every load TF's converter asks for answered with one loaded SavedModel);
+    # no variant's settings may reach the next (full_int8's int8-only ops and calibration,
+    # float16's types), and each variant's bytes must be those of TensorFlow's own converter,
+    # which loads the SavedModel itself. Reversed order, so each comes after those settings.
+    from ampflow.components.convert_tflite.variants import _configure, _from_saved_model
+
     samples = draw_representative(prepared_digits, 32, seed=3)
     shared = SavedModelConverter(float32_savedmodel)
     for variant in reversed(VARIANTS):
         representative = samples if variant == "full_int8" else None
-        alone = convert_variant(float32_savedmodel, variant, representative=representative)
-        if representative is not None:
+        plain = _configure(_from_saved_model(str(float32_savedmodel), "serving_default"),
+                           variant, representative, int8_io=False)
+        alone = plain.convert()
+        if representative is not None:  # the same calibration images (a copy): the same bytes
             representative = representative.copy()
+        before = len(saved_model_loads)
         assert shared.convert(variant, representative=representative) == alone, variant
+        # One load for every variant (at the first), where TF's converter alone loads twice
+        # per variant (from_saved_model's signature check, convert's debug info).
+        assert len(saved_model_loads) - before == (1 if variant == "full_int8" else 0), variant
+
+
+def test_a_converter_given_the_loaded_saved_model_loads_nothing(float32_savedmodel,
+                                                                saved_model_loads):
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(float32_savedmodel))  # as run_convert's checks hold it
+    saved_model_loads.clear()
+    flatbuffer = SavedModelConverter(float32_savedmodel, loaded=loaded).convert("float32")
+    assert saved_model_loads == []
+    interpreter = tf.lite.Interpreter(model_content=flatbuffer)
+    assert list(interpreter.get_signature_list()) == ["serving_default"]
