@@ -191,11 +191,11 @@ def test_client_wait_s_gives_up_with_the_last_status_when_nothing_serves(capsys)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = main(["model-status", "--port", str(port), "--wait-s", "1", "--retries", "0",
-                 "--timeout-s", "0.5"])
+    code = main(["model-status", "--port", str(port), "--wait-s", "0.3", "--retries", "0",
+                 "--timeout-s", "0.5"])  # (polls every 0.2 s: 1 s waited for nothing)
     err = capsys.readouterr().err
     assert code == 1, err
-    assert f"model 'ampflow' at 127.0.0.1:{port} was not AVAILABLE within --wait-s 1" in err
+    assert f"model 'ampflow' at 127.0.0.1:{port} was not AVAILABLE within --wait-s 0.3" in err
 
 
 class _RecordingRaw(io.RawIOBase):
