@@ -77,7 +77,7 @@ class TextReference:
 
         one = tf.constant(texts[:1], tf.string)
         return _time(lambda: self._fn(**{TEXT_INPUT: one}),
-                     lambda: self.predict(texts, batch_size), len(texts),
+                     lambda some: self.predict(some, batch_size), texts,
                      runs=runs, warmup=warmup, batch_size=batch_size)
 
 

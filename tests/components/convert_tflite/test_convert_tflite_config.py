@@ -67,3 +67,21 @@ def test_convert_cli_bad_flag_value_prints_one_line_and_exits_2(capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("ampflow convert: error: --representative-size must be > 0. "
                    "Received: --representative-size=0")
+
+
+@pytest.mark.parametrize(("n_images", "warmed"), [
+    (70, [6, 32]),  # the last, shorter batch, then the first batch's shape the pass starts with
+    (64, [32]),  # whole batches only: one shape
+    (20, [20]),  # a single batch
+])
+def test_throughput_warms_each_batch_shape_up_not_a_whole_extra_pass(n_images, warmed):
+    import numpy as np
+
+    from ampflow.components.convert_tflite.checks import _time
+
+    images = np.arange(n_images)
+    calls = []
+    timing = _time(lambda: None, lambda some: calls.append(len(some)), images,
+                   runs=3, warmup=1, batch_size=32)
+    assert calls == [*warmed, n_images]  # the warm-up, then one timed pass over every image
+    assert timing.latency_runs == 3 and timing.throughput_images_per_sec > 0
