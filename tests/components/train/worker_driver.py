@@ -3,8 +3,19 @@
 Worker processes of the distributed tests run this instead of `python -m ampflow.cli`, so that
 they know the test models below. AMPFLOW_TEST_LOGICAL_CPUS=N splits the CPU into N logical
 devices first (MirroredStrategy then has N replicas in one process).
+
+`<args of job 1> --then <args of job 2> ...` runs several jobs one after the other in this one
+process, because each process pays ~9 CPU-s to start TensorFlow and its runtime, more than a
+small job itself costs. Before each job after the first, TensorFlow's eager context is reset
+(its own helper for tests; a fresh context has fresh devices and collectives: a second
+MirroredStrategy in the old one collides with the first one's collective keys), so no
+strategy, device or collective state of one job reaches the next. AMPFLOW_TEST_TF_CONFIGS, a
+JSON list, gives each job its own TF_CONFIG (fresh ports: the previous job's collective server
+lives on until the process ends). After each job a `COMMAND_DONE` line on stderr says its exit
+code; the process exits with the last job's. With one job the driver is the CLI, nothing more.
 """
 
+import json
 import os
 import sys
 
@@ -57,7 +68,22 @@ def batch_norm_cnn(input_shape, num_classes, image_size=None):
     return keras.Model(inputs, float32_head(x, num_classes))
 
 
-def main() -> int:
+SEPARATOR = "--then"
+COMMAND_DONE = "worker_driver: command {index} exited with code {code}"
+
+
+def split_commands(argv: list[str]) -> list[list[str]]:
+    """`a b --then c d` -> [[a, b], [c, d]]."""
+    commands: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == SEPARATOR:
+            commands.append([])
+        else:
+            commands[-1].append(arg)
+    return commands
+
+
+def _split_cpu() -> None:
     devices = int(os.environ.get("AMPFLOW_TEST_LOGICAL_CPUS", "0"))
     if devices:
         import tensorflow as tf
@@ -65,12 +91,36 @@ def main() -> int:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
+
+
+def _fresh_tensorflow_context() -> None:
+    from tensorflow.python.eager import context
+
+    context._reset_context()
+    _split_cpu()
+
+
+def main() -> int:
+    _split_cpu()
     from ampflow.cli import main as ampflow_main
     from ampflow.components.train.models import register_model
 
     register_model("test_inf_gradient_on_replica_1", _inf_gradient_on_replica_1)
     register_model("test_batch_norm_cnn", batch_norm_cnn)
-    return ampflow_main(sys.argv[1:])
+    commands = split_commands(sys.argv[1:])
+    if len(commands) == 1:
+        return ampflow_main(commands[0])
+    tf_configs = json.loads(os.environ.get("AMPFLOW_TEST_TF_CONFIGS", "null"))
+    code = 0
+    for index, command in enumerate(commands):
+        if index:
+            _fresh_tensorflow_context()
+        if tf_configs:
+            os.environ["TF_CONFIG"] = json.dumps(tf_configs[index])
+        code = ampflow_main(command)
+        sys.stdout.flush()
+        print(COMMAND_DONE.format(index=index, code=code), file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":
