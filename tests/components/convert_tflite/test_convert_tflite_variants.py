@@ -206,5 +206,7 @@ def test_a_converter_given_the_loaded_saved_model_loads_nothing(float32_savedmod
     saved_model_loads.clear()
     flatbuffer = SavedModelConverter(float32_savedmodel, loaded=loaded).convert("float32")
     assert saved_model_loads == []
-    interpreter = tf.lite.Interpreter(model_content=flatbuffer)
-    assert list(interpreter.get_signature_list()) == ["serving_default"]
+    from ai_edge_litert.interpreter import Interpreter
+
+    assert list(Interpreter(model_content=flatbuffer).get_signature_list()) == [
+        "serving_default"]
