@@ -155,3 +155,14 @@ def workspace_problems(platform_spec: dict[str, Any], backend: str,
         problems.append("workspace PVC spec storageClassName must be omitted or set to a "
                         f"non-empty value ({lines})")
     return problems
+
+
+def ir_problems(path: str, backend: str) -> list[str]:
+    """Every rule above applied to a compiled IR file, for KFP backend series `backend`."""
+    from ampflow.files import yaml_documents
+
+    with open(path) as f:
+        docs = yaml_documents(f)
+    platform = docs[1] if len(docs) > 1 else {}
+    return (placeholder_problems(docs[0]) + mount_problems(platform)
+            + workspace_problems(platform, backend))

@@ -87,20 +87,10 @@ def _register_compile(subparsers) -> None:
 
 def _check_for_backend(path: str, backend: str) -> None:
     """Refuse (one line per rule) an IR that KFP `backend` would reject when the run starts."""
-    import yaml
-
     from ampflow.errors import ConfigError
-    from ampflow.pipeline.backend_rules import (
-        mount_problems,
-        placeholder_problems,
-        workspace_problems,
-    )
+    from ampflow.pipeline.backend_rules import ir_problems
 
-    with open(path) as f:
-        docs = list(yaml.safe_load_all(f))
-    platform = docs[1] if len(docs) > 1 else {}
-    problems = (placeholder_problems(docs[0]) + mount_problems(platform)
-                + workspace_problems(platform, backend))
+    problems = ir_problems(path, backend)
     if problems:
         raise ConfigError(f"KFP {backend} would refuse {path}: " + "; ".join(problems) + (
             "; pass --workspace-storage-class NAME (kubectl get storageclass) or --checkpoints "

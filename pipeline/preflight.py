@@ -183,11 +183,11 @@ def kserve_role_rules() -> list[tuple[str, str, str]]:
     import yaml
 
     from ampflow.errors import ConfigError
-    from ampflow.files import k8s_manifests_dir
+    from ampflow.files import k8s_manifests_dir, yaml_documents
 
     path = k8s_manifests_dir() / KSERVE_RBAC_FILE
     try:
-        documents = list(yaml.safe_load_all(path.read_text()))
+        documents = yaml_documents(path.read_text())
         (role,) = [d for d in documents if d and d.get("kind") == "Role"
                    and d["metadata"]["name"] == KSERVE_ROLE]
     except (OSError, yaml.YAMLError, ValueError, KeyError) as e:

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.pipeline import preflight
+from ampflow.pipeline.backend_rules import ir_problems
 from ampflow.pipeline.parameters import check_arguments
 from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline, options_from
 
@@ -89,7 +90,7 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
         options = _storage_class_for(backend, options, api_client)
         with tempfile.TemporaryDirectory() as tmp:
             package = compile_pipeline(Path(tmp) / "ampflow.yaml", options)
-            problems = _ir_problems(package, backend)
+            problems = ir_problems(package, backend.series or "2.17")  # 2.17's if unknown
             if api_client is not None:
                 needs = preflight.run_needs(options, arguments, namespace, backend.multi_user,
                                             config.runner_service_account)
@@ -119,23 +120,6 @@ def _storage_class_for(backend, options, api_client):
     log.info("KFP %s needs the workspace's storage class: using the cluster's default, %s",
              backend.tag, found)
     return dataclasses.replace(options, workspace_storage_class=found)
-
-
-def _ir_problems(package: str, backend) -> list[str]:
-    """The backend's own rules over the compiled IR (its version's, or 2.17's if unknown)."""
-    import yaml
-
-    from ampflow.pipeline.backend_rules import (
-        mount_problems,
-        placeholder_problems,
-        workspace_problems,
-    )
-
-    with open(package) as f:
-        docs = list(yaml.safe_load_all(f))
-    platform = docs[1] if len(docs) > 1 else {}
-    return (placeholder_problems(docs[0]) + mount_problems(platform)
-            + workspace_problems(platform, backend.series or "2.17"))
 
 
 def _create_run(config: SubmitConfig, package: str, arguments: dict) -> SubmitResult:

@@ -44,8 +44,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ampflow.components.deploy_serving import model_store
 from ampflow.components.deploy_serving.config import DeployConfig, DeployResult, Payload
 from ampflow.components.deploy_serving.kubernetes_cluster import FIELD_MANAGER, Cluster
@@ -56,7 +54,7 @@ from ampflow.components.deploy_serving.kubernetes_render import (
     one,
 )
 from ampflow.errors import ConfigError, DeployError
-from ampflow.files import k8s_manifests_dir
+from ampflow.files import k8s_manifests_dir, yaml_documents
 from ampflow.serving.model_format import parse_version_name
 
 log = logging.getLogger(__name__)
@@ -161,7 +159,7 @@ def render_manifests(config: DeployConfig) -> list[dict[str, Any]]:
         raise DeployError(f"kubectl kustomize did not finish in {e.timeout}s") from e
     if proc.returncode != 0:
         raise DeployError(f"kubectl kustomize {directory} failed: {proc.stderr.strip()}")
-    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    return [doc for doc in yaml_documents(proc.stdout) if doc]
 
 
 def release(rendered: list[dict[str, Any]], config: DeployConfig, model_name: str,

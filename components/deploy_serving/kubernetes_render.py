@@ -28,7 +28,7 @@ import yaml
 from ampflow.components.deploy_serving import model_store
 from ampflow.components.deploy_serving.config import DeployConfig
 from ampflow.errors import ConfigError, DeployError
-from ampflow.files import k8s_manifests_dir
+from ampflow.files import k8s_manifests_dir, yaml_documents
 
 BASE_NAME = "tf-serving"
 VERSION_ANNOTATION = "ampflow.dev/model-version"
@@ -76,7 +76,7 @@ def render(config: DeployConfig, model_name: str, version: int) -> list[dict[str
             raise DeployError(f"kubectl kustomize did not finish in {e.timeout}s") from e
     if proc.returncode != 0:
         raise DeployError(f"kubectl kustomize {overlay} failed: {proc.stderr.strip()}")
-    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    return [doc for doc in yaml_documents(proc.stdout) if doc]
 
 
 def canary_objects(release: list[dict[str, Any]], replicas: int) -> list[dict[str, Any]]:
@@ -132,7 +132,7 @@ def parse_record(config_map: dict[str, Any] | None) -> tuple[list[dict[str, Any]
         return None
     data = config_map.get("data") or {}
     try:
-        objects = [doc for doc in yaml.safe_load_all(data[RECORD_KEY]) if doc]
+        objects = [doc for doc in yaml_documents(data[RECORD_KEY]) if doc]
         version = int(data["version"])
         one(objects, "Deployment")
     except (KeyError, ValueError, yaml.YAMLError, DeployError) as e:

@@ -27,6 +27,19 @@ def k8s_manifests_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "k8s"  # <checkout>/src/ampflow/files.py
 
 
+def yaml_documents(source) -> list[Any]:
+    """Every document of a YAML text or open file, as `yaml.safe_load_all` gives them.
+
+    libyaml's parser (`CSafeLoader`, in PyYAML's wheels) with the same safe constructors: a
+    compiled pipeline (~80 KB) takes ~0.01 CPU-s instead of ~0.15 with the pure-Python parser,
+    which `submit`, `compile --backend` and the manifest renders each paid per read.
+    """
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # a PyYAML built without libyaml
+    return list(yaml.load_all(source, Loader=loader))
+
+
 def ensure_writable_dir(path: str | os.PathLike, what: str = "output_dir") -> Path:
     """Create `path` if needed and prove it is writable, before any compute starts."""
     path = Path(path)

@@ -15,10 +15,11 @@ The kfp local runner substitutes placeholders anywhere, so no local run can show
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
-import yaml
 
+from ampflow.files import yaml_documents
 from ampflow.pipeline.backend_rules import (
     BACKENDS,
     mount_problems,
@@ -47,7 +48,7 @@ def _compile(tmp_path, **kwargs):
     key = tuple(sorted(kwargs.items()))
     if key not in _CACHE:
         path = compile_pipeline(tmp_path / "p.yaml", PipelineOptions(image=IMAGE, **kwargs))
-        docs = list(yaml.safe_load_all(open(path)))
+        docs = yaml_documents(open(path))
         _CACHE[key] = docs[0], (docs[1] if len(docs) > 1 else {})
     return _CACHE[key]
 
@@ -57,7 +58,7 @@ def test_every_placeholder_of_every_variant_is_one_the_217_driver_resolves(tmp_p
     spec, platform = _compile(tmp_path, **variant)
     assert placeholder_problems(spec) == []
     assert mount_problems(platform) == []  # no claim mounted over the workspace
-    text = yaml.safe_dump(spec)
+    text = json.dumps(spec)  # every string whole (a YAML dump may fold a long one)
     if variant["train_workers"] > 1:  # the TFJob's key: the run id, as the whole value
         params = spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
         assert params["run_key"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"

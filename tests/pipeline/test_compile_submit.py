@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from ampflow.errors import ConfigError, PipelineError
+from ampflow.files import yaml_documents
 from ampflow.pipeline.pipeline import PipelineOptions, compile_pipeline
 from ampflow.pipeline.submit import SubmitConfig, submit
 
@@ -24,7 +25,7 @@ def _load(path):
     from kfp import components
 
     components.load_component_from_file(str(path))  # the IR YAML loads back with kfp
-    docs = list(yaml.safe_load_all(open(path)))
+    docs = yaml_documents(open(path))
     return docs[0], (docs[1] if len(docs) > 1 else {})
 
 
@@ -236,6 +237,7 @@ def test_compile_every_placeholder_is_one_the_kfp_driver_resolves(tmp_path):
     from them would reach the container unresolved."""
     text = Path(compile_pipeline(tmp_path / "p.yaml", PipelineOptions(image=IMAGE))).read_text()
     spec = next(yaml.safe_load_all(text))
+    assert yaml_documents(text)[0] == spec  # the fast reader every other test and submit use
     whole_value_only = ("{{$.pipeline_job_uuid}}", "{{$.pipeline_task_name}}",
                         "{{$.pipeline_task_uuid}}", "{{$.pipeline_job_name}}",
                         "{{$.pipeline_root}}")

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from ampflow.errors import PipelineError
+from ampflow.files import yaml_documents
 from ampflow.pipeline import preflight
 from ampflow.pipeline import submit as submit_module
 from ampflow.pipeline.submit import SubmitConfig, SubmitResult, submit
@@ -154,7 +155,7 @@ def sent(monkeypatch):
     runs = []
 
     def create(config, package, arguments):
-        runs.append((list(yaml.safe_load_all(open(package))), arguments))
+        runs.append((yaml_documents(open(package)), arguments))
         return SubmitResult(run_id="run-1", url=f"{config.host}/#/runs/details/run-1")
 
     monkeypatch.setattr(submit_module, "_create_run", create)
