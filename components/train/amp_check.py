@@ -199,19 +199,34 @@ def amp_check_of(model, info: dict, *, model_path: str | None = None,
     text.py) builds a text model on token ids `[batch, sequence_length]` (the tokenizer's
     defaults where not given: the check needs shapes, not a fitted vocabulary).
     """
+    return check_built(*model_to_check(model, info, model_path=model_path,
+                                       image_size=image_size, sequence_length=sequence_length,
+                                       vocabulary_size=vocabulary_size))
+
+
+def model_to_check(model, info: dict, *, model_path: str | None = None,
+                   image_size: int | None = None, sequence_length: int | None = None,
+                   vocabulary_size: int | None = None):
+    """(`models.BuiltModel`, input shape, classes): what `amp_check_of` builds, not checked yet.
+
+    Apart from `check_built` so that train (step.py) can build it under its seed and its
+    strategy's scope and then train this very model (report.model), not build a second one.
+    """
     from ampflow.components.train.models import make_model
 
     if info.get("modality") == "text":
+        from ampflow.components.train.models import make_text_model
         from ampflow.components.train.tokenizer import TokenizerConfig
 
         tokens = TokenizerConfig(**{k: v for k, v in (
             ("max_sequence_length", sequence_length), ("vocabulary_size", vocabulary_size))
             if v is not None})
-        return text_amp_check_of(model, tokens.max_sequence_length, tokens.vocabulary_size,
-                                 int(info["num_classes"]), model_path=model_path)
+        built = make_text_model(model, tokens.max_sequence_length, tokens.vocabulary_size,
+                                int(info["num_classes"]), model_path=model_path)
+        return built, (int(tokens.max_sequence_length),), int(info["num_classes"])
     built = make_model(model, tuple(info["image_shape"]), info["num_classes"],
                        image_size=image_size, model_path=model_path)
-    return _checked(built, tuple(info["image_shape"]), int(info["num_classes"]))
+    return built, tuple(info["image_shape"]), int(info["num_classes"])
 
 
 def text_amp_check_of(model, sequence_length: int, vocabulary_size: int,
@@ -221,11 +236,14 @@ def text_amp_check_of(model, sequence_length: int, vocabulary_size: int,
 
     built = make_text_model(model, sequence_length, vocabulary_size, num_classes,
                             model_path=model_path)
-    return _checked(built, (int(sequence_length),), int(num_classes))
+    return check_built(built, (int(sequence_length),), int(num_classes))
 
 
-def _checked(built, input_shape: tuple[int, ...], num_classes: int):
-    """The report of a `models.BuiltModel`: its original checked, its fixes added."""
+def check_built(built, input_shape: tuple[int, ...], num_classes: int):
+    """The report of a `models.BuiltModel`: its original checked, its fixes added.
+
+    Nothing of `built.model` changes (the trace runs nothing): it can train afterwards.
+    """
     import dataclasses
 
     import keras
