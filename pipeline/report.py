@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from ampflow.components.prepare_data.text import is_text
+from ampflow.components.prepare_data.text import MODALITY_IMAGE, is_text
+from ampflow.components.train.throughput import ThroughputUnit, throughput_unit
 
 RESULTS_JSON = "results.json"
 RESULTS_TEXT = "results.txt"
@@ -47,7 +48,7 @@ def key_metrics(result) -> dict[str, Any]:
         out["train.val_accuracy"] = meta["final_metrics"].get("val_accuracy")
         if meta.get("tokenizer"):
             out["train.tokenizer"] = _tokenizer(meta["tokenizer"])
-        out[f"train.throughput_{unit.rate.replace('/', '_per_')}"] = meta[
+        out[f"train.{unit.metric}"] = meta[
             "throughput_examples_per_sec"]
         scale = meta["loss_scale"]
         if scale.get("enabled"):
@@ -86,19 +87,12 @@ def key_metrics(result) -> dict[str, Any]:
     return out
 
 
-class _Unit(NamedTuple):
-    """What the examples are called in the lines: images or texts."""
-
-    plural: str
-    rate: str
+IMAGES = throughput_unit(MODALITY_IMAGE)
 
 
-IMAGES, TEXTS = _Unit("images", "img/s"), _Unit("texts", "texts/s")
-
-
-def _unit(info: dict[str, Any]) -> _Unit:
+def _unit(info: dict[str, Any]) -> ThroughputUnit:
     """Texts for a text dataset (its dataset_info.json), images otherwise."""
-    return TEXTS if is_text(info) else IMAGES
+    return throughput_unit(info.get("modality"))
 
 
 def _splits(info: dict[str, Any], plural: str) -> str:
@@ -123,7 +117,7 @@ def _tokenizer(tokenizer: dict[str, Any]) -> str:
             f"{tokenizer['vocabulary_size']:,})")
 
 
-def training_parity(metrics: dict[str, Any], unit: _Unit = IMAGES) -> dict[str, str]:
+def training_parity(metrics: dict[str, Any], unit: ThroughputUnit = IMAGES) -> dict[str, str]:
     """AMP-trained vs float32-trained accuracy and the AMP training speedup, as printed."""
     if "baseline_accuracy" not in metrics:
         return {}
@@ -222,7 +216,7 @@ def _train_headline(task_dir: Path) -> str:
     meta = _json(task_dir / "model", "metadata.json")
     if not meta:
         return ""
-    unit = TEXTS if meta.get("modality") == "text" else IMAGES
+    unit = throughput_unit(meta.get("modality"))
     text = (f"{meta['precision']['policy']}, XLA {'on' if meta['xla']['effective'] else 'off'}: "
             f"val_accuracy {meta['final_metrics']['val_accuracy']:.4f}, "
             f"{meta['throughput_examples_per_sec']:.0f} {unit.rate}")

@@ -60,6 +60,7 @@ def train(
     import os
 
     from ampflow.components.train import TrainConfig, run_train
+    from ampflow.components.train.throughput import throughput_unit
     from ampflow.errors import ConfigError
 
     jit = {"auto": None, "on": True, "off": False, "true": True, "false": False}.get(
@@ -100,7 +101,8 @@ def train(
     for key in ("accuracy", "val_accuracy", "loss", "val_loss"):
         if key in final:
             metrics.log_metric(key, float(final[key]))
-    metrics.log_metric("throughput_img_per_s", float(meta["throughput_examples_per_sec"] or 0))
+    metrics.log_metric(throughput_unit(meta.get("modality")).metric,  # texts: _texts_per_s
+                       float(meta["throughput_examples_per_sec"] or 0))
     metrics.log_metric("train_seconds", float(meta["train_seconds"]))
     if meta["loss_scale"].get("enabled"):
         metrics.log_metric("loss_scale_final", float(meta["loss_scale"]["final"]))

@@ -25,15 +25,21 @@ class ThroughputUnit:
 
     kind: str  # one example in names: `throughput_<kind>_s` (the train summary's row)
     item: str  # one example in a rate: "<n> <item>/s" (the progress line)
+    plural: str  # examples counted in words: "2,525 texts" (the pipeline's result lines)
 
     @property
     def rate(self) -> str:
         """The unit as printed after a rate: `img/s`, `texts/s`."""
         return f"{self.item}/s"
 
+    @property
+    def metric(self) -> str:
+        """The rate's metric name: `throughput_img_per_s` (KFP's metrics, the results table)."""
+        return f"throughput_{self.item}_per_s"
 
-UNITS = {MODALITY_IMAGE: ThroughputUnit("img", "img"),
-         MODALITY_TEXT: ThroughputUnit("text", "texts")}
+
+UNITS = {MODALITY_IMAGE: ThroughputUnit("img", "img", "images"),
+         MODALITY_TEXT: ThroughputUnit("text", "texts", "texts")}
 
 
 def throughput_unit(modality: str | None) -> ThroughputUnit:

@@ -99,6 +99,8 @@ def test_a_text_folder_runs_the_whole_pipeline_with_bert_tiny_and_serves_raw_tex
     table = results_table(results(result))
     assert "data.skipped" in table and "(not UTF-8: 1)" in table
     assert f"sequence length {SEQ}, " in table and "train.throughput_texts_per_s" in table
+    kfp_metrics = (result.run_dir / "train" / "executor_output.json").read_text()  # KFP's UI
+    assert "throughput_texts_per_s" in kfp_metrics and "img_per_s" not in kfp_metrics
 
     sentence = "a superb cast"  # short: predict shows a long text cut
     expected = _in_process_class(result.artifacts["train"]["model"], sentence)
