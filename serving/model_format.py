@@ -132,16 +132,19 @@ def encoded_image_format(data: bytes) -> str | None:
                 None)
 
 
-def read_saved_model(version_dir: str | os.PathLike):
+def read_saved_model(version_dir: str | os.PathLike, message_type=None):
     """Parse `<version_dir>/saved_model.pb` into a `SavedModel` proto (ModelLoadError if not).
 
     The error is chained to the cause (FileNotFoundError, protobuf's DecodeError), which the
-    server turns into TF Serving's status code.
+    server turns into TF Serving's status code. `message_type`: TensorFlow's `SavedModel`
+    unless a caller that must not import TensorFlow brings an equal message (deploy does).
     """
-    from tensorflow.core.protobuf import saved_model_pb2
+    if message_type is None:
+        from tensorflow.core.protobuf import saved_model_pb2
 
+        message_type = saved_model_pb2.SavedModel
     path = Path(version_dir) / SAVED_MODEL_PB
-    saved_model = saved_model_pb2.SavedModel()
+    saved_model = message_type()
     try:
         saved_model.ParseFromString(path.read_bytes())
     except OSError as e:

@@ -30,7 +30,12 @@ from typing import Any
 
 from ampflow.errors import ConfigError, DeployError, ModelConfigError, ModelLoadError
 from ampflow.files import staging_dir, write_json_atomic
-from ampflow.serving.model_format import DEFAULT_SIGNATURE, SAVED_MODEL_PB, serving_meta_graph
+from ampflow.serving.model_format import (
+    DEFAULT_SIGNATURE,
+    SAVED_MODEL_PB,
+    read_saved_model,
+    serving_meta_graph,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +118,8 @@ def _signature_defs_without_tensorflow(path: Path) -> dict:
     SavedModel is only `{int64 saved_model_schema_version = 1; repeated MetaGraphDef
     meta_graphs = 2}` around it. The same bytes parse to the same fields (unknown ones kept).
     """
-    pb = path / SAVED_MODEL_PB
-    saved_model = _saved_model_message()()
-    try:
-        saved_model.ParseFromString(pb.read_bytes())
-    except OSError as e:
-        raise ModelLoadError(f"{pb} cannot be read: {e.strerror}") from e
-    except Exception as e:  # protobuf raises DecodeError, an internal type
-        raise ModelLoadError(f"{pb} is not a SavedModel protobuf (corrupt?): {e}") from e
-    return dict(serving_meta_graph(saved_model, pb).signature_def)
+    saved_model = read_saved_model(path, _saved_model_message())
+    return dict(serving_meta_graph(saved_model, path / SAVED_MODEL_PB).signature_def)
 
 
 @functools.cache
