@@ -59,10 +59,10 @@ demo: $(STAMP)
 # splitting a long file: make test PYTEST_ADDOPTS=--record-file-durations=tests/file_durations.json
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-## test: lint, then the whole test suite: 1,962 tests in 1,124 s of pytest with -n 2 on a 2-core
-## clean clone of a Xeon (AMX) host, quiet: over the 12-minute goal (stop 35 there: 1,863 tests
-## in 1,085 s). The files the suite had went 2,073 -> 2,007 file-seconds (shared session
-## fixtures, one tiny text model per run), the 10 new files add 146 s. On Zen 4 the suite took
+## test: lint, then the whole test suite: 1,982 tests in 924 s of pytest with -n 2 on a 2-core
+## clean clone of a Xeon (AMX) host, quiet: over the 12-minute goal (stop 36 there: 1,962 tests
+## in 1,124 s; 2,153 -> 1,808 file-seconds: fewer TF worker processes in test_distributed, one
+## SavedModel load per TFLite conversion, light KFP tasks, libyaml). On Zen 4 the suite took
 ## 516-621 s (1,502 tests, seven runs); this Xeon runs the same files ~1.56x slower. -n 3
 ## measured 646 s against 660 s with 9 % more CPU (contention): within noise, so -n 2.
 test: $(STAMP) $(TOOLS_STAMP)
@@ -70,8 +70,8 @@ test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS)
 
 ## test-fast: lint, then every test that trains no real model and loads no server (-m "not slow"):
-## 1,703 tests in 165 s and 194 s (two runs) with -n 2 on the same quiet 2-core Xeon clean clone
-## (goal: 3 minutes, at its edge there);
+## 1,720 tests in 151 s with -n 2 on the same quiet 2-core Xeon clean clone (goal: 3 minutes;
+## 165 s and 194 s at stop 36);
 ## 1,306 tests in 119 s on Zen 4 two sessions before.
 test-fast: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/ruff check .
