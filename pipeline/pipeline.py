@@ -46,6 +46,7 @@ from ampflow.components.deploy_serving.config import MODEL_STORE_MOUNT, OVERLAYS
 from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.components.prepare_data.config import PrepareDataConfig
 from ampflow.components.train.config import TrainConfig
+from ampflow.kfp_args import document_args
 
 # The compile-time settings live in options.py; their importers keep finding them here too.
 from ampflow.pipeline.options import PipelineOptions, cli_fields, options_from  # noqa: F401
@@ -108,6 +109,12 @@ TRAIN_DEFAULTS = {
                 if value is _TRAIN_FIELDS["jit_compile"].default),
 }
 
+# The pipeline parameters named otherwise than the component input they set (for their help).
+PARAMETER_INPUTS = {"model": "architecture", "tflite_variants": "variants",
+                    "serving_target": "target", "serving_model_store": "model_store",
+                    "serving_address": "server_address", "serving_overlay": "overlay",
+                    "serving_compute_precision": "compute_precision"}
+
 
 def build_pipeline(options: PipelineOptions | None = None):
     """Return the `@dsl.pipeline` function for `options` (compile it or run it locally)."""
@@ -135,8 +142,6 @@ def build_pipeline(options: PipelineOptions | None = None):
         prepare_data, train, evaluate_parity, parity_gate, export_savedmodel, convert_tflite,
         compare_serving, serving_gate, deploy_serving)}
 
-    @dsl.pipeline(name=PIPELINE_NAME, description=__doc__.splitlines()[0],
-                  pipeline_config=options.pipeline_config())
     def ampflow_pipeline(
         dataset: str = DATA_DEFAULTS["dataset"],
         model: str = TRAIN_DEFAULTS["model"],
@@ -268,7 +273,12 @@ def build_pipeline(options: PipelineOptions | None = None):
             label_serving_client(deployed)
             mount_model_store(deployed, options)
 
-    return ampflow_pipeline
+    # Each parameter's help (the KFP UI's) is that of the component input it sets.
+    ampflow_pipeline.__doc__ = __doc__.splitlines()[0]  # KFP reads Args after a summary
+    document_args(ampflow_pipeline, prepare_data, train, evaluate_parity, export_savedmodel,
+                  convert_tflite, compare_serving, deploy_serving, renamed=PARAMETER_INPUTS)
+    return dsl.pipeline(name=PIPELINE_NAME, description=__doc__.splitlines()[0],
+                        pipeline_config=options.pipeline_config())(ampflow_pipeline)
 
 
 def step_names(pipeline) -> dict[str, str]:

@@ -2,6 +2,9 @@
 
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
 
+from ampflow.components.convert_tflite.config import ConvertConfig
+from ampflow.kfp_args import document_args
+
 
 def convert_tflite(
     saved_model: Input[Model],
@@ -49,3 +52,10 @@ def convert_tflite(
         "modality": meta.get("modality", "image") if described else "image",
         "shipped_files": json.loads(result.report_json.read_text()).get("shipped_files", []),
         "variants": described, "passed": result.passed})
+
+
+document_args(convert_tflite, ConvertConfig, notes={"variants": "Comma-separated"}, own={
+    "saved_model": "export-savedmodel's output: <model_name>/<version>/ with the SavedModel.",
+    "data": "The prepared dataset (prepare-data's output): each variant is checked on its "
+            "test split.",
+})

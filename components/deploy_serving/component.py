@@ -2,6 +2,9 @@
 
 from kfp.dsl import Artifact, Dataset, Input, Model, Output
 
+from ampflow.components.deploy_serving.config import DeployConfig
+from ampflow.kfp_args import document_args
+
 
 def deploy_serving(
     saved_model: Input[Model],
@@ -21,19 +24,9 @@ def deploy_serving(
 ):
     """Push the exported version to the serving model store; on Kubernetes, roll out + canary.
 
-    `target`: local, kubernetes (TF Serving Deployments) or kserve (an InferenceService on
-    the `ampflow` ServingRuntime; its endpoint is the InferenceService's URL, and its new
-    revision gets `canary_traffic_percent` of the traffic; `model_store_claim` is the PVC
-    mounted at `model_store`, which the InferenceService reads).
-    `serving_format="tflite"` (local and kserve targets) publishes the `tflite_variant` of the
-    convert step's `tflite` output instead of the SavedModel: only a variant that passed its
-    gate, checked with its own answers (deploy_serving/tflite_variant.py).
-    `compute_precision="bfloat16"` (local and kserve targets) publishes the SavedModel only once its
-    parity gate against float32 on `data`'s test split passed here, on a CPU with bf16
-    (deploy_serving/bf16_parity.py); the gate's evidence goes into `endpoint`.
-    `target="none"` skips deployment (the task then records nothing to serve).
-    `namespace` empty: the namespace this pod runs in (the KFP run's), where the model-store
-    PVC it mounts lives; outside a pod, "ampflow".
+    `endpoint` records what was deployed (target, version, address; kserve: the
+    InferenceService's URL; with compute_precision=bfloat16, its parity gate's evidence). The
+    Args KFP shows are DeployConfig's fields' help.
     """
     import json
     from pathlib import Path
@@ -81,3 +74,17 @@ def deploy_serving(
         payload["bf16_parity"] = result.bf16_parity
     Path(endpoint.path).write_text(json.dumps(payload, indent=2))
     endpoint.metadata.update(payload)
+
+
+document_args(deploy_serving, DeployConfig, notes={
+    "target": 'none: skip deploying (the task records nothing to serve)',
+    "server_address": "Empty: unset",
+    "namespace": 'Empty: the namespace this pod runs in (the KFP run\'s), where the '
+                 'model-store PVC it mounts lives; outside a pod, "ampflow"',
+}, own={
+    "saved_model": "export-savedmodel's output: the version to publish.",
+    "tflite": "convert-tflite's output: where serving_format=tflite takes tflite_variant "
+              "from (only a variant that passed its gate, checked with its own answers).",
+    "data": "The prepared dataset (prepare-data's output): compute_precision=bfloat16's parity "
+            "gate against float32 runs on its test split, on a CPU with bf16.",
+})

@@ -19,6 +19,13 @@ from kfp.dsl import (
     Output,
 )
 
+from ampflow.components.evaluate_parity.config import EvaluateConfig
+from ampflow.components.evaluate_parity.serving_gate import ServingGateConfig
+from ampflow.kfp_args import document_args
+
+_DATA = "The prepared dataset (prepare-data's output): its test split is scored."
+_VERDICT = "evaluate-parity's verdict: the evaluation dir (verdict.json, metrics.json, report)."
+
 
 def evaluate_parity(
     data: Input[Dataset],
@@ -42,9 +49,9 @@ def evaluate_parity(
     Always succeeds and publishes: `verdict` (the evaluation dir: verdict.json, metrics.json,
     report.md, plots; export reads it), KFP `metrics`, the `confusion` matrix and a
     self-contained Markdown `report`; `gate_passed`/`gate_message` show the outcome in the UI.
-    `max_relative_logit_diff` < 0 means the per-dtype default. The model serving is compared
-    by `serving_gate`, in the serving branch. The other defaults are `EvaluateConfig`'s
-    (written out here: KFP copies this function's source into the task).
+    The model serving is compared by `serving_gate`, in the serving branch. The defaults are
+    `EvaluateConfig`'s (written out here: KFP copies this function's source into the task), and
+    so is the Args KFP shows (its fields' help).
     """
     import json
     from collections import namedtuple
@@ -127,3 +134,23 @@ def serving_gate(comparison: Input[Artifact]):
     from ampflow.components.evaluate_parity.serving_gate import require_not_worse
 
     require_not_worse(comparison.path)
+
+
+document_args(evaluate_parity, EvaluateConfig, notes={
+    "max_relative_logit_diff": "Below 0: auto (KFP has no optional floats)",
+}, own={
+    "data": _DATA,
+    "model": "The AMP-trained model (train-amp's output).",
+    "baseline_model": "The float32-trained model (train-float32's output), when the pipeline "
+                      "was compiled with the baseline.",
+})
+document_args(parity_gate, own={"verdict": _VERDICT})
+document_args(compare_serving, ServingGateConfig, own={
+    "data": _DATA, "verdict": _VERDICT,
+    "serving_model_store": "The model store deploy writes into (a path this task reads: the "
+                           "model-store claim, mounted as for deploy, or gs://).",
+    "model_name": "The served model name: the model serving is the highest version under "
+                  "<serving_model_store>/<model_name>.",
+})
+document_args(serving_gate, own={"comparison": "compare-serving's comparison "
+                                               "(serving_verdict.json)."})

@@ -2,6 +2,9 @@
 
 from kfp.dsl import Artifact, Dataset, Input, Model, Output
 
+from ampflow.components.export_savedmodel.step import ExportConfig
+from ampflow.kfp_args import document_args
+
 
 def export_savedmodel(
     model: Input[Model],
@@ -38,3 +41,11 @@ def export_savedmodel(
         "trained_model_sha256": meta["gate"]["model_sha256"],
         "forced": result.forced,
     })
+
+
+document_args(export_savedmodel, ExportConfig, own={
+    "model": "The AMP-trained model (train-amp's output).",
+    "verdict": "evaluate-parity's verdict: export refuses a failed one unless `force`.",
+    "data": "The prepared dataset (prepare-data's output): the export's parity check and "
+            "warm-up examples come from its test split.",
+})

@@ -2,6 +2,14 @@
 
 from kfp.dsl import Dataset, Output
 
+from ampflow.components.prepare_data.config import PrepareDataConfig
+from ampflow.kfp_args import document_args
+
+# A data source is read by the step's own process (KFP has no None: empty is unset).
+_LOCAL_PATH = ("Empty: not used. A path the step's own machine reads: a local path under the "
+               "kfp local runner; on a cluster, a path inside the step's container (a mounted "
+               "volume), not a bucket URI")
+
 
 def prepare_data(dataset: str, data: Output[Dataset], tfds_data_dir: str = "",
                  image_size: str = "", image_folder: str = "", text_folder: str = "",
@@ -10,17 +18,7 @@ def prepare_data(dataset: str, data: Output[Dataset], tfds_data_dir: str = "",
     """Prepare a TFDS dataset, an offline one, or a folder of images or texts into `data`.
 
     The defaults are literals (KFP runs this function's source in the container) equal to
-    PrepareDataConfig's, which a test checks.
-
-    image_size: "H W", "HxW" or one number for a square: the size the pipeline trains and
-        serves at (needed for images of varying size; "" keeps the dataset's own size).
-    image_folder, text_folder, text_file: read instead of `dataset` (one of them at most): a
-        folder of class sub-folders of images or of .txt files, or a .csv/.tsv/.jsonl table
-        with `text_column` and `label_column`. Each is a path on the machine that runs this
-        step: a local path under the kfp local runner; on a cluster, a path inside the step's
-        container (a mounted volume), not a bucket URI.
-    text_feature: the string feature of a TFDS text dataset ("" detects it).
-    max_text_bytes: a larger text file or table cell is left out and counted.
+    PrepareDataConfig's, which a test checks; the Args KFP shows come from its fields' help.
     """
     from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
 
@@ -37,3 +35,8 @@ def prepare_data(dataset: str, data: Output[Dataset], tfds_data_dir: str = "",
                           "modality": info["modality"], "splits": info["splits"], **shape,
                           "num_classes": info["num_classes"],
                           "skipped_files": info["skipped_files"]["count"]})
+
+
+document_args(prepare_data, PrepareDataConfig, notes={
+    "image_size": 'Also "HxW"', "image_folder": _LOCAL_PATH, "text_folder": _LOCAL_PATH,
+    "text_file": _LOCAL_PATH})

@@ -2,6 +2,9 @@
 
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
+from ampflow.components.train.config import TrainConfig
+from ampflow.kfp_args import document_args
+
 
 def train(
     data: Input[Dataset],
@@ -32,30 +35,10 @@ def train(
 ):
     """Train with mixed precision; publish the model and its training metrics.
 
-    `xla` is "auto", "on" or "off", as train's --xla (KFP has no optional booleans); "true" and
-    "false", its old spelling, are still read. The defaults here are spelt out because KFP copies
-    this function's source into its task; tests/pipeline/test_train_defaults.py ties each to the
-    train step's own (TrainConfig).
-    `accumulation_steps` is train's --accumulation-steps: K micro-batches of `batch_size` per
-    applied step (the float32 baseline takes the same K, so both see the same effective batch).
-    `learning_rate` 0 is train's default, the model's own (KFP has no optional floats either).
-    `checkpoint_dir` is durable storage for the resumable checkpoint (empty: inside the output
-    artifact, which a retried pod does not get back).
-    `workers` > 1 trains on that many workers: inside a cluster, as a TFJob described by
-    `tfjob_settings` (set at compile time; `run_key` names the job so a retry finds it);
-    elsewhere (the local runner) as local processes with TF_CONFIG.
-    `packed_allreduce`, `allreduce_bytes_per_pack` and `allreduce_dtype` are train's flags of
-    the same names: how `workers` > 1 all-reduce (PipelineOptions sets them at compile time).
-    `batch_size_multiplier` trains one process at that many times `batch_size`: the float32
-    baseline of an N-worker AMP task gets N, so both see the same global batch and steps and
-    differ only in precision.
-    `architecture` is train's `--model` (a built-in, `package.module:function` imported from the
-    image or from `model_path`, or a `.keras` path); `base_model`, when given (a `dsl.importer`
-    of a `.keras` file, or of a model dir holding `model.keras`), is fine-tuned instead (a text
-    model with the tokenizer beside it).
-    `max_sequence_length` and `vocabulary_size` are train's flags of the same names, for text
-    data (the prepared dataset says its modality); left at their defaults for images. The text
-    model's tokenizer (vocab.txt, tokenizer.json) is published in `model` beside model.keras.
+    `model` is the model dir (model.keras; a text model's tokenizer, vocab.txt and
+    tokenizer.json, beside it). The defaults are spelt out because KFP copies this function's
+    source into its task; tests/pipeline/test_train_defaults.py ties each to the train step's
+    own (TrainConfig), whose fields' help is also the Args KFP shows.
     """
     import os
 
@@ -107,3 +90,31 @@ def train(
     if meta["loss_scale"].get("enabled"):
         metrics.log_metric("loss_scale_final", float(meta["loss_scale"]["final"]))
         metrics.log_metric("skipped_steps", float(meta["loss_scale"]["skipped_steps"]))
+
+
+_SET_AT_COMPILE_TIME = "Set at compile time (PipelineOptions)"
+document_args(train, TrainConfig, renamed={"architecture": "model", "xla": "jit_compile"}, notes={
+    "xla": 'auto, on or off (KFP has no optional booleans); "true" and "false", the old '
+           "spelling, are still read",
+    "accumulation_steps": "The float32 baseline takes the same steps, so both see the same "
+                          "effective batch",
+    "learning_rate": "0: the model's own (KFP has no optional floats)",
+    "checkpoint_dir": "Empty: inside the output artifact, which a retried pod does not get back",
+    "packed_allreduce": _SET_AT_COMPILE_TIME,
+    "allreduce_bytes_per_pack": _SET_AT_COMPILE_TIME,
+    "allreduce_dtype": _SET_AT_COMPILE_TIME,
+}, own={
+    "data": "The prepared dataset (prepare-data's output).",
+    "workers": "More than 1 trains on that many workers: inside a cluster as a TFJob described "
+               "by tfjob_settings; elsewhere (the local runner) as local processes with "
+               "TF_CONFIG.",
+    "tfjob_settings": "The TFJob that runs workers > 1 inside a cluster, as JSON (set at "
+                      "compile time).",
+    "run_key": "Names the TFJob, so that a retried task finds its job.",
+    "batch_size_multiplier": "Trains one process at this many times batch_size: the float32 "
+                             "baseline of an N-worker AMP task gets N, so both see the same "
+                             "global batch and steps and differ only in precision.",
+    "base_model": "A .keras file, or a model dir holding model.keras (a dsl.importer), "
+                  "fine-tuned instead of `architecture` (a text model with its tokenizer "
+                  "beside it).",
+})
