@@ -2,41 +2,9 @@
 
 This file only wires tasks; every step's logic lives in `components/<step>/step.py` and each
 component is a thin wrapper over it (`components/<step>/component.py`). What depends on the
-cluster (the image, GPU requests, node selectors, tolerations, resources, retries, where the
-checkpoints live, the float32 baseline branch) is a compile-time `PipelineOptions`
-(options.py; tasks.py applies it to each task); what a user changes per run (dataset, model,
-epochs, precision, thresholds, serving target) is a pipeline parameter.
-
-How it behaves on a KFP backend, and why it is wired this way:
-- `evaluate-parity` always succeeds and publishes its report, metrics and verdict (KFP uploads
-  a task's outputs only when it exits 0); `parity-gate`, a small task after it, fails the run
-  before export with the failed checks in its message.
-- A retried train pod resumes: its checkpoint dir is on the run's KFP workspace (a PVC that KFP
-  creates per run and mounts only into the tasks that use it), one dir per train task. Within
-  one parameter value KFP's driver substitutes only `{{$.workspace_path}}`; the run-id and task
-  placeholders are substituted only when they are the whole value, so they cannot build a path
-  (pipeline/backend_rules.py holds these rules, with the backend's file and lines).
-- The workspace PVC spec is explicit: a stock API server has no default one, and the backend
-  refuses a workspace without `accessModes` (every version) or, on 2.15/2.16, without
-  `storageClassName` (`submit` fills in the cluster's default class there, or says so).
-- `evaluate-parity` blesses the model on its own (above chance, thresholds, parity). Against
-  the model now serving it is compared by `compare-serving`, then `serving-gate` fails
-  the run as `parity-gate` does: the first tasks under `serving_target != "none"`. They read
-  the highest version under `<serving_model_store>/<model_name>` (where deploy writes: the
-  model-store claim, which only this branch's tasks mount), score it on the examples evaluate
-  judged, and stop a significantly worse model before deploy (paired test). Export and
-  convert write only the run's own artifacts, so nothing reaches a server. A gs:// store is
-  read with tf.io.gfile, as TF Serving reads it.
-- The deploy task (and the model-store PVC mounts) exist only under `serving_target != "none"`,
-  and deploys into the run's own namespace unless `serving_namespace` is set: a PVC belongs to
-  one namespace, and a pod that mounts a missing PVC stays Pending forever (`submit` checks the
-  claim exists first). Serving in another namespace needs a gs:// model store and no PVC.
-- Retries: KFP emits an Argo retry strategy without a retry policy, so a train pod that fails
-  is retried (and resumes), but a pod that is deleted (an eviction, a drained node) ends the
-  run; train pods are annotated so that the cluster autoscaler does not evict them.
-- The float32 baseline is a compile-time option: a run-time switch needs `dsl.OneOf` over the
-  two evaluate branches' artifacts, which kfp 2.17.3's local runner cannot run ("Expected 1
-  artifact in ArtifactSelectorSpec. Got: 2").
+cluster is a compile-time `PipelineOptions` (options.py; tasks.py applies it to each task);
+what a user changes per run is a pipeline parameter. How it behaves on a KFP backend, and why
+it is wired this way: docs/explanation/kfp-backend.md.
 """
 
 

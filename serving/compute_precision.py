@@ -1,30 +1,11 @@
 """`--compute-precision bfloat16`: a float32 SavedModel's math run in bfloat16 where the CPU has it.
 
-The mechanism is TensorFlow's own: grappler's oneDNN auto-mixed-precision pass
-(`RewriterConfig.auto_mixed_precision_onednn_bfloat16`, TF >= 2.9; `auto_mixed_precision_mkl`
-before), which rewrites the graph when a function is instantiated: the ops on its allow list
-(MatMul, Conv2D, their fused forms, and what lies between them) compute in bfloat16, casts are
-inserted at the edges, the signature stays float32. No graph is edited by hand.
-
-Per model, not per process. TF documents the switch as process-wide
-(`tf.config.optimizer.set_experimental_options`), which would turn every model of the server
-bf16. But an eager function call carries the ConfigProto it runs under as the call's
-`config_proto` attribute (`context.call_function` -> `FunctionCallOptions.as_attrs`), the
-runtime instantiates (and optimizes) a function once per attribute set, and those options are
-thread-local. So `PrecisionScope` sets options with the rewrite ON around one call and puts the
-thread's own back: the same loaded signature answers in float32 outside it and in bfloat16
-inside it, in one process (tests/serving/test_bf16_inference.py proves both from the executed
-graph).
-
-Why a serve-time option and not an exported variant: the rewrite happens when the graph is
-instantiated and cannot be saved into a SavedModel (a saved bf16 graph would be a hand-made
-edit, or a Keras rebuild under mixed_bfloat16: another model than the one evaluated), and
-whether bfloat16 is native is a fact of the serving host, not of the model: the same version
-dir serves float32 on an AVX2 node and bfloat16 on a Xeon with AMX. Whether a version may be
-served that way is the deploy step's parity check (components/deploy_serving/bf16_parity.py).
-
-On a CPU without AVX512_BF16/AMX-BF16 bfloat16 is emulated, slower than float32, so it is
-refused there with the reason (`check_supported`), before anything loads.
+TensorFlow's own grappler oneDNN auto-mixed-precision rewrite, switched on per model: an eager
+call carries the ConfigProto it runs under, so `PrecisionScope` turns the rewrite on around one
+call and the same signature answers in float32 outside it. A serve-time option, not an
+exported variant: the rewrite cannot be saved, and whether bfloat16 is native is the serving
+host's fact. Refused on a CPU without AVX512_BF16/AMX-BF16. The mechanism:
+docs/explanation/design-notes.md, "compute_precision.py".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """`ampflow serve --workers N`: N server processes behind the same gRPC and REST ports.
 
-One Python server process is held to about one core by its interpreter lock
-(docs/explanation/serving-path.md). With `--workers N` the `ampflow serve` process becomes a
-supervisor only: it starts N workers, each a whole server (`server.start_local_server(...,
-as_worker=True)`: every model, its own batcher, its own poll of the same base paths with the
-same config, so version changes, labels, limits and TLS are the same in all of them), and the
-kernel spreads incoming connections over them (SO_REUSEPORT on the gRPC and the REST socket).
-The supervisor is not a load balancer: no request passes through it.
-
-- Workers are started with `spawn` (a fresh interpreter each): the supervisor never imports
-  TensorFlow or gRPC, so nothing of theirs is forked half-initialised.
-- The supervisor binds each port first (SO_REUSEPORT, never listening, so the kernel hands it
-  no connection) and holds it until the end: `--port 0` becomes one port for all workers, and
-  no other program can take a port while a worker restarts.
-- Metrics: prometheus_client's multiprocess mode. Each worker writes its counters to files in
-  PROMETHEUS_MULTIPROC_DIR (the supervisor's own temp dir, or the one the environment names,
-  emptied of old files first); `/metrics` reads them all through `MultiProcessCollector`: the
-  supervisor serves a separate `--metrics-port`, every worker's REST app the shared one.
-- SIGTERM/SIGINT to the supervisor: it passes SIGTERM to every worker, each drains its in-flight
-  calls as a single server does (`--grace-s`), and the supervisor exits 0 once all have.
-- A worker that dies is said in the log and started again (a worker that fails before it is
-  ready five times in a row stops the server: that is a broken config, not bad luck).
+One Python server process is held to about one core by its interpreter lock; with `--workers
+N` the `serve` process becomes a supervisor that starts N whole servers (`spawn`), holds the
+ports (SO_REUSEPORT: the kernel spreads connections), merges their Prometheus metrics, drains
+them all on SIGTERM and restarts one that dies. It is not a load balancer: no request passes
+through it. The details: docs/explanation/design-notes.md, "workers.py", and
+docs/explanation/serving-path.md.
 """
 
 from __future__ import annotations

@@ -338,3 +338,38 @@ def test_a_planted_long_file_is_listed_and_a_generated_one_is_not(tmp_path):
     (tmp_path / "short.py").write_text("x = 1\n" * (MAX_SOURCE_LINES - 1))
     (tmp_path / "big_pb2.py").write_text("x = 1\n" * 5000)
     assert _long_files([tmp_path]) == [f"{tmp_path / 'long.py'}: {MAX_SOURCE_LINES} lines"]
+
+
+# A module docstring says what the module is for and why, in a few lines: measurements and
+# the story of a change go stale in code, so they live in docs/ (explanation/, results.md).
+# The benchmarks are not held to it: a benchmark's docstring is its report's method.
+MAX_MODULE_DOCSTRING_LINES = 20
+
+
+def _long_module_docstrings(folders: list[Path],
+                            limit: int = MAX_MODULE_DOCSTRING_LINES) -> list[str]:
+    """`path: N lines` for each module under `folders` whose docstring runs past `limit`."""
+    found = []
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            if "_pb2" in path.name or "__pycache__" in path.parts:
+                continue
+            doc = ast.get_docstring(ast.parse(path.read_text(), str(path)), clean=False)
+            if doc and len(doc.splitlines()) > limit:
+                where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                found.append(f"{where}: {len(doc.splitlines())} lines")
+    return found
+
+
+def test_every_module_docstring_is_at_most_20_lines():
+    folders = [*_package_dirs().values(), ROOT / "clients" / "python" / "src"]
+    assert _long_module_docstrings(folders) == []
+
+
+def test_a_planted_long_module_docstring_is_listed(tmp_path):
+    body = "\n".join(f"Line {i}." for i in range(2, MAX_MODULE_DOCSTRING_LINES + 1))
+    (tmp_path / "long.py").write_text(f'"""Summary.\n{body}\nOne too many.\n"""\n')
+    (tmp_path / "short.py").write_text(f'"""Summary.\n{body}\n"""\n\nx = """{body}"""\n')
+    (tmp_path / "none.py").write_text("x = 1\n")
+    assert _long_module_docstrings([tmp_path]) == [
+        f"{tmp_path / 'long.py'}: {MAX_MODULE_DOCSTRING_LINES + 1} lines"]

@@ -1,24 +1,11 @@
 """Whether a version may be served with `--compute-precision bfloat16`: its parity with float32.
 
-Checked like a TFLite variant (components/convert_tflite): the SavedModel answers the test
-split of `data_dir` twice in this process, in float32 and in bfloat16, each through `ampflow
-serve`'s own servable (`SavedModelServable`, its `PrecisionScope`: the numbers are the
-server's), and the bfloat16 answers must pass a gate against the float32 ones:
-- argmax agreement >= `bfloat16_min_agreement` (default 0.995, the float16 variant's),
-- top-1 accuracy drop <= `bfloat16_max_accuracy_drop` points (default 0.5, float16's),
-- max |probability difference| <= `bfloat16_max_prob_diff` (default 0.02: bfloat16 keeps 8
-  significand bits to float16's 11, so its roundings are 8x coarser; float16's bound is 0.01).
-
-The check runs where it can mean something: on a CPU with AVX512_BF16 or AMX-BF16 (elsewhere
-it is refused, as `serve` refuses it), and it proves the rewrite happened: the graph the
-runtime executed for the first bfloat16 call must hold bfloat16 nodes, else the check would
-compare float32 with float32 and pass anything, so it refuses instead.
-
-What it measured (`evidence`) goes into the deploy record beside the published version
-(ampflow_deploy.json) and the step's result; a failed gate publishes nothing. The canary then
-expects the bfloat16 answers to the recorded examples (a server started with
-`--compute-precision bfloat16` gives them; one serving float32 may differ by more than
-`canary_atol`, which is what the canary is for).
+Checked like a TFLite variant: the SavedModel answers the test split of `data_dir` in float32
+and in bfloat16 through `ampflow serve`'s own servable (the numbers are the server's), and the
+bfloat16 answers must pass a gate against the float32 ones (agreement, accuracy drop, max
+|probability difference|). It runs only on a CPU with bf16 units and refuses a run whose graph
+holds no bfloat16 node (it would compare float32 with float32). The gate's reasons and the
+canary's part: docs/explanation/design-notes.md, "bf16_parity.py".
 """
 
 from __future__ import annotations

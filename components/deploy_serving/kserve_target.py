@@ -1,37 +1,10 @@
 """Deploy to KServe: the `ampflow` ServingRuntime and one InferenceService, with a canary share.
 
-The objects are `kubectl kustomize k8s/kserve` (the files a person would apply by hand), made
-specific to the deployed model in Python: namespace, name prefix, image, the storage URI of the
-model in the store, the version the revision serves and the canary percent.
-
-1. Before anything changes: the API server answers, KServe's kinds are served there (a cluster
-   without KServe is one clear line), the model store is writable, the manifests render.
-2. The version is copied to the model store (as the kubernetes target does).
-   The rollout lock (ConfigMap `<InferenceService>-rollout-lock`, as the kubernetes target
-   takes it) is held from before the live spec is read until the deploy ends, so two deploys
-   of one InferenceService at once cannot restore each other's stale spec: the second fails.
-3. The ServingRuntime and the InferenceService are server-side applied (field manager
-   `ampflow-deploy`). The InferenceService's args pin the version, so a new version is a new
-   revision; with `canaryTrafficPercent` KServe (Serverless mode) gives it that share of the
-   traffic while the previous ready revision keeps the rest.
-4. Wait until the InferenceService is Ready *for this spec* (`status.observedGeneration` equal
-   to `metadata.generation`: a Ready condition left from the previous spec does not count), and
-   report its URL. With `server_address` (the gRPC port of a predictor pod, e.g. through
-   `kubectl port-forward`), that server must then give the answers export recorded for this
-   exact version (canary.py, as the other targets check). A timeout or wrong answers re-apply
-   the spec that was live before (the previous version), so the InferenceService does not stay
-   pointed at a version that never became ready or answers wrongly.
-
-A TFLite variant (`serving_format="tflite"`) is published the same way; the InferenceService
-asks for the model format `tflite`, which the `ampflow` ServingRuntime lists (its `ampflow
-serve` loads a version dir holding a .tflite file), and the canary expects the variant's answers.
-
-A bfloat16 version (`compute_precision="bfloat16"`, checked by its parity gate where the deploy
-runs) is served with `--compute-precision=bfloat16` in the model's args, and its predictor is
-given a required node affinity: only nodes with one of `bfloat16_node_labels` (by default Node
-Feature Discovery's labels for AVX512_BF16 and AMX-BF16 CPUs), where bfloat16 is native, the
-gate's measurements hold, and `ampflow serve` does not refuse it. In Serverless mode Knative
-accepts the affinity only with its `kubernetes.podspec-affinity` feature on.
+The objects are `kubectl kustomize k8s/kserve` made specific to the deployed model in Python
+(namespace, prefix, image, storage URI, version, canary percent). Checks run before anything
+changes; a rollout lock keeps two deploys of one InferenceService apart; a revision that never
+becomes Ready for this spec, or answers wrongly, is rolled back to the spec that was live. The
+steps, TFLite and bfloat16 versions: docs/explanation/design-notes.md, "kserve_target.py".
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """The deploy step: put one exported SavedModel version where a model server serves it.
 
-Two targets share one config:
-- `local`: copy `<export_base>/<model_name>/<version>/` into `<model_store>/<model_name>/<version>/`
-  through a hidden temp dir and one rename, so a running `ampflow serve` or
-  `tensorflow_model_server` (both poll the base path) hot-loads it and never sees half a model;
-  with `server_address` set, wait until that server reports the version AVAILABLE.
-  The server must give the answers export recorded for the version (canary.py).
-- `kubernetes`: check that the API server answers (before touching anything), copy the version
-  to the model store, run it as a canary Deployment that serves a small share of the traffic,
-  check its answers on the recorded real examples, then promote it to the stable Deployment;
-  a failure rolls back to the recorded previous release (kubernetes_target.py).
-- `kserve`: check the API server and that KServe's kinds are served there, copy the version to
-  the model store, server-side apply the `ampflow` ServingRuntime and an InferenceService that
-  pins the version with a canary traffic percent, and wait for it to be Ready (kserve_target.py).
-
-With `serving_format="tflite"` the version published (local and kserve targets) is one TFLite
-variant of the convert step's output instead, checked before anything is published, and the
-server must give that variant's own answers (tflite_variant.py).
-
-With `compute_precision="bfloat16"` (local target) the SavedModel is published only after its
-parity gate against float32 on `data_dir`'s test split, run here in bfloat16 by `ampflow
-serve`'s own servable; the evidence goes into the deploy record, and the canary expects the
-bfloat16 answers (bf16_parity.py).
-
-The version number is claimed by the step (every target, once its cluster answered), so
-`ampflow deploy` and the pipeline's deploy task number and lock alike: in a store that is a
-directory (local, or the PVC mounted for kubernetes and kserve), an unset `version` is the next
-free number, at least the export's, claimed under the store's lock (two deploys at once get two
-numbers; DeployConfig.claimed); a given `version` is claimed as it is. A gs:// store has no
-lock: the version is the one given or the export's.
+Three targets share one config: `local` (a temp dir and one rename into the model store, so a
+polling server never sees half a model), `kubernetes` (canary Deployment, then promotion;
+kubernetes_target.py) and `kserve` (kserve_target.py). A TFLite variant or a bfloat16 version is
+checked before it is published (tflite_variant.py, bf16_parity.py). The step claims the version
+number, so `ampflow deploy` and the pipeline's task number and lock alike. Each target's path
+and the numbering rule: docs/explanation/design-notes.md, "deploy_serving/step.py".
 """
 
 from __future__ import annotations

@@ -1,48 +1,11 @@
 """Publish one TFLite variant the convert step produced as the served version, and its canary.
 
-The convert step's output dir holds `<variant>.tflite` and `<variant>.json` (I/O quantization,
-labels, sha256 of the flatbuffer) per variant, and `report.json`, whose `variants.<variant>`
-says whether that variant `passed` its gate and lists its `checks` (name, op, threshold, value).
-A deploy with `serving_format="tflite"` publishes `<store>/<model>/<version>/` holding the one
-`<variant>.tflite` (what `ampflow serve --model-format tflite|auto` loads) and its
-`<variant>.json`, through the same temp dir, rename and version claim as a SavedModel.
-
-A text model's variants take token ids (the SavedModel's `token_ids` signature: LiteRT runs no
-string op), and their JSON carries a `tokenizer` block naming the vocabulary files the convert
-step shipped beside them (convert_tflite/text_inputs.py). Such a version is published with those
-files beside the `.tflite` (a client tokenizes with them), and its canary sends ids made from
-the recorded sentences with that shipped vocabulary, by the convert step's own `token_ids`, to
-the variant's signature (`token_ids`, input `input_ids`). Which signature, which input and
-which dtype are read from the variant (its JSON and its flatbuffer), not decided by modality.
-
-Refused with a ConfigError before anything is published: a variant the report does not list
-(not converted), one whose gate failed, a file whose sha256 is not the one the converter
-recorded (damaged or replaced since it was checked), a file that does not load, and a variant
-whose answers to the recorded examples break its own gate (below).
-
-Why the canary changes: the answers export recorded are the SavedModel's, and a quantized
-variant answers differently (full_int8 moves probabilities by up to a few 1e-2), so comparing
-the server with them at the SavedModel's tight `canary_atol` would fail a correct deploy, and
-any looser tolerance would be a number nobody chose. So the check is split in two:
-1. The expected answers are the variant's own: the recorded images run here through the
-   server's own servable (`TFLiteServable`: the same interpreter choice, LiteRT where it
-   imports, and the same (de)quantization). The server must give them within `canary_atol`,
-   which proves it loaded *this* file, not another version, model or a damaged copy.
-2. Those answers must agree with the SavedModel's recorded ones within the variant's own gate,
-   the thresholds the converter applied, read from its report: for float32/float16, max
-   |probability difference| <= its `max_abs_prob_diff` threshold; and class agreement >= its
-   `agreement` threshold on the examples the variant can tell apart, those whose two highest
-   recorded probabilities are more than twice the variant's probability tolerance apart (the
-   rule canary.py applies with `canary_atol`). That tolerance is the `max_abs_prob_diff`
-   threshold where the gate has one; dynamic_range and full_int8 have none, so the largest
-   |probability difference| the converter measured for the variant on the test split (where
-   export's recorded images come from) stands in. Why not count every example: 32 recorded
-   examples cannot resolve a 0.97 threshold (one flip is 0.969), and a near tie is exactly what
-   a correct int8 model flips (the demo model's full_int8, 0.992 agreement on the test split,
-   flipped one recorded example whose top two were 0.009 apart, with 0.023 measured). This
-   proves the variant was converted from this SavedModel: a variant of another model or
-   version passes 1 and fails here. The gate's `accuracy_drop_points` needs labels, which the
-   recorded examples do not carry; the converter ran it on the whole test split.
+A variant is refused before anything is published when the convert report does not list it,
+its gate failed, its sha256 is not the converter's, it does not load, or its answers to the
+recorded examples break its own gate. The canary expects the variant's own answers (a quantized
+model answers differently from the SavedModel), and checks those against the SavedModel's within
+the variant's gate, on the examples it can tell apart. Why, with the measurements:
+docs/explanation/design-notes.md, "tflite_variant.py".
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
 """The evaluate step's config: what it reads and the gate's thresholds, with their defaults.
 
-The gate's defaults, and why:
-- `max_accuracy_drop=0.5` points (twin minus AMP). Same weights: a prediction flips only for an
-  example whose top-2 logits are closer than the rounding error. On the 359 digits test images
-  one flip is 0.28 points, so the default allows one net flip; on ImageNet-size test sets
-  published AMP results match float32 well within 0.5 points.
-- `min_agreement=0.99`: at most 1 % of examples may change class. Measured 100 % for
-  mixed_float16 and mixed_bfloat16 on the digits test split (99.86 % for bfloat16 on the train
-  split, two flips out of 1,438).
-- `max_relative_logit_diff` = auto: 20 units of roundoff of the compute dtype (float16 2**-11,
-  bfloat16 2**-8), relative to the largest |logit|: 9.8e-3 for float16, 7.8e-2 for bfloat16.
-  bfloat16 keeps ~3 significant digits against float16's ~3.3, so one absolute bound would be
-  either too loose for float16 or too tight for bfloat16; a relative bound also holds whatever
-  the logit scale. Measured: 3.8e-4 (float16) and 3.8e-3 (bfloat16), about one unit each.
-- `amp_nonfinite_logits <= 0`: an inf/NaN logit is a float16 overflow, never rounding noise.
-  Overflows inside the network are often turned into finite but wrong logits by later layers
-  (measured: see tests/components/evaluate_parity/conftest.py); the twin comparison catches
-  those.
-- with a baseline: the one-sided exact McNemar test must not find AMP training worse at
-  `baseline_alpha=0.01`, and the drop must not exceed `max_baseline_accuracy_drop=3`
-  points (BASELINE_MAX_DROP_POINTS has the measurements that chose both; training.py explains
-  the statistics).
-- release quality (release.py explains the statistics): the accuracy must be above the
-  majority-class rate of the split by a one-sided binomial test at `chance_alpha=0.01` (the
-  level of the gate's other tests); a split on which that test would find a model halfway
-  between chance and perfect with probability under `min_power=0.8` (the usual design power)
-  is said to be too small. `min_accuracy` and `metric_thresholds` are off by default: what is
-  good enough is the deployment's call.
-- with a serving base path that holds a version: the one-sided exact McNemar test must not
-  find the new model worse than the one serving at `serving_alpha=0.01`. Unlike the float32
-  baseline, the served model was trained on other data or code, so no drop cap: only what the
-  test set can show.
-- `min_training_speedup` is off by default: the speedup depends on the hardware (none on a CPU
-  without bfloat16 units: docs/DESIGN.md, "Measured facts"), so gating on it is a
-  per-deployment choice.
+Each default is chosen from a measurement or a statistical rule (one net flip on the digits
+test split, 20 units of roundoff per compute dtype, tests at 0.01, power 0.8); what is good
+enough (`min_accuracy`, `metric_thresholds`, `min_training_speedup`) is the deployment's call,
+so off by default. Each default and why: docs/explanation/design-notes.md,
+"evaluate_parity/config.py".
 """
 
 from __future__ import annotations

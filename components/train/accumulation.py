@@ -1,29 +1,10 @@
-"""Gradient accumulation under AMP (issue 40 point 1): K micro-batches make one applied step.
+"""Gradient accumulation under AMP: K micro-batches make one applied step.
 
-TrainLoop (loop.py) calls `accumulate_gradients` in place of one forward and backward pass when
-`accumulation_steps` K > 1. One loop step is one *applied* step: its batch is the effective
-batch, which each replica splits, in order, into K micro-batches (`split_micro_batches`), runs
-forward and backward on one at a time inside a `tf.while_loop` (only one micro-batch's
-activations are alive), and adds each one's gradients into float32 accumulators. The replicas
-then all-reduce the sum ONCE and the optimizer applies it ONCE, so the loss scale, the skip
-decision, `optimizer.iterations`, telemetry, the guard and checkpoints all count applied steps.
-
-Each micro-batch's loss is its examples' loss over the EFFECTIVE global batch, so the K
-gradients add up to the gradient of the whole batch, as one step on the K-times-larger batch
-computes it (tests/components/train/test_accumulation.py, per policy and on 2 workers).
-
-Why here and not Keras 3's `optimizer.gradient_accumulation_steps` (keras/src/optimizers/
-base_optimizer.py and loss_scale_optimizer.py, 3.15): LossScaleOptimizer checks each
-micro-batch's gradients on their own, so a non-finite micro-batch is skipped alone (the other
-K-1 are applied as if they were the step) and the scale halves per micro-batch; its `apply()`
-counts micro-batches in `iterations`; and the TF optimizer's all-reduce runs inside `apply()`,
-which the packed all-reduce (allreduce.py) replaces. Here the accumulators are loop values,
-not variables: float32 whatever the compute dtype (bfloat16 or float16 sums would lose the
-small updates a larger batch averages in), zero at the start of every applied step by
-construction (a skipped step leaves nothing behind), and never part of a checkpoint, which
-is always taken between applied steps. Every micro-batch's loss is scaled with the one scale
-of the step; an inf or NaN in any micro-batch makes the sum non-finite, so
-LossScaleOptimizer skips the whole step and halves the scale once.
+TrainLoop calls `accumulate_gradients` when `accumulation_steps` K > 1: each replica runs its
+share of the effective batch as K micro-batches in a `tf.while_loop`, adds their gradients into
+float32 accumulators, and the sum is all-reduced and applied once, so the loss scale, skips,
+iterations, telemetry, the guard and checkpoints count applied steps. Why not Keras 3's
+`gradient_accumulation_steps`: docs/explanation/design-notes.md, "accumulation.py".
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
-"""The gradients' all-reduce across replicas: one packed collective per step (issue 41).
+"""The gradients' all-reduce across replicas: one packed collective per step.
 
-TrainLoop (loop.py) calls it; measured on TF 2.21 / Keras 3.15:
-- One collective per step (`packed_allreduce`, the default): each replica all-reduces its
-  gradients AND the step's statistics (loss, correct, count) in one packed all-reduce
-  (`CommunicationOptions(bytes_per_pack=...)`), then applies the reduced gradients. Profiled on
-  two single-core workers over loopback (benchmarks/results/train_scaling_profile_*.md), every
-  collective costs ~1.3 ms of latency whatever its size below a few MB, against a 5 ms small
-  CNN step: the former path's three collectives per step (Keras's gradient all-reduce, the
-  statistics' reduce and, under loss scaling, the skip agreement below) were most of the lost
-  scaling. Keras 3's TF optimizer all-reduces inside `apply()` and has no switch to say the
-  gradients are reduced already (tf.keras's `experimental_aggregate_gradients=False` is gone),
-  so while the step is traced its `_all_reduce_sum_gradients` is the identity
-  (`gradients_already_reduced`): without that every gradient would be summed twice.
-- `LossScaleOptimizer` decides "finite or skip" on the gradients it is given. Under the packed
-  path they are the reduced ones, the same bits on every replica, so every replica takes the
-  same verdict with no extra collective (an inf or NaN on one worker makes the sum non-finite
-  everywhere). On the former path (`--no-packed-allreduce`) Keras checks each worker's *local*
-  gradients before its all-reduce: two workers could disagree (one skips, the other waits in
-  the all-reduce forever), so the replicas agree first (one scalar all-reduce), and a
-  non-finite verdict anywhere makes every replica skip, as a single process would.
-- `allreduce_dtype="compute"` all-reduces the (still loss-scaled) gradients in the policy's
-  compute dtype (float16/bfloat16: half the bytes), casts the sum back to float32, and only then
-  does LossScaleOptimizer check it and unscale it: an overflow in the half-precision sum is a
-  skipped step on every worker, like any other overflow. It changes the numbers (each gradient
-  and the sum are rounded to the compute dtype), so float32 stays the default; what it buys is
-  measured in benchmarks/results/train_scaling_*.md.
+Each replica all-reduces its gradients and the step's statistics in one packed collective,
+and LossScaleOptimizer takes its finite-or-skip verdict on the reduced gradients, the same on
+every replica, with no extra collective. `--no-packed-allreduce` keeps the former path (the
+replicas agree on the verdict first); `allreduce_dtype="compute"` sums in the compute dtype.
+The measurements: docs/explanation/design-notes.md, "allreduce.py".
 """
 
 from __future__ import annotations

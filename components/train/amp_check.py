@@ -1,43 +1,11 @@
 """The AMP check: does a model keep the precision chain under a policy, before any epoch runs.
 
-The practical rules of mixed precision (docs/DESIGN.md, "Precision policy"): the output layer
-computes in float32; every other layer computes in the policy's half type with float32
-variables; a custom layer or a hand-set `dtype=` that computes in another type breaks that chain
-with a Cast on each side of it, forward and backward. `check_amp` reads each layer's dtype
-policy, then traces ONE train step (forward under a GradientTape, the loss, the gradients; no
-optimizer update, nothing executed) and reads its graph:
-
-- every floating-point `Cast` op, attributed to the layer whose name scope made it (each layer's
-  `call` is wrapped while tracing to record the scope TF gave it: Keras 3 suffixes scopes, e.g.
-  layer `dense_1` ran in `functional_1/dense_1_2`, so names alone are ambiguous). A gradient op
-  is named `gradient_tape/<forward op>/...`, so a backward Cast belongs where its forward op
-  does. Casts are sorted by what they cast: a variable read (Keras's autocast of a float32
-  variable to the compute dtype, expected), a constant, a layer's input at a dtype boundary, or
-  the layer's own math;
-- Softmax, Log, Exp and large reductions that compute in float16 outside the head;
-- attention (docs/how-to/text-models.md): a softmax over attention scores (the product of two
-  computed tensors: an Einsum or batched MatMul, not a layer's weights) computed in float16 is
-  named with the attention layer that owns it (Keras 3.15's `MultiHeadAttention` builds its
-  `Softmax` under the layer's policy on its explicit path: attention dropout or returned
-  scores); a half-precision constant the dtype cannot hold (a `-1e9` mask under
-  `mixed_float16` is -inf, and `(1 - mask) * -inf` is NaN wherever the mask keeps a score) is
-  named with the layer and the value; a float32 `Softmax` inside an attention layer is the
-  rule kept (ampflow's `Float32SoftmaxAttention`), not a hand-set dtype.
-
-Findings (`Finding.kind`; severity error / warning / info / fixed):
-`half_precision_output`, `hard_coded_dtype`, `hand_set_dtype`, `float16_unsafe_op`,
-`float16_attention_softmax`, `overflowing_constant` (an error where a Mul reads it: NaN is
-certain), `float32_by_design`, `nested_input_cast`, `policy_not_applied`, `no_gradient`, and the
-refusals `not_functional`, `input_shape`, `output_shape`, `no_trainable_variables`,
-`half_precision_variables`, `trace_failed`. A report with `errors` means the model cannot train
-under the policy; the caller raises ConfigError with them.
-
-The counts are of the traced graph, before Grappler/XLA: XLA fuses a Cast into the kernels
-around it, so what a Cast costs is memory traffic without XLA, and a broken chain's real price
-is the float32 math it forces.
-
-By role: amp_graph.py traces the step and walks its graph; amp_report.py holds the report (its
-findings, rows, table and amp_report.json); this module holds the rules that make findings.
+`check_amp` reads each layer's dtype policy, then traces one train step (nothing executed) and
+reads its graph: floating-point Casts attributed to the layer that made them, float16-unsafe
+ops, attention softmaxes in float16, constants the half type cannot hold. A report with
+`errors` means the model cannot train under the policy. By role: amp_graph.py traces and walks
+the graph, amp_report.py holds the report, this module the rules. The rules and each finding's
+kind: docs/explanation/design-notes.md, "amp_check.py".
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
 """`ampflow train --autotune`: pick the (policy, XLA) pair by measuring it, within a hard budget.
 
-The rule-based `auto` (precision.py) is right on the hardware it was measured on, but not
-everywhere, so each candidate runs a few warm-up steps (tracing and XLA compilation, excluded
-from the timing) and then up to `autotune_steps` timed steps of the real training step
-(`TrainLoop`, the same model, batch and input pipeline the run uses); the fastest wins.
-
-**Bounded.** The candidates run in ONE child process, started before this process touches
-TensorFlow (so it holds no GPU memory and a multi-worker strategy can still be made), which
-streams an event per warm-up and per timed step over a pipe. The parent kills it when the
-budget (`autotune_budget_s`) is spent, whatever it is doing (tracing, an XLA compile, one
-pathological step), and says which candidate was stopped and where: the budget bounds the
-whole search, not only the candidates not yet started. Why a process: in-process, a deadline
-can only be checked between steps, and neither a trace, an XLA compile (most of a minute for
-ResNet-50 on a CPU) nor one float16 step without XLA can be interrupted. Why one: a TF start-up
-for the whole search (a few seconds on 2 cores), not one per candidate; a fresh one only after
-a kill.
-
-**Quick.** The drop, stall and skip rules are autotune_rules.py's (its docstring says why).
-The measuring process is autotune_child.py's (it fits a text model's tokenizer once).
-
-float32 without XLA is measured first, so the choice is never slower than it on that machine;
-the rule's own choice second. The progress line's ETA comes from measured time only (the
-warm-ups and steps timed so far), capped by the budget left.
-
-Rates are examples per second in the data's unit (throughput.py: img/s for images, texts/s
-for text models), which the child's plan names; the rows keep their `images_per_sec` field
-(benchmarks/results hold it) and the report says the unit in `throughput_unit`.
-
-Multi-worker: each worker's child measures its own local replicas; the workers then agree on
-each candidate's mean rate (a candidate counts only if every worker measured it), so every
-worker picks the same pair.
+The rule-based `auto` (precision.py) is right where it was measured, not everywhere, so each
+candidate runs warm-up steps and then timed steps of the real training step; the fastest wins.
+The candidates run in one child process that the parent kills when the budget is spent,
+whatever it is doing (a trace or an XLA compile cannot be interrupted in-process). The rules
+are autotune_rules.py's, the measuring process autotune_child.py's. Why, and the multi-worker
+agreement: docs/explanation/design-notes.md, "autotune.py".
 """
 
 from __future__ import annotations

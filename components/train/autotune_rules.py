@@ -1,31 +1,10 @@
 """autotune's rules: which (policy, XLA) candidates to measure, when to drop or stop one, the ETA.
 
 Plain Python, no process and no TensorFlow: autotune.py's search and its measuring process both
-apply them, and the tests check them on injected step times.
-
-**Quick.** A candidate is *dropped* as soon as it is clearly slower than the best so far:
-after `DROP_AFTER_STEPS` timed steps, if even its fastest step took more than `DROP_MARGIN` ×
-the best candidate's median step (its throughput's upper bound is below 1/DROP_MARGIN of the
-best's typical rate: noise on a shared machine slows some steps, not all three). A step still
-running after `DROP_AFTER_STEPS` × `DROP_MARGIN` × that median (and at least `stall_min_s`)
-could not make it faster either: the parent kills the child and starts a fresh one for the
-candidates left. Candidates the hardware rule (`precision.native_formats`) or the XLA rule
-knows to be emulated or pathologically slow are skipped with the reason unless asked for
-(`--autotune-policies`, `--autotune-xla both`): a half-precision format that is not native,
-float16 without XLA on a CPU, and XLA on a CPU for a model of `LARGE_CONV_MODEL` or more
-convolutions (ResNet-50: 11-15 img/s with XLA against 70-90 without, 80 s per candidate).
-
-**The XLA rule counts convolutions only, on purpose.** What it encodes is measured: XLA on a
-CPU has no oneDNN convolutions, so a deep conv net loses 5×. A BERT-style encoder has none
-(bert_tiny: 0), its matmuls, GELU, LayerNorm and softmax are another trade (XLA fuses the
-element-wise work oneDNN leaves unfused), and no measurement says which side wins everywhere,
-so its XLA candidates are measured, not assumed. They come after float32 and the rule's own
-choice, so a budget spent on an XLA compile never costs the choice those two. Measured on this
-2-core Xeon with AMX (shared, load 12-15; benchmarks/results/train_autotune_bert_tiny_amx.md),
-bert_tiny at 128 tokens, batch 32: float32 with XLA clearly slower (1.86 s median step against
-0.38 s), bfloat16 with XLA at least as fast as the best without (0.35 s median; chosen, within
-this loaded host's noise): XLA's worth for an encoder depends on the policy, so a skip rule
-for it would be a guess; both are measured.
+apply them, and the tests check them on injected step times. A candidate clearly slower than
+the best so far is dropped, a stalled step stops it, and candidates the hardware rule knows to
+be emulated or pathologically slow are skipped with the reason unless asked for. The rules'
+measurements: docs/explanation/design-notes.md, "autotune_rules.py".
 """
 
 from __future__ import annotations

@@ -1,36 +1,11 @@
 """The loss-scale guard's rule: when the loss, the loss scale and the skipped steps say "broken".
 
-Dynamic loss scaling (Keras's `LossScaleOptimizer`, from 2**15 = 32768) *expects* overflows: a
-step whose scaled float16 gradients overflow is skipped and the scale halves; after 2000 finite
-steps in a row it doubles (and the growth's first overflow costs one more skip). So a healthy run
-skips one step per halving its scale needs (a handful, early, or whenever its gradients grow:
-measured 2 of 264 steps on issue 37's user builder, the scale 32768 -> 8192) and about one per
-2000 steps after that. A rate over a short stretch cannot tell that from a broken model: 2 such
-skips among the first 20 steps after a warm-up read as 10 %. The guard therefore decides on
-evidence that does not depend on the run's length (docs/explanation/amp-checks.md):
-
-1. **Non-finite loss, at once.** Loss scaling multiplies the backward pass only, so a forward
-   pass that overflows (an inf/NaN loss) is not something a lower scale fixes: the model or its
-   weights are broken (without loss scaling the step has already written the non-finite
-   update into the weights). One such step is conclusive.
-2. **The scale under `floor`** (1). Every skip halves the scale and only 2000 clean steps in a
-   row double it, so from 32768 a run reaches the floor only after 16 more halvings than
-   doublings: gradients that overflow float16 even unscaled. That is a run of overflows no
-   healthy run has, however short the run.
-3. **More than `max_consecutive_skipped` (15) skipped steps in a row**: the weights have not
-   moved since; 15 is the halvings from 32768 to 1, so the scale search of a healthy run never
-   needs more. With the default floor, rule 2 fires at the same step; this one also holds when
-   the floor was lowered.
-4. **A sustained rate: more than `max_skipped_fraction` (5 %) of the last `window_steps` (200)
-   steps after `warmup_steps` (50), and at least `min_skipped_steps` (10) of them.** Judged
-   only over a full window and with at least that many skips (10 halvings: 32768 -> 32), so a
-   handful of reductions is never a rate. With Keras's growth interval, frequent skips drive the
-   scale down, so rule 2 usually fires first; this one is the backstop for a lowered floor.
-
-Observations come in step order, possibly sparse (`--telemetry-every-n-steps`): each carries
-the cumulative skipped count (`step - optimizer.iterations`), so every rule but the run of
-consecutive skips is exact between observations; that run counts only gaps whose every step was
-skipped. Plain Python, no TensorFlow: tests feed it recorded sequences.
+Dynamic loss scaling expects overflows, so a short-run skip rate cannot tell a healthy run from
+a broken model. The guard decides on evidence that does not depend on the run's length: a
+non-finite loss; the scale under `floor`; more than `max_consecutive_skipped` skips in a row; a
+sustained rate over a full window after the warm-up. Plain Python, no TensorFlow: tests feed it
+recorded sequences. The rules and their numbers: docs/explanation/design-notes.md, "guard.py",
+and docs/explanation/amp-checks.md.
 """
 
 from __future__ import annotations

@@ -1,51 +1,11 @@
 """The one training loop, for every tf.distribute strategy (default, mirrored, multi-worker).
 
-Why not Keras `fit`: under MultiWorkerMirroredStrategy it fails for every policy (keras-
-team/keras#20585), and under MirroredStrategy mixed_float16 + XLA fails (keras#21366). A custom step
-works under all of them (docs/DESIGN.md, "Training loop and distribution"), so it is the only loop:
-a single-process run is the same code under the default strategy, where `strategy.run` is a plain
-call. What `fit` gave is kept: Keras callbacks (loss-scale telemetry, epoch log, TensorBoard) are
-driven through `keras.callbacks.CallbackList`, and the model is compiled so model.keras carries its
-optimizer.
-
-Per step, nothing is read back to the host: the step's global loss, correct count and example
-count are summed on the device and read once per epoch; telemetry reads the loss scale only on
-the steps it records (issue 13, item 3). The progress display (`ampflow.progress`, chief only)
-counts steps on the host and shows the values telemetry last read: the packed per-step tensor
-carries the epoch's running sums too, so the running loss and accuracy cost no extra read.
-
-Input-bound or not: each step timestamps, inside its graph, the wait for its batch (`next` on
-the iterator: `tf.timestamp` before and after it, ordered by control dependencies) and adds it
-to a device counter read once per epoch, like the sums. The epoch's log line then says what
-share of its training time went to waiting on the input pipeline, and warns when that share
-reaches INPUT_BOUND_FRACTION (`input_wait_fraction` goes to the epoch's logs: epochs.jsonl,
-TensorBoard). No host sync per step, and nothing else changes in the step. The run's first step
-is left out of the share (one extra read, once per run): it holds the tracing, any XLA
-compilation and the pipeline's start-up (the shuffle buffer's first fill), not the steady state.
-
-Distribution details that the code below handles, each measured on TF 2.21 / Keras 3.15:
-- The gradients' all-reduce (one packed collective per step, the loss-scale verdict on the
-  reduced gradients, `allreduce_dtype`) is allreduce.py's; its module docstring says why.
-- XLA cannot compile the collectives (UnimplementedError under MultiWorkerMirroredStrategy), so
-  with more than one replica only the forward and backward pass are XLA-compiled; the all-reduce
-  and the optimizer update run outside. One replica compiles the whole step, as `fit` does.
-- Keras 3 keeps BatchNormalization's moving statistics in plain mirrored variables that each
-  replica updates from its own shard; they are averaged across replicas before every
-  evaluation, checkpoint and save, so every worker holds the same model.
-- Checkpoints are TF's own (`tf.train.Checkpoint` + `CheckpointManager`): the chief writes to
-  the durable dir, the other workers to a private temp dir (TF's multi-worker rule: every worker
-  saves, only the chief's copy is kept), and every worker restores from the chief's dir.
-  Keras 3's BackupAndRestore has no multi-worker logic (every worker would write the same
-  files). tf.distribute's PreemptionCheckpointHandler works with this step (measured: SIGTERM
-  to one of 2 workers, both saved at an agreed step, exited 42, and resumed there), but its
-  step counter is restored only from its own saves and it cannot share a directory with
-  periodic saves without its private attributes; a SIGKILL gives no notice anyway. So the loop
-  saves periodically (each epoch, `checkpoint_every_n_steps`) and a killed or evicted worker
-  resumes from the last save.
-
-Gradient accumulation (`accumulation_steps` K > 1, issue 40 point 1) is accumulation.py's: one
-loop step is one *applied* step, so the loss scale, the skip decision, iterations, telemetry,
-the guard and checkpoints all count applied steps; its module docstring says how and why.
+Keras `fit` fails under MultiWorkerMirroredStrategy for every policy and under
+MirroredStrategy for mixed_float16 + XLA; a custom step works under all of them, so it is the
+only loop (a single process is the default strategy). Callbacks still run through
+`keras.callbacks.CallbackList`. Per step nothing is read back to the host; the all-reduce is
+allreduce.py's, gradient accumulation accumulation.py's. The distribution details, each
+measured: docs/explanation/design-notes.md, "loop.py".
 """
 
 from __future__ import annotations

@@ -1,46 +1,10 @@
 """AMP's second promise, measured: the peak memory of training, and the largest batch that fits.
 
-Half-precision activations take half the bytes, so a model that trains under `mixed_float16` /
-`mixed_bfloat16` holds less at its peak than under float32, and its batch can grow. This module
-measures that peak (`PeakMemory`) and searches for the largest batch a device holds
-(`find_max_batch_size`, `auto_batch_size`).
-
-How the peak is read (each mechanism measured on TF 2.21 / Linux, in this project's container):
-
-- **GPU** (`gpu_allocator_peak`): `tf.config.experimental.reset_memory_stats(dev)` then
-  `get_memory_info(dev)["peak"]`: the most bytes TF's BFC allocator had *in use* (tensors:
-  weights, activations, gradients, optimizer slots, workspaces), not the pool TF reserves up
-  front. With several local GPUs every one is read; `peak_bytes` is the largest (each replica
-  must fit on its own GPU), `per_device` has them all.
-- **CPU** (`cpu_allocator_peak`): the same two calls on `"CPU:0"` work in TF 2.21: TF's CPU
-  allocator counts every tensor TF allocates (measured: a 200 MiB `tf.ones` raised the peak by
-  256 MiB, the allocator's rounding), and a reset sets the peak to what is in use at that
-  moment, as on a GPU. It does not see numpy arrays, the Python heap or TF's own runtime.
-- **Process** (`process_vmhwm_reset`): the resident-set high-water mark `VmHWM` of
-  `/proc/self/status`, reset to the current RSS by writing `"5"` to `/proc/self/clear_refs`
-  (Linux >= 4.0; measured here: 924 → 720 MiB after the reset, then 778 MiB after a 50 MiB
-  tensor). It sees everything the process holds (TF runtime, oneDNN scratch, numpy, the input
-  pipeline): what a container's memory limit counts. Where the reset is refused, the lifetime
-  peak `ru_maxrss` is reported as `process_maxrss_lifetime` with `resettable=False`: it then
-  includes everything before the region.
-
-On a CPU the allocator's peak is the primary number (it is what AMP can shrink, and what a GPU
-would report); the process's peak is recorded beside it. Both peaks are process-wide counters:
-a region that starts inside another one resets them, so the outer region folds the peak seen so
-far into its own before every reset (`_ACTIVE`), and nested regions stay correct.
-
-`--batch-size auto`: only a GPU has a fixed memory to fill and reports running out of it as an
-error (`ResourceExhaustedError`) that a search can catch and retry. On a CPU the batch is
-bounded by host RAM shared with the OS and the input pipeline, where running out means swapping
-or the kernel's OOM killer, not an error; and CPU throughput saturates at small batches. So on
-a CPU `auto` keeps `CPU_AUTO_BATCH_SIZE` and logs why; a test (or a user who wants to cap a
-GPU's share) injects a `MemoryLimit`, which runs the same search against the *measured* peak.
-
-With `--effective-batch-size E` (issue 40 point 1), `auto` answers with gradient accumulation
-when E does not fit: the search (or the CPU's default) gives the largest batch that fits, and
-`accumulation_for` turns E into K = ceil(E / fits) micro-batches of E // K (the rule and why
-are in its docstring); the micro-batch's activations are what must fit, the accumulators add
-one float32 copy of the gradients (the size of the weights).
+`PeakMemory` reads the peak of a region from TF's allocator (GPU or CPU) and from the process's
+resident-set high-water mark; `find_max_batch_size` and `auto_batch_size` search for the largest
+batch a GPU holds (a CPU keeps `CPU_AUTO_BATCH_SIZE`: running out of host RAM is no error a
+search can catch), answering with gradient accumulation when `--effective-batch-size` does not
+fit. How each peak is read, measured: docs/explanation/design-notes.md, "memory.py".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """All precision and XLA set-up in one small function (as TF Model Garden's performance.py).
 
-Which half-precision formats the hardware computes natively is ONE rule, `native_formats`: the
-policy `auto` picks, the candidates `--autotune` measures by default, `check-model`'s warning
-and the `precision.native_formats` block of `metadata.json` all read it. Per hardware kind
-(docs/DESIGN.md, "Precision policy"; the CPU rows measured by benchmarks/native_formats.py):
-
-- NVIDIA GPU: float16 from compute capability 7.0 (Volta's Tensor Cores), bfloat16 from 8.0
-  (Ampere); below 7.0 neither.
-- TPU: bfloat16 (its matmul units); no float16.
-- CPU with AVX512_BF16 or AMX-BF16: bfloat16 (oneDNN runs bf16 conv/matmul ~1.5-2× float32).
-- Any CPU, AVX512_FP16 and AMX-FP16 included: no float16. TF's float16 CPU kernels do not use
-  those units (measured on a Xeon with AMX and AVX512_FP16: float16 convolutions 0.5-0.6×
-  float32, with their gradients 0.02-0.03×; matmul 1.0-1.2×), so one flag does not make a
-  format native.
-- AVX2-only CPU: neither (bfloat16 is emulated: ResNet-50 0.82× float32).
-
-`auto` takes the first native format of (float16, bfloat16), else float32. XLA (`jit_compile`)
-is on by default on GPU/TPU; on a CPU it is off for float32 and mixed_bfloat16 (measured
-slower there) and on for mixed_float16 (TF's float16 CPU kernels without XLA are far slower
-still). Keras's own `jit_compile="auto"` decides silently, so we always log the *effective*
-setting and why. The hardware is an injectable value so that every branch is testable on any
-machine.
+Which half-precision formats the hardware computes natively is one rule, `native_formats`:
+`auto`, `--autotune`'s default candidates, `check-model`'s warning and metadata.json all read
+it. `auto` takes the first native format of (float16, bfloat16), else float32; XLA is on for
+GPU/TPU, and on a CPU only for mixed_float16. The effective setting and why are always logged;
+the hardware is injectable, so every branch is testable. The rule per hardware, measured:
+docs/explanation/design-notes.md, "precision.py".
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """The text tokenizer: raw strings → int32 token ids `[batch, max_sequence_length]`, 0 = padding.
 
-Why Keras `TextVectorization` (and not keras-hub's WordPiece, docs/DESIGN.md "Text"): it ships
-with Keras (no new dependency), its ops are core TensorFlow ops (regex replace, lower-casing,
-whitespace split, a hash table), so the same layer runs in `tf.data.map`, in a traced
-`tf.function` signature and in a SavedModel that TF Serving loads and that takes raw strings.
-keras-hub's WordPiece needs `tensorflow-text` (60 MB of custom ops pinned to one TF minor);
-without it, it runs eagerly only. Fitting is quick: about 1 s for 10,000 review snippets on a
-2-core CPU (docs/how-to/text-models.md says how it was measured). The cost
-is a word-level vocabulary: a word unseen in training is `[UNK]` (id 1), where WordPiece would
-split it into known pieces.
-
-The contract every text step shares:
-- `tokenize(texts)`: a `tf.string` tensor `[batch]` (or a scalar) → `int32` ids `[batch, L]`
-  (or `[L]`), L = `max_sequence_length`: longer texts are cut, shorter ones padded with 0. Id 0
-  is padding, 1 is `[UNK]`, 2.. the kept words, most frequent first. Standardization is
-  lower-case and strip ASCII punctuation, then split on whitespace.
-- `padding_mask(ids)`: 1 where a token is, 0 where padding is (`int32`, the ids' shape): the
-  attention mask, which the built-in models derive from the ids themselves.
-- `save(dir)` writes `vocab.txt` (one token per line, line i = id i: line 0 is the empty
-  padding token, line 1 `[UNK]`) and `tokenizer.json` (the settings); `load_tokenizer(dir)`
-  rebuilds the same ids from them, with nothing fitted again.
-
-The tokenizer is fitted on the training split only (`fit_tokenizer`), so nothing of the test
-split leaks into the vocabulary that the model is evaluated with.
+Keras `TextVectorization`: its ops are core TensorFlow ops, so the same layer runs in
+`tf.data.map`, in a traced signature and in a SavedModel that TF Serving loads (keras-hub's
+WordPiece needs tensorflow-text). Fitted on the training split only. The contract every text
+step shares (`tokenize`, `padding_mask`, `save`/`load_tokenizer`) and why this tokenizer:
+docs/explanation/design-notes.md, "tokenizer.py".
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
 """A user's own model: a builder in their package, or a saved `.keras` file to fine-tune.
 
-`--model` takes three forms (`parse_model_spec`):
-- a built-in name (`small_cnn`, `resnet50`, `mobilenet_v2`: components/train/models.py);
-- `package.module:function`, a builder called as `function(input_shape, num_classes)` under
-  the chosen dtype policy. It returns an uncompiled functional (or Sequential) Keras model whose
-  input is `(None, H, W, C)` float32 **raw pixels 0..255** (the dataset's `image_shape`, which
-  `prepare-data --image-size` sets: the same pixels a client sends the served model), so the
-  model rescales (and, if it wants yet another size, resizes) inside itself; whose output is
-  `(None, num_classes)` logits or softmax probabilities. The module is imported from the
-  environment or from `--model-path DIR` (prepended to `sys.path`), in train and in every step
-  that loads the model again, so custom layers defined there deserialize;
-- a path to a `.keras` file: a trained model fine-tuned from its current weights. Custom
-  layers in it are imported from the module their config records (`custom_objects_in`).
-
-For text data (a prepared dataset of texts, components/train/tokenizer.py) a builder is called
-as `function(sequence_length, vocabulary_size, num_classes)` and its model takes int32 token
-ids `(None, sequence_length)`: 0 is padding (a model derives its attention mask from it), 1 is
-`[UNK]`, every id is below `vocabulary_size`. It returns `(None, num_classes)` logits or
-probabilities, as an image model does (`call_text_builder`, `check_text_io`). A `.keras` text
-model is fine-tuned the same way, tokenized with the vocabulary it was trained with.
-
-Whatever the form, ampflow then gives the model its **standard head**: a float32 `logits` layer
-and a float32 `probabilities` softmax (`standard_head`), which evaluate's parity check, export's
-signatures and TFLite conversion rely on. A softmax the user put last is recomputed in float32
-from the tensor before it; half-precision logits are cast to float32 first.
-
-The AMP pitfall this module handles (docs/DESIGN.md): a saved float32 model keeps `float32`
-dtype policies in every layer's config, so setting the global policy before loading changes
-nothing. `rebuild_with_policy` clones every layer with its config's dtype replaced and copies
-the weights (variables are float32 under every policy), so the copy is exact; the head stays
-float32. The same function builds evaluate's float32 twin, for every kind of model.
+`--model` is a built-in name, `package.module:function` (a builder called under the chosen
+policy, for images or texts), or a `.keras` path. Whatever the form, the model then gets the
+standard float32 head (`logits`, `probabilities`) that evaluate, export and TFLite rely on, and
+`rebuild_with_policy` rebuilds a saved float32 model under the policy (a saved model keeps its
+layers' float32 policies). The contract: docs/explanation/design-notes.md, "user_model.py", and
+docs/how-to/own-model.md.
 """
 
 from __future__ import annotations

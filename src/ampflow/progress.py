@@ -1,37 +1,11 @@
 """Progress of the long steps: a live bar on a terminal, a plain line every N seconds elsewhere.
 
-One abstraction for every step that runs for minutes (training epochs, dataset preparation,
-evaluation, TFLite conversion and checks, autotune candidates, the serving benchmarks), so a
-step adds two or three lines and never prints on its own:
-
-    with Progress(total=len(batches), desc="evaluate amp", unit="batch") as progress:
-        for batch in batches:
-            ...
-            progress.update()
-
-Where it shows (decided once, when the display is made):
-- stderr is a terminal: a `tqdm` bar, redrawn at most every `BAR_INTERVAL_S` (Keras's
-  `Progbar` writes to stdout only, where `ampflow` prints results, and shows numbers only);
-- anything else (a KFP pod's log, CI, a file, the demo's per-step log files): one plain log
-  line (logger `ampflow.progress`, so it carries the log's time stamp and level; written to
-  the stream itself where logging does not show INFO: `quiet` is the switch, not the log
-  level) every `every_s` seconds, without carriage
-  returns or colour codes; nothing at all for a step that ends sooner;
-- `quiet`, or `enabled=False` (a worker that is not the chief): nothing, at no cost.
-
-Settings live in the environment (`AMPFLOW_QUIET`, `AMPFLOW_PROGRESS_EVERY_S`), written by
-`configure()` (the CLI's `--quiet` / `--progress-every-s`), so that the processes a step
-starts (local training workers, kfp local tasks) inherit them; a KFP task can set them as
-container environment variables.
-
-The CLI sends this process's stderr through a line filter (`ampflow.tf_startup`) that
-forwards whole lines only: a bar, which redraws its line with a carriage return, would show
-only at its end. `keep_terminal()`, called before the filter starts, keeps the terminal
-itself for the bar.
-
-Cost per `update()` call: a counter increment and a clock read; values are computed (a
-`values` callable is called) only when a display is due, so a caller can pass what it has
-already read from the device and never reads more for the display.
+One abstraction for every step that runs for minutes, so a step adds two or three lines
+(`with Progress(total=..., desc=..., unit=...) as progress: ... progress.update()`) and never
+prints on its own: a `tqdm` bar when stderr is a terminal, one plain log line every `every_s`
+seconds elsewhere, nothing when `quiet` or not the chief. Settings live in the environment
+(`AMPFLOW_QUIET`, `AMPFLOW_PROGRESS_EVERY_S`) so the processes a step starts inherit them.
+Where it shows and what it costs: docs/explanation/design-notes.md, "progress.py".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """TensorFlow's C++ log lines, filtered as `TF_CPP_MIN_LOG_LEVEL` says they should be.
 
-On a CPU-only machine TensorFlow 2.21 prints, through absl before anything calls
-`absl::InitializeLog()`: a notice about that, the oneDNN notice, "Could not find cuda drivers",
-the CPU-feature notice; at the first device discovery an error-level "failed call to cuInit";
-and under mixed_float16, at the first float16 kernel, an error-level "oneDNN supports DT_HALF
-only on platforms with AVX-512" (true: oneDNN leaves float16 to Eigen here, which the train step
-already says in its own words). `TF_CPP_MIN_LOG_LEVEL` does not reach these lines (absl logs
-them before TensorFlow reads it: tensorflow/tensorflow#100442), and a newcomer reads them as
-failures.
-
-`filter_stderr_for_life()` sends this process's file descriptor 2 (and so its children's)
-through a small filter process, as `2> >(grep -v ...)` would in a shell: it drops TensorFlow's
-lines below `TF_CPP_MIN_LOG_LEVEL`'s severity (the CLI sets 2: errors only), absl's notice,
-and two error lines that are expected on such a machine: cuInit without an NVIDIA device node
-(on a GPU machine it is a real error and is kept) and the DT_HALF fallback. Everything else
-passes untouched, Python's warnings and tracebacks and every other TensorFlow error included.
-A process, not a thread, so that the last lines of a crash (a fatal `Check failed`, a
-faulthandler dump) still come out after this process is gone; it ignores SIGINT/SIGTERM and
-ends when the last writer closes the pipe.
-
-`ampflow.fast_start.quiet_python_noise()` does the same for the Python side: absl's
-"Sharding callback duration" line, logged at every checkpoint save, is dropped from the log.
+On a CPU-only machine TensorFlow prints notices and error-level lines through absl before it
+reads `TF_CPP_MIN_LOG_LEVEL` (tensorflow/tensorflow#100442), and a newcomer reads them as
+failures. `filter_stderr_for_life()` sends this process's stderr (and its children's) through a
+small filter process that drops those lines and passes everything else untouched; a process,
+so a crash's last lines still come out. Which lines, and why:
+docs/explanation/design-notes.md, "tf_startup.py".
 """
 
 from __future__ import annotations
