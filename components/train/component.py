@@ -96,6 +96,7 @@ _SET_AT_COMPILE_TIME = "Set at compile time (PipelineOptions)"
 document_args(train, TrainConfig, renamed={"architecture": "model", "xla": "jit_compile"}, notes={
     "xla": 'auto, on or off (KFP has no optional booleans); "true" and "false", the old '
            "spelling, are still read",
+    "batch_size": "A number here ('auto' is the command line's: KFP's parameter is an int)",
     "accumulation_steps": "The float32 baseline takes the same steps, so both see the same "
                           "effective batch",
     "learning_rate": "0: the model's own (KFP has no optional floats)",
