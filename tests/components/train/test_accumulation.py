@@ -37,7 +37,8 @@ def _data(poison_micro_batch: int | None = None, accumulation_steps: int = 4):
     return images, labels
 
 
-def _model(policy: str):
+def _model(policy: str, l2: float = 0.0):
+    """The tiny model; `l2` > 0 puts an L2 kernel regularizer on its hidden Dense."""
     import keras
 
     from ampflow.components.train.heads import float32_head
@@ -57,7 +58,9 @@ def _model(policy: str):
     keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(3)
     inputs = keras.Input((FEATURES,))
-    hidden = keras.layers.Dense(16, activation="relu")(BatchSizes(name="batch_sizes")(inputs))
+    regularizer = keras.regularizers.L2(l2) if l2 else None
+    hidden = keras.layers.Dense(16, activation="relu", kernel_regularizer=regularizer,
+                                name="hidden")(BatchSizes(name="batch_sizes")(inputs))
     model = keras.Model(inputs, float32_head(hidden, CLASSES))
     optimizer = keras.optimizers.SGD(0.5)
     if policy == "mixed_float16":
@@ -66,12 +69,12 @@ def _model(policy: str):
     return model
 
 
-def _loop(policy: str, accumulation_steps: int, jit_compile: bool = False):
+def _loop(policy: str, accumulation_steps: int, jit_compile: bool = False, l2: float = 0.0):
     import tensorflow as tf
 
     from ampflow.components.train.runtime import Runtime
 
-    model = _model(policy)
+    model = _model(policy, l2)
     runtime = Runtime(tf.distribute.get_strategy(), "default", "test")
     return TrainLoop(runtime, model, LoopConfig(
         epochs=1, steps_per_epoch=1, global_batch_size=BATCH, jit_compile=jit_compile,
@@ -102,6 +105,36 @@ def test_k_micro_batches_make_the_step_of_the_k_times_larger_batch(policy, jit_c
         change = np.abs(one - before).max()
         assert change > 0  # the step moved every weight tensor
         assert np.abs(four - one).max() <= RELATIVE_TOLERANCE[policy] * change
+
+
+def test_a_regularization_loss_is_applied_once_per_step_not_once_per_micro_batch():
+    """An L2 kernel regularizer (float32, SGD, one step): K = 4 micro-batches make the step of
+    the batch of 32, so each micro-batch adds a K-th of the regularization loss.
+
+    The regularizer's part of the step is what the math says, -lr * 2 * l2 * w0 (the step with
+    it minus the step without it, same start, same data), and it is large: counted once per
+    micro-batch, the accumulated step would move the kernel by (K - 1) times that part too
+    much, thousands of times the float32 tolerance. That tolerance (RELATIVE_TOLERANCE) is
+    summation order only: each gradient element sums 32 examples' terms in another grouping,
+    off by at most ~32 float32 units (2**-24) of their magnitudes, ~2e-6 of the step; 1e-5.
+    """
+    l2, lr, k = 0.1, 0.5, 4  # lr: _model's SGD
+    data = _data()
+    initial = _model("float32", l2).get_weights()
+    plain = _one_step(_loop("float32", 1), data)
+    whole = _one_step(_loop("float32", 1, l2=l2), data)
+    accumulated = _one_step(_loop("float32", k, l2=l2), data)
+    kernel = 0  # the hidden Dense's kernel: the regularized weight
+    assert initial[kernel].shape == (FEATURES, 16)
+    own_part = -lr * 2 * l2 * initial[kernel]
+    np.testing.assert_allclose(whole[kernel] - plain[kernel], own_part, rtol=1e-4, atol=1e-6)
+    tolerance = RELATIVE_TOLERANCE["float32"] * np.abs(whole[kernel] - initial[kernel]).max()
+    assert (k - 1) * np.abs(own_part).max() > 1000 * tolerance  # the test can see the bug
+    for position, (before, one, four) in enumerate(zip(initial, whole, accumulated,
+                                                       strict=True)):
+        change = np.abs(one - before).max()
+        off = np.abs(four - one).max()
+        assert off <= RELATIVE_TOLERANCE["float32"] * change, (position, off, change)
 
 
 def test_a_micro_batch_that_overflows_skips_the_whole_accumulated_step():
