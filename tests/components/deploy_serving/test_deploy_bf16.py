@@ -3,8 +3,9 @@ served in bfloat16, its evidence in the deploy record, and its refusals.
 
 On the session's tiny export and the session's digits data: the gate runs the test split in
 float32 and in bfloat16 through serve's own servable. Where the CPU has no AVX512_BF16/AMX-BF16
-the gate is refused (the CPU-flags probe injected, so that refusal runs on every machine) and
-the gate tests are skipped with the reason.
+the gate is refused: the gate's test asserts that refusal there, read from the machine's own
+CPU flags, instead of being skipped (issue 46 item 7), and the refusal is also tested with the
+CPU-flags probe injected, so that it runs on every machine.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from ampflow.errors import ConfigError
 from ampflow.serving import cpu_features
 
 NATIVE_BF16 = bool(cpu_features.bf16_flags(cpu_features.read_cpu_flags()))
-needs_bf16 = pytest.mark.skipif(not NATIVE_BF16, reason="this CPU has neither AVX512_BF16 nor "
-                                "AMX-BF16: the bfloat16 gate is refused here (tested below)")
+# the one line deploy ends with where the CPU cannot run the gate (bf16_parity.check)
+REFUSAL = ("ampflow deploy: error: the bfloat16 parity check runs the model here, and cannot: "
+           "--compute-precision bfloat16 needs a CPU with AVX512_BF16 or AMX-BF16; this one "
+           "has neither")
 
 
 def _config(export_base, store, data_dir, **overrides) -> DeployConfig:
@@ -29,9 +32,13 @@ def _config(export_base, store, data_dir, **overrides) -> DeployConfig:
                         compute_precision="bfloat16", data_dir=data_dir, **overrides)
 
 
-@needs_bf16
-def test_bf16_gate_passes_records_its_evidence_and_fails_closed(export_base, prepared_digits,
-                                                                tmp_path):
+def test_bf16_gate_passes_records_its_evidence_and_fails_closed_or_is_refused_without_bf16(
+        export_base, prepared_digits, tmp_path, capsys):
+    if not NATIVE_BF16:  # this CPU's real flags: refused in one line, exit 2, nothing published
+        code, err = _deploy_bf16(export_base, tmp_path / "store", prepared_digits, capsys)
+        assert code == 2 and len(err) == 1 and err[0].startswith(REFUSAL), err
+        assert not (tmp_path / "store" / MODEL_NAME / "1").exists()
+        return
     result = run_deploy(_config(export_base, tmp_path / "store", prepared_digits,
                                 bfloat16_test_limit=160))
     record = json.loads((tmp_path / "store" / MODEL_NAME / "1" / DEPLOY_RECORD).read_text())
@@ -53,19 +60,22 @@ def test_bf16_gate_passes_records_its_evidence_and_fails_closed(export_base, pre
 
 def test_bf16_deploy_is_refused_in_one_line_where_it_cannot_run(export_base, tmp_path,
                                                                 monkeypatch, capsys):
-    from ampflow.cli import main
-
     for data_dir, wrong, match in ((tmp_path, {"target": "kubernetes"}, "needs target 'local'"),
                                    (None, {}, "needs data_dir")):
         with pytest.raises(ConfigError, match=match):
             _config(export_base, tmp_path / "store", data_dir, **wrong)
     monkeypatch.setattr(cpu_features, "read_cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
-    code = main(["deploy", "--saved-model-dir", str(export_base / MODEL_NAME / "1"),
-                 "--model-store", str(tmp_path / "store"), "--compute-precision", "bfloat16",
-                 "--data-dir", str(tmp_path)])
-    err = capsys.readouterr().err.strip().splitlines()
+    code, err = _deploy_bf16(export_base, tmp_path / "store", tmp_path, capsys)
     assert code == 2 and "Traceback" not in "\n".join(err)
-    assert err[-1].startswith("ampflow deploy: error: the bfloat16 parity check runs the model "
-                              "here, and cannot: --compute-precision bfloat16 needs a CPU with "
-                              "AVX512_BF16 or AMX-BF16"), err
+    assert err[-1].startswith(REFUSAL), err
     assert not (tmp_path / "store" / MODEL_NAME / "1").exists()
+
+
+def _deploy_bf16(export_base, store, data_dir, capsys) -> tuple[int, list[str]]:
+    """`ampflow deploy --compute-precision bfloat16` of version 1: (exit code, stderr lines)."""
+    from ampflow.cli import main
+
+    code = main(["deploy", "--saved-model-dir", str(export_base / MODEL_NAME / "1"),
+                 "--model-store", str(store), "--compute-precision", "bfloat16",
+                 "--data-dir", str(data_dir)])
+    return code, capsys.readouterr().err.strip().splitlines()
