@@ -136,6 +136,60 @@ def test_docs_site_builds_strict_with_every_command_and_parameter(tmp_path):
     assert "generated:" not in cli_page + parameters_page  # every marker was replaced
 
 
+def _reference_hook():
+    """docs/hooks/generated_reference.py, imported by path (docs/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generated_reference",
+                                                  DOCS / "hooks" / "generated_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_reference_pages_hold_what_the_code_generates():
+    """cli.md and pipeline-parameters.md are read as Markdown too: their text must be current."""
+    hook = _reference_hook()
+    assert hook.stale_pages() == [], f"run {hook.REGENERATE}"
+    cli_page = (DOCS / "reference" / "cli.md").read_text()
+    from ampflow.cli import build_parser
+
+    for name in _subcommands(build_parser()):
+        assert f"usage: ampflow {name} " in cli_page, name
+    from ampflow.pipeline.parameters import PIPELINE_PARAMETERS
+
+    parameters_page = (DOCS / "reference" / "pipeline-parameters.md").read_text()
+    for name in PIPELINE_PARAMETERS:
+        assert f"| `{name}` |" in parameters_page, name
+
+
+def test_reference_check_names_a_stale_page_and_the_command(tmp_path, monkeypatch, capsys):
+    """A flag renamed without regenerating: `--check` says which page and how to fix it."""
+    hook = _reference_hook()
+    for page, _generator in hook.BLOCKS.values():
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / page).write_text((DOCS / page).read_text())
+    assert hook.stale_pages(tmp_path) == []
+    cli = tmp_path / "reference" / "cli.md"
+    cli.write_text(cli.read_text().replace("--epochs", "--epoch", 1))
+    assert hook.stale_pages(tmp_path) == ["reference/cli.md"]
+    monkeypatch.setattr(hook, "DOCS", tmp_path)
+    assert hook.main(["--check"]) == 1
+    assert "docs/reference/cli.md differs from the code: run python docs/hooks/" in (
+        capsys.readouterr().err)
+    assert hook.main([]) == 0 and hook.stale_pages(tmp_path) == []
+
+
+def test_reference_text_is_the_same_whatever_the_machine_sets(monkeypatch):
+    """$AMPFLOW_IMAGE shows in `compile --image`'s help, $COLUMNS wraps it: neither may leak."""
+    hook = _reference_hook()
+    plain = hook.cli_reference()
+    monkeypatch.setenv("AMPFLOW_IMAGE", "registry.example/ampflow:9")
+    monkeypatch.setenv("COLUMNS", "40")
+    assert hook.cli_reference() == plain
+    assert os.environ["AMPFLOW_IMAGE"] == "registry.example/ampflow:9"
+
+
 # What a shell block needs that a test machine lacks: its first line, `# needs: a, b`.
 NEEDS = ("a cluster", "Docker", "a GPU", "the network", "a running server", "your own data")
 NEEDS_LINE = re.compile(r"^# needs: (.+)$")
