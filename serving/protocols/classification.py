@@ -7,6 +7,8 @@ example, with the cost of that merge checked before it is made.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import grpc
 from tensorflow.core.framework import types_pb2
 
@@ -14,13 +16,19 @@ from ampflow.serving.core.status import ServingStatusError
 from ampflow.serving.model_format import CLASSIFY_METHOD
 
 
-def classify_input_key(sig, sig_name: str) -> str:
-    """The one input of a classify signature; TF Serving's codes when it is not one."""
+def classify_input_key(sig, sig_name: str, signature_defs: Mapping | None = None) -> str:
+    """The one input of a classify signature; TF Serving's codes when it is not one.
+
+    A Classify without a signature name runs `serving_default`, which in a Keras export (and
+    in ampflow's) is a Predict signature: TF Serving refuses it, and so do we, but the line
+    also names the model's classify signatures (of `signature_defs`) and how to ask for one.
+    """
     if sig.method_name != CLASSIFY_METHOD:
         raise ServingStatusError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"Expected classification signature method_name to be {CLASSIFY_METHOD}. "
-            f"Was: {sig.method_name} (signature {sig_name!r})",
+            f"Was: {sig.method_name} (signature {sig_name!r})"
+            f"{_classify_signature_hint(signature_defs or {})}",
         )
     if len(sig.inputs) != 1 or next(iter(sig.inputs.values())).dtype != types_pb2.DT_STRING:
         raise ServingStatusError(
@@ -35,6 +43,17 @@ def classify_input_key(sig, sig_name: str) -> str:
             f"Received: {sorted(sig.outputs)}",
         )
     return next(iter(sig.inputs))
+
+
+def _classify_signature_hint(signature_defs: Mapping) -> str:
+    """'; this model classifies through signature ...', or "" when it has no such signature."""
+    names = sorted(name for name, sig in signature_defs.items()
+                   if sig.method_name == CLASSIFY_METHOD)
+    if not names:
+        return ""
+    return (f"; this model classifies through signature {' or '.join(map(repr, names))}: "
+            f'name it in the request (REST: "signature_name": "{names[0]}"; gRPC: '
+            "model_spec.signature_name)")
 
 
 def serialized_examples(input_proto, max_rows: int, max_bytes: int, max_string_bytes: int = 0,

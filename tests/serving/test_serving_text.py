@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -45,6 +47,9 @@ STRINGS_LIMIT = 8  # --max-strings-per-request
 SENTENCES = ["A great film about this city", "odd, strange people", "The story was dull.",
              "Un film \u00e9trange et surreal", "wonderful"]
 BIG_TEXT = "word " * (2 * 1024 * 1024)  # 10 MB of text in one string
+SERVE_HOW_TO = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "serve-and-query.md"
+# The how-to's REST Classify of a text model: curl's body, run here as written.
+DOCUMENTED_CLASSIFY = re.compile(rf"curl -s localhost:8501/v1/models/{MODEL}:classify -d '(.+)'")
 
 
 def _training_texts() -> tuple[list[str], list[int]]:
@@ -258,6 +263,42 @@ def test_classify_takes_text_examples_within_the_string_limits(grpc_client, rest
                           "examples": [{"text": "a great film"}] * (STRINGS_LIMIT + 1)})
     assert status == 400 and "--max-strings-per-request" in body["error"], body
     _answers(grpc_client)
+
+
+def test_rest_classify_as_documented_answers_every_class_name_with_its_probability(rest_url):
+    """REST :predict answers class ids; the documented :classify answers the names (issue 46)."""
+    bodies = [json.loads(body) for body in DOCUMENTED_CLASSIFY.findall(SERVE_HOW_TO.read_text())]
+    assert bodies, f"no `curl ... {MODEL}:classify -d '...'` in {SERVE_HOW_TO.name}"
+    for body in bodies:
+        status, answer = _post(f"{rest_url}/v1/models/{MODEL}:classify", body)
+        assert status == 200, answer
+        texts = [example["text"] for example in body["examples"]]
+        status, predicted = _post(f"{rest_url}/v1/models/{MODEL}:predict", {"instances": texts})
+        assert status == 200, predicted
+        assert len(answer["results"]) == len(texts)
+        for row, prediction in zip(answer["results"], predicted["predictions"], strict=True):
+            assert [name for name, _ in row] == list(CLASSES)  # every name, in class-id order
+            np.testing.assert_allclose([score for _, score in row],
+                                       prediction["probabilities"], atol=1e-6)
+            assert CLASSES[prediction["class_ids"]] == max(row, key=lambda pair: pair[1])[0]
+
+
+def test_classify_on_the_default_signature_names_the_signature_that_classifies(grpc_client,
+                                                                               rest_url):
+    """As TF Serving, :classify without a signature name runs serving_default, a Predict one:
+    refused, and the one line says which signature to name and how."""
+    status, body = _post(f"{rest_url}/v1/models/{MODEL}:classify",
+                         {"examples": [{"text": "a great film"}]})
+    assert status == 400, body
+    assert "tensorflow/serving/classify" in body["error"]
+    assert '"signature_name": "classify"' in body["error"], body
+    with pytest.raises(RpcError) as refused:
+        grpc_client.classify(MODEL, [{"text": "a great film"}], signature="serving_default")
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "signature 'classify'" in refused.value.details, refused.value.details
+    status, body = _post(f"{rest_url}/v1/models/{IMAGE_MODEL}:classify",
+                         {"examples": [{"text": "a great film"}]})
+    assert status == 400 and "tensorflow/serving/classify" in body["error"], body
 
 
 def test_too_many_texts_are_refused_by_every_protocol(grpc_client, rest_url, v2_call):
