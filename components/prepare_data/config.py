@@ -33,6 +33,9 @@ DEFAULT_TEST_SPLIT = "test"
 # "64", "64x48", "64 48", "64,48" (the KFP component's string form of --image-size)
 _SIZE_TEXT = re.compile(r"(\d+)(?:(?:\s*[x×,]\s*|\s+)(\d+))?")
 MAX_IMAGE_SIDE = 4096  # the serving signature refuses larger images (MAX_IMAGE_PIXELS 4096²)
+# gs://, s3://, hdfs://... (a Path has already folded "//" into "/"): the folders and tables are
+# read with local file calls, so a URI would only fail in the step, after a cluster run started.
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ class PrepareDataConfig:
 
     def _check_one_source(self) -> None:
         given = [name for name in _SOURCES if getattr(self, name) is not None]
+        for name in given:
+            _check_local(name, getattr(self, name))
         if given and self.dataset != OFFLINE_DEFAULT:
             raise ConfigError(
                 f"{given[0]} and dataset are alternatives: pass one of them. Received: "
@@ -151,6 +156,16 @@ class PrepareDataConfig:
     def resolved_tfds_data_dir(self) -> Path:
         """The TFDS data_dir actually used."""
         return Path(self.tfds_data_dir) if self.tfds_data_dir else Path(self.output_dir) / "tfds"
+
+
+def _check_local(name: str, value) -> None:
+    """A folder or table is read from the step's own file system: refuse an object-store URI."""
+    if _URI.match(str(value)):
+        raise ConfigError(
+            f"{name} must be a path on the file system of the machine or pod that runs "
+            "prepare-data (it reads local files, not URIs): copy the data there first; on a "
+            "cluster, build it into the image (docs/how-to/kubeflow.md#your-own-data-on-a-"
+            f"cluster). Received: {name}={str(value)!r}")
 
 
 def parse_image_size(value) -> tuple[int, int] | None:

@@ -123,6 +123,30 @@ def test_submit_refuses_text_settings_that_cannot_run_before_anything_is_sent(ar
         check_arguments(arguments)
 
 
+@pytest.mark.parametrize("name, uri", [("text_folder", "gs://bucket/texts"),
+                                       ("text_file", "s3://bucket/tickets.csv"),
+                                       ("image_folder", "gs://bucket/photos")])
+def test_submit_refuses_an_object_store_uri_the_data_step_cannot_read(name, uri):
+    """prepare-data reads local files: a gs:// folder passed submit's check, then failed in the
+    pod as 'missing' after the run had started (issue 46)."""
+    model = "small_cnn" if name == "image_folder" else "bert_tiny"
+    with pytest.raises(ConfigError, match=rf"{name} must be a path on the file system of the "
+                       rf"machine or pod that runs prepare-data .*kubeflow.md#your-own-data-on-a-"
+                       rf"cluster\). Received: {name}='{uri}'"):
+        check_arguments({name: uri, "model": model, "tflite_variants": VARIANTS})
+    check_arguments({name: "/data/in/the/image", "model": model, "tflite_variants": VARIANTS})
+
+
+def test_prepare_data_refuses_a_uri_in_one_line(tmp_path, capsys):
+    from ampflow.cli import main
+
+    assert main(["prepare-data", "--text-folder", "gs://bucket/texts",
+                 "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--text-folder must be a path on the file system" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
 def test_run_local_takes_text_flags_and_gives_the_step_absolute_paths(tmp_path, monkeypatch):
     (tmp_path / "texts").mkdir()
     (tmp_path / "t.csv").write_text("text,label\nfine,a\n")
