@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ampflow.errors import ServingError
+from ampflow.errors import ConfigError, ServingError
+from ampflow.pipeline.parameters import data_modality
 from ampflow.pipeline.run_local import LocalRunConfig
 from ampflow.serving.model_format import DEFAULT_SIGNATURE
 
@@ -46,6 +47,24 @@ class DemoConfig(LocalRunConfig):
                 "too) and results.txt/.json."})
     port: int = field(default=0, metadata={"help": "gRPC port for the server (0: a free one)."})
     num_queries: int = field(default=8, metadata={"help": "Test images to show predictions for."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # The query step sends test images; on text it would fail after the whole run trained.
+        # A TFDS name says its kind only once read: that case fails there, in one line too.
+        if data_modality(self.arguments()) == "text":
+            raise ConfigError(
+                "the demo queries images: for text, run `ampflow run-local`, then `ampflow "
+                "serve` and `ampflow predict --text` (docs/how-to/text-models.md#the-whole-"
+                f"pipeline-on-text). Received: {_data_source(self)}")
+
+
+def _data_source(config: DemoConfig) -> str:
+    """The flag that made the data text, as `name='value'`."""
+    for name in ("text_folder", "text_file", "text_feature"):
+        if getattr(config, name):
+            return f"{name}={getattr(config, name)!r}"
+    return f"dataset={config.dataset!r}"
 
 
 def run_demo(config: DemoConfig, *, verbose: bool = False) -> dict:

@@ -147,6 +147,24 @@ def test_prepare_data_refuses_a_uri_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("source", [["--text-folder", "{tmp}/texts"],
+                                    ["--dataset", "ampflow_rotten_tomatoes"]])
+def test_demo_refuses_text_before_a_step_runs(tmp_path, capsys, source):
+    """The demo queries test images: on text it trained for minutes, then failed at its query
+    ("holds text data, not images"). Now one line up front says where the text path is."""
+    from ampflow.cli import main
+
+    (tmp_path / "texts").mkdir()
+    workdir = tmp_path / "run"
+    assert main(["demo", "--workdir", str(workdir), "--model", "bert_tiny", "--tflite-variants",
+                 VARIANTS, *(flag.format(tmp=tmp_path) for flag in source)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("ampflow demo: error: the demo queries images") and (
+        "run-local" in err[0] and "predict --text" in err[0]), err
+    assert not workdir.exists()
+
+
 def test_run_local_takes_text_flags_and_gives_the_step_absolute_paths(tmp_path, monkeypatch):
     (tmp_path / "texts").mkdir()
     (tmp_path / "t.csv").write_text("text,label\nfine,a\n")
