@@ -104,3 +104,63 @@ def edit_json(path: Path, **changes) -> None:
     raw = json.loads(path.read_text())
     raw.update(changes)
     path.write_text(json.dumps(raw))
+
+
+def _rewrite_weights(directory, change):
+    path = directory / "model.safetensors"
+    tensors = dict(safetensors.numpy.load_file(path))
+    change(tensors)
+    safetensors.numpy.save_file(tensors, path)
+
+
+def _truncate(directory):
+    path = directory / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _short_vocabulary(directory):
+    (directory / "vocab.txt").write_text("".join(f"{t}\n" for t in VOCABULARY[:-1]))
+
+
+def _misshapen(tensors):
+    tensors["encoder.layer.1.intermediate.dense.weight"] = np.zeros((128, 63), np.float32)
+
+
+# every way a directory can be wrong: (the file named, how to spoil it, the message's words)
+BAD_DIRECTORIES = {
+    "no config.json": ("config.json", lambda d: (d / "config.json").unlink(),
+                       "expected config.json in the Hugging Face BERT directory. Received: "
+                       "no such file; download the whole repository"),
+    "no vocab.txt": ("vocab.txt", lambda d: (d / "vocab.txt").unlink(), "no such file"),
+    "no weights": ("model.safetensors", lambda d: (d / "model.safetensors").unlink(),
+                   "no such file; download"),
+    "only pytorch_model.bin": (
+        "model.safetensors",
+        lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"),
+        "this directory has only pytorch_model.bin: download model.safetensors"),
+    "another model_type": ("config.json",
+                           lambda d: edit_json(d / "config.json", model_type="distilbert"),
+                           "expected model_type 'bert'. Received: model_type='distilbert'"),
+    "another activation": ("config.json",
+                           lambda d: edit_json(d / "config.json", hidden_act="gelu_new"),
+                           "hidden_act must be one of ['gelu']"),
+    "relative positions": ("config.json", lambda d: edit_json(
+        d / "config.json", position_embedding_type="relative_key"), "'absolute'"),
+    "vocabulary one short": ("vocab.txt", _short_vocabulary,
+                             f"expected {len(VOCABULARY)} tokens, one per row of the "
+                             f"word-embedding table in model.safetensors. Received: "
+                             f"{len(VOCABULARY) - 1} tokens"),
+    "no [CLS] in the vocabulary": ("vocab.txt", lambda d: (d / "vocab.txt").write_text(
+        "".join(f"{t}\n" for t in VOCABULARY).replace("[CLS]", "[CLASS]")), "without ['[CLS]']"),
+    "truncated weights": ("model.safetensors", _truncate, "is not a valid safetensors file"),
+    "a missing tensor": ("model.safetensors", lambda d: _rewrite_weights(
+        d, lambda t: t.pop("encoder.layer.1.output.dense.bias")),
+        "expected the tensor encoder.layer.1.output.dense.bias of shape [64]"),
+    "a misshapen tensor": ("model.safetensors", lambda d: _rewrite_weights(d, _misshapen),
+                           "expected encoder.layer.1.intermediate.dense.weight to be a float "
+                           "tensor of shape [128, 64]"),
+    "an integer tensor": ("model.safetensors", lambda d: _rewrite_weights(
+        d, lambda t: t.update({"pooler.dense.bias": np.zeros(64, np.int32)})), "int32 [64]"),
+    "casing not a bool": ("tokenizer_config.json", lambda d: edit_json(
+        d / "tokenizer_config.json", do_lower_case="yes"), "do_lower_case true or false"),
+}

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import safetensors.numpy
-from hf_bert_files import VOCABULARY, edit_json, write_hf_bert
+from hf_bert_files import BAD_DIRECTORIES, VOCABULARY, write_hf_bert
 
 from ampflow.errors import ModelConfigError
 from ampflow.modeling.hf_bert import BertConfig, read_hf_bert
@@ -59,68 +58,9 @@ def test_without_tokenizer_config_the_casing_is_hugging_faces_default_and_says_s
 
 # ---- a bad directory: one line naming the file, exit 2 -------------------------------------
 
-def _rewrite_weights(directory, change):
-    path = directory / "model.safetensors"
-    tensors = dict(safetensors.numpy.load_file(path))
-    change(tensors)
-    safetensors.numpy.save_file(tensors, path)
-
-
-def _truncate(directory):
-    path = directory / "model.safetensors"
-    path.write_bytes(path.read_bytes()[:-100])
-
-
-def _short_vocabulary(directory):
-    (directory / "vocab.txt").write_text("".join(f"{t}\n" for t in VOCABULARY[:-1]))
-
-
-def _misshapen(tensors):
-    tensors["encoder.layer.1.intermediate.dense.weight"] = np.zeros((128, 63), np.float32)
-
-
-BAD = {
-    "no config.json": ("config.json", lambda d: (d / "config.json").unlink(),
-                       "expected config.json in the Hugging Face BERT directory. Received: "
-                       "no such file; download the whole repository"),
-    "no vocab.txt": ("vocab.txt", lambda d: (d / "vocab.txt").unlink(), "no such file"),
-    "no weights": ("model.safetensors", lambda d: (d / "model.safetensors").unlink(),
-                   "no such file; download"),
-    "only pytorch_model.bin": (
-        "model.safetensors",
-        lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"),
-        "this directory has only pytorch_model.bin: download model.safetensors"),
-    "another model_type": ("config.json",
-                           lambda d: edit_json(d / "config.json", model_type="distilbert"),
-                           "expected model_type 'bert'. Received: model_type='distilbert'"),
-    "another activation": ("config.json",
-                           lambda d: edit_json(d / "config.json", hidden_act="gelu_new"),
-                           "hidden_act must be one of ['gelu']"),
-    "relative positions": ("config.json", lambda d: edit_json(
-        d / "config.json", position_embedding_type="relative_key"), "'absolute'"),
-    "vocabulary one short": ("vocab.txt", _short_vocabulary,
-                             f"expected {len(VOCABULARY)} tokens, one per row of the "
-                             f"word-embedding table in model.safetensors. Received: "
-                             f"{len(VOCABULARY) - 1} tokens"),
-    "no [CLS] in the vocabulary": ("vocab.txt", lambda d: (d / "vocab.txt").write_text(
-        "".join(f"{t}\n" for t in VOCABULARY).replace("[CLS]", "[CLASS]")), "without ['[CLS]']"),
-    "truncated weights": ("model.safetensors", _truncate, "is not a valid safetensors file"),
-    "a missing tensor": ("model.safetensors", lambda d: _rewrite_weights(
-        d, lambda t: t.pop("encoder.layer.1.output.dense.bias")),
-        "expected the tensor encoder.layer.1.output.dense.bias of shape [64]"),
-    "a misshapen tensor": ("model.safetensors", lambda d: _rewrite_weights(d, _misshapen),
-                           "expected encoder.layer.1.intermediate.dense.weight to be a float "
-                           "tensor of shape [128, 64]"),
-    "an integer tensor": ("model.safetensors", lambda d: _rewrite_weights(
-        d, lambda t: t.update({"pooler.dense.bias": np.zeros(64, np.int32)})), "int32 [64]"),
-    "casing not a bool": ("tokenizer_config.json", lambda d: edit_json(
-        d / "tokenizer_config.json", do_lower_case="yes"), "do_lower_case true or false"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(BAD))
+@pytest.mark.parametrize("case", sorted(BAD_DIRECTORIES))
 def test_a_bad_directory_is_one_line_naming_the_file(tmp_path, case):
-    file, spoil, expected = BAD[case]
+    file, spoil, expected = BAD_DIRECTORIES[case]
     write_hf_bert(tmp_path)
     spoil(tmp_path)
     with pytest.raises(ModelConfigError) as caught:

@@ -1,0 +1,217 @@
+"""The Keras BERT encoder loaded from a Hugging Face checkpoint: every weight, BERT's outputs.
+
+(a) every variable equals its checkpoint tensor bit for bit (all of them, counted), float32
+    variables under the mixed policies too; the variable → tensor table is this file's own,
+    from the variables' paths, not the loader's;
+(b) the outputs equal a small float64 NumPy BERT written here from the formulas (Hugging Face's
+    `BertModel`: post-LN, erf GELU, additive padding mask, tanh pooler over [CLS]) within a
+    tolerance derived from the format's unit roundoff;
+(c) a bad checkpoint is one line naming the file, through `load_hf_bert` too.
+"""
+
+from __future__ import annotations
+
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from hf_bert_files import BAD_DIRECTORIES, VOCABULARY, write_hf_bert
+from scipy.special import erf
+
+from ampflow.errors import ModelConfigError
+from ampflow.modeling.bert import load_hf_bert
+
+LAYERS, HIDDEN, HEADS, INTERMEDIATE, POSITIONS = 2, 64, 4, 128, 32
+EPS = 1e-12
+PAD, UNK, CLS, SEP = 0, 1, 2, 3
+POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+# Unit roundoff of each policy's compute dtype: 2^-24 (float32), 2^-8 (bfloat16: 8 significant
+# bits), 2^-11 (float16: 11).
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "mixed_bfloat16": 2.0**-8, "mixed_float16": 2.0**-11}
+# The tolerance, from the math. The longest dot product has K = INTERMEDIATE = 128 terms; its
+# float32 rounding error is at most K·u relative to Σ|a·b| in the worst case (Higham's γ_K),
+# and λ·√K·u with probability ≥ 1 - 2·exp(-λ²/2) when the roundings are independent (Higham &
+# Mary 2019): the test takes √K·u per stage (λ = 1; the stage count below, taken as if every
+# stage met the worst output, is the margin). From the ids to an output there are
+# 13 rounding stages (embedding sum, LayerNorm, q/k/v, scores, softmax, context, attention
+# output, LayerNorm, intermediate, GELU, output, LayerNorm per layer, the pooler), each passing
+# on values of the outputs' size (LayerNorm'd, gamma ~ 1): float32 outputs are within
+# 13·√K·u·max|output| ≈ 3.5e-5 of the exact ones (observed ~1.3e-6). Half precision rounds
+# every stored activation to its u (its matmuls accumulate in float32 on CPU, so the √K factor
+# does not apply): 13·u·max|output| (bfloat16 ≈ 0.2, observed ~0.05; float16 ≈ 0.025, observed
+# ~0.004). A wrong formula (tanh GELU, a dropped mask, an unscaled score) is off by 1e-3 or more.
+STAGES = 13
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bert_tiny")
+    tensors = write_hf_bert(directory, layers=LAYERS, hidden=HIDDEN, heads=HEADS,
+                            intermediate=INTERMEDIATE, positions=POSITIONS, prefix="bert.")
+    return directory, tensors
+
+
+def _hf_name(path: str) -> tuple[str, bool]:
+    """A variable's path → (its Hugging Face tensor name, transposed?): this test's own table."""
+    rules = [
+        (r"^embeddings/(\w+_embeddings)/embeddings$", r"embeddings.\1.weight"),
+        (r"^embeddings/layer_norm/", "embeddings.LayerNorm/"),
+        (r"^layer_(\d+)/attention/(query|key|value)/", r"encoder.layer.\1.attention.self.\2/"),
+        (r"^layer_(\d+)/attention_output/", r"encoder.layer.\1.attention.output.dense/"),
+        (r"^layer_(\d+)/attention_layer_norm/", r"encoder.layer.\1.attention.output.LayerNorm/"),
+        (r"^layer_(\d+)/intermediate/", r"encoder.layer.\1.intermediate.dense/"),
+        (r"^layer_(\d+)/output/", r"encoder.layer.\1.output.dense/"),
+        (r"^layer_(\d+)/output_layer_norm/", r"encoder.layer.\1.output.LayerNorm/"),
+        (r"^pooler/", "pooler.dense/"),
+    ]
+    for pattern, replacement in rules:
+        path = re.sub(pattern, replacement, path)
+    base, _, leaf = path.rpartition("/")
+    if not base:
+        return path, False
+    return f"{base}.{ {'kernel': 'weight', 'gamma': 'weight', 'beta': 'bias'}.get(leaf, leaf)}", \
+        leaf == "kernel"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_variable_is_its_checkpoint_tensor_bit_for_bit(checkpoint_dir, policy):
+    directory, written = checkpoint_dir
+    keras.mixed_precision.set_global_policy(policy)
+    encoder, checkpoint = load_hf_bert(directory)
+    assert len(encoder.weights) == len(written) == 5 + 16 * LAYERS + 2 == 39
+    seen = set()
+    for variable in encoder.weights:
+        name, transposed = _hf_name(variable.path)
+        assert variable.dtype == "float32", variable.path
+        value = variable.numpy()
+        want = written[name].T if transposed else written[name]
+        assert value.shape == want.shape, variable.path
+        np.testing.assert_array_equal(value.view(np.uint32), want.view(np.uint32),
+                                      err_msg=variable.path)
+        seen.add(name)
+    assert seen == set(written)
+    assert checkpoint.tensors.keys() == written.keys()
+
+
+# ---- (b) BERT's outputs: a float64 NumPy BERT from the formulas ----------------------------
+
+def numpy_bert(t: dict[str, np.ndarray], token_ids, segment_ids):
+    """Hugging Face's BertModel, eval mode, in float64: (sequence output, pooled output)."""
+    t = {k: v.astype(np.float64) for k, v in t.items()}
+    batch, seq = token_ids.shape
+    size = HIDDEN // HEADS
+
+    def linear(x, name):
+        return x @ t[f"{name}.weight"].T + t[f"{name}.bias"]
+
+    def layer_norm(x, name):
+        mean = x.mean(-1, keepdims=True)
+        variance = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) / np.sqrt(variance + EPS) * t[f"{name}.weight"] + t[f"{name}.bias"]
+
+    def heads(x):
+        return x.reshape(batch, seq, HEADS, size).transpose(0, 2, 1, 3)
+
+    x = (t["embeddings.word_embeddings.weight"][token_ids]
+         + t["embeddings.position_embeddings.weight"][np.arange(seq)][None]
+         + t["embeddings.token_type_embeddings.weight"][segment_ids])
+    x = layer_norm(x, "embeddings.LayerNorm")
+    # the extended attention mask: 0 for a token, the dtype's minimum for padding, added
+    additive = np.where(token_ids != PAD, 0.0, np.finfo(np.float64).min)[:, None, None, :]
+    for n in range(LAYERS):
+        p = f"encoder.layer.{n}"
+        q, k, v = (heads(linear(x, f"{p}.attention.self.{part}"))
+                   for part in ("query", "key", "value"))
+        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(size) + additive
+        probabilities = np.exp(scores - scores.max(-1, keepdims=True))
+        probabilities /= probabilities.sum(-1, keepdims=True)
+        context = (probabilities @ v).transpose(0, 2, 1, 3).reshape(batch, seq, HIDDEN)
+        x = layer_norm(x + linear(context, f"{p}.attention.output.dense"),
+                       f"{p}.attention.output.LayerNorm")
+        inner = linear(x, f"{p}.intermediate.dense")
+        inner = inner * 0.5 * (1.0 + erf(inner / np.sqrt(2.0)))
+        x = layer_norm(x + linear(inner, f"{p}.output.dense"), f"{p}.output.LayerNorm")
+    return x, np.tanh(linear(x[:, 0], "pooler.dense"))
+
+
+def _batches():
+    rng = np.random.default_rng(3)
+    words = lambda n: rng.integers(5, len(VOCABULARY), n).tolist()  # noqa: E731
+    pair = [CLS, *words(4), SEP, *words(3), SEP]
+    padded = np.array([pair + [PAD] * 3,
+                       [CLS, *words(2), SEP] + [PAD] * 9,
+                       [CLS, UNK, *words(10), SEP]], np.int32)
+    padded_types = np.array([[0] * 6 + [1] * 4 + [0] * 3, [0] * 13, [0] * 13], np.int32)
+    full = np.array([[CLS, *words(POSITIONS - 2), SEP]], np.int32)  # the whole position table
+    alone = np.array([[CLS, PAD, PAD, PAD], [CLS, SEP, PAD, PAD]], np.int32)
+    return [(padded, padded_types), (full, (np.arange(POSITIONS) >= 16)[None].astype(np.int32)),
+            (alone, np.zeros_like(alone))]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_outputs_equal_a_numpy_bert_within_the_formats_tolerance(checkpoint_dir, policy):
+    directory, written = checkpoint_dir
+    keras.mixed_precision.set_global_policy(policy)
+    encoder, _ = load_hf_bert(directory)
+    u = UNIT_ROUNDOFF[policy]
+    for token_ids, segment_ids in _batches():
+        want_sequence, want_pooled = numpy_bert(written, token_ids, segment_ids)
+        got = encoder({"token_ids": token_ids, "segment_ids": segment_ids})
+        for key, want in (("sequence_output", want_sequence), ("pooled_output", want_pooled)):
+            value = np.asarray(keras.ops.convert_to_numpy(got[key]), np.float64)
+            assert value.shape == want.shape
+            accumulated = np.sqrt(INTERMEDIATE) if policy == "float32" else 1.0
+            tolerance = STAGES * accumulated * u * np.abs(want).max()
+            error = np.abs(value - want).max()
+            assert error <= tolerance, (key, token_ids.shape, error, tolerance)
+
+
+def test_padding_changes_no_tokens_output(checkpoint_dir):
+    directory, _ = checkpoint_dir
+    keras.mixed_precision.set_global_policy("float32")
+    encoder, _ = load_hf_bert(directory)
+    ids = np.array([[CLS, 20, 30, 40, SEP]], np.int32)
+    padded = np.pad(ids, ((0, 0), (0, 6)))
+    short = encoder({"token_ids": ids, "segment_ids": np.zeros_like(ids)})
+    long = encoder({"token_ids": padded, "segment_ids": np.zeros_like(padded)})
+    np.testing.assert_allclose(long["sequence_output"][:, :5], short["sequence_output"],
+                               atol=1e-5)
+    np.testing.assert_allclose(long["pooled_output"], short["pooled_output"], atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ("mixed_bfloat16", "mixed_float16"))
+def test_softmax_and_layer_norm_run_in_float32_the_products_in_half(checkpoint_dir, policy):
+    """Read from the traced graph: the AMP rules of the text models, kept by BERT's layers."""
+    directory, _ = checkpoint_dir
+    keras.mixed_precision.set_global_policy(policy)
+    encoder, _ = load_hf_bert(directory)
+    spec = tf.TensorSpec([2, 8], tf.int32)
+    graph = tf.function(lambda ids, types: encoder(
+        {"token_ids": ids, "segment_ids": types}, training=True)).get_concrete_function(
+        spec, spec).graph
+    dtypes = {}
+    for op in graph.get_operations():
+        dtypes.setdefault(op.type, []).append(op.outputs[0].dtype.name if op.outputs else None)
+    half = "float16" if policy == "mixed_float16" else "bfloat16"
+    assert dtypes["Softmax"] == ["float32"] * LAYERS
+    assert set(dtypes["Rsqrt"]) == {"float32"} and len(dtypes["Rsqrt"]) == 1 + 2 * LAYERS
+    assert set(dtypes["BatchMatMulV2"]) == {half}  # scores and context
+    assert set(dtypes["MatMul"]) == {half}  # every projection, the pooler
+
+
+# ---- (c) a bad checkpoint -------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["no config.json", "no vocab.txt", "no weights",
+                                  "another model_type", "vocabulary one short",
+                                  "truncated weights", "a missing tensor", "a misshapen tensor"])
+def test_a_bad_checkpoint_is_one_line_naming_the_file(tmp_path, case):
+    file, spoil, expected = BAD_DIRECTORIES[case]
+    write_hf_bert(tmp_path)
+    spoil(tmp_path)
+    with pytest.raises(ModelConfigError) as caught:
+        load_hf_bert(tmp_path)
+    message = str(caught.value)
+    assert "\n" not in message and expected in message
+    assert message.startswith(str(tmp_path / file))
