@@ -65,6 +65,7 @@ def write_hf_bert(directory: Path, *, layers: int = 2, hidden: int = 64, heads: 
                   intermediate: int = 128, positions: int = 32, types: int = 2,
                   prefix: str = "", old_layer_norm_names: bool = False,
                   do_lower_case: bool | None = True, dtype=np.float32, seed: int = 0,
+                  layer_norm_eps: float = 1e-12,
                   vocabulary: list[str] = VOCABULARY) -> dict[str, np.ndarray]:
     """Write the directory; return the tensors by `BertModel` name, as float32 values."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -88,9 +89,9 @@ def write_hf_bert(directory: Path, *, layers: int = 2, hidden: int = 64, heads: 
               "intermediate_size": intermediate, "hidden_act": "gelu",
               "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
               "max_position_embeddings": positions, "type_vocab_size": types,
-              "initializer_range": 0.02, "layer_norm_eps": 1e-12, "vocab_size": len(vocabulary),
-              "pad_token_id": 0, "position_embedding_type": "absolute",
-              "transformers_version": "4.57.0"}
+              "initializer_range": 0.02, "layer_norm_eps": layer_norm_eps,
+              "vocab_size": len(vocabulary), "pad_token_id": 0,
+              "position_embedding_type": "absolute", "transformers_version": "4.57.0"}
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     (directory / "vocab.txt").write_text("".join(f"{t}\n" for t in vocabulary), "utf-8")
     if do_lower_case is not None:

@@ -97,7 +97,7 @@ def test_every_variable_is_its_checkpoint_tensor_bit_for_bit(checkpoint_dir, pol
 
 # ---- (b) BERT's outputs: a float64 NumPy BERT from the formulas ----------------------------
 
-def numpy_bert(t: dict[str, np.ndarray], token_ids, segment_ids):
+def numpy_bert(t: dict[str, np.ndarray], token_ids, segment_ids, eps: float = EPS):
     """Hugging Face's BertModel, eval mode, in float64: (sequence output, pooled output)."""
     t = {k: v.astype(np.float64) for k, v in t.items()}
     batch, seq = token_ids.shape
@@ -109,7 +109,7 @@ def numpy_bert(t: dict[str, np.ndarray], token_ids, segment_ids):
     def layer_norm(x, name):
         mean = x.mean(-1, keepdims=True)
         variance = ((x - mean) ** 2).mean(-1, keepdims=True)
-        return (x - mean) / np.sqrt(variance + EPS) * t[f"{name}.weight"] + t[f"{name}.bias"]
+        return (x - mean) / np.sqrt(variance + eps) * t[f"{name}.weight"] + t[f"{name}.bias"]
 
     def heads(x):
         return x.reshape(batch, seq, HEADS, size).transpose(0, 2, 1, 3)
@@ -166,6 +166,20 @@ def test_outputs_equal_a_numpy_bert_within_the_formats_tolerance(checkpoint_dir,
             tolerance = STAGES * accumulated * u * np.abs(want).max()
             error = np.abs(value - want).max()
             assert error <= tolerance, (key, token_ids.shape, error, tolerance)
+
+
+def test_the_configs_layer_norm_eps_is_the_one_used(tmp_path):
+    written = write_hf_bert(tmp_path, layers=LAYERS, hidden=HIDDEN, heads=HEADS,
+                            intermediate=INTERMEDIATE, positions=POSITIONS, layer_norm_eps=0.05)
+    keras.mixed_precision.set_global_policy("float32")
+    encoder, _ = load_hf_bert(tmp_path)
+    token_ids, segment_ids = _batches()[0]
+    got = np.asarray(encoder({"token_ids": token_ids, "segment_ids": segment_ids})
+                     ["sequence_output"], np.float64)
+    want, _ = numpy_bert(written, token_ids, segment_ids, eps=0.05)
+    tolerance = STAGES * np.sqrt(INTERMEDIATE) * UNIT_ROUNDOFF["float32"] * np.abs(want).max()
+    assert np.abs(got - want).max() <= tolerance
+    assert np.abs(got - numpy_bert(written, token_ids, segment_ids)[0]).max() > 100 * tolerance
 
 
 def test_padding_changes_no_tokens_output(checkpoint_dir):
