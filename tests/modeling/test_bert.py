@@ -18,31 +18,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from hf_bert_files import BAD_DIRECTORIES, VOCABULARY, write_hf_bert
-from scipy.special import erf
+from numpy_bert import numpy_bert, tolerance
 
 from ampflow.errors import ModelConfigError
 from ampflow.modeling.bert import load_hf_bert
 
 LAYERS, HIDDEN, HEADS, INTERMEDIATE, POSITIONS = 2, 64, 4, 128, 32
-EPS = 1e-12
 PAD, UNK, CLS, SEP = 0, 1, 2, 3
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
-# Unit roundoff of each policy's compute dtype: 2^-24 (float32), 2^-8 (bfloat16: 8 significant
-# bits), 2^-11 (float16: 11).
-UNIT_ROUNDOFF = {"float32": 2.0**-24, "mixed_bfloat16": 2.0**-8, "mixed_float16": 2.0**-11}
-# The tolerance, from the math. The longest dot product has K = INTERMEDIATE = 128 terms; its
-# float32 rounding error is at most K·u relative to Σ|a·b| in the worst case (Higham's γ_K),
-# and λ·√K·u with probability ≥ 1 - 2·exp(-λ²/2) when the roundings are independent (Higham &
-# Mary 2019): the test takes √K·u per stage (λ = 1; the stage count below, taken as if every
-# stage met the worst output, is the margin). From the ids to an output there are
-# 13 rounding stages (embedding sum, LayerNorm, q/k/v, scores, softmax, context, attention
-# output, LayerNorm, intermediate, GELU, output, LayerNorm per layer, the pooler), each passing
-# on values of the outputs' size (LayerNorm'd, gamma ~ 1): float32 outputs are within
-# 13·√K·u·max|output| ≈ 3.5e-5 of the exact ones (observed ~1.3e-6). Half precision rounds
-# every stored activation to its u (its matmuls accumulate in float32 on CPU, so the √K factor
-# does not apply): 13·u·max|output| (bfloat16 ≈ 0.2, observed ~0.05; float16 ≈ 0.025, observed
-# ~0.004). A wrong formula (tanh GELU, a dropped mask, an unscaled score) is off by 1e-3 or more.
-STAGES = 13
 
 
 @pytest.fixture(scope="module")
@@ -97,45 +80,6 @@ def test_every_variable_is_its_checkpoint_tensor_bit_for_bit(checkpoint_dir, pol
 
 # ---- (b) BERT's outputs: a float64 NumPy BERT from the formulas ----------------------------
 
-def numpy_bert(t: dict[str, np.ndarray], token_ids, segment_ids, eps: float = EPS):
-    """Hugging Face's BertModel, eval mode, in float64: (sequence output, pooled output)."""
-    t = {k: v.astype(np.float64) for k, v in t.items()}
-    batch, seq = token_ids.shape
-    size = HIDDEN // HEADS
-
-    def linear(x, name):
-        return x @ t[f"{name}.weight"].T + t[f"{name}.bias"]
-
-    def layer_norm(x, name):
-        mean = x.mean(-1, keepdims=True)
-        variance = ((x - mean) ** 2).mean(-1, keepdims=True)
-        return (x - mean) / np.sqrt(variance + eps) * t[f"{name}.weight"] + t[f"{name}.bias"]
-
-    def heads(x):
-        return x.reshape(batch, seq, HEADS, size).transpose(0, 2, 1, 3)
-
-    x = (t["embeddings.word_embeddings.weight"][token_ids]
-         + t["embeddings.position_embeddings.weight"][np.arange(seq)][None]
-         + t["embeddings.token_type_embeddings.weight"][segment_ids])
-    x = layer_norm(x, "embeddings.LayerNorm")
-    # the extended attention mask: 0 for a token, the dtype's minimum for padding, added
-    additive = np.where(token_ids != PAD, 0.0, np.finfo(np.float64).min)[:, None, None, :]
-    for n in range(LAYERS):
-        p = f"encoder.layer.{n}"
-        q, k, v = (heads(linear(x, f"{p}.attention.self.{part}"))
-                   for part in ("query", "key", "value"))
-        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(size) + additive
-        probabilities = np.exp(scores - scores.max(-1, keepdims=True))
-        probabilities /= probabilities.sum(-1, keepdims=True)
-        context = (probabilities @ v).transpose(0, 2, 1, 3).reshape(batch, seq, HIDDEN)
-        x = layer_norm(x + linear(context, f"{p}.attention.output.dense"),
-                       f"{p}.attention.output.LayerNorm")
-        inner = linear(x, f"{p}.intermediate.dense")
-        inner = inner * 0.5 * (1.0 + erf(inner / np.sqrt(2.0)))
-        x = layer_norm(x + linear(inner, f"{p}.output.dense"), f"{p}.output.LayerNorm")
-    return x, np.tanh(linear(x[:, 0], "pooler.dense"))
-
-
 def _batches():
     rng = np.random.default_rng(3)
     words = lambda n: rng.integers(5, len(VOCABULARY), n).tolist()  # noqa: E731
@@ -155,17 +99,15 @@ def test_outputs_equal_a_numpy_bert_within_the_formats_tolerance(checkpoint_dir,
     directory, written = checkpoint_dir
     keras.mixed_precision.set_global_policy(policy)
     encoder, _ = load_hf_bert(directory)
-    u = UNIT_ROUNDOFF[policy]
     for token_ids, segment_ids in _batches():
-        want_sequence, want_pooled = numpy_bert(written, token_ids, segment_ids)
+        want_sequence, want_pooled = numpy_bert(written, token_ids, segment_ids, heads=HEADS)
         got = encoder({"token_ids": token_ids, "segment_ids": segment_ids})
         for key, want in (("sequence_output", want_sequence), ("pooled_output", want_pooled)):
             value = np.asarray(keras.ops.convert_to_numpy(got[key]), np.float64)
             assert value.shape == want.shape
-            accumulated = np.sqrt(INTERMEDIATE) if policy == "float32" else 1.0
-            tolerance = STAGES * accumulated * u * np.abs(want).max()
+            allowed = tolerance(policy, want, INTERMEDIATE)
             error = np.abs(value - want).max()
-            assert error <= tolerance, (key, token_ids.shape, error, tolerance)
+            assert error <= allowed, (key, token_ids.shape, error, allowed)
 
 
 def test_the_configs_layer_norm_eps_is_the_one_used(tmp_path):
@@ -176,10 +118,11 @@ def test_the_configs_layer_norm_eps_is_the_one_used(tmp_path):
     token_ids, segment_ids = _batches()[0]
     got = np.asarray(encoder({"token_ids": token_ids, "segment_ids": segment_ids})
                      ["sequence_output"], np.float64)
-    want, _ = numpy_bert(written, token_ids, segment_ids, eps=0.05)
-    tolerance = STAGES * np.sqrt(INTERMEDIATE) * UNIT_ROUNDOFF["float32"] * np.abs(want).max()
-    assert np.abs(got - want).max() <= tolerance
-    assert np.abs(got - numpy_bert(written, token_ids, segment_ids)[0]).max() > 100 * tolerance
+    want, _ = numpy_bert(written, token_ids, segment_ids, heads=HEADS, eps=0.05)
+    allowed = tolerance("float32", want, INTERMEDIATE)
+    assert np.abs(got - want).max() <= allowed
+    default_eps, _ = numpy_bert(written, token_ids, segment_ids, heads=HEADS)
+    assert np.abs(got - default_eps).max() > 100 * allowed
 
 
 def test_padding_changes_no_tokens_output(checkpoint_dir):

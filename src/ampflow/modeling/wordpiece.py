@@ -26,7 +26,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from ampflow.errors import ConfigError
+from ampflow.errors import ConfigError, ModelConfigError
+from ampflow.modeling.hf_bert import CONFIG_FILE, HfBertCheckpoint
 from ampflow.modeling.wordpiece_table import CJK, MAPPED, REMOVE, SPACE, normalization_table
 
 CONTINUATION = "##"
@@ -127,6 +128,21 @@ class WordPieceTokenizer(tf.Module):
         length = tf.reduce_max(tf.where(ids >= 0, tf.broadcast_to(size, shape), 0), axis=2)
         best = tf.gather(ids, tf.maximum(length - 1, 0), batch_dims=2)
         return length, best
+
+
+def checkpoint_tokenizer(checkpoint: HfBertCheckpoint, sequence_length: int) -> WordPieceTokenizer:
+    """The tokenizer a checkpoint was pretrained with: its vocabulary and casing.
+
+    `sequence_length` counts [CLS] and [SEP] and is at most the checkpoint's position table
+    (`max_position_embeddings`): past it the encoder has no position to embed.
+    """
+    limit = checkpoint.config.max_position_embeddings
+    if isinstance(sequence_length, int) and sequence_length > limit:
+        raise ModelConfigError(
+            f"sequence_length must be at most {limit}, the max_position_embeddings of "
+            f"{checkpoint.directory / CONFIG_FILE}. Received: sequence_length={sequence_length}")
+    return WordPieceTokenizer(checkpoint.vocabulary, do_lower_case=checkpoint.do_lower_case,
+                              sequence_length=sequence_length)
 
 
 def _chain_from_zero(jump: tf.Tensor, width) -> tf.Tensor:
