@@ -86,6 +86,9 @@ def test_the_same_ids_in_tf_data_and_a_traced_function(tokenizers):
     dataset = tf.data.Dataset.from_tensor_slices(SENTENCES).batch(4).map(tokenizer)
     mapped = np.concatenate([batch["token_ids"].numpy() for batch in dataset])
     np.testing.assert_array_equal(mapped, eager)
+    one_by_one = tf.data.Dataset.from_tensor_slices(SENTENCES).map(tokenizer).batch(4)
+    mapped = np.concatenate([batch["token_ids"].numpy() for batch in one_by_one])
+    np.testing.assert_array_equal(mapped, eager)
     traced = tf.function(tokenizer, input_signature=[tf.TensorSpec([None], tf.string)])
     np.testing.assert_array_equal(traced(tf.constant(SENTENCES))["token_ids"].numpy(), eager)
 
@@ -123,6 +126,13 @@ def test_the_graph_holds_only_core_ops_and_a_saved_model_tokenizes_after_loading
     out = loaded.signatures["serving_default"](texts=tf.constant(SENTENCES))
     np.testing.assert_array_equal(out["token_ids"].numpy(),
                                   tokenizer(SENTENCES)["token_ids"].numpy())
+
+
+def test_a_special_token_written_in_a_sentence_is_text(tokenizers):
+    pieces = tokenizers[True].tokenize(["a [SEP] b [CLS]"]).to_list()[0]
+    # ("[" and "]" are not in the test's vocabulary: each is an [UNK] of its own)
+    assert [VOCAB[i] for i in pieces] == ["a", "[UNK]", "s", "##e", "##p", "[UNK]", "b",
+                                          "[UNK]", "c", "##l", "##s", "[UNK]"]
 
 
 def test_a_repeated_token_keeps_its_last_id_as_the_reference_does(tmp_path):

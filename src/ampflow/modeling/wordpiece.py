@@ -16,7 +16,9 @@ What it computes is Hugging Face's BERT tokenizer (`BertWordPieceTokenizer` of `
    followed by pointer doubling (7 gathers for 100 characters), with no loop in the graph;
 3. `[CLS] pieces [SEP]`, cut to `sequence_length` (the pieces first), `[PAD]` after; type ids 0.
 
-A vocabulary with a repeated token keeps its last id, as Hugging Face's `load_vocab` does.
+A vocabulary with a repeated token keeps its last id, as Hugging Face's `load_vocab` does. One
+difference from `tokenizers`, on purpose: a special token written in a raw sentence (`[SEP]`)
+is text here (`[`, `sep`, `]`), not the special id, so a client cannot forge the structure.
 """
 
 from __future__ import annotations
@@ -53,15 +55,21 @@ class WordPieceTokenizer(tf.Module):
         self.pad_id, self.unk_id, self.cls_id, self.sep_id = (
             ids[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]"))
         self.longest_piece = max(len(t.removeprefix(CONTINUATION)) for t in ids)
-        self._vocabulary = _string_table(list(ids), list(ids.values()), -1)
+        self._vocabulary = _static_table(list(ids), list(ids.values()), -1)
         table = normalization_table(self.do_lower_case)
         self._boundaries = tf.constant(table.boundaries)
         self._classes = tf.constant(table.classes)
-        self._mapped = _string_table(list(table.mapped), list(table.mapped.values()), "",
+        self._mapped = _static_table(list(table.mapped), list(table.mapped.values()), "",
                                      key_dtype=tf.int32)
 
     def __call__(self, texts) -> dict[str, tf.Tensor]:
-        """Raw UTF-8 sentences `[batch]` → BERT's inputs, `[batch, sequence_length]` each."""
+        """Raw UTF-8 sentences `[batch]` → BERT's inputs, `[batch, sequence_length]` each.
+
+        One sentence (a scalar: `tf.data.Dataset.map` before `batch`) → `[sequence_length]`.
+        """
+        texts = tf.convert_to_tensor(texts, tf.string)
+        if texts.shape.rank == 0:
+            return {k: v[0] for k, v in self(texts[None]).items()}
         pieces = self.tokenize(texts)[:, :self.sequence_length - 2]
         batch = pieces.nrows()
         cls = tf.fill([batch, 1], self.cls_id)
@@ -158,7 +166,7 @@ def _chain_from_zero(jump: tf.Tensor, width) -> tf.Tensor:
     return positions
 
 
-def _string_table(keys: list, values: list, default, key_dtype=tf.string):
+def _static_table(keys: list, values: list, default, key_dtype=tf.string):
     """A static hash table (core ops: HashTableV2, LookupTableImportV2, LookupTableFindV2)."""
     value_dtype = tf.string if isinstance(default, str) else tf.int32
     initializer = tf.lookup.KeyValueTensorInitializer(
