@@ -125,6 +125,25 @@ def test_the_configs_layer_norm_eps_is_the_one_used(tmp_path):
     assert np.abs(got - default_eps).max() > 100 * allowed
 
 
+@pytest.mark.parametrize("policy", ("float32", "mixed_float16"))
+def test_a_keras_file_of_the_encoder_loads_with_the_same_weights_and_outputs(
+        checkpoint_dir, tmp_path, policy):
+    directory, _ = checkpoint_dir
+    keras.mixed_precision.set_global_policy(policy)
+    encoder, _ = load_hf_bert(directory)
+    encoder.save(tmp_path / "encoder.keras")
+    loaded = keras.models.load_model(tmp_path / "encoder.keras")
+    assert [w.path for w in loaded.weights] == [w.path for w in encoder.weights]
+    for mine, theirs in zip(encoder.weights, loaded.weights, strict=True):
+        assert theirs.dtype == "float32"
+        np.testing.assert_array_equal(theirs.numpy(), mine.numpy())
+    token_ids, segment_ids = _batches()[0]
+    inputs = {"token_ids": token_ids, "segment_ids": segment_ids}
+    for key, value in encoder(inputs).items():
+        np.testing.assert_array_equal(np.asarray(loaded(inputs)[key]), np.asarray(value))
+    assert loaded.get_layer("layer_1").attention.compute_dtype == encoder.compute_dtype
+
+
 def test_padding_changes_no_tokens_output(checkpoint_dir):
     directory, _ = checkpoint_dir
     keras.mixed_precision.set_global_policy("float32")
