@@ -128,6 +128,18 @@ def test_the_graph_holds_only_core_ops_and_a_saved_model_tokenizes_after_loading
                                   tokenizer(SENTENCES)["token_ids"].numpy())
 
 
+def test_a_word_longer_than_max_chars_per_word_is_one_unk():
+    tokenizer = WordPieceTokenizer(VOCAB, do_lower_case=True, sequence_length=16,
+                                   max_chars_per_word=5)
+    pieces = tokenizer.tokenize(["movie movies unbelievable"]).to_list()[0]
+    assert [VOCAB[i] for i in pieces] == ["movie", "[UNK]", "[UNK]"]
+    wide = WordPieceTokenizer(VOCAB, do_lower_case=True, sequence_length=16,
+                              max_chars_per_word=300)
+    long_word = "ab" * 100  # 200 characters: 200 pieces, past 128 (the doubling's 8 bits)
+    assert [VOCAB[i] for i in wide.tokenize([long_word]).to_list()[0]] == (
+        ["a", "##b"] + ["##a", "##b"] * 99)
+
+
 def test_a_special_token_written_in_a_sentence_is_text(tokenizers):
     pieces = tokenizers[True].tokenize(["a [SEP] b [CLS]"]).to_list()[0]
     # ("[" and "]" are not in the test's vocabulary: each is an [UNK] of its own)

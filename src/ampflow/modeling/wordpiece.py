@@ -102,11 +102,12 @@ class WordPieceTokenizer(tf.Module):
         lengths = tf.strings.length(words, unit="UTF8_CHAR")
         width = tf.minimum(tf.reduce_max(tf.concat([lengths, [1]], 0)), self.max_chars_per_word)
         best_length, best_id = self._longest_matches(words, lengths, width)
-        # the chain of starts: 0, then start + the longest match there (stuck where none)
+        # the chain of starts: 0, then start + the longest match there (stuck where none);
+        # starts[:, k] is the k-th piece's start
         positions = tf.range(width + 1)
         step = tf.concat([best_length, tf.zeros_like(best_length[:, :1])], axis=1)
         jump = tf.minimum(positions[None] + step, tf.minimum(lengths, width)[:, None])
-        starts = _chain_from_zero(jump, width)  # [n, width]: the k-th piece's start
+        starts = _chain_from_zero(jump, width, self.max_chars_per_word)
         in_word = starts < lengths[:, None]
         found = tf.gather(best_length, tf.minimum(starts, width - 1), batch_dims=1) > 0
         ids = tf.gather(best_id, tf.minimum(starts, width - 1), batch_dims=1)
@@ -127,7 +128,8 @@ class WordPieceTokenizer(tf.Module):
         size = tf.range(1, longest + 1)[None, None, :]
         shape = tf.stack([n, width, longest])
         candidates = tf.strings.substr(tf.broadcast_to(words[:, None, None], shape),
-                                       tf.minimum(start, lengths[:, None, None]) + 0 * size,
+                                       tf.broadcast_to(tf.minimum(start, lengths[:, None, None]),
+                                                       shape),
                                        tf.broadcast_to(size, shape), unit="UTF8_CHAR")
         keys = tf.where(tf.broadcast_to(start > 0, shape),
                         tf.strings.join([CONTINUATION, candidates]), candidates)
@@ -153,12 +155,12 @@ def checkpoint_tokenizer(checkpoint: HfBertCheckpoint, sequence_length: int) -> 
                               sequence_length=sequence_length)
 
 
-def _chain_from_zero(jump: tf.Tensor, width) -> tf.Tensor:
-    """`[n, width]`: position k is jumpᵏ(0) (pointer doubling over 7 bits: 100 characters)."""
+def _chain_from_zero(jump: tf.Tensor, width, max_chars: int) -> tf.Tensor:
+    """`[n, width]`: position k is jumpᵏ(0), by pointer doubling (7 bits for 100 characters)."""
     k = tf.range(width)
     positions = tf.zeros_like(jump[:, :1]) + tf.zeros_like(k)[None]
     power = jump
-    for bit in range(int(np.ceil(np.log2(MAX_CHARS_PER_WORD + 1)))):
+    for bit in range(max(1, int(np.ceil(np.log2(max_chars + 1))))):
         moved = tf.gather(power, positions, batch_dims=1)
         taken = tf.bitwise.bitwise_and(tf.bitwise.right_shift(k, bit), 1) == 1
         positions = tf.where(taken[None], moved, positions)
