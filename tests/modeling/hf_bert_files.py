@@ -145,6 +145,12 @@ BAD_DIRECTORIES = {
     "another activation": ("config.json",
                            lambda d: edit_json(d / "config.json", hidden_act="gelu_new"),
                            "hidden_act must be one of ['gelu']"),
+    "heads do not divide the width": ("config.json", lambda d: edit_json(
+        d / "config.json", num_attention_heads=5),
+        "hidden_size must be a multiple of num_attention_heads. Received: hidden_size=64, "
+        "num_attention_heads=5"),
+    "a size that is no integer": ("config.json", lambda d: edit_json(
+        d / "config.json", num_hidden_layers="2"), "Received: num_hidden_layers='2'"),
     "relative positions": ("config.json", lambda d: edit_json(
         d / "config.json", position_embedding_type="relative_key"), "'absolute'"),
     "vocabulary one short": ("vocab.txt", _short_vocabulary,
