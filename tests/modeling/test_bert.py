@@ -177,6 +177,24 @@ def test_softmax_and_layer_norm_run_in_float32_the_products_in_half(checkpoint_d
     assert set(dtypes["MatMul"]) == {half}  # every projection, the pooler
 
 
+@pytest.mark.parametrize("policy", ("mixed_bfloat16", "mixed_float16"))
+def test_a_classifier_on_the_encoder_passes_the_amp_check_with_no_warning(checkpoint_dir,
+                                                                           policy):
+    """The train step's AMP pre-flight (components/train/amp_check.py) on [CLS] → 3 classes."""
+    from ampflow.components.train.amp_check import check_amp
+
+    directory, _ = checkpoint_dir
+    keras.mixed_precision.set_global_policy(policy)
+    encoder, _ = load_hf_bert(directory)
+    ids = keras.Input((16,), dtype="int32", name="token_ids")
+    types = keras.layers.Lambda(keras.ops.zeros_like, name="segment_ids")(ids)
+    pooled = encoder({"token_ids": ids, "segment_ids": types})["pooled_output"]
+    logits = keras.layers.Dense(3, dtype="float32", name="logits")(pooled)
+    report = check_amp(keras.Model(ids, logits), policy, input_shape=(16,), num_classes=3)
+    assert report.ok and report.warnings == [], report.warnings
+    assert {f.kind for f in report.findings} <= {"float32_by_design"}
+
+
 # ---- (c) a bad checkpoint -------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", ["no config.json", "no vocab.txt", "no weights",

@@ -115,7 +115,9 @@ class BertSelfAttention(keras.layers.Layer):
         self.query, self.key, self.value = (
             keras.layers.Dense(self.hidden_size, dtype=self.dtype_policy, name=name)
             for name in ("query", "key", "value"))
-        self.dropout = keras.layers.Dropout(self.rate, dtype="float32")
+        # on the probabilities cast back to the compute dtype, as Keras's own attention does: a
+        # float32 Dropout would be a hand-set dtype the AMP check warns about
+        self.dropout = keras.layers.Dropout(self.rate, dtype=self.dtype_policy)
 
     def build(self, input_shape):
         for projection in (self.query, self.key, self.value):
@@ -128,8 +130,8 @@ class BertSelfAttention(keras.layers.Layer):
         scores = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))  # [batch, heads, q, k]
         scores = ops.cast(scores, "float32") / math.sqrt(self.head_size)
         scores = ops.where(mask[:, None, None, :], scores, MASKED_SCORE)
-        probabilities = self.dropout(ops.softmax(scores, axis=-1), training=training)
-        context = ops.matmul(ops.cast(probabilities, self.compute_dtype), value)
+        probabilities = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
+        context = ops.matmul(self.dropout(probabilities, training=training), value)
         context = ops.transpose(context, (0, 2, 1, 3))  # [batch, seq, heads, head]
         return ops.reshape(context, (ops.shape(context)[0], ops.shape(context)[1],
                                      self.hidden_size))
