@@ -5,6 +5,14 @@ from __future__ import annotations
 from ampflow.cliutil import add_step_command
 
 
+def _detects(metrics: dict, prefix: str) -> str:
+    """What the paired test could detect on this split (power.py), in points."""
+    drop = metrics[f"{prefix}_detectable_drop_points"]
+    if drop == float("inf"):
+        return f"no drop detectable on {metrics['num_examples']} examples"
+    return f"detects a drop >= {drop:.1f} points on {metrics['num_examples']} examples"
+
+
 def _summary(result) -> dict:
     metrics = result.metrics
     summary = {
@@ -22,14 +30,15 @@ def _summary(result) -> dict:
         summary["amp_vs_float32_trained"] = (
             f"{metrics['baseline_accuracy_delta_points']:+.2f} points (paired SE "
             f"{metrics['baseline_delta_stderr_points']:.2f}, one-sided McNemar p = "
-            f"{metrics['baseline_mcnemar_p_value']:.3g})")
+            f"{metrics['baseline_mcnemar_p_value']:.3g}; {_detects(metrics, 'baseline')})")
         summary["training_speedup"] = (f"{metrics['training_speedup']:.3g}x ± "
                                        f"{metrics['training_speedup_stderr']:.2g} (SE)")
     if "serving_accuracy" in metrics:
         summary["serving_accuracy"] = (
             f"{metrics['serving_accuracy']:.4g} (version {int(metrics['serving_version'])}; "
             f"{metrics['serving_accuracy_delta_points']:+.2f} points, one-sided McNemar p = "
-            f"{metrics['serving_mcnemar_p_value']:.3g})")
+            f"{metrics['serving_mcnemar_p_value']:.3g}; {_detects(metrics, 'serving')}; "
+            f"{metrics['serving_rule']}: {metrics['serving_outcome']})")
     summary.update({f"note {i}": note for i, note in enumerate(result.verdict["notes"], 1)})
     summary["output_dir"] = str(result.output_dir)
     return summary

@@ -43,6 +43,7 @@ def evaluate_parity(
     chance_alpha: float = 0.01,
     min_accuracy: float = 0.0,
     metric_thresholds: str = "",
+    max_detectable_drop: float = 5.0,
 ) -> NamedTuple("Outputs", [("gate_passed", bool), ("gate_message", str)]):
     """Score the AMP model against chance, its float32 twin and the float32-trained model.
 
@@ -69,7 +70,7 @@ def evaluate_parity(
                                  else None),
         max_baseline_accuracy_drop=max_baseline_accuracy_drop, baseline_alpha=baseline_alpha,
         chance_alpha=chance_alpha, min_accuracy=min_accuracy,
-        metric_thresholds=metric_thresholds,
+        metric_thresholds=metric_thresholds, max_detectable_drop=max_detectable_drop,
         fail_on_gate=False))  # the gate task decides; this task always publishes
     for name, value in scalar_metrics(result.metrics).items():
         metrics.log_metric(name, value)
@@ -102,6 +103,10 @@ def compare_serving(
     serving_model_store: str,
     model_name: str = "ampflow",
     serving_alpha: float = 0.01,
+    serving_rule: str = "no-regression",
+    non_inferiority_margin: float = 0.0,
+    max_detectable_drop: float = 5.0,
+    force: bool = False,
 ) -> NamedTuple("Outputs", [("gate_passed", bool), ("gate_message", str)]):
     """Compare the evaluated model with the one serving, on the same examples; always publish.
 
@@ -120,17 +125,21 @@ def compare_serving(
     result = run_serving_gate(ServingGateConfig(
         eval_dir=verdict.path, data_dir=data.path, output_dir=comparison.path,
         serving_base_path=f"{serving_model_store.rstrip('/')}/{model_name}",
-        serving_alpha=serving_alpha, fail_on_gate=False))
+        serving_alpha=serving_alpha, serving_rule=serving_rule,
+        non_inferiority_margin=non_inferiority_margin, max_detectable_drop=max_detectable_drop,
+        force=force, fail_on_gate=False))
     for name, value in result.scalar_metrics().items():
         metrics.log_metric(name, value)
     comparison.metadata.update({"passed": result.passed, "message": result.message,
+                                "outcome": result.verdict["outcome"],
+                                "forced": result.verdict["forced"],
                                 "baseline": result.verdict["baselines"]["serving"]})
     outputs = namedtuple("Outputs", ["gate_passed", "gate_message"])
     return outputs(result.passed, result.message)
 
 
 def serving_gate(comparison: Input[Artifact]):
-    """Fail the run before deploy when the model is significantly worse than the one serving."""
+    """Fail the run before deploy when the comparison with the model serving refused it."""
     from ampflow.components.evaluate_parity.serving_gate import require_not_worse
 
     require_not_worse(comparison.path)

@@ -32,6 +32,11 @@ BASELINE_ALPHA = 0.01
 CHANCE_ALPHA = 0.01
 MIN_POWER = 0.8
 SERVING_ALPHA = 0.01
+MAX_DETECTABLE_DROP_POINTS = 5.0
+# The rules that decide the comparison with the model serving (comparison.py).
+NO_REGRESSION = "no-regression"
+NON_INFERIORITY = "non-inferiority"
+SERVING_RULES = (NO_REGRESSION, NON_INFERIORITY)
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,8 @@ class EvaluateConfig:
                 "the split's majority-class rate (chance); the gate fails above it."})
     min_power: float = field(default=MIN_POWER, metadata={
         "help": "Power the chance test must have against a model halfway between chance and "
-                "perfect; a smaller split is reported as too small to decide."})
+                "perfect (a smaller split is reported as too small to decide), and the power "
+                "at which each paired comparison's detectable drop is stated."})
     min_accuracy: float = field(default=0.0, metadata={
         "help": "Min accuracy of the AMP model on the split, 0 to 1; 0 = not gated."})
     metric_thresholds: str = field(default="", metadata={
@@ -83,6 +89,23 @@ class EvaluateConfig:
     serving_alpha: float = field(default=SERVING_ALPHA, metadata={
         "help": "Significance level of the one-sided paired (McNemar) test that fails the gate "
                 "when the model is less accurate than the one serving."})
+    serving_rule: str = field(default=NO_REGRESSION, metadata={
+        "choices": SERVING_RULES,
+        "help": "How the comparison with the model serving decides: no-regression (refuse a "
+                "significantly worse model, and one worse on the point estimate when the test "
+                "cannot detect a --max-detectable-drop) or non-inferiority (deploy only if the "
+                "data show it is not worse by --non-inferiority-margin points)."})
+    non_inferiority_margin: float = field(default=0.0, metadata={
+        "help": "With --serving-rule non-inferiority: the accuracy drop, in points, the "
+                "deployment accepts (required: > 0)."})
+    max_detectable_drop: float = field(default=MAX_DETECTABLE_DROP_POINTS, metadata={
+        "help": "With --serving-rule no-regression: a model worse than the one serving on the "
+                "point estimate is refused unless the paired test detects a drop of this many "
+                "points (at min_power, 80 %% by default); more test data, a margin or --force "
+                "decide it."})
+    force: bool = field(default=False, metadata={
+        "help": "Deploy a model the no-regression rule stops because its test cannot tell "
+                "(never a significantly worse one); recorded in the verdict."})
     fail_on_gate: bool = field(default=True, metadata={
         "help": "Raise (exit non-zero) when the gate fails; the outputs are written either way."})
 
@@ -105,6 +128,7 @@ class EvaluateConfig:
             if value is None or not 0.0 < value < 1.0:
                 raise ConfigError(f"{name} must be in (0, 1). Received: {name}={value}")
         _require_in_range("min_accuracy", self.min_accuracy, 0.0, 1.0)
+        check_serving_rule(self)
         from ampflow.components.evaluate_parity.release import parse_metric_thresholds
 
         parse_metric_thresholds(self.metric_thresholds)
@@ -114,6 +138,22 @@ class EvaluateConfig:
         if self.min_training_speedup is not None and not self.min_training_speedup > 0:
             raise ConfigError("min_training_speedup must be > 0. Received: "
                               f"min_training_speedup={self.min_training_speedup}")
+
+
+def check_serving_rule(config) -> None:
+    """The rule's fields (EvaluateConfig's or ServingGateConfig's), in one line each."""
+    if config.serving_rule not in SERVING_RULES:
+        raise ConfigError(f"serving_rule must be one of {', '.join(SERVING_RULES)}. Received: "
+                          f"serving_rule={config.serving_rule!r}")
+    _require_in_range("max_detectable_drop", config.max_detectable_drop, 0.0, 100.0)
+    _require_in_range("non_inferiority_margin", config.non_inferiority_margin, 0.0, 100.0)
+    if config.serving_rule == NON_INFERIORITY and not config.non_inferiority_margin > 0:
+        raise ConfigError("non_inferiority_margin must be > 0 points with serving_rule "
+                          "non-inferiority (the drop the deployment accepts). Received: "
+                          f"non_inferiority_margin={config.non_inferiority_margin}")
+    if config.non_inferiority_margin >= 100.0:
+        raise ConfigError("non_inferiority_margin must be under 100 points. Received: "
+                          f"non_inferiority_margin={config.non_inferiority_margin}")
 
 
 def _require_in_range(name: str, value: float, low: float, high: float) -> None:

@@ -37,10 +37,16 @@ PREDICTIONS_FILE = "predictions.json"  # serving_gate.py reads it
 
 def verdict_payload(config: EvaluateConfig, verdict: Verdict, policy: str,
                     model_hashes: dict[str, str],
-                    baselines: dict[str, Any] | None = None) -> dict[str, Any]:
-    """verdict.json: the gate's outcome, every check, the judged model, its baselines."""
+                    baselines: dict[str, Any] | None = None,
+                    forced: bool = False) -> dict[str, Any]:
+    """verdict.json: the gate's outcome, every check, the judged model, its baselines.
+
+    `forced`: `force` let through a model the comparison with the one serving could not
+    decide (its note says so in words).
+    """
     return {
         "passed": verdict.passed,
+        "forced": forced,
         "failed_checks": [check.as_dict() for check in verdict.failed],
         "checks": [check.as_dict() for check in verdict.checks],
         "message": verdict.message(),

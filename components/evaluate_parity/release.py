@@ -121,6 +121,7 @@ class ChanceTest:
     power: float  # of the test at alpha against accuracy (1 + chance) / 2
     min_power: float
     split: str
+    item: str = "examples"  # the data's word: images, texts
 
     @property
     def accuracy(self) -> float:
@@ -145,11 +146,11 @@ class ChanceTest:
         needed = examples_needed(self.chance, self.alpha, self.min_power,
                                  start=self.num_examples + 1)
         need = f"at least {needed}" if needed else "far more"
-        return (f"the {self.split} split of {self.num_examples} examples is too small to decide "
-                f"whether the model beats chance: the binomial test at alpha {self.alpha:g} "
-                f"finds a model {POWER_TARGET} ({(1 + self.chance) / 2:.3f}) with probability "
-                f"{self.power:.2f}, and needs {need} examples for {self.min_power:g}; hold out "
-                "more examples (prepare-data --test-fraction, or a test/ folder of images)")
+        return (f"the {self.split} split of {self.num_examples} {self.item} is too small to "
+                f"decide whether the model beats chance: the binomial test at alpha "
+                f"{self.alpha:g} finds a model {POWER_TARGET} ({(1 + self.chance) / 2:.3f}) "
+                f"with probability {self.power:.2f}, and needs {need} {self.item} for "
+                f"{self.min_power:g}; {hold_out_more(self.item)}")
 
     def metrics(self) -> dict[str, Any]:
         """The flat entries of metrics.json."""
@@ -163,8 +164,15 @@ class ChanceTest:
                      reason=self.sentence())
 
 
+def hold_out_more(item: str) -> str:
+    """What to do about a split too small, in the data's words (`texts`, `images`)."""
+    folder = ", or a test/ folder of images" if item == "images" else ""
+    return (f"hold out more {item} (--test-fraction of prepare-data and run-local, the "
+            f"pipeline's test_fraction{folder})")
+
+
 def chance_test(scores: ModelScores, class_names: list[str], alpha: float, min_power: float,
-                split: str) -> ChanceTest:
+                split: str, item: str = "examples") -> ChanceTest:
     """The binomial test of `scores`' accuracy against its split's majority-class rate."""
     n = int(scores.labels.shape[0])
     counts = np.bincount(scores.labels, minlength=len(class_names))
@@ -175,7 +183,7 @@ def chance_test(scores: ModelScores, class_names: list[str], alpha: float, min_p
                       majority_class=class_names[majority],
                       p_value=binomial_tail(correct, n, chance), alpha=alpha,
                       power=chance_test_power(n, chance, alpha), min_power=min_power,
-                      split=split)
+                      split=split, item=item)
 
 
 # --- absolute thresholds -------------------------------------------------------------------
@@ -431,68 +439,3 @@ def _served_labels(version_dir: Path) -> list[str] | None:
         if path.is_file():
             return [line.strip() for line in path.read_text().splitlines() if line.strip()]
     return None
-
-
-@dataclass(frozen=True)
-class ServingComparison:
-    """The new model against the served version on the same examples (training.PairedTest)."""
-
-    served: ServedVersion
-    accuracy: float
-    served_accuracy: float
-    num_examples: int
-    new_only: int  # examples only the new model classifies correctly
-    served_only: int  # examples only the served version classifies correctly
-    p_value: float  # one-sided: P(losing >= served_only discordant examples | equal accuracy)
-    method: str
-    alpha: float
-    split: str
-
-    @property
-    def delta_points(self) -> float:
-        """New accuracy minus served accuracy, in percentage points."""
-        return 100.0 * (self.new_only - self.served_only) / self.num_examples
-
-    def sentence(self) -> str:
-        """The comparison in words, with the paired numbers."""
-        worse = self.p_value < self.alpha
-        head = (f"accuracy {self.accuracy:.3f} is significantly below the serving model's "
-                if worse else f"accuracy {self.accuracy:.3f} vs the serving model's ")
-        return (f"{head}{self.served_accuracy:.3f} (version {self.served.version} at "
-                f"{self.served.base_path}): on the same {self.num_examples} {self.split} "
-                f"examples it is right on {self.new_only} that the serving model gets wrong "
-                f"and wrong on {self.served_only} that it gets right ({self.delta_points:+.2f} "
-                f"points), one-sided McNemar p = {self.p_value:.3g} "
-                f"{'<' if worse else '>='} alpha {self.alpha:g}")
-
-    def metrics(self) -> dict[str, Any]:
-        """The flat entries of metrics.json."""
-        return {
-            "serving_version": float(self.served.version),
-            "serving_accuracy": self.served_accuracy,
-            "serving_accuracy_delta_points": self.delta_points,
-            "serving_new_only_correct": float(self.new_only),
-            "serving_only_correct": float(self.served_only),
-            "serving_mcnemar_p_value": self.p_value,
-            "serving_mcnemar_method": self.method,
-        }
-
-    def check(self) -> Check:
-        """The gate's check: the new model must not be significantly less accurate."""
-        return Check("serving_mcnemar_p_value", self.p_value, ">=", self.alpha,
-                     "one-sided paired (McNemar) test: chance of losing this many examples to "
-                     "the model now serving by luck, if both were equally accurate",
-                     reason=self.sentence())
-
-
-def compare_with_served(new: ModelScores, served_scores: ModelScores, served: ServedVersion,
-                        alpha: float, split: str) -> ServingComparison:
-    """The paired test of training.py, new model vs served version, on the same examples."""
-    from ampflow.components.evaluate_parity.training import paired_test
-
-    test = paired_test(new, served_scores)
-    return ServingComparison(served=served, accuracy=new.accuracy,
-                             served_accuracy=served_scores.accuracy,
-                             num_examples=test.num_examples, new_only=test.amp_only,
-                             served_only=test.baseline_only, p_value=test.p_value,
-                             method=test.method, alpha=alpha, split=split)

@@ -267,8 +267,9 @@ def _training_section(metrics: dict[str, Any], ctx: dict[str, Any]) -> list[str]
     ]
     for key in ("baseline_accuracy", "baseline_accuracy_delta_points",
                 "baseline_delta_stderr_points", "baseline_mcnemar_p_value",
-                "baseline_argmax_agreement", "training_speedup", "training_speedup_stderr",
-                "train_time_ratio", *_MEMORY_KEYS):
+                "baseline_detectable_drop_points", "baseline_argmax_agreement",
+                "training_speedup", "training_speedup_stderr", "train_time_ratio",
+                *_MEMORY_KEYS):
         if key in _MEMORY_KEYS and key not in m:
             continue  # a model trained before train recorded its memory
         lines.append(f"| {key} | {_cell(m.get(key))} |")

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from ampflow.components.evaluate_parity import release
-from ampflow.components.evaluate_parity.config import SERVING_ALPHA
+from ampflow.components.evaluate_parity.comparison import ServingComparison, ServingRule
+from ampflow.components.evaluate_parity.config import EvaluateConfig, check_serving_rule
 from ampflow.components.evaluate_parity.gate import Verdict
 from ampflow.components.evaluate_parity.outputs import PREDICTIONS_FILE, _json_safe
 from ampflow.components.evaluate_parity.parity import ModelScores
@@ -35,6 +36,12 @@ SERVING_VERDICT_FILE = "serving_verdict.json"
 GATE_NAME = "no regression against the model serving"
 
 
+def _evaluate_field(name: str):
+    """A field with the evaluate step's default and help (one home: EvaluateConfig)."""
+    source = EvaluateConfig.__dataclass_fields__[name]
+    return field(default=source.default, metadata=source.metadata)
+
+
 @dataclass(frozen=True)
 class ServingGateConfig:
     """What the comparison with the model serving reads and its significance level."""
@@ -44,8 +51,12 @@ class ServingGateConfig:
     output_dir: Path = field(metadata={"help": "Directory that receives serving_verdict.json."})
     serving_base_path: str | None = field(default=None, metadata={
         "help": "<model_store>/<model_name>: the highest version there is compared."})
-    serving_alpha: float = field(default=SERVING_ALPHA, metadata={
-        "help": "Significance level of the one-sided paired (McNemar) test."})
+    serving_alpha: float = _evaluate_field("serving_alpha")
+    serving_rule: str = _evaluate_field("serving_rule")
+    non_inferiority_margin: float = _evaluate_field("non_inferiority_margin")
+    max_detectable_drop: float = _evaluate_field("max_detectable_drop")
+    min_power: float = _evaluate_field("min_power")
+    force: bool = _evaluate_field("force")
     batch_size: int = field(default=256, metadata={"help": "Examples per inference batch."})
     fail_on_gate: bool = field(default=True, metadata={
         "help": "Raise when the model is significantly worse; the verdict is written either way."})
@@ -56,6 +67,9 @@ class ServingGateConfig:
                               f"serving_alpha={self.serving_alpha}")
         if self.batch_size <= 0:
             raise ConfigError(f"batch_size must be > 0. Received: batch_size={self.batch_size}")
+        if not 0.0 < self.min_power < 1.0:
+            raise ConfigError(f"min_power must be in (0, 1). Received: min_power={self.min_power}")
+        check_serving_rule(self)
 
 
 @dataclass(frozen=True)
@@ -97,11 +111,12 @@ def run_serving_gate(config: ServingGateConfig) -> ServingGateResult:
         verdict = _first_release(config)
     else:
         comparison = _compare(config, recorded, served)
-        check = comparison.check()
-        outcome = Verdict((check,))
+        outcome = Verdict(tuple(comparison.checks()), notes=comparison.notes())
         verdict = {"gate": GATE_NAME, "passed": outcome.passed,
                    "failed_checks": [c.as_dict() for c in outcome.failed],
-                   "checks": [check.as_dict()], "message": comparison.sentence(),
+                   "checks": [c.as_dict() for c in outcome.checks],
+                   "message": comparison.sentence(), "outcome": comparison.outcome,
+                   "forced": comparison.forced, "notes": list(outcome.notes),
                    "metrics": comparison.metrics(),
                    "baselines": {"serving": served_baseline(served)}}
     verdict["model_sha256"] = evaluated.get("model_sha256")
@@ -125,10 +140,19 @@ def served_baseline(served: release.ServedVersion | None,
             "why_none": "no version serving there: the first release"}
 
 
+REFUSALS = {  # the comparison's outcome -> why the model is not deployed
+    "worse": "the model is significantly worse than the one serving",
+    "cannot tell": "the model is worse than the one serving on the point estimate and the "
+                   "test cannot tell whether the drop is real",
+    "not shown non-inferior": "the data do not show the model is within the non-inferiority "
+                              "margin of the one serving",
+}
+
+
 def refusal(verdict: dict[str, Any]) -> str:
-    """The one-line refusal of a failed comparison."""
-    return (f"the model is significantly worse than the one serving, so it is not deployed: "
-            f"{verdict['message']}")
+    """The one-line refusal of a failed comparison (a verdict without an outcome: `worse`)."""
+    why = REFUSALS.get(str(verdict.get("outcome")), REFUSALS["worse"])
+    return f"{why}, so it is not deployed: {verdict['message']}"
 
 
 def require_not_worse(comparison_dir: str | os.PathLike) -> dict[str, Any]:
@@ -165,9 +189,11 @@ def read_predictions(eval_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def _compare(config: ServingGateConfig, recorded: dict[str, Any],
-             served: release.ServedVersion) -> release.ServingComparison:
+             served: release.ServedVersion) -> ServingComparison:
     """Score the served version on the examples evaluate judged; pair the answers."""
+    from ampflow.components.evaluate_parity.comparison import compare_with_served
     from ampflow.components.prepare_data import load_dataset_info
+    from ampflow.components.train.throughput import throughput_unit
 
     info = load_dataset_info(config.data_dir)
     request = release.split_request(config.data_dir, recorded["split"], recorded["limit"])
@@ -180,15 +206,16 @@ def _compare(config: ServingGateConfig, recorded: dict[str, Any],
     # the recorded answers as one-hot scores: the paired test reads only their argmax
     new = ModelScores(logits=np.eye(len(names), dtype=np.float32)[recorded["predictions"]],
                       labels=request.labels)
-    return release.compare_with_served(new, served_scores, served, config.serving_alpha,
-                                       recorded["split"])
+    return compare_with_served(new, served_scores, served, ServingRule.of(config),
+                               recorded["split"], throughput_unit(info.get("modality")).plural)
 
 
 def _first_release(config: ServingGateConfig) -> dict[str, Any]:
     baseline = served_baseline(None, config.serving_base_path)
     why = baseline["why_none"] if baseline else "no serving base path"
     return {"gate": GATE_NAME, "passed": True, "failed_checks": [], "checks": [],
-            "message": f"no model serving to compare with ({why})", "metrics": {},
+            "message": f"no model serving to compare with ({why})", "outcome": "first release",
+            "forced": False, "notes": [], "metrics": {},
             "baselines": {"serving": baseline}}
 
 

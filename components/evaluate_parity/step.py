@@ -26,10 +26,13 @@ from typing import Any
 import numpy as np
 
 from ampflow.components.evaluate_parity import outputs, release, training
+from ampflow.components.evaluate_parity.comparison import ServingRule, compare_with_served
 from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.components.evaluate_parity.gate import Check, Verdict, default_relative_logit_bound
 from ampflow.components.evaluate_parity.parity import LogitParity, ModelScores, logit_parity
+from ampflow.components.evaluate_parity.power import detectable_drop_points
 from ampflow.components.evaluate_parity.verdict import HASH_KEY, model_sha256
+from ampflow.components.train.throughput import throughput_unit
 from ampflow.errors import ConfigError, GateFailedError
 from ampflow.progress import Progress, keras_callback
 
@@ -81,7 +84,8 @@ def run_evaluate(config: EvaluateConfig) -> EvaluateResult:
     metrics, verdict_obj, parity = _measure(config, metadata, policy, baseline, info, scores,
                                             served)
     verdict = outputs.verdict_payload(config, verdict_obj, policy, model_hashes,
-                                      _baselines(config, baseline, served))
+                                      _baselines(config, baseline, served),
+                                      forced=metrics.get("serving_outcome") == "forced")
     outputs.write_outputs(config, metrics, verdict, release.class_names(info), scores, parity)
     for note in verdict_obj.notes:
         log.warning("%s", note)
@@ -234,21 +238,29 @@ def _measure(
         "max_relative_logit_diff": parity.max_relative_diff,
         "amp_nonfinite_logits": amp.nonfinite_count,
     }
+    item = throughput_unit(info.get("modality")).plural  # the data's word: images, texts
     chance = release.chance_test(amp, release.class_names(info), config.chance_alpha,
-                                 config.min_power, config.split)
+                                 config.min_power, config.split, item)
     metrics.update(chance.metrics())
     checks = [chance.check(), *_inference_checks(config, metrics, bound)]
+    notes = [chance.too_small_note()] if chance.too_small else []
     if baseline is not None:
         metrics.update(training.training_metrics(amp, scores["baseline"], metadata, baseline[1]))
+        metrics["baseline_detectable_drop_points"] = detectable_drop_points(
+            metrics["num_examples"], int(metrics["baseline_amp_only_correct"]),
+            int(metrics["baseline_only_correct"]), config.baseline_alpha, config.min_power)
         checks += training.training_checks(metrics, config.max_baseline_accuracy_drop,
                                            config.baseline_alpha, config.min_training_speedup)
+        notes += training.power_notes(metrics, config.max_detectable_drop, item,
+                                      config.min_power)
     if served is not None:
-        comparison = release.compare_with_served(amp, scores["serving"], served,
-                                                 config.serving_alpha, config.split)
+        comparison = compare_with_served(amp, scores["serving"], served, ServingRule.of(config),
+                                         config.split, item)
         metrics.update(comparison.metrics())
-        checks.append(comparison.check())
+        checks += comparison.checks()
+        notes += comparison.notes()
     checks += release.threshold_checks(metrics, config.min_accuracy, config.metric_thresholds)
-    verdict = Verdict(tuple(checks), notes=(chance.too_small_note(),) if chance.too_small else ())
+    verdict = Verdict(tuple(checks), notes=tuple(notes))
     metrics["gate_passed"] = 1.0 if verdict.passed else 0.0
     metrics["per_class_accuracy"] = _per_class(scores, info)
     metrics["context"] = _context(config, metadata, baseline, policy, compute_dtype, bound)

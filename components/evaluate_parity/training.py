@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ampflow.components.evaluate_parity.config import MIN_POWER
 from ampflow.components.evaluate_parity.gate import Check
 from ampflow.components.evaluate_parity.parity import ModelScores
 
@@ -123,7 +124,7 @@ def epoch_throughputs(meta: dict[str, Any]) -> tuple[float, ...]:
 
 def training_metrics(amp: ModelScores, baseline: ModelScores, amp_meta: dict[str, Any],
                      base_meta: dict[str, Any]) -> dict[str, Any]:
-    """The flat training-parity entries of metrics.json."""
+    """The flat training-parity entries of metrics.json (power.py adds what it could detect)."""
     test = paired_test(amp, baseline)
     amp_secs, base_secs = amp_meta.get("train_seconds"), base_meta.get("train_seconds")
     return {
@@ -181,6 +182,26 @@ def training_checks(metrics: dict[str, Any], max_drop: float, alpha: float,
         checks.append(Check("training_speedup", metrics["training_speedup"], ">=", min_speedup,
                             "training throughput AMP / float32 baseline"))
     return checks
+
+
+def power_notes(metrics: dict[str, Any], max_detectable_drop: float, item: str,
+                power: float = MIN_POWER) -> list[str]:
+    """A note when the paired test against the float32-trained model could detect little.
+
+    It does not decide (the drop cap does, below the test's least evidence): it says, in the
+    verdict and the run's table, how large a loss this split could have hidden.
+    """
+    from ampflow.components.evaluate_parity.release import hold_out_more
+
+    drop = metrics["baseline_detectable_drop_points"]
+    if drop is not None and drop <= max_detectable_drop:
+        return []
+    found = ("could not detect any loss, however large" if drop is None or math.isinf(drop)
+             else f"detects only a loss of {drop:.1f} points or more with {power:.0%} power")
+    return [f"on {metrics['num_examples']} {item} the paired test of AMP-trained against "
+            f"float32-trained accuracy ({metrics['baseline_accuracy_delta_points']:+.2f} "
+            f"points, McNemar p = {metrics['baseline_mcnemar_p_value']:.3g}) {found}; "
+            f"{hold_out_more(item)}"]
 
 
 def min_evidence_images(alpha: float) -> int:

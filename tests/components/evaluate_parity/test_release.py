@@ -68,7 +68,7 @@ def test_a_chance_level_model_on_six_examples_is_not_above_chance_and_the_split_
     needed = next(n for n in range(7, 200) if _power(n, 1 / 3, 0.01) >= 0.8)
     note = test.too_small_note()
     assert f"needs at least {needed} examples for 0.8" in note
-    assert "prepare-data --test-fraction" in note and "\n" not in note
+    assert "--test-fraction of prepare-data and run-local" in note and "\n" not in note
 
 
 def test_a_perfect_model_on_six_examples_is_above_chance_though_the_split_is_small():
