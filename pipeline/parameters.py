@@ -18,6 +18,7 @@ from ampflow.components.deploy_serving.config import (
     check_compute_precision_target,
     check_tflite_target,
 )
+from ampflow.components.evaluate_parity.config import SERVING_RULES
 from ampflow.errors import ConfigError
 from ampflow.pipeline.pipeline import (
     AUTO_RELATIVE_LOGIT_DIFF,
@@ -39,6 +40,8 @@ SERVING_TARGETS = ("none", "local", "kubernetes", "kserve")  # "none" + deploy_s
 # name -> (type, default, help). Order: the order of `ampflow_pipeline`'s signature.
 PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
     "dataset": (str, DATA_DEFAULTS["dataset"], "TFDS dataset name (or an offline one)"),
+    "test_fraction": (float, DATA_DEFAULTS["test_fraction"],
+                      "share of each class held out for the test split (data without one)"),
     "model": (str, TRAIN_DEFAULTS["model"], "small_cnn, resnet50, mobilenet_v2, "
                                             "package.module:function or a .keras path"),
     "epochs": (int, TRAIN_DEFAULTS["epochs"], "training epochs"),
@@ -69,6 +72,16 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
                           "gate: NAME>=VALUE,NAME<=VALUE on metrics.json's numbers"),
     "serving_alpha": (float, GATE_DEFAULTS["serving_alpha"],
                       "gate: significance of the McNemar test against the model serving"),
+    "serving_rule": (str, GATE_DEFAULTS["serving_rule"],
+                     "gate: how the comparison with the model serving decides: "
+                     + ", ".join(SERVING_RULES)),
+    "non_inferiority_margin": (float, GATE_DEFAULTS["non_inferiority_margin"],
+                               "gate: serving_rule=non-inferiority: the drop accepted (points)"),
+    "max_detectable_drop": (float, GATE_DEFAULTS["max_detectable_drop"],
+                            "gate: a worse model is refused unless the paired test detects "
+                            "this drop (points)"),
+    "force": (bool, GATE_DEFAULTS["force"],
+              "gate: deploy a model the paired test cannot decide (recorded in the verdict)"),
     "tflite_variants": (str, DATA_DEFAULTS["tflite_variants"], "TFLite variants"),
     "model_name": (str, DEFAULT_MODEL_NAME, "served model name (TF Serving's --model_name)"),
     "serving_target": (str, SERVING_TARGETS[0], ", ".join(SERVING_TARGETS)),
@@ -106,6 +119,7 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 # Parameters whose value is one of a list: checked (with the closest suggested) before sending.
 CHOICES: dict[str, tuple[str, ...]] = {"xla": XLA_VALUES, "serving_target": SERVING_TARGETS,
+                                        "serving_rule": SERVING_RULES,
                                         "serving_overlay": SERVING_OVERLAYS,
                                         "serving_format": SERVING_FORMATS,
                                         "tflite_variant": TFLITE_VARIANTS,
@@ -212,7 +226,8 @@ def check_gate_arguments(arguments: dict[str, object]) -> None:
 
 
 # The data parameters prepare-data's own config checks (its alternatives and text options).
-_DATA_ARGUMENTS = ("dataset", "image_folder", "image_size", *TEXT_DATA_PARAMETERS)
+_DATA_ARGUMENTS = ("dataset", "test_fraction", "image_folder", "image_size",
+                   *TEXT_DATA_PARAMETERS)
 
 
 def check_data_arguments(arguments: dict[str, object]) -> None:

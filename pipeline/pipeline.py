@@ -37,7 +37,8 @@ FLOAT32_CHECKPOINTS = "checkpoints/train-float32"
 AUTO_RELATIVE_LOGIT_DIFF = -1.0
 GATE_DEFAULTS = {name: EvaluateConfig.__dataclass_fields__[name].default for name in (
     "max_accuracy_drop", "min_agreement", "max_baseline_accuracy_drop", "baseline_alpha",
-    "chance_alpha", "min_accuracy", "metric_thresholds", "serving_alpha")}
+    "chance_alpha", "min_accuracy", "metric_thresholds", "serving_alpha", "serving_rule",
+    "non_inferiority_margin", "max_detectable_drop", "force")}
 # The training parameters' defaults: the train step's own (TrainConfig), read by the pipeline's
 # signature, its parameter table (parameters.py), run-local/demo and tied to the KFP component's
 # spelt-out defaults by tests/pipeline/test_train_defaults.py. XLA is `auto|on|off` everywhere
@@ -48,6 +49,7 @@ MODEL_LEARNING_RATE = 0.0
 # The data and TFLite parameters' defaults: prepare-data's and convert's own.
 DATA_DEFAULTS = {
     "dataset": PrepareDataConfig.__dataclass_fields__["dataset"].default,
+    "test_fraction": PrepareDataConfig.__dataclass_fields__["test_fraction"].default,
     "tflite_variants": ",".join(ConvertConfig.__dataclass_fields__["variants"].default),
 }
 # The text parameters' defaults: prepare-data's own (PrepareDataConfig: the text source and
@@ -112,6 +114,7 @@ def build_pipeline(options: PipelineOptions | None = None):
 
     def ampflow_pipeline(
         dataset: str = DATA_DEFAULTS["dataset"],
+        test_fraction: float = DATA_DEFAULTS["test_fraction"],
         model: str = TRAIN_DEFAULTS["model"],
         epochs: int = TRAIN_DEFAULTS["epochs"],
         batch_size: int = TRAIN_DEFAULTS["batch_size"],
@@ -130,6 +133,10 @@ def build_pipeline(options: PipelineOptions | None = None):
         min_accuracy: float = GATE_DEFAULTS["min_accuracy"],
         metric_thresholds: str = GATE_DEFAULTS["metric_thresholds"],
         serving_alpha: float = GATE_DEFAULTS["serving_alpha"],
+        serving_rule: str = GATE_DEFAULTS["serving_rule"],
+        non_inferiority_margin: float = GATE_DEFAULTS["non_inferiority_margin"],
+        max_detectable_drop: float = GATE_DEFAULTS["max_detectable_drop"],
+        force: bool = GATE_DEFAULTS["force"],
         tflite_variants: str = DATA_DEFAULTS["tflite_variants"],
         model_name: str = "ampflow",
         serving_target: str = "none",
@@ -151,7 +158,8 @@ def build_pipeline(options: PipelineOptions | None = None):
         max_sequence_length: int = TEXT_DEFAULTS["max_sequence_length"],
         vocabulary_size: int = TEXT_DEFAULTS["vocabulary_size"],
     ):
-        data = ops["prepare_data"](dataset=dataset, image_size=image_size,
+        data = ops["prepare_data"](dataset=dataset, test_fraction=test_fraction,
+                                   image_size=image_size,
                                    image_folder=image_folder, text_folder=text_folder,
                                    text_file=text_file, text_column=text_column,
                                    label_column=label_column, text_feature=text_feature,
@@ -199,7 +207,7 @@ def build_pipeline(options: PipelineOptions | None = None):
             min_agreement=min_agreement, max_relative_logit_diff=max_relative_logit_diff,
             max_baseline_accuracy_drop=max_baseline_accuracy_drop,
             baseline_alpha=baseline_alpha, chance_alpha=chance_alpha, min_accuracy=min_accuracy,
-            metric_thresholds=metric_thresholds)
+            metric_thresholds=metric_thresholds, max_detectable_drop=max_detectable_drop)
         set_resources(parity, options.default_resources)
 
         gate = ops["parity_gate"](verdict=parity.outputs["verdict"])
@@ -223,7 +231,9 @@ def build_pipeline(options: PipelineOptions | None = None):
             compared = ops["compare_serving"](
                 data=data.outputs["data"], verdict=parity.outputs["verdict"],
                 serving_model_store=serving_model_store, model_name=model_name,
-                serving_alpha=serving_alpha)
+                serving_alpha=serving_alpha, serving_rule=serving_rule,
+                non_inferiority_margin=non_inferiority_margin,
+                max_detectable_drop=max_detectable_drop, force=force)
             set_resources(compared, options.default_resources)
             compared.set_caching_options(False)  # what is serving changes between runs
             mount_model_store(compared, options)

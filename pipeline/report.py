@@ -61,14 +61,17 @@ def key_metrics(result) -> dict[str, Any]:
             if key in metrics:
                 out[f"parity.{key}"] = metrics[key]
         out.update(training_parity(metrics, unit))
-        out.update(release_quality(metrics))
+        out.update(release_quality(metrics, unit))
         out["parity.gate"] = "passed" if metrics.get("gate", {}).get("passed") else "FAILED"
+    verdict = _json(art.get("evaluate-parity", {}).get("verdict"), "verdict.json") or {}
     from ampflow.components.evaluate_parity.serving_gate import SERVING_VERDICT_FILE
 
     compared = _json(art.get("compare-serving", {}).get("comparison"), SERVING_VERDICT_FILE)
     if compared:
-        out.update(release_quality(compared.get("metrics") or {}) or
+        out.update(release_quality(compared.get("metrics") or {}, unit) or
                    {"release.vs_serving": compared.get("message")})
+    out.update(gate_notes([*(verdict.get("notes") or []),
+                           *((compared or {}).get("notes") or [])]))
     saved = art.get("export-savedmodel", {}).get("saved_model")
     if saved and Path(saved).is_dir():
         versions = sorted(str(p.relative_to(saved)) for p in Path(saved).glob("*/*")
@@ -129,7 +132,7 @@ def training_parity(metrics: dict[str, Any], unit: ThroughputUnit = IMAGES) -> d
             f"{m['baseline_delta_stderr_points']:.2f}; right only under AMP: "
             f"{int(m['baseline_amp_only_correct'])}, only under float32: "
             f"{int(m['baseline_only_correct'])} {unit.plural}; McNemar p = "
-            f"{m['baseline_mcnemar_p_value']:.3g})"),
+            f"{m['baseline_mcnemar_p_value']:.3g}; {_detects(m, 'baseline', unit)})"),
         "parity.amp_training_speedup": (
             f"{m['training_speedup']:.3g}x ± {m['training_speedup_stderr']:.2g} (SE; "
             f"{m['amp_train_img_per_s']:.0f} vs {m['baseline_train_img_per_s']:.0f} "
@@ -137,8 +140,31 @@ def training_parity(metrics: dict[str, Any], unit: ThroughputUnit = IMAGES) -> d
     }
 
 
-def release_quality(metrics: dict[str, Any]) -> dict[str, str]:
+def _detects(m: dict[str, Any], prefix: str, unit: ThroughputUnit) -> str:
+    """`detects >= 46.0 points on 18 texts`: the paired test's detectable drop, as printed."""
+    drop = m.get(f"{prefix}_detectable_drop_points")
+    if not isinstance(drop, (int, float)) or drop != drop:  # an older run: not recorded
+        return "detectable drop not recorded"
+    n = int(m.get("num_examples") or 0)
+    if drop == float("inf"):
+        return f"no drop detectable on {n} {unit.plural}"
+    return f"detects >= {drop:.1f} points on {n} {unit.plural}"
+
+
+def gate_notes(notes: list[Any]) -> dict[str, str]:
+    """The verdicts' notes (a split too small, a test too weak, a forced deploy), one row each.
+
+    Shown for every decision, passed or failed, so a run on a small split says what its gate
+    could not tell.
+    """
+    texts = [note for note in notes if isinstance(note, str)]
+    return {f"gate.note {i}": note for i, note in enumerate(texts, 1)}
+
+
+def release_quality(metrics: dict[str, Any], unit: ThroughputUnit | None = None
+                    ) -> dict[str, str]:
     """The accuracy against chance and against the model serving (when one was), as printed."""
+    unit = unit or IMAGES
     m = {k: (float("nan") if v is None else v) for k, v in metrics.items()}
     out = {}
     if "chance_accuracy" in m:
@@ -150,7 +176,11 @@ def release_quality(metrics: dict[str, Any]) -> dict[str, str]:
             f"version {int(m['serving_version'])}: {m['serving_accuracy']:.4f}, "
             f"{m['serving_accuracy_delta_points']:+.2f} points (right only now: "
             f"{int(m['serving_new_only_correct'])}, only served: "
-            f"{int(m['serving_only_correct'])}; McNemar p = {m['serving_mcnemar_p_value']:.3g})")
+            f"{int(m['serving_only_correct'])} {unit.plural}; McNemar p = "
+            f"{m['serving_mcnemar_p_value']:.3g}; {_detects(m, 'serving', unit)})")
+        if isinstance(metrics.get("serving_outcome"), str):
+            out["release.vs_serving"] += (f"; {metrics['serving_rule']}: "
+                                          f"{metrics['serving_outcome']}")
     return out
 
 
@@ -260,10 +290,17 @@ def _compare_headline(task_dir: Path) -> str:
     metrics = verdict.get("metrics") or {}
     if "serving_accuracy" not in metrics:
         return verdict["message"]
-    return (f"{'PASS' if verdict['passed'] else 'FAIL'}: "
+    outcome = f", {metrics['serving_outcome']}" if "serving_outcome" in metrics else ""
+    return (f"{'PASS' if verdict['passed'] else 'FAIL'}{outcome}: "
             f"{metrics['serving_accuracy_delta_points']:+.2f} points vs serving version "
             f"{int(metrics['serving_version'])} (McNemar p = "
-            f"{metrics['serving_mcnemar_p_value']:.3g})")
+            f"{metrics['serving_mcnemar_p_value']:.3g}; "
+            f"{_detects(metrics, 'serving', _unit(_data_info(task_dir)))})")
+
+
+def _data_info(task_dir: Path) -> dict[str, Any]:
+    """The run's dataset_info.json, from a task dir's sibling prepare-data (for its unit)."""
+    return _json(Path(task_dir).parent / "prepare-data" / "data", "dataset_info.json") or {}
 
 
 def _serving_gate_headline(task_dir: Path) -> str:
@@ -321,13 +358,16 @@ def gate_failure(evaluate_dir: Path) -> tuple[list[str], list[str]]:
 
 
 def serving_failure(compare_dir: Path) -> str | None:
-    """The paired numbers of a failed comparison with the model serving; None if it passed."""
-    from ampflow.components.evaluate_parity.serving_gate import SERVING_VERDICT_FILE
+    """Why the comparison with the model serving refused the model; None if it passed.
+
+    The refusal carries the paired numbers and what the test could detect.
+    """
+    from ampflow.components.evaluate_parity.serving_gate import SERVING_VERDICT_FILE, refusal
 
     verdict = _json(Path(compare_dir) / "comparison", SERVING_VERDICT_FILE)
     if not verdict or verdict.get("passed") is not False:
         return None
-    return str(verdict.get("message"))
+    return refusal(verdict)
 
 
 def _json(path, name: str | None = None) -> dict | None:

@@ -73,6 +73,14 @@ _LOCAL_SOURCES = {"image_folder": Path.is_dir, "text_folder": Path.is_dir,
                   "text_file": Path.is_file}
 
 
+def _gate_field(name: str):
+    """A gate flag: the evaluate step's default and help (EvaluateConfig's field)."""
+    from ampflow.components.evaluate_parity.config import EvaluateConfig
+
+    source = EvaluateConfig.__dataclass_fields__[name]
+    return field(default=GATE_DEFAULTS[name], metadata=source.metadata)
+
+
 def _text_field(name: str):
     """A text flag: the pipeline parameter's default, the step's own help."""
     return field(default=TEXT_DEFAULTS[name], metadata={"help": _TEXT_HELP[name]["help"]})
@@ -85,6 +93,9 @@ class LocalRunConfig:
     workdir: Path = field(metadata={"help": "Holds pipeline_root/ and serving/ of the run."})
     dataset: str = field(default=DATA_DEFAULTS["dataset"], metadata={
         "help": "TFDS dataset name, or an offline one (as prepare-data --dataset)."})
+    test_fraction: float = field(default=DATA_DEFAULTS["test_fraction"], metadata={
+        "help": "Share of each class held out as the test split the gate decides on, for "
+                "data without a test split (as prepare-data --test-fraction)."})
     image_folder: str = field(default="", metadata={
         "help": "A folder of images, one sub-folder per class (optional train/ and test/ "
                 "level), read instead of --dataset (as prepare-data --image-folder)."})
@@ -153,6 +164,10 @@ class LocalRunConfig:
         "help": "Release gate: significance level of the one-sided paired (McNemar) test "
                 "against the model serving from <workdir>/serving (its latest version), on "
                 "the same test examples."})
+    serving_rule: str = _gate_field("serving_rule")
+    non_inferiority_margin: float = _gate_field("non_inferiority_margin")
+    max_detectable_drop: float = _gate_field("max_detectable_drop")
+    force: bool = _gate_field("force")
     tflite_variants: str = field(default=DATA_DEFAULTS["tflite_variants"], metadata={
         "help": "Comma-separated TFLite variants to convert and check."})
     model_name: str = field(default=DEFAULT_MODEL_NAME, metadata={
@@ -379,8 +394,8 @@ def _failure_message(config: LocalRunConfig, root: Path, before: set[Path], task
     failed_checks, notes = gate_failure(run_dir / "evaluate-parity") if run_dir else ([], [])
     worse = serving_failure(run_dir / "compare-serving") if run_dir else None
     if worse:
-        lines.append(f"The model is significantly worse than the one serving, so nothing was "
-                     f"deployed: {worse}")
+        lines.append(f"The comparison with the model serving stopped the run before deploy: "
+                     f"{worse}")
         lines.append(f"comparison:      {run_dir / 'compare-serving' / 'comparison'}")
     elif failed_checks:
         lines.append(f"The FP32-parity gate failed {len(failed_checks)} check(s), so nothing "

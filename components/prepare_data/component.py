@@ -12,6 +12,7 @@ _LOCAL_PATH = ("Empty: not used. A path the step's own machine reads: a local pa
 
 
 def prepare_data(dataset: str, data: Output[Dataset], tfds_data_dir: str = "",
+                 test_fraction: float = 0.1,
                  image_size: str = "", image_folder: str = "", text_folder: str = "",
                  text_file: str = "", text_column: str = "text", label_column: str = "label",
                  text_feature: str = "", max_text_bytes: int = 100_000):
@@ -24,6 +25,7 @@ def prepare_data(dataset: str, data: Output[Dataset], tfds_data_dir: str = "",
 
     result = run_prepare_data(PrepareDataConfig(
         output_dir=data.path, dataset=dataset, tfds_data_dir=tfds_data_dir or None,
+        test_fraction=test_fraction,
         image_size=image_size or None, image_folder=image_folder or None,
         text_folder=text_folder or None, text_file=text_file or None, text_column=text_column,
         label_column=label_column, text_feature=text_feature or None,

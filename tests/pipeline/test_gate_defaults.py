@@ -13,7 +13,9 @@ from ampflow.pipeline.run_local import LocalRunConfig
 
 THRESHOLDS = ("max_accuracy_drop", "min_agreement", "max_baseline_accuracy_drop",
               "baseline_alpha", "chance_alpha", "min_accuracy", "metric_thresholds")
-SERVING = ("serving_alpha",)  # the comparison with the model serving: its own component
+# the comparison with the model serving: its own component
+SERVING = ("serving_alpha", "serving_rule", "non_inferiority_margin", "max_detectable_drop",
+           "force")
 
 
 def _evaluate_default(name):
@@ -36,7 +38,7 @@ def test_local_run_and_component_defaults_are_the_evaluate_steps_thresholds():
     local = {f.name: f.default for f in LocalRunConfig.__dataclass_fields__.values()}
     # the component's source is copied into its task, so it spells its defaults out
     component = inspect.signature(evaluate_parity).parameters
-    for name in THRESHOLDS:
+    for name in (*THRESHOLDS, "max_detectable_drop"):  # the baseline's power note reads it
         assert local[name] == component[name].default == _evaluate_default(name), name
     comparison = inspect.signature(compare_serving).parameters
     for name in SERVING:
@@ -60,4 +62,11 @@ def test_a_bad_gate_setting_is_refused_before_anything_runs(tmp_path):
             check_arguments({name: value})
     with pytest.raises(ConfigError, match=r"serving_alpha must be in \(0, 1\)"):
         LocalRunConfig(workdir=tmp_path, serving_alpha=1.0)
+    with pytest.raises(ConfigError, match=r"non_inferiority_margin must be > 0 points"):
+        check_arguments({"serving_rule": "non-inferiority"})
+    with pytest.raises(ConfigError, match=r"--param serving_rule must be one of "
+                                          r"no-regression, non-inferiority"):
+        parse_param("serving_rule=strict")
+    with pytest.raises(ConfigError, match=r"non_inferiority_margin must be > 0 points"):
+        LocalRunConfig(workdir=tmp_path, serving_rule="non-inferiority")
     check_arguments({"metric_thresholds": "amp_accuracy>=0.9", "min_accuracy": 0.5})

@@ -209,7 +209,7 @@ def test_prepare_data_component_defaults_are_the_configs():
 
     defaults = {k: p.default for k, p in inspect.signature(prepare_data).parameters.items()}
     fields = PrepareDataConfig.__dataclass_fields__
-    for name in ("text_column", "label_column", "max_text_bytes"):
+    for name in ("text_column", "label_column", "max_text_bytes", "test_fraction"):
         assert defaults[name] == fields[name].default, name
     for name in ("text_folder", "text_file", "text_feature", "image_folder"):
         assert defaults[name] == "" and fields[name].default is None, name
