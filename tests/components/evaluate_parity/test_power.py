@@ -100,3 +100,19 @@ def test_noninferiority_refuses_counts_and_margins_it_cannot_test():
         power.noninferiority_p_value(10, 10, 15, 0.1)
     with pytest.raises(ValueError, match=r"margin must be in \(0, 1\)"):
         power.noninferiority_p_value(1, 1, 15, 0.0)
+
+
+def test_the_power_table_in_the_docs_is_what_power_py_computes():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[3] / "docs" / "explanation" / "parity.md").read_text()
+    table = text.split("<!-- power-table: alpha 0.01, power 0.8 -->\n", 1)[1].split("\n\n")[0]
+    header, _, *rows = table.splitlines()
+    shares = [0.0, 0.05, 0.10, 0.20]  # "discordance <= delta": the most favourable case
+    assert header.count("|") == len(shares) + 2
+    assert len(rows) >= 5
+    for row in rows:
+        n, *cells = [cell.strip() for cell in row.strip("|").split("|")]
+        for share, cell in zip(shares, cells, strict=True):
+            drop = power.detectable_drop(int(n), share, 0.01, 0.8)
+            assert cell == ("none" if drop is None else f"{drop:.1f}"), (n, share)
