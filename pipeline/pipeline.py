@@ -207,7 +207,7 @@ def build_pipeline(options: PipelineOptions | None = None):
             min_agreement=min_agreement, max_relative_logit_diff=max_relative_logit_diff,
             max_baseline_accuracy_drop=max_baseline_accuracy_drop,
             baseline_alpha=baseline_alpha, chance_alpha=chance_alpha, min_accuracy=min_accuracy,
-            metric_thresholds=metric_thresholds, max_detectable_drop=max_detectable_drop)
+            metric_thresholds=metric_thresholds)
         set_resources(parity, options.default_resources)
 
         gate = ops["parity_gate"](verdict=parity.outputs["verdict"])

@@ -251,8 +251,8 @@ def _measure(
             int(metrics["baseline_only_correct"]), config.baseline_alpha, config.min_power)
         checks += training.training_checks(metrics, config.max_baseline_accuracy_drop,
                                            config.baseline_alpha, config.min_training_speedup)
-        notes += training.power_notes(metrics, config.max_detectable_drop, item,
-                                      config.min_power)
+        notes += training.power_notes(metrics, config.max_baseline_accuracy_drop,
+                                      config.baseline_alpha, item, config.min_power)
     if served is not None:
         comparison = compare_with_served(amp, scores["serving"], served, ServingRule.of(config),
                                          config.split, item)

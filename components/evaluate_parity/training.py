@@ -184,23 +184,27 @@ def training_checks(metrics: dict[str, Any], max_drop: float, alpha: float,
     return checks
 
 
-def power_notes(metrics: dict[str, Any], max_detectable_drop: float, item: str,
+def power_notes(metrics: dict[str, Any], max_drop: float, alpha: float, item: str,
                 power: float = MIN_POWER) -> list[str]:
-    """A note when the paired test against the float32-trained model could detect little.
+    """A note when the split is too small for the training-parity checks to tell much.
 
-    It does not decide (the drop cap does, below the test's least evidence): it says, in the
-    verdict and the run's table, how large a loss this split could have hidden.
+    That is when the drop cap had to rise to the test's least evidence (`drop_cap_points`):
+    decided by the split's size alone, never by how two trainings happened to differ. It
+    says, in the verdict and the run's table, how large a loss the paired test could find.
     """
     from ampflow.components.evaluate_parity.release import hold_out_more
 
-    drop = metrics["baseline_detectable_drop_points"]
-    if drop is not None and drop <= max_detectable_drop:
+    n = metrics["num_examples"]
+    cap = drop_cap_points(max_drop, alpha, n)
+    if cap <= max_drop:
         return []
+    drop = metrics["baseline_detectable_drop_points"]
     found = ("could not detect any loss, however large" if drop is None or math.isinf(drop)
              else f"detects only a loss of {drop:.1f} points or more with {power:.0%} power")
-    return [f"on {metrics['num_examples']} {item} the paired test of AMP-trained against "
-            f"float32-trained accuracy ({metrics['baseline_accuracy_delta_points']:+.2f} "
-            f"points, McNemar p = {metrics['baseline_mcnemar_p_value']:.3g}) {found}; "
+    return [f"on {n} {item} the paired test of AMP-trained against float32-trained accuracy "
+            f"({metrics['baseline_accuracy_delta_points']:+.2f} points, McNemar p = "
+            f"{metrics['baseline_mcnemar_p_value']:.3g}) {found}, and the drop cap rises from "
+            f"{max_drop:g} to {cap:.1f} points (the test's least evidence); "
             f"{hold_out_more(item)}"]
 
 

@@ -38,7 +38,7 @@ def test_local_run_and_component_defaults_are_the_evaluate_steps_thresholds():
     local = {f.name: f.default for f in LocalRunConfig.__dataclass_fields__.values()}
     # the component's source is copied into its task, so it spells its defaults out
     component = inspect.signature(evaluate_parity).parameters
-    for name in (*THRESHOLDS, "max_detectable_drop"):  # the baseline's power note reads it
+    for name in THRESHOLDS:
         assert local[name] == component[name].default == _evaluate_default(name), name
     comparison = inspect.signature(compare_serving).parameters
     for name in SERVING:

@@ -89,9 +89,9 @@ def test_a_model_at_chance_on_sixty_images_stops_at_the_gate_in_one_line(tmp_pat
     assert re.search(r"chance_binomial_p_value: accuracy 0\.\d{3} is not above chance 0\.333 "
                      r"\(the majority-class rate of the 6 test examples, class '\w+'\): "
                      r"one-sided binomial p = \S+ > alpha 0\.01", message), message
-    assert re.search(r"note: the test split of 6 examples is too small to decide whether the "
-                     r"model beats chance: .* needs at least \d+ examples for 0\.8; hold out "
-                     r"more examples", message), message
+    assert re.search(r"note: the test split of 6 images is too small to decide whether the "
+                     r"model beats chance: .* needs at least \d+ images for 0\.8; hold out "
+                     r"more images \(--test-fraction", message), message
     verdict = load_verdict(tmp_path / "eval")
     assert not verdict["passed"] and "chance_binomial_p_value" in {
         c["name"] for c in verdict["failed_checks"]}
@@ -135,7 +135,7 @@ def test_a_model_worse_than_the_one_serving_is_refused_and_a_better_one_passes(
     assert failed["reason"].startswith(
         f"accuracy {metrics['amp_accuracy']:.3f} is significantly below the serving model's "
         f"{metrics['serving_accuracy']:.3f} (version 1 at {serving_good}): on the same 359 test "
-        f"examples it is right on {new_only} that the serving model gets wrong and wrong on "
+        f"images it is right on {new_only} that the serving model gets wrong and wrong on "
         f"{served_only} that it gets right")
     assert result.verdict["baselines"]["serving"] == {
         "base_path": str(serving_good), "version": 1, "path": str(serving_good / "1")}

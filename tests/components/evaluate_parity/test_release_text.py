@@ -116,7 +116,7 @@ def test_a_text_model_is_compared_with_the_served_one_on_the_raw_texts(text_run,
     assert failed["reason"].startswith(
         f"accuracy {worse.metrics['amp_accuracy']:.3f} is significantly below the serving "
         f"model's {metrics['serving_accuracy']:.3f} (version 1 at {base_path}): on the same "
-        f"{len(labels)} test examples it is right on {new_only} that the serving model gets "
+        f"{len(labels)} test texts it is right on {new_only} that the serving model gets "
         f"wrong and wrong on {served_only} that it gets right")
 
     # the pipeline's path: the comparison task reads evaluate's record and sends the raw texts

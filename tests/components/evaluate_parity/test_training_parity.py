@@ -167,3 +167,23 @@ def test_scalar_metrics_leave_out_what_kfp_cannot_store():
     artifact = dsl.Metrics(uri="unused")
     for name, value in flat.items():  # a NaN here failed the evaluate task in a 1-epoch run
         artifact.log_metric(name, value)
+
+
+def test_a_power_note_comes_from_the_splits_size_alone():
+    """A note on 18 texts (the cap rises to 6 texts' worth), none on 359 images, whatever the
+    two trainings' difference: a note that depended on it would differ between CPUs."""
+    from ampflow.components.evaluate_parity.power import detectable_drop_points
+    from ampflow.components.evaluate_parity.training import power_notes
+
+    def metrics(n, amp_only, base_only):
+        drop = detectable_drop_points(n, amp_only, base_only, 0.01)
+        return {"num_examples": n, "baseline_mcnemar_p_value": 0.5,
+                "baseline_accuracy_delta_points": 100 * (amp_only - base_only) / n,
+                "baseline_detectable_drop_points": drop}
+
+    (note,) = power_notes(metrics(18, 1, 2), 3.0, 0.01, "texts")
+    assert note.startswith("on 18 texts the paired test of AMP-trained against float32-trained")
+    assert "detects only a loss of 46.0 points or more with 80% power" in note
+    assert "the drop cap rises from 3 to 33.3 points" in note and "hold out more texts" in note
+    for amp_only, base_only in ((0, 0), (5, 13), (30, 2)):
+        assert power_notes(metrics(359, amp_only, base_only), 3.0, 0.01, "images") == []
