@@ -6,11 +6,15 @@ from ampflow.cliutil import add_step_command
 
 
 def _detects(metrics: dict, prefix: str) -> str:
-    """What the paired test could detect on this split (power.py), in points."""
+    """What the paired test could detect on this split (power.py), in the data's words."""
+    from ampflow.components.train.throughput import throughput_unit
+
     drop = metrics[f"{prefix}_detectable_drop_points"]
+    examples = (f"{metrics['num_examples']} "
+                f"{throughput_unit(metrics['context'].get('modality')).plural}")
     if drop == float("inf"):
-        return f"no drop detectable on {metrics['num_examples']} examples"
-    return f"detects a drop >= {drop:.1f} points on {metrics['num_examples']} examples"
+        return f"no drop detectable on {examples}"
+    return f"detects a drop >= {drop:.1f} points on {examples}"
 
 
 def _summary(result) -> dict:

@@ -185,3 +185,21 @@ def test_the_pipelines_gate_refuses_with_the_outcomes_reason(tmp_path, outcome, 
     with pytest.raises(GateFailedError, match=why) as refused:
         require_not_worse(tmp_path)
     assert str(refused.value).endswith("so it is not deployed: accuracy 0.722 vs ...")
+
+
+def test_evaluates_summary_line_carries_the_detectable_drop_in_the_datas_words(tmp_path):
+    from types import SimpleNamespace
+
+    from ampflow.components.evaluate_parity.cli import _summary
+
+    comparison = _compare(EIGHTEEN_TEXTS)
+    metrics = {"context": {"policy": "mixed_float16", "modality": "text"},
+               "amp_accuracy": 13 / 18, "chance_accuracy": 0.5, "chance_binomial_p_value": 0.05,
+               "fp32_twin_accuracy": 13 / 18, "argmax_agreement": 1.0,
+               "max_relative_logit_diff": 0.0, **comparison.metrics()}
+    verdict = {"message": comparison.sentence(), "notes": []}
+    summary = _summary(SimpleNamespace(metrics=metrics, verdict=verdict, passed=False,
+                                       output_dir=tmp_path))
+    assert summary["serving_accuracy"].endswith(
+        f"detects a drop >= {comparison.detectable_drop:.1f} points on 18 texts; "
+        "no-regression: cannot tell)")
