@@ -55,10 +55,10 @@ def critical_count(d: int, alpha: float) -> int | None:
         tails = _upper_tails(d, 0.5)
         return int(np.argmax(tails < alpha))
     z = _normal_quantile(1.0 - alpha)  # the normal approximation the test uses above the limit
-    k = max(0, int(d / 2 + 0.5 + z * math.sqrt(d) / 2) - 2)
-    while binomial_upper_tail(k, d)[0] >= alpha:
+    k = min(max(0, int(d / 2 + 0.5 + z * math.sqrt(d) / 2) - 2), d + 1)
+    while k <= d and binomial_upper_tail(k, d)[0] >= alpha:
         k += 1
-    return k
+    return k if k <= d else None  # an alpha below what the approximation resolves
 
 
 def mcnemar_power(n: int, drop: float, discordant: float, alpha: float) -> float:

@@ -20,6 +20,9 @@ def test_the_critical_count_is_where_the_test_itself_turns_significant(d):
 def test_no_count_is_significant_below_the_tests_least_evidence():
     assert power.critical_count(6, 0.01) is None  # 2**-6 = 0.016: even 6 of 6 is not
     assert power.critical_count(7, 0.01) == 7
+    # an alpha the demo opens to 1e-300: above the exact limit the normal tail cannot reach it
+    assert power.critical_count(EXACT_LIMIT + 1, 1e-300) is None
+    assert power.detectable_drop(359, 0.05, 1e-300) is None
 
 
 def _power_by_enumeration(n: int, drop: float, discordant: float, alpha: float) -> float:
