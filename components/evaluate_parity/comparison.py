@@ -140,8 +140,8 @@ class ServingComparison:
                     f"{self.noninferiority_p_value:.3g} vs alpha {self.alpha:g})")
         if outcome in ("cannot tell", "forced"):
             limit = f"{self.rule.max_detectable_drop:g}"
-            text = (f"; it is worse on the point estimate and the test cannot tell whether the "
-                    f"drop is real: it could not detect a {limit}-point drop")
+            text = (f"; worse on the point estimate, and too weak a test to find a {limit}-point "
+                    "drop (max_detectable_drop)")
             if outcome == "forced":
                 return text + "; deployed all the same by force (recorded in the verdict)"
             return text + (f". To decide: {hold_out_more(self.item)}; or choose "
