@@ -119,3 +119,24 @@ def test_the_power_table_in_the_docs_is_what_power_py_computes():
         for share, cell in zip(shares, cells, strict=True):
             drop = power.detectable_drop(int(n), share, 0.01, 0.8)
             assert cell == ("none" if drop is None else f"{drop:.1f}"), (n, share)
+
+
+def _exact_size(n: int, discordant: float, margin: float, alpha: float) -> float:
+    """P(the score test shows non-inferiority) when the model is exactly `margin` worse."""
+    p_old = (discordant + margin) / 2
+    p_new, rest = p_old - margin, 1 - discordant
+    total = 0.0
+    for b in range(n + 1):
+        for c in range(n + 1 - b):
+            if power.noninferiority_p_value(b, c, n, margin) <= alpha:
+                total += (math.factorial(n) // (math.factorial(b) * math.factorial(c)
+                                                * math.factorial(n - b - c))
+                          * p_new**b * p_old**c * rest ** (n - b - c))
+    return total
+
+
+@pytest.mark.parametrize("n, discordant, margin", [(18, 0.5, 0.2), (50, 0.2, 0.1),
+                                                   (100, 0.3, 0.05)])
+def test_the_score_tests_exact_size_stays_near_its_alpha(n, discordant, margin):
+    """Enumerated over every outcome at the boundary of H0 (docs/explanation/parity.md)."""
+    assert _exact_size(n, discordant, margin, 0.01) <= 0.0125
