@@ -250,7 +250,8 @@ def _measure(
             metrics["num_examples"], int(metrics["baseline_amp_only_correct"]),
             int(metrics["baseline_only_correct"]), config.baseline_alpha, config.min_power)
         checks += training.training_checks(metrics, config.max_baseline_accuracy_drop,
-                                           config.baseline_alpha, config.min_training_speedup)
+                                           config.baseline_alpha, config.min_training_speedup,
+                                           config.min_power)
         notes += training.power_notes(metrics, config.max_baseline_accuracy_drop,
                                       config.baseline_alpha, item, config.min_power)
     if served is not None:

@@ -167,7 +167,7 @@ def training_memory(amp_meta: dict[str, Any], base_meta: dict[str, Any]) -> dict
 
 
 def training_checks(metrics: dict[str, Any], max_drop: float, alpha: float,
-                    min_speedup: float | None) -> list[Check]:
+                    min_speedup: float | None, power: float = MIN_POWER) -> list[Check]:
     """The gate's training-parity checks (see the module docstring)."""
     checks = [
         Check("baseline_accuracy_delta_points", metrics["baseline_accuracy_delta_points"], ">=",
@@ -176,12 +176,27 @@ def training_checks(metrics: dict[str, Any], max_drop: float, alpha: float,
               f"{min_evidence_images(alpha)} images passes: it could never be significant)"),
         Check("baseline_mcnemar_p_value", metrics["baseline_mcnemar_p_value"], ">=", alpha,
               "one-sided paired (McNemar) test: chance of AMP losing this many images by luck "
-              "if AMP and float32 training were equally accurate"),
+              "if AMP and float32 training were equally accurate",
+              reason=_paired_sentence(metrics, alpha, power)),
     ]
     if min_speedup is not None:
         checks.append(Check("training_speedup", metrics["training_speedup"], ">=", min_speedup,
                             "training throughput AMP / float32 baseline"))
     return checks
+
+
+def _paired_sentence(metrics: dict[str, Any], alpha: float, power: float) -> str:
+    """The paired test in words with what it could detect; "" where that was not measured."""
+    drop = metrics.get("baseline_detectable_drop_points")
+    if drop is None or "num_examples" not in metrics:
+        return ""
+    p = metrics["baseline_mcnemar_p_value"]
+    found = ("could not detect any drop" if math.isinf(drop)
+             else f"detects a drop of {drop:.1f} points or more with {power:.0%} power")
+    return (f"AMP-trained minus float32-trained accuracy "
+            f"{metrics['baseline_accuracy_delta_points']:+.2f} points, one-sided McNemar "
+            f"p = {p:.3g} {'<' if p < alpha else '>='} alpha {alpha:g}; on "
+            f"{metrics['num_examples']} examples the test {found}")
 
 
 def power_notes(metrics: dict[str, Any], max_drop: float, alpha: float, item: str,

@@ -93,6 +93,14 @@ def test_training_checks_fail_on_significance_or_on_the_drop_cap():
     metrics.update(baseline_accuracy_delta_points=-3.0, baseline_mcnemar_p_value=0.2)
     failed = {c.name for c in training_checks(metrics, 2.0, 0.05, None) if not c.passed}
     assert failed == {"baseline_accuracy_delta_points"}  # not significant, but too large
+    # with what the test could detect (step.py adds it), the paired check says it in words
+    said = {**metrics, "num_examples": 359, "baseline_detectable_drop_points": 2.54}
+    mcnemar = next(c for c in training_checks(said, 2.0, 0.05, None)
+                   if c.name == "baseline_mcnemar_p_value")
+    assert mcnemar.explain() == (
+        "baseline_mcnemar_p_value: AMP-trained minus float32-trained accuracy -3.00 points, "
+        "one-sided McNemar p = 0.2 >= alpha 0.05; on 359 examples the test detects a drop of "
+        "2.5 points or more with 80% power")
     checks = training_checks(metrics, 5.0, 0.05, 1.5)
     assert [c.name for c in checks][-1] == "training_speedup"
     assert {c.name for c in checks if not c.passed} == {"training_speedup"}
