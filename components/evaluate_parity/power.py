@@ -1,34 +1,11 @@
 """What a paired comparison on n examples can detect, and the non-inferiority test (no TF).
 
-The gate's paired test (training.py) is McNemar's one-sided exact test: of the d examples the
-two models answer differently (one right, the other wrong), it counts those the older model
-got right, c, and calls the new model worse when P(Bin(d, 1/2) >= c) < alpha. A test that
-finds nothing on a small split proves little, so every comparison also says the **smallest
-drop it could detect**:
-
-- **Power, exactly.** If the new model is worse by delta (a fraction) and a share psi of the
-  examples is discordant, then D ~ Bin(n, psi) and, given D = d, C ~ Bin(d, (1 + delta/psi)/2).
-  The power is the sum over d of P(D = d) P(C >= k(d)), k(d) the test's own critical count
-  (exact up to training.EXACT_LIMIT discordant examples, its normal approximation above, as
-  the test itself): no normal approximation of the power.
-- **The assumption about discordance** (the one number the power needs besides n and alpha):
-  psi is the share observed on this split, or delta itself where larger (a drop of delta needs
-  at least delta of the examples to disagree; psi = delta is the most favourable case, every
-  disagreement against the new model). Two models that rarely disagree make the test
-  stronger; the observed share is the best estimate of how often these two do.
-- **The detectable drop** is the smallest delta with power >= the target (80 %, the usual design
-  power), found by bisection (the power grows with delta); None when even a 100-point drop
-  could not be found (fewer examples than the test's least evidence, log2(1/alpha)).
-
-The non-inferiority rule asks the opposite question: do the data show that the new model is
-not worse by more than a margin m? H0: acc_new - acc_old <= -m against H1: > -m, one-sided at
-alpha, with **Tango's score test for paired proportions** (Tango 1998, Stat Med 17:891; Nam
-1997). The exact conditional (McNemar) test does not apply: under a non-zero margin the
-distribution of C given d depends on the unknown discordant rate. The Wald test uses the
-observed variance, which is 0 when the two models never disagree, and runs liberal on small
-samples; the score test takes the variance under H0 (the restricted maximum-likelihood
-estimate, a quadratic's root) and keeps close to its level on small samples (Tango's
-simulations), which is why it is the recommended test for paired non-inferiority.
+The gate's paired test is McNemar's one-sided exact test (training.py). A test that finds
+nothing on a small split proves little, so every comparison also states the smallest drop it
+detects with 80 % power at its alpha, computed exactly over the discordant count, under a
+stated assumption about how often the two models disagree. The non-inferiority rule uses
+Tango's score test for paired proportions. The statistics, and why these tests:
+docs/explanation/design-notes.md, "power.py", and docs/explanation/parity.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """A Keras 3 BERT encoder of exactly BERT's computation, and `load_hf_bert` to fill it.
 
-BERT (Devlin et al. 2019; Hugging Face's `BertModel` computes the same): the sum of word,
-position and token-type embeddings, LayerNorm; then per layer, post-LN, self-attention
-(softmax(q kᵀ / √d) v over the heads, padding keys masked), a Linear, dropout, residual,
-LayerNorm, then Linear → GELU (the erf form, `hidden_act: gelu`) → Linear, dropout, residual,
-LayerNorm; the pooled output is tanh(Linear(the [CLS] vector)).
-
-Built under the global dtype policy with the AMP rules of the text models
-(components/train/text_layers.py; this library cannot import a step, so they are kept here
-for BERT's own attention): the softmax of the attention scores runs in float32 (the scores
-cast up, the probabilities cast back to the compute dtype for the product with the values);
-the padding mask is applied in float32 with -1e9, a value a float16 tensor never has to hold;
-LayerNormalization computes in float32 (Keras upcasts half precision inside it). Under a mixed
-policy every variable stays float32 (Keras's variable dtype), so the checkpoint's weights are
-assigned bit for bit.
-
-The encoder takes `{"token_ids", "segment_ids"}` (int32 `[batch, seq]`) and gives
-`{"sequence_output": [batch, seq, hidden], "pooled_output": [batch, hidden]}` in the compute
-dtype; the attention mask comes from the padding (the vocabulary's `[PAD]` id), so a caller
-needs nothing but the ids.
+It computes what Hugging Face's `BertModel` computes (embeddings, post-LN layers with erf GELU,
+the tanh pooler), built under the global dtype policy with the text models' AMP rules: the
+attention softmax and its padding mask in float32, LayerNorm in float32, every variable
+float32, so the checkpoint's weights are assigned bit for bit. It takes `{"token_ids",
+"segment_ids"}` and gives `{"sequence_output", "pooled_output"}`; the mask comes from the
+padding id. The computation, step by step: docs/explanation/design-notes.md, "bert.py".
 """
 
 from __future__ import annotations

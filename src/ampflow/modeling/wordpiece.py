@@ -1,24 +1,12 @@
 """BERT's tokenizer in core TensorFlow ops: raw sentences in, `token_ids`/`segment_ids` out.
 
 Core ops only (checked against `tf.raw_ops` in the tests), so a SavedModel that tokenizes in
-its signature loads in any TF Serving: tensorflow-text's WordPiece needs ops
-(`FastWordpieceTokenizeWithOffsets`, `CaseFoldUTF8`, `RegexSplitWithOffsets`) that a server
-build may lack. It runs eagerly, in `tf.data.Dataset.map` and in a traced `tf.function`.
-
-What it computes is Hugging Face's BERT tokenizer (`BertWordPieceTokenizer` of `tokenizers`):
-1. BasicTokenizer, one codepoint at a time (wordpiece_table.py: cleaning, CJK spacing, and
-   when `do_lower_case` NFD + accent stripping + lower-casing, punctuation split off), then
-   words split on spaces;
-2. WordPiece per word, greedy longest-match-first with `##` continuations; a word with a
-   piece no vocabulary entry matches, or longer than `max_chars_per_word` (100) characters,
-   is one `[UNK]`. Vectorised: every candidate piece (start × length, up to the vocabulary's
-   longest token) is looked up at once, then the chain of longest matches from the start is
-   followed by pointer doubling (7 gathers for 100 characters), with no loop in the graph;
-3. `[CLS] pieces [SEP]`, cut to `sequence_length` (the pieces first), `[PAD]` after; type ids 0.
-
-A vocabulary with a repeated token keeps its last id, as Hugging Face's `load_vocab` does. One
-difference from `tokenizers`, on purpose: a special token written in a raw sentence (`[SEP]`)
-is text here (`[`, `sep`, `]`), not the special id, so a client cannot forge the structure.
+its signature loads in any TF Serving, where tensorflow-text's ops may be missing. It runs
+eagerly, in `tf.data.Dataset.map` and in a traced `tf.function`, and computes what Hugging
+Face's `BertWordPieceTokenizer` computes (BasicTokenizer, greedy longest-match WordPiece,
+`[CLS] … [SEP]`, `[PAD]`), except that a special token written in a sentence stays text, so a
+client cannot forge the structure. How, and why that way: docs/explanation/design-notes.md,
+"wordpiece.py".
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """BERT's BasicTokenizer as a per-codepoint table, built from Python's `unicodedata` once.
 
-TensorFlow has no core op for Unicode normalization (NFD) or general-category tests; what
-BERT's normalizer does is, character by character (Hugging Face's `tokenizers`:
-`BertNormalizer` then `BertPreTokenizer`):
-- clean: drop NUL, U+FFFD and every "other" character (categories Cc, Cf, Cs, Co, Cn; tab,
-  newline and carriage return count as whitespace), whitespace (the Unicode White_Space
-  property) becomes a space;
-- Chinese characters (the CJK Unified Ideograph blocks BERT names: U+4E00–9FFF, 3400–4DBF,
-  20000–2A6DF, 2A700–2B73F, 2B740–2B81F, 2B820–2CEAF, F900–FAFF, 2F800–2FA1F) get a space
-  on each side;
-- when lower-casing (uncased checkpoints; accents are stripped with it): NFD, drop the
-  non-spacing marks (category Mn), lower-case;
-- punctuation (ASCII punctuation or a Unicode P* category) becomes a word of its own.
-
-So each codepoint maps to a string on its own, and the whole table covers U+0000–U+10FFFF.
-It is kept in two parts the graph can hold: the class of every codepoint as runs
-(`boundaries`, `classes`: a codepoint's class is that of the last run starting at or before
-it, found with a sorted search), and the few thousand codepoints whose output is another
-string (`mapped`). Normalizing a character alone is what `tokenizers` does (it lower-cases per
-character too); NFD's reordering of combining marks across characters is not reproduced, and
-the Unicode version is Python's (`unicodedata.unidata_version`).
+TensorFlow has no core op for Unicode normalization (NFD) or general-category tests, so what
+BERT's normalizer does to each character (clean, CJK spacing, NFD + accent stripping +
+lower-casing when uncased, punctuation split off) is tabulated over U+0000–U+10FFFF: the class
+of every codepoint as sorted runs, and the few thousand codepoints whose output is another
+string. The rules and what is not reproduced (NFD's reordering across characters):
+docs/explanation/design-notes.md, "wordpiece_table.py".
 """
 
 from __future__ import annotations
