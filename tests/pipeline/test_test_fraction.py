@@ -37,7 +37,9 @@ def test_every_layer_takes_prepare_datas_default():
 def test_the_compiled_pipeline_passes_its_parameter_to_prepare_data(tmp_path):
     path = compile_pipeline(tmp_path / "p.yaml", PipelineOptions(gpu=False))
     spec = next(yaml.safe_load_all(open(path)))
-    assert spec["root"]["inputDefinitions"]["parameters"]["test_fraction"] == {
+    parameter = dict(spec["root"]["inputDefinitions"]["parameters"]["test_fraction"])
+    assert parameter.pop("description")  # the KFP UI's help (test_parameter_descriptions.py)
+    assert parameter == {
         "defaultValue": HOME, "isOptional": True, "parameterType": "NUMBER_DOUBLE"}
     task = spec["root"]["dag"]["tasks"]["prepare-data"]
     assert task["inputs"]["parameters"]["test_fraction"] == {
