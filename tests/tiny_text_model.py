@@ -146,6 +146,14 @@ def _prepare(root: Path) -> None:
         code = main(["prepare-data", "--text-folder", str(folder), "--output-dir",
                      str(root / "prepared")])
     assert code == 0, stdout.getvalue()
+    (root / "prepare_stdout.txt").write_text(stdout.getvalue(), encoding="utf-8")
+
+
+def prepare_stdout(tmp_path_factory) -> str:
+    """What `ampflow prepare-data --text-folder` printed for the shared folder."""
+    prepared_texts(tmp_path_factory)
+    return (_once(tmp_path_factory, "ampflow-text-data", _prepare)
+            / "prepare_stdout.txt").read_text(encoding="utf-8")
 
 
 def _train(data_dir: Path, root: Path) -> None:

@@ -13,12 +13,26 @@ def _summary(result) -> dict:
         "version_dir": str(result.version_dir),
         "trained_policy": f"{meta['source']['trained_policy']} (exported as float32)",
         "export_parity": f"max |SavedModel - Keras| = {parity['max_abs_diff']:.3g} on "
-                         f"{parity['num_images']} images",
+                         f"{_checked_examples(meta)}",
         "warmup_records": meta["warmup"]["records"],
         "gate": "FORCED: " + meta["gate"]["warning"] if result.forced else "passed",
         "serve_with": f"tensorflow_model_server --model_name={result.model_name} "
                       f"--model_base_path={result.model_base.resolve()}",
     }
+
+
+def _checked_examples(meta: dict) -> str:
+    """`64 images` or `90 texts`: what the parity check ran on, in the data's own unit.
+
+    The parity block counts `num_images` or `num_texts` (parity.py, text_parity.py); the unit's
+    word is throughput.py's, the one declaration of an example's name by modality.
+    """
+    from ampflow.components.prepare_data.text import MODALITY_TEXT
+    from ampflow.components.train.throughput import throughput_unit
+
+    modality = meta.get("modality")
+    count = meta["parity"]["num_texts" if modality == MODALITY_TEXT else "num_images"]
+    return f"{count} {throughput_unit(modality).plural}"
 
 
 def register(subparsers) -> None:

@@ -1,0 +1,264 @@
+"""Every step of the how-tos, as a user types it, for a text folder and for an image folder.
+
+Each command goes through `ampflow.cli.main(argv)` with the documented flags and defaults
+(docs/tutorial/step-by-step.md, docs/how-to/own-data.md, text-data.md, text-models.md): it
+must exit 0 and print no traceback. `run-local` calls the steps' functions, not their
+commands, so a command's own code (its summary) is reached only here: `ampflow export` on a
+text model published its version, then died on `KeyError: 'num_images'` (issue 46).
+
+Cheap on purpose: one module fixture per modality and per tier walks the steps once, and the
+tests read what each step printed and wrote. The fast tier prepares each folder and checks the
+model (`check-model` trains nothing). The rest needs a trained model, so it is `slow`: the text
+walk reuses the suite's one trained bert_tiny (tests/tiny_text_model.py, itself trained by
+`ampflow train` through the CLI, its output kept), the image walk trains small_cnn for 3
+epochs on 16×16 colour photos (a few CPU-seconds: no shared model is trained on a folder).
+`ampflow serve` runs in this process as typed (until SIGTERM), `predict --wait-s` beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import signal
+import socket
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_text_model import prepare_stdout, prepared_texts, trained_text_model
+
+COLOURS = {"blue": (40, 60, 210), "green": (40, 190, 60), "red": (200, 40, 40)}
+SIZE = 16
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command as a user ran it: its exit code and everything it printed."""
+
+    argv: tuple[str, ...]
+    code: int
+    out: str
+
+    def assert_ok(self) -> None:
+        assert self.code == 0 and "Traceback" not in self.out, (self.argv, self.out[-3000:])
+
+
+def _run(*argv) -> Step:
+    """`ampflow ARGV` in this process; an exception is what the console script shows: a
+    traceback and exit 1 (so the walk goes on, and the step's test says what went wrong)."""
+    from ampflow.cli import main
+
+    argv = tuple(str(a) for a in argv)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = main(list(argv))
+        except Exception:  # noqa: BLE001 (what a user would see, kept for the step's test)
+            traceback.print_exc()
+            code = 1
+    return Step(argv, code, out.getvalue())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_and_predict(serve_argv: list, predict_argv: list) -> tuple[Step, Step]:
+    """`ampflow serve` in this thread as typed (it serves until SIGTERM, like `& SERVER=$!`
+    then `kill $SERVER`), and `ampflow predict` from another thread once the server answers.
+
+    Both print into serve's capture (stdout is one per process). After predict the client
+    thread sends SIGTERM to this thread until serve has returned, so a signal sent before
+    serve's handler was in place is sent again; until then and after, a SIGTERM is ignored
+    here rather than ending the test process.
+    """
+    from ampflow.cli import main
+
+    serving_thread, served = threading.get_ident(), threading.Event()
+    asked: dict[str, int] = {}
+
+    def client() -> None:
+        try:
+            asked["code"] = main([str(a) for a in predict_argv])
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            asked["code"] = 1
+        finally:
+            while not served.wait(0.5):
+                signal.pthread_kill(serving_thread, signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    thread = threading.Thread(target=client, name="ampflow-predict", daemon=True)
+    try:
+        thread.start()
+        serve = _run(*serve_argv)
+    finally:
+        served.set()
+        thread.join(60)
+        signal.signal(signal.SIGTERM, previous)
+    return serve, Step(tuple(map(str, predict_argv)), asked.get("code", -1), serve.out)
+
+
+# ---- the text folder ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_checked(tmp_path_factory):
+    """prepare-data on the shared text folder (its output kept) and check-model as
+    text-models.md types it."""
+    data = prepared_texts(tmp_path_factory)
+    prepared = Step(("prepare-data", "--text-folder", "..."), 0, prepare_stdout(tmp_path_factory))
+    checked = _run("check-model", "--data-dir", data, "--model", "bert_tiny",
+                   "--precision", "mixed_float16")
+    return {"data": data, "prepare-data": prepared, "check-model": checked}
+
+
+def test_text_folder_prepares_and_its_model_checks_as_typed(text_checked):
+    for name in ("prepare-data", "check-model"):
+        text_checked[name].assert_ok()
+    info = json.loads((text_checked["data"] / "dataset_info.json").read_text())
+    assert info["modality"] == "text"
+    assert "ampflow prepare-data: done" in text_checked["prepare-data"].out
+
+
+@pytest.fixture(scope="module")
+def text_walk(tmp_path_factory, text_checked):
+    """train (the shared run), evaluate, export, convert with its defaults, deploy, serve and
+    predict --text, each as the how-tos type it, in one work dir."""
+    trained = trained_text_model(tmp_path_factory)
+    work, data, model = tmp_path_factory.mktemp("text-walk"), text_checked["data"], \
+        trained.model_dir
+    steps = {"train": Step(("train", "..."), 0, trained.train_stdout)}
+    steps["evaluate"] = _run("evaluate", "--model-dir", model, "--data-dir", data,
+                             "--output-dir", work / "eval")
+    steps["export"] = _run("export", "--model-dir", model, "--data-dir", data,
+                           "--export-base", work / "exports", "--eval-dir", work / "eval")
+    steps["convert"] = _run("convert", "--saved-model-dir", work / "exports" / "ampflow",
+                            "--data-dir", data, "--output-dir", work / "tflite")
+    steps["deploy"] = _run("deploy", "--target", "local", "--saved-model-dir",
+                           work / "exports" / "ampflow" / "1", "--model-store", work / "serving")
+    port = _free_port()
+    steps["serve"], steps["predict"] = _serve_and_predict(
+        ["serve", "--model-base-path", work / "serving" / "ampflow", "--port", port],
+        ["predict", "--port", port, "--wait-s", 60, "--text", "a superb, moving film"])
+    return {"work": work, "model": model, **steps}
+
+
+@pytest.mark.slow  # reads the suite's trained bert_tiny, exports it, starts a server
+@pytest.mark.parametrize("name", ["train", "evaluate", "export", "deploy", "serve", "predict"])
+def test_text_folder_step_by_step_each_step_exits_0_without_traceback(text_walk, name):
+    text_walk[name].assert_ok()
+
+
+@pytest.mark.slow
+def test_text_export_summary_counts_texts(text_walk):
+    out = text_walk["export"].out
+    assert re.search(r"export_parity +max \|SavedModel - Keras\| = \S+ on \d+ texts", out), out
+    assert "images" not in out
+    assert (text_walk["work"] / "exports" / "ampflow" / "1" / "saved_model.pb").is_file()
+
+
+@pytest.mark.slow
+def test_text_convert_with_its_defaults_exits_0(text_walk):
+    step = text_walk["convert"]
+    assert "Traceback" not in step.out, step.out[-3000:]
+    if step.code != 0 and "full_int8" in step.out:
+        pytest.xfail("issue 46, full_int8 for text: the default variants' full_int8 fails its "
+                     "gate on a text model (fixed on another branch; remove this once merged)")
+    step.assert_ok()
+
+
+@pytest.mark.slow
+def test_text_predict_answers_one_of_the_folders_classes(text_walk):
+    out = text_walk["predict"].out
+    assert re.search(r"^model ampflow version 1 signature serving_default$", out, re.M), out
+    assert re.search(r"^'a superb, moving film': (gloomy|happy|weird) \(\d\) [01]\.\d{4}", out,
+                     re.M), out
+
+
+# ---- the image folder -----------------------------------------------------------------------
+
+
+def _write_photos(root: Path) -> Path:
+    """train/ and test/ of three colour classes, PNGs of different sizes (a small model
+    learns them in a few steps); 10 test photos a class, so the gate's chance test has power."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 40), ("test", 10)):
+        for name, colour in COLOURS.items():
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                height, width = (int(n) for n in rng.integers(12, 40, size=2))
+                pixels = np.clip(np.array(colour) + rng.normal(0, 25, (height, width, 3)), 0, 255)
+                Image.fromarray(pixels.astype(np.uint8)).save(root / split / name / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def image_checked(tmp_path_factory):
+    """prepare-data and check-model on a folder of photos, as own-data.md and own-model.md
+    type them."""
+    work = tmp_path_factory.mktemp("image-walk")
+    photos = _write_photos(work / "photos")
+    data = work / "work" / "photos"
+    return {"work": work, "photos": photos, "data": data,
+            "prepare-data": _run("prepare-data", "--image-folder", photos, "--image-size", SIZE,
+                                 "--output-dir", data),
+            "check-model": _run("check-model", "--data-dir", data, "--model", "small_cnn",
+                                "--precision", "mixed_float16")}
+
+
+def test_image_folder_prepares_and_its_model_checks_as_typed(image_checked):
+    for name in ("prepare-data", "check-model"):
+        image_checked[name].assert_ok()
+    info = json.loads((image_checked["data"] / "dataset_info.json").read_text())
+    assert info["modality"] == "image" and info["splits"] == {"train": 120, "test": 30}
+
+
+@pytest.fixture(scope="module")
+def image_walk(image_checked):
+    """train, evaluate, export, convert with its defaults, deploy, serve and predict a photo,
+    each as the tutorial types it."""
+    work, data = image_checked["work"] / "work", image_checked["data"]
+    steps = {"train": _run("train", "--data-dir", data, "--output-dir", work / "model",
+                           "--model", "small_cnn", "--precision", "mixed_float16",
+                           "--epochs", 3)}
+    steps["evaluate"] = _run("evaluate", "--model-dir", work / "model", "--data-dir", data,
+                             "--output-dir", work / "eval",
+                             "--serving-base-path", work / "serving" / "ampflow")
+    steps["export"] = _run("export", "--model-dir", work / "model", "--data-dir", data,
+                           "--eval-dir", work / "eval", "--export-base", work / "exports")
+    steps["convert"] = _run("convert", "--saved-model-dir", work / "exports" / "ampflow" / "1",
+                            "--data-dir", data, "--output-dir", work / "tflite")
+    steps["deploy"] = _run("deploy", "--target", "local", "--saved-model-dir",
+                           work / "exports" / "ampflow" / "1", "--model-store", work / "serving")
+    port = _free_port()
+    photo = image_checked["photos"] / "test" / "red" / "0.png"
+    steps["serve"], steps["predict"] = _serve_and_predict(
+        ["serve", "--model-base-path", work / "serving" / "ampflow", "--port", port],
+        ["predict", "--port", port, "--wait-s", 60, photo])
+    return {"work": work, **steps}
+
+
+@pytest.mark.slow  # trains small_cnn for 3 epochs on 120 photos, converts, starts a server
+@pytest.mark.parametrize("name", ["train", "evaluate", "export", "convert", "deploy", "serve",
+                                  "predict"])
+def test_image_folder_step_by_step_each_step_exits_0_without_traceback(image_walk, name):
+    image_walk[name].assert_ok()
+
+
+@pytest.mark.slow
+def test_image_predict_answers_the_photos_class_through_image_bytes(image_walk):
+    out = image_walk["predict"].out
+    assert re.search(r"^model ampflow version 1 signature image_bytes$", out, re.M), out
+    assert re.search(r"0\.png: (blue|green|red) \(\d\) [01]\.\d{4}", out), out
+    assert re.search(r"export_parity +max \|SavedModel - Keras\| = \S+ on \d+ images",
+                     image_walk["export"].out)
