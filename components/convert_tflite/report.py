@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ampflow.components.convert_tflite.variants import SPECS
+from ampflow.components.train.throughput import throughput_unit
 from ampflow.files import write_json_atomic
 
 _INT8_INPUT = ("Input is int8: q = clip(round(x / scale) + zero_point, -128, 127) with x the raw "
@@ -59,9 +60,14 @@ def write_reports(directory: Path, report: dict) -> None:
 
 
 def render_markdown(report: dict) -> str:
-    """A table comparing every variant with the SavedModel, then the gate verdict."""
+    """A table comparing every variant with the SavedModel, then the gate verdict.
+
+    Throughput is in the data's unit (`img/s`, `texts/s`: train/throughput.py); report.json
+    keeps its field name, `throughput_images_per_sec`, for either kind.
+    """
     ref = report["saved_model"]
     batch = report["config"]["batch_size"]
+    rate = throughput_unit(report.get("modality")).rate
     lines = [
         "# TFLite conversion report",
         "",
@@ -69,7 +75,7 @@ def render_markdown(report: dict) -> str:
         f"**{'PASSED' if report['passed'] else 'FAILED'}**",
         "",
         f"| model | size (KiB) | x smaller than float32 | top-1 acc | drop (pts) | agreement "
-        f"| max abs dprob | p50 ms | p95 ms | img/s (batch {batch}) | LiteRT | gate |",
+        f"| max abs dprob | p50 ms | p95 ms | {rate} (batch {batch}) | LiteRT | gate |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
         _row("SavedModel", ref["size_bytes"], None, ref["accuracy"], None, None, None,
              ref["timing"], "—", "reference"),
@@ -97,7 +103,7 @@ def render_markdown(report: dict) -> str:
     env = report["environment"]
     lines += ["", f"Measured with TensorFlow {env['tensorflow']} on {env['machine']} "
               f"({env['cpu_count']} CPUs, threads={env['num_threads'] or 'default'}, "
-              f"{env['delegate']}); latency is invoke() on one image after warm-up.", ""]
+              f"{env['delegate']}); latency is invoke() on a batch of one after warm-up.", ""]
     if not report["edge_check"]["enabled"]:
         lines += [f"LiteRT edge check skipped: {report['edge_check']['reason']}", ""]
     return "\n".join(lines)

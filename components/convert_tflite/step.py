@@ -26,6 +26,7 @@ import numpy as np
 from ampflow.components.convert_tflite.config import ConvertConfig
 from ampflow.components.convert_tflite.variants import SavedModelConverter
 from ampflow.components.export_savedmodel.versions import list_versions
+from ampflow.components.prepare_data.text import MODALITY_IMAGE
 from ampflow.errors import ConfigError, GateFailedError, ModelConfigError
 from ampflow.files import ensure_writable_dir, staging_dir, write_json_atomic
 from ampflow.serving.model_format import CLASS_IDS_OUTPUT, PROBABILITIES_OUTPUT
@@ -92,6 +93,7 @@ def run_convert(config: ConvertConfig) -> ConvertResult:
         _add_size_ratios(results)
         passed = all(r.passed for r in results.values())
         report = _report_payload(config, ref_summary, results, edge, passed)
+        report["modality"] = info.get("modality") or MODALITY_IMAGE  # the SavedModel's too
         if shipped:
             report["shipped_files"] = shipped
         write_reports(tmp, report)
