@@ -111,13 +111,13 @@ def _reused_tokenizer(config, directory):
             f"with, {VOCAB_FILE} and {TOKENIZER_FILE} beside it (train writes both beside "
             f"model.keras): {e}") from e
     settings = tokenizer.config
-    if settings != config.tokenizer_config():
-        log.warning("fine-tuning %s with its own tokenizer (sequence length %d, vocabulary %d "
-                    "words), not --max-sequence-length %d / --vocabulary-size %d",
-                    config.model, settings.max_sequence_length, tokenizer.vocabulary_size,
-                    config.max_sequence_length, config.vocabulary_size)
-    else:
-        log.info("fine-tuning %s with its own tokenizer from %s", config.model, directory)
+    overridden = [f"--{name.replace('_', '-')} {value}"  # only flags the user passed
+                  for name, value in config.tokenizer_settings_given().items()
+                  if value != getattr(settings, name)]
+    log.log(logging.WARNING if overridden else logging.INFO,
+            "fine-tuning %s with its own tokenizer from %s (sequence length %d, vocabulary %d "
+            "words)%s", config.model, directory, settings.max_sequence_length,
+            tokenizer.vocabulary_size, f", not {' / '.join(overridden)}" if overridden else "")
     return tokenizer
 
 

@@ -319,6 +319,16 @@ class TrainConfig:
         return TokenizerConfig(max_sequence_length=self.max_sequence_length,
                                vocabulary_size=self.vocabulary_size)
 
+    def tokenizer_settings_given(self) -> dict[str, int]:
+        """The text settings set away from their defaults: what the user passed.
+
+        The CLI, the KFP component and the pipeline pass every field, so a value equal to its
+        default reads as not given: a fine-tune's reused tokenizer is told apart from flags
+        the user never typed, and image data refuses only the ones set.
+        """
+        return {name: getattr(self, name) for name in _TOKENIZER
+                if getattr(self, name) != _TOKENIZER[name].default}
+
     def guard_limits(self) -> GuardLimits:
         """The loss-scale guard's thresholds from this config."""
         return GuardLimits(

@@ -56,7 +56,6 @@ from ampflow.components.train.config import (  # noqa: F401
 from ampflow.components.train.precision import HardwareInfo, PrecisionSetup
 from ampflow.components.train.runtime import make_runtime
 from ampflow.components.train.throughput import throughput_unit
-from ampflow.components.train.tokenizer import TokenizerConfig
 from ampflow.errors import AmpflowError, ConfigError, TrainingDivergedError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
@@ -162,12 +161,10 @@ def check_options_fit_data(config: TrainConfig, info: dict) -> None:
                               f"{' and pass a number' if name == 'batch_size' else ''}. "
                               f"Received: {name}={value!r}")
         return
-    defaults = TokenizerConfig()
-    for name in ("max_sequence_length", "vocabulary_size"):
-        if getattr(config, name) != getattr(defaults, name):
-            raise ConfigError(f"{name} is for text data, and {config.data_dir} holds "
-                              f"{info.get('modality') or 'image'} data: leave it out. "
-                              f"Received: {name}={getattr(config, name)}")
+    for name, value in config.tokenizer_settings_given().items():
+        raise ConfigError(f"{name} is for text data, and {config.data_dir} holds "
+                          f"{info.get('modality') or 'image'} data: leave it out. "
+                          f"Received: {name}={value}")
 
 
 def _check_batch_fits_split(config: TrainConfig, info: dict, runtime) -> None:
