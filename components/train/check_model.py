@@ -77,7 +77,7 @@ def run_check_model(config: CheckModelConfig, hardware=None):
     previous = keras.mixed_precision.global_policy().name
     try:
         setup = configure_precision(config.precision, config.jit_compile,  # logs XLA as train
-                                    hardware)
+                                    hardware, modality=info.get("modality"))
         report = amp_check_of(config.model_spec, info, model_path=config.model_path,
                               image_size=config.image_size)
     finally:

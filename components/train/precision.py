@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from ampflow.components.prepare_data.text import MODALITY_TEXT
+from ampflow.components.train.throughput import throughput_unit
 from ampflow.errors import ConfigError
 from ampflow.serving.cpu_features import BF16_CPU_FLAGS as _CPU_BF16_FLAGS
 from ampflow.serving.cpu_features import read_cpu_flags as _read_cpu_flags
@@ -226,39 +228,51 @@ def choose_policy(requested: str, hardware: HardwareInfo) -> tuple[str, str]:
 
 
 def choose_jit(
-    requested: bool | None, hardware: HardwareInfo, policy: str = "float32"
+    requested: bool | None, hardware: HardwareInfo, policy: str = "float32",
+    modality: str | None = None,
 ) -> tuple[bool, str]:
-    """Return `(jit_compile, reason)`; None means decide from the hardware and the policy."""
+    """Return `(jit_compile, reason)`; None means decide from the hardware and the policy.
+
+    The rule is the same for every model; the reason quotes the measurement of the data's kind
+    (`modality`, in its throughput unit), so a text run is not told about images.
+    """
     if requested is not None:
         return requested, "requested explicitly"
     if hardware.tpu or hardware.gpus:
         return True, "accelerator present: XLA fuses the mixed-precision casts"
+    text, rate = modality == MODALITY_TEXT, throughput_unit(modality).rate
     if policy == "mixed_float16":
-        return True, (
-            "CPU with mixed_float16: TF's float16 conv kernels without XLA are far slower on "
-            "a CPU (benchmarks/results/train_throughput_small_cnn.md: 2.4 vs 187 img/s)"
-        )
-    return False, (
-        "CPU only: XLA measured slower than plain TF on a CPU for float32 and bfloat16 "
-        "(benchmarks/results/train_throughput_small_cnn.md); pass --xla on to force it"
-    )
+        return True, "CPU with mixed_float16: " + (
+            "TF's float16 CPU kernels without XLA were far slower where measured, on the small "
+            "CNN's convolutions (benchmarks/results/train_throughput_small_cnn.md); not "
+            "measured on a text model: --xla off to compare" if text else
+            "TF's float16 conv kernels without XLA are far slower on a CPU "
+            f"(benchmarks/results/train_throughput_small_cnn.md: 2.4 vs 187 {rate})")
+    return False, "CPU only: " + (
+        f"XLA measured slower than plain TF on a CPU for bert_tiny in float32 (15.9 vs 63.5 "
+        f"{rate}; bfloat16 within the noise: "
+        "benchmarks/results/train_autotune_bert_tiny_amx.md)" if text else
+        "XLA measured slower than plain TF on a CPU for float32 and bfloat16 "
+        "(benchmarks/results/train_throughput_small_cnn.md)") + "; pass --xla on to force it"
 
 
 def configure_precision(
     precision: str = "auto",
     jit_compile: bool | None = None,
     hardware: HardwareInfo | None = None,
+    modality: str | None = None,
 ) -> PrecisionSetup:
     """Choose the policy and XLA setting, set the Keras global policy, and log the result.
 
     Callers that build models afterwards get the chosen policy; restore it with
-    `keras.mixed_precision.set_global_policy(...)` when done (tests use a fixture).
+    `keras.mixed_precision.set_global_policy(...)` when done (tests use a fixture). `modality`
+    is the data's (dataset_info.json): the XLA reason quotes a measurement of that kind.
     """
     import keras
 
     hardware = hardware or detect_hardware()
     policy, reason = choose_policy(precision, hardware)
-    jit, jit_reason = choose_jit(jit_compile, hardware, policy)
+    jit, jit_reason = choose_jit(jit_compile, hardware, policy, modality)
     keras.mixed_precision.set_global_policy(policy)
     setup = PrecisionSetup(policy, reason, jit, jit_reason, hardware.describe(),
                            native_formats(hardware))

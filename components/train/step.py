@@ -116,7 +116,8 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
             setup, autotune_report = choose(searched, runtime, hardware or detect_hardware(),
                                             config)
         else:
-            setup = configure_precision(config.precision, config.jit_compile, hardware)
+            setup = configure_precision(config.precision, config.jit_compile, hardware,
+                                        modality=info.get("modality"))
         from ampflow.components.train.build import text_tokenizer
 
         tokenizer = text_tokenizer(config, info)  # text: the training split's vocabulary

@@ -159,3 +159,16 @@ def test_check_model_notes_a_policy_that_is_not_native_here(prepared_digits, cap
     assert "auto picks mixed_bfloat16" in report.notes[-1]
     assert "which is not native" in capsys.readouterr().out
     assert keras.mixed_precision.global_policy().name == "float32"  # restored
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+def test_the_cpu_xla_reason_of_a_text_model_quotes_no_image_rate(policy):
+    # a bert_tiny run was told "2.4 vs 187 img/s" (a CNN's images) for its own XLA setting
+    cpu = HardwareInfo(cpu_flags=PLAIN_CPU)
+    text_jit, text_reason = choose_jit(None, cpu, policy, modality="text")
+    image_jit, image_reason = choose_jit(None, cpu, policy, modality="image")
+    assert text_jit == image_jit == choose_jit(None, cpu, policy)[0]  # one rule for both
+    assert "img/s" not in text_reason and "image" not in text_reason
+    assert "texts/s" not in image_reason
+    setup = configure_precision(policy, None, cpu, modality="text")
+    assert setup.as_metadata()["xla"]["reason"] == text_reason
