@@ -124,7 +124,10 @@ def test_text_folder_prepares_and_its_model_checks_as_typed(text_checked):
     for name in ("prepare-data", "check-model"):
         text_checked[name].assert_ok()
     info = json.loads((text_checked["data"] / "dataset_info.json").read_text())
-    assert info["modality"] == "text"
+    assert info["modality"] == "text" and info["name"] == "ampflow_text_folder"
+    # the config as it ran: the folder, not --dataset's default (the offline digits)
+    assert info["config"]["dataset"] is None and info["config"]["text_folder"]
+    assert json.loads((text_checked["data"] / "config.json").read_text()) == info["config"]
     assert "ampflow prepare-data: done" in text_checked["prepare-data"].out
 
 
@@ -223,6 +226,7 @@ def test_image_folder_prepares_and_its_model_checks_as_typed(image_checked):
         image_checked[name].assert_ok()
     info = json.loads((image_checked["data"] / "dataset_info.json").read_text())
     assert info["modality"] == "image" and info["splits"] == {"train": 120, "test": 30}
+    assert info["config"]["dataset"] is None and info["config"]["image_folder"]
 
 
 @pytest.fixture(scope="module")

@@ -301,11 +301,23 @@ def _describe(builder, config: PrepareDataConfig, data_dir: Path,
         "num_classes": int(label_feature.num_classes),
         "class_names": list(label_feature.names),
         "label_key": roles.label_key,
-        "config": {k: _jsonable(v) for k, v in dataclasses.asdict(config).items()},
+        "config": _config_record(config),
     }
     if roles.modality == MODALITY_TEXT:
         return {**common, **_describe_text(info, config, roles)}
     return {**common, **_describe_image(info, config)}
+
+
+def _config_record(config: PrepareDataConfig) -> dict[str, Any]:
+    """The config as it ran (config.json).
+
+    `dataset` is null when a folder or table was prepared instead: its default (the offline
+    digits) was not read, and a text folder's record named `ampflow_digits`.
+    """
+    record = {k: _jsonable(v) for k, v in dataclasses.asdict(config).items()}
+    if config.image_folder or config.text_folder or config.text_file:
+        record["dataset"] = None
+    return record
 
 
 def _describe_image(info, config: PrepareDataConfig) -> dict[str, Any]:
