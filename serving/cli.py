@@ -395,24 +395,38 @@ def _classify(client, args: argparse.Namespace) -> int:
 
 
 def _wait_until_available(client, args: argparse.Namespace) -> None:
-    """With --wait-s: poll the model's status (either API) until a version is AVAILABLE."""
+    """With --wait-s: poll the model's status (either API) until a version is AVAILABLE.
+
+    One line says what it waits for, once the first poll finds no version ready; the polls
+    themselves print nothing (as TF Serving's clients): each is one call without the client's
+    retries, whose `attempt i/N` warnings were ten lines before the answer. Giving up is the
+    one error.
+    """
     import time
 
-    deadline = time.monotonic() + args.wait_s
-    last = "no answer yet"
-    while time.monotonic() < deadline:
-        try:
-            states = client.status(args.model_name, args.version)
-        except ServingError as e:  # not listening yet, or the model not loaded yet
-            last = str(e).splitlines()[0]
-        else:
-            if any(row["state"] == "AVAILABLE" for row in states):
-                return
-            last = ", ".join(f"version {row['version']}: {row['state']}" for row in states)
-        time.sleep(0.2)
-    if args.wait_s > 0:
-        raise ServingError(f"model {args.model_name!r} at {args.host}:{args.port} was not "
-                           f"AVAILABLE within --wait-s {args.wait_s:g}. Last: {last}")
+    if args.wait_s <= 0:
+        return
+    deadline, said = time.monotonic() + args.wait_s, False
+    last, retries, client.retries = "no answer yet", client.retries, 0  # the loop retries
+    try:
+        while time.monotonic() < deadline:
+            try:
+                states = client.status(args.model_name, args.version)
+            except ServingError as e:  # not listening yet, or the model not loaded yet
+                last = str(e).splitlines()[0]
+            else:
+                if any(row["state"] == "AVAILABLE" for row in states):
+                    return
+                last = ", ".join(f"version {row['version']}: {row['state']}" for row in states)
+            if not said:
+                log.info("waiting up to %gs for model %r at %s:%d to be AVAILABLE",
+                         args.wait_s, args.model_name, args.host, args.port)
+                said = True
+            time.sleep(0.2)
+    finally:
+        client.retries = retries
+    raise ServingError(f"model {args.model_name!r} at {args.host}:{args.port} was not "
+                       f"AVAILABLE within --wait-s {args.wait_s:g}. Last: {last}")
 
 
 def _image_shape(client, args: argparse.Namespace) -> tuple[int, ...] | None:
