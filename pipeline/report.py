@@ -122,6 +122,8 @@ def _tokenizer(tokenizer: dict[str, Any]) -> str:
 
 def training_parity(metrics: dict[str, Any], unit: ThroughputUnit = IMAGES) -> dict[str, str]:
     """AMP-trained vs float32-trained accuracy and the AMP training speedup, as printed."""
+    from ampflow.components.evaluate_parity.training import speedup_text
+
     if "baseline_accuracy" not in metrics:
         return {}
     m = {k: (float("nan") if v is None else v) for k, v in metrics.items()}
@@ -133,10 +135,9 @@ def training_parity(metrics: dict[str, Any], unit: ThroughputUnit = IMAGES) -> d
             f"{int(m['baseline_amp_only_correct'])}, only under float32: "
             f"{int(m['baseline_only_correct'])} {unit.plural}; McNemar p = "
             f"{m['baseline_mcnemar_p_value']:.3g}; {_detects(m, 'baseline', unit)})"),
-        "parity.amp_training_speedup": (
-            f"{m['training_speedup']:.3g}x ± {m['training_speedup_stderr']:.2g} (SE; "
-            f"{m['amp_train_img_per_s']:.0f} vs {m['baseline_train_img_per_s']:.0f} "
-            f"{unit.rate})"),
+        "parity.amp_training_speedup": speedup_text(
+            m, f"{m['amp_train_img_per_s']:.0f} vs {m['baseline_train_img_per_s']:.0f} "
+               f"{unit.rate}"),
     }
 
 

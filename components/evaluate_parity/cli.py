@@ -18,6 +18,8 @@ def _detects(metrics: dict, prefix: str) -> str:
 
 
 def _summary(result) -> dict:
+    from ampflow.components.evaluate_parity.training import speedup_text
+
     metrics = result.metrics
     summary = {
         "gate": "passed" if result.passed else f"FAILED: {result.verdict['message']}",
@@ -35,8 +37,7 @@ def _summary(result) -> dict:
             f"{metrics['baseline_accuracy_delta_points']:+.2f} points (paired SE "
             f"{metrics['baseline_delta_stderr_points']:.2f}, one-sided McNemar p = "
             f"{metrics['baseline_mcnemar_p_value']:.3g}; {_detects(metrics, 'baseline')})")
-        summary["training_speedup"] = (f"{metrics['training_speedup']:.3g}x ± "
-                                       f"{metrics['training_speedup_stderr']:.2g} (SE)")
+        summary["training_speedup"] = speedup_text(metrics)
     if "serving_accuracy" in metrics:
         summary["serving_accuracy"] = (
             f"{metrics['serving_accuracy']:.4g} (version {int(metrics['serving_version'])}; "

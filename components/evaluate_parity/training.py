@@ -105,6 +105,26 @@ def training_speedup(amp_meta: dict[str, Any], base_meta: dict[str, Any]) -> Spe
     return Speedup(ratio, ratio * math.sqrt(relative_var), amp, base)
 
 
+def speedup_text(metrics: dict[str, Any], detail: str = "") -> str:
+    """The AMP training speedup as printed: `1.31x ± 0.04 (SE; detail)`, never `± nan`.
+
+    The standard error needs two timed epochs in each run (the first, which compiles, is left
+    out of a longer run): a 1- or 2-epoch run has one, so the line says there is no interval
+    and why, rather than `0.291x ± nan`.
+    """
+    ratio, stderr = metrics.get("training_speedup"), metrics.get("training_speedup_stderr")
+    if not _finite(ratio):
+        return "not measured (no training throughput recorded)"
+    if _finite(stderr):
+        return f"{ratio:.3g}x ± {stderr:.2g} (SE{'; ' + detail if detail else ''})"
+    return (f"{ratio:.3g}x ({detail + '; ' if detail else ''}no interval: one timed epoch per "
+            "run, the first left out of longer runs; 3 epochs or more give one)")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def epoch_throughputs(meta: dict[str, Any]) -> tuple[float, ...]:
     """Training examples/s of each epoch, without the first (compilation) when there are more.
 
