@@ -54,14 +54,14 @@ def test_one_timed_epoch_gives_the_ratio_and_says_why_there_is_no_interval():
 
 
 @pytest.mark.parametrize("epochs", [TWO_EPOCHS, FOUR_EPOCHS])
-def test_run_local_summary_evaluate_summary_and_report_print_no_nan(epochs):
+def test_the_run_summary_evaluate_summary_and_report_print_no_nan(epochs):
     from ampflow.components.evaluate_parity.cli import _summary
     from ampflow.components.evaluate_parity.report import _training_section
     from ampflow.pipeline.report import training_parity
 
     metrics = _metrics(*epochs)
-    run_local = training_parity(metrics)["parity.amp_training_speedup"]
-    assert "nan" not in run_local and " vs 100 img/s" in run_local
+    run_summary = training_parity(metrics)["parity.amp_training_speedup"]
+    assert "nan" not in run_summary and " vs 100 img/s" in run_summary
     result = SimpleNamespace(passed=True, verdict={"notes": []}, output_dir=Path("eval"),
                              metrics={**metrics, "context": {"policy": "mixed_float16"},
                                       "chance_accuracy": 0.34, "chance_binomial_p_value": 0.01,
