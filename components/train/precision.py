@@ -249,8 +249,8 @@ def choose_jit(
             "TF's float16 conv kernels without XLA are far slower on a CPU "
             f"(benchmarks/results/train_throughput_small_cnn.md: 2.4 vs 187 {rate})")
     return False, "CPU only: " + (
-        f"XLA measured slower than plain TF on a CPU for bert_tiny in float32 (15.9 vs 63.5 "
-        f"{rate}; bfloat16 within the noise: "
+        f"XLA measured slower than plain TF on a CPU for bert_tiny in float32 (15.9 {rate} "
+        "with XLA, 63.5 without; bfloat16 within the noise: "
         "benchmarks/results/train_autotune_bert_tiny_amx.md)" if text else
         "XLA measured slower than plain TF on a CPU for float32 and bfloat16 "
         "(benchmarks/results/train_throughput_small_cnn.md)") + "; pass --xla on to force it"
