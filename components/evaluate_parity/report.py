@@ -349,7 +349,8 @@ def _mean_sd(m: dict[str, Any], key: str, unit: str) -> str:
 
 
 def _cell(value: Any) -> str:
-    if value is None:
+    """A metric as report.md shows it: NaN (nothing to estimate it from) and None are n/a."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     if isinstance(value, float):
         return f"{value:.4g}" if math.isfinite(value) else str(value)
