@@ -64,6 +64,7 @@ def test_the_run_summary_evaluate_summary_and_report_print_no_nan(epochs):
     assert "nan" not in run_summary and " vs 100 img/s" in run_summary
     result = SimpleNamespace(passed=True, verdict={"notes": []}, output_dir=Path("eval"),
                              metrics={**metrics, "context": {"policy": "mixed_float16"},
+                                      "baseline_detectable_drop_points": 46.0,  # step.py's
                                       "chance_accuracy": 0.34, "chance_binomial_p_value": 0.01,
                                       "fp32_twin_accuracy": 0.9, "argmax_agreement": 1.0,
                                       "max_relative_logit_diff": 1e-4})
