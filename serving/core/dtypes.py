@@ -51,10 +51,14 @@ def numpy_dtype(dtype: int) -> np.dtype:
 
 def check_against_signature(name: str, dtype: int, shape: tuple[int, ...], info,
                             max_rows: int = 0,
-                            type_name: Callable[[int], str] = dtype_name) -> None:
+                            type_name: Callable[[int], str] = dtype_name, *,
+                            shapes: bool = True) -> None:
     """Check a declared dtype and shape against the signature, before decoding.
 
-    Also the rows (first dimension) of a batched input against `max_rows` (0 = no cap).
+    Also the rows (first dimension) of a batched input against `max_rows` (0 = no cap), and
+    an empty batch. `shapes=False` (TF Serving's Predict): the graph decides the shape, so
+    only the dtype and the rows are checked; the rows of any input sent with at least one
+    dimension to a signature whose first dimension is the batch, whatever its rank.
     """
     if dtype != info.dtype:
         raise _invalid(
@@ -63,13 +67,13 @@ def check_against_signature(name: str, dtype: int, shape: tuple[int, ...], info,
     if info.tensor_shape.unknown_rank:
         return
     dims = [d.size for d in info.tensor_shape.dim]
-    if len(shape) != len(dims) or any(
-            e >= 0 and e != r for e, r in zip(dims, shape, strict=True)):
+    if shapes and (len(shape) != len(dims) or any(
+            e >= 0 and e != r for e, r in zip(dims, shape, strict=True))):
         raise _invalid(
             f"input '{clip(name)}' must have shape {dims} (-1 = any size; the first dimension "
             f"is the batch). Received: shape {clip(list(shape), 200)}"
         )
-    if dims and dims[0] == -1:
+    if dims and dims[0] == -1 and shape:
         if shape[0] == 0:
             raise _invalid(f"input '{clip(name)}' must have a batch size >= 1. Received: batch "
                            "size 0")

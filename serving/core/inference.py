@@ -141,10 +141,17 @@ def tf_serving_inputs_text(sent: set[str], expected: set[str]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Dialect:
-    """How a protocol words the core's refusals: its dtype names and its input-set message."""
+    """How a protocol words the core's refusals, and whether the graph decides input shapes.
+
+    `type_name`: its dtype names; `inputs_text`: its input-set message. `graph_shapes`: TF
+    Serving checks an input's name and dtype, never its shape against the SignatureDef
+    (predict_util.cc): the graph runs on what was sent and refuses what it cannot take, so
+    `x` sent as `[3]` to a `[-1, 1]` signature runs. KServe V2 (Triton) checks the shape.
+    """
 
     type_name: Callable[[int], str] = dtypes.dtype_name
     inputs_text: Callable[[set[str], set[str]], str] = tf_serving_inputs_text
+    graph_shapes: bool = True
 
 
 TF_SERVING = Dialect()
@@ -208,7 +215,7 @@ class InferenceCore:
 
     def _checked_inputs(self, inputs: Sequence[InferInput], sig,
                         dialect: Dialect) -> dict[str, np.ndarray]:
-        """Names, dtypes, shapes, rows and decoded bytes against the signature, then build."""
+        """Names, dtypes, shapes (unless the graph decides), rows and bytes; then build."""
         sent, expected = {i.name for i in inputs}, set(sig.inputs)
         if sent != expected or len(inputs) != len(sent):
             raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT,
@@ -218,7 +225,8 @@ class InferenceCore:
             info = sig.inputs[item.name]
             declared = item.declare(info.dtype)
             dtypes.check_against_signature(item.name, declared.dtype, declared.shape, info,
-                                            self.limits.max_rows, dialect.type_name)
+                                            self.limits.max_rows, dialect.type_name,
+                                            shapes=not dialect.graph_shapes)
             if declared.dtype == dtypes.types_pb2.DT_STRING:
                 strings += math.prod(declared.shape)
                 self._check_strings(item.name, declared, strings)

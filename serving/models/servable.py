@@ -140,9 +140,14 @@ class SignatureCall:
     `ConcreteFunction.__call__` binds keyword arguments to the function's type and casts each
     one to its TensorSpec on every call (~90 µs on a 2-core host, more than the tiny contract
     model's whole run). The binding's result only depends on the signature, so it is computed
-    here once: a request whose arrays match the specs (same names, dtypes, compatible shapes)
-    goes straight to the function's flat call; anything else takes the public call, which
-    raises TensorFlow's own error for it. Both run the same graph; no retracing either way.
+    here once: a request whose arrays match the specs (same names and dtypes) goes straight to
+    the function's flat call; anything else takes the public call, which raises TensorFlow's
+    own error for it. Both run the same graph; no retracing either way.
+
+    Shapes are not compared with the specs: as in TF Serving's session, which feeds the
+    placeholders whatever was sent, the graph decides (`x` of shape `[3]` runs a `[-1, 1]`
+    signature elementwise; a conv net refuses a missing batch dimension with its own error).
+    Protocols that require the declared shapes (KServe V2) check them before this.
     """
 
     def __init__(self, fn, *, freeze: bool = False) -> None:
@@ -186,9 +191,9 @@ class SignatureCall:
         if len(inputs) != len(self._order):
             return None
         flat = []
-        for name, (dtype, dims) in zip(self._order, self._specs, strict=True):
+        for name, dtype in zip(self._order, self._specs, strict=True):
             value = inputs.get(name)
-            if not isinstance(value, np.ndarray) or not _fits(value.shape, dims) or (
+            if not isinstance(value, np.ndarray) or (
                     value.dtype != dtype if dtype is not None else value.dtype.kind not in "OS"):
                 return None
             flat.append(self._constant(value))
@@ -253,17 +258,10 @@ def _has_flat_call(fn) -> bool:
     return len(params) == 2 and params[1] == "captured_inputs"
 
 
-def _fits(shape: tuple, dims: tuple | None) -> bool:
-    if dims is None:
-        return True
-    return len(shape) == len(dims) and all(d is None or d == s
-                                           for d, s in zip(dims, shape, strict=True))
+def _flat_input_order(fn) -> tuple[list[str], list]:
+    """The names of a signature's inputs in its flat order, and the numpy dtype of each.
 
-
-def _flat_input_order(fn) -> tuple[list[str], list[tuple]]:
-    """The names of a signature's inputs in its flat order, and (dtype, dims) of each.
-
-    dtype None: a string input (an object or bytes array); dims None: any shape.
+    None: a string input (an object or bytes array).
 
     Found by binding one probe tensor per input exactly as `__call__` does and seeing where
     each lands, so the order is TensorFlow's own, not a guess about how it sorts.
@@ -283,9 +281,8 @@ def _flat_input_order(fn) -> tuple[list[str], list[tuple]]:
     order = [by_id[id(t)] for t in flat]
     if sorted(order) != sorted(specs):
         raise ValueError("the flat inputs are not the signature's inputs")
-    return order, [(None if specs[name].dtype == tf.string else
-                    np.dtype(specs[name].dtype.as_numpy_dtype), _dims(specs[name]))
-                   for name in order]
+    return order, [None if specs[name].dtype == tf.string else
+                   np.dtype(specs[name].dtype.as_numpy_dtype) for name in order]
 
 
 def _dims(spec) -> tuple | None:

@@ -64,7 +64,7 @@ def _inputs_text(sent: set[str], expected: set[str]) -> str:
     return f"the model expects inputs {sorted(expected)}. Received: {clip(sorted(sent), 300)}"
 
 
-V2_DIALECT = Dialect(type_name=datatype_of, inputs_text=_inputs_text)
+V2_DIALECT = Dialect(type_name=datatype_of, inputs_text=_inputs_text, graph_shapes=False)
 
 
 @dataclasses.dataclass(frozen=True)

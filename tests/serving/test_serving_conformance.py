@@ -132,12 +132,9 @@ def _bad_cases(model: str):
     strings = predict_request(model, None)
     strings.inputs["images"].CopyFrom(_tensor(np.array([b"x", b"y"])))
     cases["string_dtype"] = (strings, "INVALID_ARGUMENT", "Received: DT_STRING")
-    cases["rank_without_batch"] = (predict_request(model, good[0]), "INVALID_ARGUMENT",
-                                   "must have shape [-1, 8, 8, 1]")
-    cases["rank_extra_dim"] = (predict_request(model, good[None]), "INVALID_ARGUMENT",
-                               "Received: shape [1, 2, 8, 8, 1]")
+    # the graph decides shapes, as in TF Serving: its Reshape to [-1, 64] refuses 32 values
     cases["wrong_inner_dims"] = (predict_request(model, np.zeros((2, 4, 4, 1), np.float32)),
-                                 "INVALID_ARGUMENT", "Received: shape [2, 4, 4, 1]")
+                                 "INVALID_ARGUMENT", "requested shape requires a multiple of 64")
     short = predict_request(model, good)
     short.inputs["images"].tensor_shape.dim[0].size = 3
     cases["shape_disagrees_with_data"] = (short, "INVALID_ARGUMENT", "tensor parsing error")

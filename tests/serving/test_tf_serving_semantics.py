@@ -1,0 +1,133 @@
+"""TF Serving's semantics on TF Serving's own test model (half_plus_two, built as its export
+script builds it), served by an in-process `ampflow serve` over gRPC and REST on loopback.
+
+Each test is a behaviour TF Serving has and ampflow lacked (issue 49): the graph decides input
+shapes, an output JSON cannot carry is INVALID_ARGUMENT, ...
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from serving_helpers import MODEL, free_port, install_version
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from tf_serving_models import write_complex_output, write_half_plus_two
+
+from ampflow.serving.config import ModelConfig, ServerConfig
+
+pytestmark = [pytest.mark.serving, pytest.mark.timeout(120)]
+
+HPT = "half_plus_two"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, model_store):
+    """{name: base path}: half_plus_two, the complex-output model, the contract conv net."""
+    root = tmp_path_factory.mktemp("tf_serving_models")
+    write_half_plus_two(root / HPT / "1")
+    write_complex_output(root / "complex" / "1")
+    install_version(model_store, root / MODEL, 1)
+    return {HPT: root / HPT, "complex": root / "complex", MODEL: root / MODEL}
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    from ampflow.serving.server import start_local_server
+
+    config = ServerConfig(models=tuple(ModelConfig(n, p) for n, p in models.items()),
+                          host="127.0.0.1", port=0, rest_api_port=free_port(), grace_s=1.0,
+                          max_request_batch_size=64)
+    running = start_local_server(config)
+    try:
+        yield running
+    finally:
+        running.stop(0.5)
+
+
+@pytest.fixture(scope="module")
+def reference_images():
+    from ampflow.serving.testing import sample_images
+
+    return sample_images(2)
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    with grpc.insecure_channel(server.address) as channel:
+        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+
+def rest(server, path: str, payload) -> tuple[int, dict]:
+    """(HTTP status, parsed JSON) of one REST POST."""
+    request = urllib.request.Request(f"http://{server.rest_address}{path}",
+                                     data=json.dumps(payload).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def predict(stub, model: str, **inputs) -> dict[str, np.ndarray]:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    for name, value in inputs.items():
+        request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+    response = stub.Predict(request, timeout=10)
+    return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
+
+
+# ---- 1. the graph decides input shapes (predict_util.cc checks names and count only) --------
+
+@pytest.mark.parametrize("x", [np.array([2.0, 3.0, 4.0], np.float32),  # [3] to [-1, 1]
+                               np.array([1.0], np.float32),  # [1]
+                               np.float32(2.0)])  # a scalar
+def test_grpc_predict_runs_shapes_the_signature_does_not_declare(stub, x):
+    y = predict(stub, HPT, x=x)["y"]
+    np.testing.assert_allclose(y, 0.5 * x + 2.0)
+    assert y.shape == np.shape(x)
+
+
+def test_rest_instances_of_plain_numbers_run_as_in_tf_servings_docs(server):
+    status, body = rest(server, f"/v1/models/{HPT}:predict", {"instances": [2.0, 3.0, 4.0]})
+    assert (status, body) == (200, {"predictions": [3.0, 3.5, 4.0]})
+    status, body = rest(server, f"/v1/models/{HPT}:predict", {"inputs": {"x": [1.0, 2.0]}})
+    assert (status, body) == (200, {"outputs": [2.5, 3.0]})
+
+
+def test_the_contract_model_runs_any_shape_its_reshape_takes(stub, reference_images):
+    # its graph reshapes `images` to [-1, 64]: an image without its batch dimension runs
+    # as one row, as it would on TF Serving
+    one = predict(stub, MODEL, images=reference_images[0])["probabilities"]
+    batched = predict(stub, MODEL, images=reference_images[:1])["probabilities"]
+    np.testing.assert_array_equal(one, batched)
+
+
+def test_a_shape_the_graph_cannot_take_is_invalid_argument_with_its_reason(server, stub):
+    reason = "requested shape requires a multiple of 64"  # the graph's Reshape
+    with pytest.raises(grpc.RpcError) as info:
+        predict(stub, MODEL, images=np.zeros((1, 4, 4, 1), np.float32))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert reason in info.value.details()
+    status, body = rest(server, f"/v1/models/{MODEL}:predict",
+                        {"instances": np.zeros((1, 4, 4, 1)).tolist()})
+    assert status == 400 and reason in body["error"], body
+    good = predict(stub, MODEL, images=np.zeros((1, 8, 8, 1), np.float32))
+    assert good["probabilities"].shape == (1, 10)
+
+
+def test_dtype_and_rows_are_still_checked_before_the_graph_runs(stub):
+    with pytest.raises(grpc.RpcError) as info:
+        predict(stub, HPT, x=np.zeros((2, 1), np.int32))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "must be DT_FLOAT. Received: DT_INT32" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:  # [65] to [-1, 1]: 65 rows, over the cap
+        predict(stub, HPT, x=np.zeros(65, np.float32))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most 64 rows" in info.value.details()
