@@ -309,8 +309,19 @@ def float32_json(value: float) -> float:
     return float(np.float32(value).astype(str)) if math.isfinite(value) else value
 
 
+_JSON_KINDS = "fiubO"  # float, signed, unsigned, bool, bytes: what JSON can carry
+
+
 def _json_values(name: str, array: np.ndarray):
-    """Nested lists of JSON values: float32 shortest, bytes as text or `{"b64"}` (`_bytes`)."""
+    """Nested lists of JSON values: float32 shortest, bytes as text or `{"b64"}` (`_bytes`).
+
+    An output of a dtype JSON has no value for (complex64, bfloat16) is the caller's
+    INVALID_ARGUMENT, with TF Serving's words (json_tensor.cc): the model ran, but this
+    request asked for it over REST; gRPC carries it.
+    """
+    if array.dtype.kind not in _JSON_KINDS:
+        raise invalid(f"Failed to write JSON value for tensor type: {array.dtype.name} "
+                      f"(output {clip(name)}; gRPC's Predict carries it)")
     if array.dtype == np.object_:
         as_b64 = name.endswith("_bytes")
         flat = [({"b64": base64.b64encode(v).decode()} if as_b64 else

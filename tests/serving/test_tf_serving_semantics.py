@@ -131,3 +131,15 @@ def test_dtype_and_rows_are_still_checked_before_the_graph_runs(stub):
         predict(stub, HPT, x=np.zeros(65, np.float32))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "at most 64 rows" in info.value.details()
+
+
+# ---- 2. an output JSON cannot carry (json_tensor.cc: INVALID_ARGUMENT) ----------------------
+
+@pytest.mark.parametrize("payload", [{"instances": [1.0, 2.0]}, {"inputs": [1.0, 2.0]}],
+                         ids=["instances", "inputs"])
+def test_rest_complex_output_is_400_invalid_argument_not_a_server_error(server, stub, payload):
+    status, body = rest(server, "/v1/models/complex:predict", payload)
+    assert status == 400, body
+    assert "Failed to write JSON value for tensor type: complex64" in body["error"]
+    z = predict(stub, "complex", x=np.array([1.0, 2.0], np.float32))["z"]  # gRPC carries it
+    np.testing.assert_array_equal(z, np.array([1 + 1j, 2 + 2j], np.complex64))
