@@ -189,6 +189,11 @@ class ServerConfig:
     allow_reload_config: bool = _field(
         False, "accept ModelService/HandleReloadConfigRequest (off: PERMISSION_DENIED)")
     reload_config_roots: tuple[Path, ...] = ()
+    enable_signature_method_name_check: bool = _field(
+        False, "Classify and Regress refuse a signature whose method name is not "
+               "tensorflow/serving/classify or /regress (TF Serving's flag of the same name; off "
+               "by default there too, as a TF2 export writes every signature as "
+               "tensorflow/serving/predict)")
     wait_for_base_path: bool = _field(
         False, "start even if a model base path does not exist yet or holds no version, and "
                "load the first version a deploy writes there, logging every poll until then "

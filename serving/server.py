@@ -162,7 +162,8 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
     core = InferenceCore(
         registry, runner, RequestLimits(config.max_message_bytes, config.request_batch_cap,
                                         config.max_string_bytes, config.strings_cap),
-        ReloadPolicy(config.allow_reload_config, config.reload_config_roots))
+        ReloadPolicy(config.allow_reload_config, config.reload_config_roots),
+        method_name_check=config.enable_signature_method_name_check)
     if config.enable_warmup:
         registry.set_warmup(TFServingAPI(core).warmup)
     server = grpc.server(

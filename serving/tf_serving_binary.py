@@ -50,6 +50,8 @@ def build_argv(config: ServerConfig, workdir: str | os.PathLike, binary: str = B
         f"--grpc_channel_arguments=grpc.max_receive_message_length={config.max_message_bytes},"
         f"grpc.max_send_message_length={config.max_message_bytes}",
         f"--enable_model_warmup={str(config.enable_warmup).lower()}",
+        "--enable_signature_method_name_check="
+        f"{str(config.enable_signature_method_name_check).lower()}",
     ]
     if config.batching.enabled:
         argv += ["--enable_batching=true",

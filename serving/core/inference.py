@@ -184,11 +184,14 @@ class InferenceCore:
 
     def __init__(self, registry: ModelRegistry, runner: Runner | None = None,
                  limits: RequestLimits | None = None,
-                 reload_policy: ReloadPolicy | None = None) -> None:
+                 reload_policy: ReloadPolicy | None = None, *,
+                 method_name_check: bool = False) -> None:
         self.registry = registry
         self.runner = runner or _direct_run
         self.limits = limits or RequestLimits()
         self.reload_policy = reload_policy or ReloadPolicy()
+        # TF Serving's --enable_signature_method_name_check: Classify/Regress check method names
+        self.method_name_check = method_name_check
 
     def signature(self, servable: Servable, name: str):
         """The named SignatureDef, FAILED_PRECONDITION when it does not exist (as TF Serving)."""

@@ -1,13 +1,12 @@
 """TF Serving's Classify API: tf.Examples in, (label, score) rows out.
 
-As TF Serving's classifier: the signature must have method `tensorflow/serving/classify`, one
-DT_STRING input and a `classes` or `scores` output; a request's context is merged into each
-example, with the cost of that merge checked before it is made.
+As TF Serving's classifier: the signature must have one DT_STRING input and a `classes` or
+`scores` output (and method `tensorflow/serving/classify` with the method-name check on); a
+request's context is merged into each example, with the cost of that merge checked before it
+is made.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 import grpc
 from tensorflow.core.framework import types_pb2
@@ -16,19 +15,18 @@ from ampflow.serving.core.status import ServingStatusError
 from ampflow.serving.model_format import CLASSIFY_METHOD
 
 
-def classify_input_key(sig, sig_name: str, signature_defs: Mapping | None = None) -> str:
+def classify_input_key(sig, sig_name: str, check_method: bool = False) -> str:
     """The one input of a classify signature; TF Serving's codes when it is not one.
 
-    A Classify without a signature name runs `serving_default`, which in a Keras export (and
-    in ampflow's) is a Predict signature: TF Serving refuses it, and so do we, but the line
-    also names the model's classify signatures (of `signature_defs`) and how to ask for one.
+    `check_method` (TF Serving's --enable_signature_method_name_check, off by default):
+    the method name must be `tensorflow/serving/classify`. Off, a TF2 export's signature
+    (every one is `tensorflow/serving/predict`) classifies when its inputs and outputs fit.
     """
-    if sig.method_name != CLASSIFY_METHOD:
+    if check_method and sig.method_name != CLASSIFY_METHOD:
         raise ServingStatusError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"Expected classification signature method_name to be {CLASSIFY_METHOD}. "
-            f"Was: {sig.method_name} (signature {sig_name!r})"
-            f"{_classify_signature_hint(signature_defs or {})}",
+            f"Was: {sig.method_name} (signature {sig_name!r})",
         )
     if len(sig.inputs) != 1 or next(iter(sig.inputs.values())).dtype != types_pb2.DT_STRING:
         raise ServingStatusError(
@@ -43,17 +41,6 @@ def classify_input_key(sig, sig_name: str, signature_defs: Mapping | None = None
             f"Received: {sorted(sig.outputs)}",
         )
     return next(iter(sig.inputs))
-
-
-def _classify_signature_hint(signature_defs: Mapping) -> str:
-    """'; this model classifies through signature ...', or "" when it has no such signature."""
-    names = sorted(name for name, sig in signature_defs.items()
-                   if sig.method_name == CLASSIFY_METHOD)
-    if not names:
-        return ""
-    return (f"; this model classifies through signature {' or '.join(map(repr, names))}: "
-            f'name it in the request (REST: "signature_name": "{names[0]}"; gRPC: '
-            "model_spec.signature_name)")
 
 
 def serialized_examples(input_proto, max_rows: int, max_bytes: int, max_string_bytes: int = 0,

@@ -124,9 +124,8 @@ class TFServingAPI:
         servable = servable or self.resolve(request)
         sig_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
         sig = self.core.signature(servable, sig_name)
-        input_key = classification.classify_input_key(
-            sig, sig_name, {name: servable.signature_defs[name]
-                            for name in servable.signature_defs if servable.can_run(name)})
+        input_key = classification.classify_input_key(sig, sig_name,
+                                                      self.core.method_name_check)
         limits = self.core.limits
         examples = classification.serialized_examples(
             request.input, limits.max_rows, limits.max_bytes, limits.max_string_bytes,

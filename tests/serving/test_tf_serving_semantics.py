@@ -143,3 +143,39 @@ def test_rest_complex_output_is_400_invalid_argument_not_a_server_error(server, 
     assert "Failed to write JSON value for tensor type: complex64" in body["error"]
     z = predict(stub, "complex", x=np.array([1.0, 2.0], np.float32))["z"]  # gRPC carries it
     np.testing.assert_array_equal(z, np.array([1 + 1j, 2 + 2j], np.complex64))
+
+
+# ---- 3. --enable_signature_method_name_check, off by default as in TF Serving ----------------
+
+def _classify_request(model: str, signature: str, xs):
+    from tensorflow_serving.apis import classification_pb2
+
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name = model
+    request.model_spec.signature_name = signature
+    for x in xs:
+        example = request.input.example_list.examples.add()
+        example.features.feature["x"].float_list.value.append(x)
+    return request
+
+
+def test_tf2_classify_signature_classifies_without_the_method_name_check(server, stub):
+    response = stub.Classify(_classify_request(HPT, "classify_x_to_y", [2.0, 4.0]), timeout=10)
+    assert [[(c.label, c.score) for c in row.classes]
+            for row in response.result.classifications] == [[("", 3.0)], [("", 4.0)]]
+    status, body = rest(server, f"/v1/models/{HPT}:classify",
+                        {"signature_name": "classify_x_to_y", "examples": [{"x": 2.0}]})
+    assert (status, body) == (200, {"results": [[["", 3.0]]]})
+
+
+def test_the_method_name_check_when_asked_refuses_a_tf2_classify_signature(models,
+                                                                          start_server):
+    server = start_server(models=(ModelConfig(HPT, models[HPT]),),
+                          enable_signature_method_name_check=True)
+    with grpc.insecure_channel(server.address) as channel:
+        checked = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            checked.Classify(_classify_request(HPT, "classify_x_to_y", [2.0]), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ("Expected classification signature method_name to be tensorflow/serving/classify. "
+            "Was: tensorflow/serving/predict") in info.value.details()
