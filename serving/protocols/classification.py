@@ -8,6 +8,8 @@ is made.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import grpc
 from tensorflow.core.framework import types_pb2
 
@@ -15,32 +17,48 @@ from ampflow.serving.core.status import ServingStatusError
 from ampflow.serving.model_format import CLASSIFY_METHOD
 
 
-def classify_input_key(sig, sig_name: str, check_method: bool = False) -> str:
-    """The one input of a classify signature; TF Serving's codes when it is not one.
+def classify_input_key(sig, sig_name: str, signature_defs: Mapping | None = None, *,
+                       check_method: bool = False) -> str:
+    """The one input of a classify signature; INVALID_ARGUMENT, as TF Serving, when it is not.
 
     `check_method` (TF Serving's --enable_signature_method_name_check, off by default):
     the method name must be `tensorflow/serving/classify`. Off, a TF2 export's signature
     (every one is `tensorflow/serving/predict`) classifies when its inputs and outputs fit.
+    A Classify without a signature name runs `serving_default`, which in a Keras export (and
+    in ampflow's) is a Predict signature: refused, and the line also names the model's
+    signatures that classify (of `signature_defs`) and how to ask for one.
     """
-    if check_method and sig.method_name != CLASSIFY_METHOD:
-        raise ServingStatusError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"Expected classification signature method_name to be {CLASSIFY_METHOD}. "
-            f"Was: {sig.method_name} (signature {sig_name!r})",
-        )
-    if len(sig.inputs) != 1 or next(iter(sig.inputs.values())).dtype != types_pb2.DT_STRING:
-        raise ServingStatusError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"Classification signature {sig_name!r} must have exactly one DT_STRING input. "
-            f"Received: {sorted(sig.inputs)}",
-        )
-    if not ({"classes", "scores"} & set(sig.outputs)):
-        raise ServingStatusError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"Classification signature {sig_name!r} must output 'classes' or 'scores'. "
-            f"Received: {sorted(sig.outputs)}",
-        )
+    problem = _classification_problem(sig, check_method)
+    if problem:
+        hint = _classify_signature_hint(signature_defs or {}, check_method)
+        raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"{problem} (signature {sig_name!r}){hint}")
     return next(iter(sig.inputs))
+
+
+def _classification_problem(sig, check_method: bool) -> str:
+    """Why `sig` cannot classify ("" when it can)."""
+    if check_method and sig.method_name != CLASSIFY_METHOD:
+        return (f"Expected classification signature method_name to be {CLASSIFY_METHOD}. "
+                f"Was: {sig.method_name}")
+    one_string = (len(sig.inputs) == 1
+                  and next(iter(sig.inputs.values())).dtype == types_pb2.DT_STRING)
+    if not one_string or not ({"classes", "scores"} & set(sig.outputs)):
+        return (f"Not a classification signature ({CLASSIFY_METHOD}: one DT_STRING input of "
+                f"serialized tf.Examples, a 'classes' or 'scores' output). Received: inputs "
+                f"{sorted(sig.inputs)}, outputs {sorted(sig.outputs)}")
+    return ""
+
+
+def _classify_signature_hint(signature_defs: Mapping, check_method: bool) -> str:
+    """'; this model classifies through signature ...', or "" when it has no such signature."""
+    names = sorted(name for name, sig in signature_defs.items()
+                   if not _classification_problem(sig, check_method))
+    if not names:
+        return ""
+    return (f"; this model classifies through signature {' or '.join(map(repr, names))}: "
+            f'name it in the request (REST: "signature_name": "{names[0]}"; gRPC: '
+            "model_spec.signature_name)")
 
 
 def serialized_examples(input_proto, max_rows: int, max_bytes: int, max_string_bytes: int = 0,

@@ -22,8 +22,10 @@ from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
+    inference_pb2,
     model_management_pb2,
     predict_pb2,
+    regression_pb2,
 )
 
 from ampflow.errors import ConfigError
@@ -35,9 +37,9 @@ from ampflow.serving.core.inference import (
     InferRequest,
 )
 from ampflow.serving.core.status import ServingStatusError, clip
-from ampflow.serving.model_format import DEFAULT_SIGNATURE, read_warmup_records
+from ampflow.serving.model_format import CLASSIFY_METHOD, DEFAULT_SIGNATURE, read_warmup_records
 from ampflow.serving.models.servable import Servable
-from ampflow.serving.protocols import classification, tensors
+from ampflow.serving.protocols import classification, regression, tensors
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +83,21 @@ def record_spec(record: CallRecord, spec) -> None:
                  spec.version_label if choice == "version_label" else None)
 
 
+def request_spec(request):
+    """The ModelSpec a request names (MultiInference: its first task's; None: none)."""
+    tasks = getattr(request, "tasks", None)
+    if tasks is not None:
+        return tasks[0].model_spec if tasks else None
+    return getattr(request, "model_spec", None)
+
+
 def answered_version(response) -> str:
-    """The version in a response's ModelSpec ("" when it has none)."""
-    spec = getattr(response, "model_spec", None)
+    """The version in a response's ModelSpec (MultiInference: its first result's; or "")."""
+    results = getattr(response, "results", None)
+    if results is not None:
+        spec = results[0].model_spec if results else None
+    else:
+        spec = getattr(response, "model_spec", None)
     return str(spec.version.value) if spec is not None and spec.HasField("version") else ""
 
 
@@ -124,18 +138,66 @@ class TFServingAPI:
         servable = servable or self.resolve(request)
         sig_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
         sig = self.core.signature(servable, sig_name)
-        input_key = classification.classify_input_key(sig, sig_name,
-                                                      self.core.method_name_check)
-        limits = self.core.limits
-        examples = classification.serialized_examples(
-            request.input, limits.max_rows, limits.max_bytes, limits.max_string_bytes,
-            limits.max_strings)
-        batch = np.empty(len(examples), dtype=object)
-        batch[:] = examples
+        input_key = classification.classify_input_key(
+            sig, sig_name, {name: servable.signature_defs[name]
+                            for name in servable.signature_defs if servable.can_run(name)},
+            check_method=self.core.method_name_check)
+        batch = self._examples(request.input)
         outputs = self.core.run(servable, sig_name, {input_key: batch}, timeout_s)
         response = classification_pb2.ClassificationResponse()
         fill_spec(response.model_spec, servable, sig_name)
-        classification.fill_classifications(response.result, outputs, len(examples))
+        classification.fill_classifications(response.result, outputs, len(batch))
+        return response
+
+    def _examples(self, input_proto) -> np.ndarray:
+        """A request Input's examples (context merged in) as a string batch, within limits."""
+        limits = self.core.limits
+        examples = classification.serialized_examples(
+            input_proto, limits.max_rows, limits.max_bytes, limits.max_string_bytes,
+            limits.max_strings)
+        batch = np.empty(len(examples), dtype=object)
+        batch[:] = examples
+        return batch
+
+    # ---- Regress and MultiInference -----------------------------------------------------
+
+    def regress(self, request: regression_pb2.RegressionRequest,
+                timeout_s: float | None = None, servable: Servable | None = None
+                ) -> regression_pb2.RegressionResponse:
+        """Regress tf.Examples through a signature of `inputs` -> `outputs` (regression.py)."""
+        servable = servable or self.resolve(request)
+        sig_name, sig = regression.signature_def(servable, request.model_spec.signature_name)
+        input_key = regression.regress_input_key(sig, self.core.method_name_check)
+        batch = self._examples(request.input)
+        outputs = self.core.run(servable, sig_name, {input_key: batch}, timeout_s)
+        response = regression_pb2.RegressionResponse()
+        fill_spec(response.model_spec, servable, sig_name)
+        regression.fill_regressions(response.result, outputs, len(batch))
+        return response
+
+    def multi_inference(self, request: inference_pb2.MultiInferenceRequest,
+                        timeout_s: float | None = None) -> inference_pb2.MultiInferenceResponse:
+        """Classify and Regress tasks of one model on the same examples, one result each."""
+        plan = regression.multi_inference_tasks(request.tasks)
+        servable = self.core.registry.resolve(
+            *spec_of(request.tasks[0]) if plan else ("", None, None))
+        checked = []
+        for method, name in plan:
+            _, sig = regression.signature_def(
+                servable, name, "Requested signature not found in model graph: ")
+            checked.append((method, name, regression.task_input_key(
+                method, sig, name, self.core.method_name_check)))
+        batch = self._examples(request.input)
+        response = inference_pb2.MultiInferenceResponse()
+        for method, name, input_key in checked:
+            outputs = self.core.run(servable, name, {input_key: batch}, timeout_s)
+            result = response.results.add()
+            fill_spec(result.model_spec, servable, name)
+            if method == CLASSIFY_METHOD:
+                classification.fill_classifications(result.classification_result, outputs,
+                                                    len(batch))
+            else:
+                regression.fill_regressions(result.regression_result, outputs, len(batch))
         return response
 
     # ---- metadata and status ------------------------------------------------------------
@@ -235,6 +297,8 @@ class TFServingAPI:
                 self.predict(entry.predict_log.request, servable=servable)
             elif kind == "classify_log":
                 self.classify(entry.classify_log.request, servable=servable)
+            elif kind == "regress_log":
+                self.regress(entry.regress_log.request, servable=servable)
             else:
                 raise ValueError(f"unsupported warm-up record type {kind!r}")
             count += 1

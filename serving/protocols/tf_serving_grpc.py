@@ -6,11 +6,15 @@ a status through the gRPC transport's one envelope (transport/grpc.py).
 
 from __future__ import annotations
 
-import grpc
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
 from ampflow.serving.core.inference import CallObserver, InferenceCore, Observer
-from ampflow.serving.protocols.tf_serving import TFServingAPI, answered_version, record_spec
+from ampflow.serving.protocols.tf_serving import (
+    TFServingAPI,
+    answered_version,
+    record_spec,
+    request_spec,
+)
 from ampflow.serving.transport.grpc import abort_with, time_remaining
 
 
@@ -24,7 +28,7 @@ class _Handler:
     def call(self, method: str, request, context, fn):
         try:
             with self.calls.call(method) as record:
-                record_spec(record, getattr(request, "model_spec", None))
+                record_spec(record, request_spec(request))
                 response = fn(request, time_remaining(context))
                 record.answered = answered_version(response)
                 return response
@@ -33,7 +37,7 @@ class _Handler:
 
 
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-    """tensorflow.serving.PredictionService: Predict, Classify, GetModelMetadata."""
+    """tensorflow.serving.PredictionService: all five calls (Regress, MultiInference included)."""
 
     def __init__(self, core: InferenceCore, observe: Observer | None = None) -> None:
         self._h = _Handler(core, observe)
@@ -49,11 +53,10 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                             lambda r, _t: self._h.api.metadata(r))
 
     def Regress(self, request, context):  # noqa: D102
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "Regress is not supported by ampflow serve")
+        return self._h.call("Regress", request, context, self._h.api.regress)
 
     def MultiInference(self, request, context):  # noqa: D102
-        context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                      "MultiInference is not supported by ampflow serve")
+        return self._h.call("MultiInference", request, context, self._h.api.multi_inference)
 
 
 class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):

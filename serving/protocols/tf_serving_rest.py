@@ -8,7 +8,7 @@ The behaviour follows TF Serving's `http_rest_api_handler.cc`, `http_rest_api_ut
   or `inputs` (columnar: a value, or an object keyed by input name), with dtypes and shapes
   from the signature; answers `predictions` / `outputs`; `{"b64": ...}` carries bytes both
   ways (outputs whose name ends in `_bytes`); `NaN`/`Infinity` are accepted and written;
-- classify takes `examples` (+ optional `context`) and answers `results`;
+- classify and regress take `examples` (+ optional `context`) and answer `results`;
 - every error is `{"error": "..."}` with TF Serving's HTTP code for the gRPC code.
 A predict's JSON becomes declared inputs of `InferenceCore.infer` (json_tensor.py: the shape
 and types read from the JSON, the arrays built only after the core's checks) and the core's
@@ -22,13 +22,13 @@ import logging
 import re
 import urllib.parse
 
-import grpc
 from google.protobuf import json_format
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
     model_pb2,
+    regression_pb2,
 )
 
 from ampflow.serving.core.inference import (
@@ -38,7 +38,7 @@ from ampflow.serving.core.inference import (
     InferRequest,
     Observer,
 )
-from ampflow.serving.core.status import ServingStatusError, clip
+from ampflow.serving.core.status import clip
 from ampflow.serving.core.status import invalid_argument as _invalid
 from ampflow.serving.model_format import DEFAULT_SIGNATURE, parse_version_name
 from ampflow.serving.protocols import json_tensor
@@ -90,8 +90,8 @@ class RestHandler:
             if verb == "classify":
                 record.method = "Classify"
                 return self._classify(spec, body, record)
-            raise ServingStatusError(grpc.StatusCode.UNIMPLEMENTED,
-                                     "Regress is not supported by ampflow serve")
+            record.method = "Regress"
+            return self._regress(spec, body, record)
         if method == "GET":
             match = _STATUS_PATH.fullmatch(path)
             if not match:
@@ -136,6 +136,18 @@ class RestHandler:
         results = [[[c.label, json_tensor.float32_json(c.score)] for c in row.classes]
                    for row in response.result.classifications]
         return {"results": results}
+
+    def _regress(self, spec, body: bytes, record: CallRecord):
+        """`:regress`: `examples` (+ `context`) as Classify's; `{"results": [value, ...]}`."""
+        request = regression_pb2.RegressionRequest(model_spec=spec)
+        record_spec(record, spec)
+        doc = json_tensor.parse_object(body)
+        request.model_spec.signature_name = json_tensor.signature_name(doc)
+        json_tensor.fill_examples(doc, request, self.core.limits.max_rows)
+        response = self.api.regress(request, REST_TIMEOUT_S)
+        record.answered = answered_version(response)
+        return {"results": [json_tensor.float32_json(r.value)
+                            for r in response.result.regressions]}
 
     def _status(self, spec, record: CallRecord):
         request = get_model_status_pb2.GetModelStatusRequest(model_spec=spec)

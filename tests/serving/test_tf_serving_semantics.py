@@ -179,3 +179,105 @@ def test_the_method_name_check_when_asked_refuses_a_tf2_classify_signature(model
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert ("Expected classification signature method_name to be tensorflow/serving/classify. "
             "Was: tensorflow/serving/predict") in info.value.details()
+
+
+# ---- 4. Regress and MultiInference (regressor.cc, multi_inference.cc) -----------------------
+
+def _examples_input(input_proto, xs) -> None:
+    for x in xs:
+        input_proto.example_list.examples.add().features.feature["x"].float_list.value.append(x)
+
+
+def _regress_request(model: str, signature: str, xs):
+    from tensorflow_serving.apis import regression_pb2
+
+    request = regression_pb2.RegressionRequest()
+    request.model_spec.name = model
+    request.model_spec.signature_name = signature
+    _examples_input(request.input, xs)
+    return request
+
+
+@pytest.mark.parametrize(("signature", "expected"), [("regress_x_to_y", [3.0, 4.0]),
+                                                     ("regress_x_to_y2", [4.0, 5.0])])
+def test_regress_over_grpc_and_rest_answers_as_tf_serving(server, stub, signature, expected):
+    response = stub.Regress(_regress_request(HPT, signature, [2.0, 4.0]), timeout=10)
+    assert [r.value for r in response.result.regressions] == expected
+    assert (response.model_spec.name, response.model_spec.signature_name,
+            response.model_spec.version.value) == (HPT, signature, 1)
+    status, body = rest(server, f"/v1/models/{HPT}:regress",
+                        {"signature_name": signature, "examples": [{"x": 2.0}, {"x": 4.0}]})
+    assert (status, body) == (200, {"results": expected})
+
+
+@pytest.mark.parametrize(("signature", "text"), [
+    ("", "No regression inputs found in SignatureDef"),  # serving_default: x -> y
+    ("nope", "No signature was found with the name: nope"),
+])
+def test_regress_on_a_signature_that_is_no_regression_is_invalid_argument(server, stub,
+                                                                         signature, text):
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Regress(_regress_request(HPT, signature, [2.0]), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert text in info.value.details()
+    status, body = rest(server, f"/v1/models/{HPT}:regress",
+                        {"signature_name": signature, "examples": [{"x": 2.0}]})
+    assert status == 400 and text in body["error"], body
+
+
+def _multi_request(tasks, xs):
+    from tensorflow_serving.apis import inference_pb2
+
+    request = inference_pb2.MultiInferenceRequest()
+    for model, signature, method in tasks:
+        task = request.tasks.add()
+        task.model_spec.name = model
+        task.model_spec.signature_name = signature
+        task.method_name = method
+    _examples_input(request.input, xs)
+    return request
+
+
+CLASSIFY = "tensorflow/serving/classify"
+REGRESS = "tensorflow/serving/regress"
+
+
+def test_multi_inference_runs_classify_and_regress_tasks_on_the_same_examples(stub):
+    response = stub.MultiInference(_multi_request(
+        [(HPT, "classify_x_to_y", CLASSIFY), (HPT, "regress_x_to_y2", REGRESS)], [2.0, 4.0]),
+        timeout=10)
+    classified, regressed = response.results
+    assert [[c.score for c in row.classes] for row in
+            classified.classification_result.classifications] == [[3.0], [4.0]]
+    assert [r.value for r in regressed.regression_result.regressions] == [4.0, 5.0]
+    assert [(r.model_spec.name, r.model_spec.signature_name, r.model_spec.version.value)
+            for r in response.results] == [(HPT, "classify_x_to_y", 1),
+                                           (HPT, "regress_x_to_y2", 1)]
+
+
+@pytest.mark.parametrize(("tasks", "code", "text"), [
+    ([(HPT, "regress_x_to_y", REGRESS), ("complex", "regress_x_to_y", REGRESS)],
+     grpc.StatusCode.INVALID_ARGUMENT, "must access the same model name"),
+    ([(HPT, "regress_x_to_y", REGRESS), (HPT, "regress_x_to_y", CLASSIFY)],
+     grpc.StatusCode.INVALID_ARGUMENT, "Duplicate evaluation of signature: regress_x_to_y"),
+    ([("", "regress_x_to_y", REGRESS)], grpc.StatusCode.INVALID_ARGUMENT,
+     "Found ModelSpec with an empty model name."),
+    ([(HPT, "regress_x_to_y", "tensorflow/serving/predict")], grpc.StatusCode.UNIMPLEMENTED,
+     "Unsupported signature method_name: tensorflow/serving/predict"),
+    ([(HPT, "nope", REGRESS)], grpc.StatusCode.INVALID_ARGUMENT,
+     "Requested signature not found in model graph: nope"),
+], ids=["two_models", "duplicate", "no_model", "predict_method", "unknown_signature"])
+def test_multi_inference_refuses_as_tf_serving(stub, tasks, code, text):
+    with pytest.raises(grpc.RpcError) as info:
+        stub.MultiInference(_multi_request(tasks, [2.0]), timeout=10)
+    assert info.value.code() == code
+    assert text in info.value.details()
+
+
+def test_classify_on_a_predict_signature_is_invalid_argument_naming_the_one_that_classifies(
+        stub):
+    with pytest.raises(grpc.RpcError) as info:  # serving_default: x -> y, no examples
+        stub.Classify(_classify_request(HPT, "", [2.0]), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Not a classification signature (tensorflow/serving/classify" in info.value.details()
+    assert '"signature_name": "classify_x_to_y"' in info.value.details()
