@@ -185,6 +185,13 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
     port = _bind(server, config, credentials)
     registry.on_change = lambda: _on_change(registry, health_servicer, batcher)
     registry.start(config.file_system_poll_wait_seconds)
+    problems = registry.start_problems(waiting=config.wait_for_base_path)
+    if problems:  # TF Serving does not start either: the operator sees why, the pod restarts
+        server.stop(0)
+        registry.stop()
+        if batcher is not None:
+            batcher.close()
+        raise ServingError("; ".join(problems))
     _on_change(registry, health_servicer, batcher)
     server.start()
     try:

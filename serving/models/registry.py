@@ -99,6 +99,30 @@ class ModelRegistry:
             )
             self._thread.start()
 
+    def start_problems(self, waiting: bool = False) -> list[str]:
+        """Why the server must not start, as TF Serving's start-up refuses (server_core.cc).
+
+        A model with no version available once start has loaded what is on disk: TF Serving
+        exits with "N model(s) did not become available" (`waiting`, --wait-for-base-path:
+        a model with no version on disk yet is expected, one whose version failed is not); a
+        version label on a version not being served: FAILED_PRECONDITION's words there.
+        """
+        with self._lock:
+            states = list(self._models.values())
+        missing = []
+        for state in states:
+            if state.served or (waiting and not state.status):
+                continue
+            failed = [(v, st) for v, st in sorted(state.status.items(), reverse=True)
+                      if st.error]
+            version, error = (failed[0][0], f" due to error: {failed[0][1].error}") \
+                if failed else ("Latest", "")
+            missing.append(f"{{{{name: {state.config.name} version: {version}}}{error}}}, ")
+        problems = [f"{len(missing)} model(s) did not become available: {{{''.join(missing)}}}"
+                    ] if missing else []
+        return problems + _label_problems(tuple(s.config for s in states),
+                                          {s.config.name: s for s in states})
+
     def stop(self) -> None:
         """Stop polling (loaded versions stay usable until the process ends)."""
         self._stop.set()

@@ -281,3 +281,53 @@ def test_classify_on_a_predict_signature_is_invalid_argument_naming_the_one_that
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "Not a classification signature (tensorflow/serving/classify" in info.value.details()
     assert '"signature_name": "classify_x_to_y"' in info.value.details()
+
+
+# ---- 6. start-up: TF Serving does not start without its models (server_core.cc) ------------
+
+@pytest.fixture
+def broken_base(models, tmp_path):
+    """A model whose one version is half_plus_two with a corrupt saved_model.pb."""
+    import shutil
+
+    base = tmp_path / "broken"
+    shutil.copytree(models[HPT] / "1", base / "1")
+    (base / "1" / "saved_model.pb").write_bytes(b"\x00corrupt")
+    return base
+
+
+def test_a_model_that_fails_to_load_at_start_stops_the_server_with_tf_servings_line(
+        broken_base, models):
+    from ampflow.errors import ServingError
+    from ampflow.serving.server import start_local_server
+
+    config = ServerConfig(models=(ModelConfig(HPT, models[HPT]), ModelConfig("broken",
+                                                                             broken_base)),
+                          host="127.0.0.1", port=0, file_system_poll_wait_seconds=0)
+    with pytest.raises(ServingError) as info:
+        start_local_server(config).stop(0)  # (stopped at once should it start)
+    # TF Serving: "{" + "{" + ServableId::DebugString() ("{name: ... version: 1}") + error
+    assert str(info.value).startswith("1 model(s) did not become available: "
+                                      "{{{name: broken version: 1} due to error: ")
+
+
+def test_serve_exits_non_zero_when_a_model_fails_to_load_at_start(broken_base, capsys):
+    from ampflow.serving.cli import main as serving_main
+
+    code = serving_main(["serve", "--server", "local", "--port", "0", "--model-base-path",
+                         str(broken_base), "--model-name", "broken",
+                         "--file-system-poll-wait-seconds", "0"])
+    assert code == 1
+    assert "1 model(s) did not become available" in capsys.readouterr().err
+
+
+def test_a_version_label_on_a_version_not_served_stops_the_start(models):
+    from ampflow.errors import ServingError
+    from ampflow.serving.server import start_local_server
+
+    config = ServerConfig(models=(ModelConfig(HPT, models[HPT], version_labels={"stable": 2}),),
+                          host="127.0.0.1", port=0, file_system_poll_wait_seconds=0)
+    with pytest.raises(ServingError, match="Request to assign label 'stable' to version 2 of "
+                                           "model half_plus_two, which is not currently "
+                                           "available for inference"):
+        start_local_server(config).stop(0)
