@@ -28,7 +28,11 @@ REGRESS_OUTPUTS = "outputs"
 
 def signature_def(servable, signature_name: str, missing: str = "No signature was found "
                   "with the name: "):
-    """(name, SignatureDef) a Regress/Classify task names; INVALID_ARGUMENT when absent."""
+    """(name, SignatureDef) a Classify/Regress request names; INVALID_ARGUMENT when absent.
+
+    TF Serving's classifier and regressor answer INVALID_ARGUMENT here, where its Predict
+    answers FAILED_PRECONDITION (`InferenceCore.signature`).
+    """
     name = signature_name or DEFAULT_SIGNATURE
     if name not in servable.signature_defs or not servable.can_run(name):
         raise invalid(f"{missing}{clip(name)}")

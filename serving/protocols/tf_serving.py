@@ -37,7 +37,7 @@ from ampflow.serving.core.inference import (
     InferRequest,
 )
 from ampflow.serving.core.status import ServingStatusError, clip
-from ampflow.serving.model_format import CLASSIFY_METHOD, DEFAULT_SIGNATURE, read_warmup_records
+from ampflow.serving.model_format import CLASSIFY_METHOD, read_warmup_records
 from ampflow.serving.models.servable import Servable
 from ampflow.serving.protocols import classification, regression, tensors
 
@@ -136,8 +136,7 @@ class TFServingAPI:
                  ) -> classification_pb2.ClassificationResponse:
         """Classify tf.Examples through a `tensorflow/serving/classify` signature."""
         servable = servable or self.resolve(request)
-        sig_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
-        sig = self.core.signature(servable, sig_name)
+        sig_name, sig = regression.signature_def(servable, request.model_spec.signature_name)
         input_key = classification.classify_input_key(
             sig, sig_name, {name: servable.signature_defs[name]
                             for name in servable.signature_defs if servable.can_run(name)},

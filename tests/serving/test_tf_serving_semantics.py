@@ -331,3 +331,10 @@ def test_a_version_label_on_a_version_not_served_stops_the_start(models):
                                            "model half_plus_two, which is not currently "
                                            "available for inference"):
         start_local_server(config).stop(0)
+
+
+def test_classify_on_an_unknown_signature_is_invalid_argument_as_tf_servings_classifier(stub):
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Classify(_classify_request(HPT, "nope", [2.0]), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # Predict's is
+    assert "No signature was found with the name: nope" in info.value.details()  # FAILED_PRE...
