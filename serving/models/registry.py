@@ -104,15 +104,16 @@ class ModelRegistry:
 
         A model with no version available once start has loaded what is on disk: TF Serving
         exits with "N model(s) did not become available" (`waiting`, --wait-for-base-path:
-        a model with no version on disk yet is expected, one whose version failed is not); a
-        version label on a version not being served: FAILED_PRECONDITION's words there.
+        a model with no version on disk yet is expected, one whose version failed is not; a
+        version still being written is loaded once it settles, as before); a version label
+        on a version not being served: FAILED_PRECONDITION's words there.
         """
         with self._lock:
             states = list(self._models.values())
         missing = []
         for state in states:
-            if state.served or (waiting and not state.status):
-                continue
+            if state.served or state.unsettled or (waiting and not state.status):
+                continue  # (a version still being written is loaded once it settles)
             failed = [(v, st) for v, st in sorted(state.status.items(), reverse=True)
                       if st.error]
             version, error = (failed[0][0], f" due to error: {failed[0][1].error}") \
