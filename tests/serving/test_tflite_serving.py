@@ -150,7 +150,9 @@ def test_tflite_versions_report_available_and_classify_is_a_missing_signature(st
     request.input.example_list.examples.add().CopyFrom(image_example(sample_images(1)[0]))
     with pytest.raises(grpc.RpcError) as error:
         stub.Classify(request, timeout=30)
-    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # TF Serving's classifier: INVALID_ARGUMENT (its Predict: FAILED_PRECONDITION)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "No signature was found with the name: classify" in error.value.details()
     from ampflow.serving.client import PredictionClient
 
     with PredictionClient(server.address) as client:  # no classify: no names, ids are printed
