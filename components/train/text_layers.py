@@ -7,12 +7,21 @@ What AMP needs in a Transformer, and where each rule is kept (docs/how-to/text-m
   the fused `ops.dot_product_attention` path (no dropout) upcasts. `Float32SoftmaxAttention`
   gives the explicit path a float32 `Softmax` and casts the probabilities back to the compute
   dtype for the product with the values, so both paths compute the softmax in float32;
-- masks with a value the dtype holds: the float32 softmax masks with -1e9 in float32 (Keras's
-  `Softmax`), the fused path with -0.7 × float32's max after its float32 upcast; a float16
-  tensor never holds the constant (float16's max is 65504: -1e9 would be -inf, and 0 × -inf is
-  NaN);
+- masks with a value the dtype holds: the float32 softmax masks 30 below the lowest score, in
+  float32 (`penalised` below; Keras's `Softmax` selects -1e9), the fused path with -0.7 ×
+  float32's max after its float32 upcast; a float16 tensor never holds the constant
+  (float16's max is 65504: -1e9 would be -inf, and 0 × -inf is NaN);
 - LayerNormalization computes in float32 (Keras upcasts half precision inside it);
 - the padding mask comes from the ids (0 = padding), so a model needs nothing but token ids.
+
+And what full_int8 TFLite needs (docs/how-to/text-models.md, "full_int8 of a text model"):
+- a padded position's score is put `MASK_PENALTY` below the row's lowest score by arithmetic,
+  not replaced by -1e9 in a select: a select's inputs share one int8 scale, so the converter
+  stretched the scores' range to -1e9 (scale 3.9e6) and every score quantized to 0, an
+  attention uniform over all positions. The arithmetic keeps the scores' own scale;
+- the mean pooling divides nothing at run time: its weights 1/count are a softmax of the same
+  penalty (int8 SOFTMAX, not DIV, which refuses a divisor whose int8 value is 0).
+In float32 both give Keras's numbers to within e^-MASK_PENALTY per padded position.
 """
 
 from __future__ import annotations
@@ -21,6 +30,25 @@ import keras
 from keras import ops
 
 from ampflow.components.train.tokenizer import PADDING_ID
+
+# How far below the row's lowest score a padded position's is put before the softmax: its
+# weight is then at most e^-30 (1e-13) of any token's, whatever the scores, so even 4096 of them
+# change no float32 probability. Bounded, so an int8 quantization of the penalised scores
+# keeps their resolution: their range grows by 30, not by 1e9 (docs/how-to/text-models.md).
+MASK_PENALTY = 30.0
+
+
+def penalised(scores, mask):
+    """float32 `scores` where `mask` (bool) keeps them; elsewhere their row's min - penalty.
+
+    By multiplying and adding, never selecting (see the module's docstring). The softmax of
+    the result, set to 0 where the mask masks, is the masked softmax: a row the mask leaves
+    empty gives zeros, as Keras's `Softmax` does.
+    """
+    scores = ops.cast(scores, "float32")
+    keep = ops.cast(mask, "float32")
+    floor = ops.min(scores, axis=-1, keepdims=True) - MASK_PENALTY
+    return scores * keep + floor * (1.0 - keep)
 
 
 @keras.saving.register_keras_serializable(package="ampflow")
@@ -92,7 +120,15 @@ class Float32SoftmaxAttention(keras.layers.MultiHeadAttention):
                                              name="softmax_float32")
 
     def _masked_softmax(self, attention_scores, attention_mask=None):
-        probabilities = super()._masked_softmax(attention_scores, attention_mask)
+        if attention_mask is None:
+            probabilities = self._softmax(attention_scores)
+        else:  # Keras's mask expansion, then the penalty added (int8-friendly)
+            axis = -len(self._attention_axes) * 2 - 1
+            for _ in range(len(attention_scores.shape) - len(attention_mask.shape)):
+                attention_mask = ops.expand_dims(attention_mask, axis=axis)
+            attention_mask = ops.cast(attention_mask, "bool")
+            probabilities = ops.where(
+                attention_mask, self._softmax(penalised(attention_scores, attention_mask)), 0.0)
         return ops.cast(probabilities, self.compute_dtype)
 
 
@@ -101,17 +137,18 @@ class MaskedMeanPooling(keras.layers.Layer):
     """The mean of the token vectors over the tokens only (padding left out): `[batch, hidden]`.
 
     Each vector is weighted by 1/count before the sum, so the sum never exceeds the vectors'
-    own size, whatever the sequence length, in float16 too. An all-padding text (an empty
-    string) pools to zeros, not NaN.
+    own size, whatever the sequence length, in float16 too. The weights are the masked softmax
+    of zeros (1/count for each token, computed in float32), not mask / count: no division at
+    run time, which full_int8 TFLite cannot always do (module docstring). An all-padding text
+    (an empty string) pools to zeros, not NaN.
     """
 
     def call(self, inputs):
         hidden, token_ids = inputs
-        mask = ops.cast(ops.not_equal(token_ids, PADDING_ID), hidden.dtype)
-        count = ops.maximum(ops.sum(ops.cast(ops.not_equal(token_ids, PADDING_ID), "int32"),
-                                    axis=1, keepdims=True), 1)
-        weights = mask / ops.cast(count, hidden.dtype)
-        return ops.sum(hidden * ops.expand_dims(weights, -1), axis=1)
+        mask = ops.not_equal(token_ids, PADDING_ID)
+        weights = ops.where(mask, ops.softmax(penalised(ops.zeros(ops.shape(token_ids)), mask),
+                                              axis=-1), 0.0)
+        return ops.sum(hidden * ops.expand_dims(ops.cast(weights, hidden.dtype), -1), axis=1)
 
     def compute_output_shape(self, input_shape):
         hidden_shape, _ = input_shape

@@ -144,3 +144,69 @@ def test_a_trained_text_model_is_fine_tuned_from_its_keras_file(tmp_path):
     attention = half.get_layer("encoder_0_attention")
     assert attention.compute_dtype == "bfloat16" and half.output.dtype == "float32"
     np.testing.assert_allclose(half(ids).numpy(), model(ids).numpy(), atol=0.05)
+
+
+def _padded_ids(rng, batch=8, length=SEQ):
+    """Token ids of every length from 1 to `length`, and one all-padding row."""
+    ids = rng.integers(2, VOCAB, size=(batch, length)).astype("int32")
+    lengths = np.r_[0, np.linspace(1, length, batch - 1).astype(int)]
+    ids[np.arange(length)[None, :] >= lengths[:, None]] = 0
+    return ids
+
+
+def test_the_int8_friendly_masks_compute_what_keras_masking_computes():
+    """The penalty added before the softmax (not -1e9 selected) and the pooling's softmax
+    weights (not a division) change nothing a float32 model computes: Keras's own layer with
+    the same weights, and the mean over the tokens, to float32 rounding."""
+    import keras
+
+    from ampflow.components.train.text_layers import (
+        AttentionMaskFromIds,
+        Float32SoftmaxAttention,
+        MaskedMeanPooling,
+    )
+
+    rng = np.random.default_rng(3)
+    ids = _padded_ids(rng)
+    x = keras.ops.convert_to_tensor(rng.normal(size=(*ids.shape, 16)).astype("float32") * 4)
+    mask = AttentionMaskFromIds()(ids)
+    ours, stock = Float32SoftmaxAttention(2, 8), keras.layers.MultiHeadAttention(2, 8)
+    ours(x, x, attention_mask=mask)
+    stock(x, x, attention_mask=mask)
+    stock.set_weights(ours.get_weights())
+    for layer in (ours, stock):  # the scores and probabilities themselves, not only the output
+        layer.output_and_scores = layer(x, x, attention_mask=mask, return_attention_scores=True)
+    for got, want in zip(ours.output_and_scores, stock.output_and_scores, strict=True):
+        np.testing.assert_allclose(got.numpy()[1:], want.numpy()[1:], atol=1e-6)
+    pooled = MaskedMeanPooling()([x, ids]).numpy()
+    tokens = (ids != 0)[..., None]
+    mean = (x.numpy() * tokens).sum(1) / np.maximum(tokens.sum(1), 1)
+    np.testing.assert_allclose(pooled, mean, atol=1e-6)
+    assert not pooled[0].any()  # an all-padding text pools to zeros
+
+
+@pytest.mark.slow  # converts bert_tiny to full_int8 with TensorFlow's calibrator: ~15 s
+def test_bert_tiny_in_full_int8_keeps_its_attention_scores_and_divides_nothing():
+    """Issue 46: measured on bert_tiny, full_int8 gave every attention score the -1e9 mask's
+    int8 scale (3.9e6: every score quantized to 0, attention uniform over all positions) and
+    its mean pooling an int8 DIV (which refuses a divisor whose int8 value is 0). Each softmax
+    input must now span the scores and the penalty, not the mask's 1e9."""
+    import tensorflow as tf
+
+    from ampflow.components.train.text_layers import MASK_PENALTY
+
+    model = make_text_model("bert_tiny", SEQ, VOCAB, CLASSES, policy="float32").model
+    ids = _padded_ids(np.random.default_rng(4), batch=32)
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    converter.representative_dataset = lambda: ([ids[i:i + 1]] for i in range(len(ids)))
+    interpreter = tf.lite.Interpreter(model_content=converter.convert())
+    ops = interpreter._get_ops_details()
+    tensors = {t["index"]: t for t in interpreter.get_tensor_details()}
+    assert "DIV" not in {op["op_name"] for op in ops}
+    softmax_inputs = [tensors[op["inputs"][0]] for op in ops if op["op_name"] == "SOFTMAX"]
+    assert len(softmax_inputs) == 4  # 2 attentions, the pooling, the head
+    for tensor in softmax_inputs:
+        scale, _ = tensor["quantization"]
+        assert 0 < scale * 255 < 2 * MASK_PENALTY, tensor["name"]  # the range it spans
