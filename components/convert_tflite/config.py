@@ -54,7 +54,9 @@ class ConvertConfig:
         "help": "Rerun every model in the standalone LiteRT interpreter (ai-edge-litert) and "
                 "require the same outputs; auto = where the package is installed."})
     edge_tolerance: float = field(default=1e-5, metadata={
-        "help": "Max |probability difference| allowed between tf.lite and LiteRT outputs."})
+        "help": "Max |probability difference| allowed between tf.lite and LiteRT outputs of "
+                "a float-activation variant (full_int8's LiteRT answers pass its own gate "
+                "instead: int8 kernels may round apart)."})
     float32_min_agreement: float = field(default=0.999, metadata={
         "help": "Gate: float32 argmax agreement with the SavedModel (fraction)."})
     float16_min_agreement: float = field(default=0.995, metadata={

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ampflow.components.convert_tflite.config import ConvertConfig
+from ampflow.components.convert_tflite.edge import edge_check, edge_gates, edge_plan
 from ampflow.components.convert_tflite.variants import SavedModelConverter
 from ampflow.components.export_savedmodel.versions import list_versions
 from ampflow.components.prepare_data.text import MODALITY_IMAGE
@@ -69,7 +70,7 @@ def run_convert(config: ConvertConfig) -> ConvertResult:
     from ampflow.components.prepare_data import load_dataset_info
 
     ensure_writable_dir(Path(config.output_dir).parent, "output_dir's parent")
-    edge = _edge_plan(config)  # before any compute: edge_check=True without LiteRT fails now
+    edge = edge_plan(config)  # before any compute: edge_check=True without LiteRT fails now
     saved_model_dir = resolve_saved_model_dir(config.saved_model_dir)
     info = load_dataset_info(config.data_dir)
     inputs = _inputs_of(saved_model_dir, info, config)  # the one place that decides modality
@@ -149,7 +150,9 @@ def _convert_and_check(config, variant, converter: SavedModelConverter, inputs, 
         examples[runs], runs=config.latency_runs, warmup=config.warmup_runs,
         batch_size=config.batch_size)) if runs.all() else None
     metrics["tensor_dtypes"] = runner.tensor_dtypes()
-    metrics["edge"] = (_edge_check(config, path, examples, out, edge, position, key)
+    metrics["edge"] = (edge_check(config, path, examples, out, edge, variant=variant,
+                                  reference={"probabilities": ref_probs, "labels": labels},
+                                  position=position, signature_key=key)
                        if runs.all() else {"status": "skipped",
                                            "reason": "the model fails to run on some inputs"})
     gate_checks = _gate_checks(config, variant, metrics)
@@ -223,37 +226,14 @@ def _accuracy_metrics(out, labels, ref_probs, ref_accuracy: float) -> dict[str, 
     }
 
 
-def _edge_check(config, path: Path, images, out, edge: dict,
-                position: str | None = None, signature_key: str | None = None) -> dict[str, Any]:
-    """Rerun in the standalone LiteRT interpreter; the outputs must be the same."""
-    from ampflow.components.convert_tflite import checks
-
-    if not edge["enabled"]:
-        return {"status": "skipped", "reason": edge["reason"]}
-    runner = checks.TFLiteRunner(path, runtime="litert",
-                                 signature_key=signature_key or config.signature_key,
-                                 num_threads=config.num_threads)
-    edge_out = runner.predict(images, config.batch_size,
-                              desc=f"edge check {position or path.stem} (LiteRT)")
-    return {
-        "status": "ran",
-        "runtime": edge["runtime"],
-        "max_abs_diff": float(np.max(np.abs(edge_out[PROBABILITIES_OUTPUT]
-                                            - out[PROBABILITIES_OUTPUT]))),
-        "class_agreement": float(np.mean(edge_out[CLASS_IDS_OUTPUT] == out[CLASS_IDS_OUTPUT])),
-    }
-
-
 def _gate_checks(config: ConvertConfig, variant: str, metrics: dict) -> list[dict[str, Any]]:
     triples = list(config.gates_for(variant))
     if metrics["failed_examples"]:  # a model that fails in the interpreter: said as a gate
         triples.append(("failed_examples", "<=", 0))
     values = {name: metrics[name] for name, _, _ in triples}
-    if metrics["edge"]["status"] == "ran":
-        triples += [("edge_max_abs_diff", "<=", config.edge_tolerance),
-                    ("edge_class_agreement", ">=", 1.0)]
-        values["edge_max_abs_diff"] = metrics["edge"]["max_abs_diff"]
-        values["edge_class_agreement"] = metrics["edge"]["class_agreement"]
+    for name, op, threshold, value in edge_gates(config, variant, metrics["edge"]):
+        triples.append((name, op, threshold))
+        values[name] = value
     checks = []
     for name, op, threshold in triples:
         value = values[name]
@@ -268,29 +248,6 @@ def _gate_message(results: dict[str, VariantResult], report: Path) -> str:
               f"{c['name']}={c['value']:.6g}"
               for r in results.values() for c in r.checks if not c["passed"]]
     return f"TFLite gate failed ({'; '.join(failed)}). See {report}"
-
-
-def _edge_plan(config: ConvertConfig) -> dict[str, Any]:
-    from ampflow.components.convert_tflite.checks import litert_available
-
-    if config.edge_check is False:
-        return {"enabled": False, "reason": "disabled (edge_check=False)", "runtime": None}
-    problem = litert_available()
-    if problem and config.edge_check:
-        raise ConfigError(f"edge_check=True needs the ai-edge-litert package. Received: {problem}")
-    if problem:
-        log.warning("edge check skipped: %s", problem)
-        return {"enabled": False, "reason": problem, "runtime": None}
-    return {"enabled": True, "reason": None, "runtime": f"ai-edge-litert {_litert_version()}"}
-
-
-def _litert_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("ai-edge-litert")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _inputs_of(saved_model_dir: Path, info: dict, config: ConvertConfig):

@@ -52,7 +52,11 @@ def test_run_convert_mixed_float16_model_all_variants_pass_default_gates(convert
         assert meta["inputs"]["images"]["shape"] == [-1, 8, 8, 1]
         assert v.metrics["accuracy"] >= 0.9 and v.metrics["num_examples"] == 359
         assert v.metrics["edge"]["status"] == "ran"
-        assert v.metrics["edge"]["max_abs_diff"] <= 1e-5
+        if name == "full_int8":  # int8 kernels may round apart: LiteRT passes the gate itself
+            assert v.metrics["edge"]["rule"] == "gate"
+            assert v.metrics["edge"]["agreement"] >= 0.97
+        else:
+            assert v.metrics["edge"]["max_abs_diff"] <= 1e-5
         assert v.metrics["timing"]["latency_runs"] == 50
         assert 0 < v.metrics["timing"]["latency_ms_median"] <= v.metrics["timing"]["latency_ms_p95"]
         assert {c["name"] for c in v.checks} >= {"agreement", "accuracy_drop_points"}
