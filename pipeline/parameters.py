@@ -256,9 +256,6 @@ def check_data_arguments(arguments: dict[str, object]) -> None:
         return
     model = str(arguments.get("model", PIPELINE_PARAMETERS["model"][1]))
     _check_model_fits(model, modality, given)
-    if modality == "text":
-        _check_text_variants(model, str(arguments.get(
-            "tflite_variants", PIPELINE_PARAMETERS["tflite_variants"][1])))
     if modality == "image":
         for name, value in text.items():
             if value != TEXT_DEFAULTS[name]:
@@ -307,26 +304,6 @@ def _check_model_fits(model: str, modality: str, given: dict[str, object]) -> No
         raise ConfigError(f"model {model!r} is {kind}, and {_source(given)} holds {holds}: "
                           f"choose one of {', '.join(fits)}, a builder or a .keras file. "
                           f"Received: model={model!r}")
-
-
-# The TFLite variant the built-in text models cannot pass (docs/how-to/text-models.md, Export
-# and TFLite): TFLite's int8 DIV kernel refuses a divisor whose int8 value is 0, and their mean
-# pooling divides by the quantized token count. A user's text model may pass it: not refused.
-TEXT_VARIANT_THAT_FAILS = "full_int8"
-
-
-def _check_text_variants(model: str, tflite_variants: str) -> None:
-    """A built-in text model with full_int8 would fail convert's gate after training."""
-    from ampflow.components.train.models import text_model_names
-
-    variants = [v.strip() for v in tflite_variants.split(",") if v.strip()]
-    if model in text_model_names() and TEXT_VARIANT_THAT_FAILS in variants:
-        others = ",".join(v for v in variants if v != TEXT_VARIANT_THAT_FAILS) or "float32"
-        raise ConfigError(
-            f"tflite_variants must leave out {TEXT_VARIANT_THAT_FAILS} for {model!r}: TFLite's "
-            "int8 DIV refuses its mean pooling's quantized token count, so that variant fails "
-            f"convert's gate (docs/how-to/text-models.md): pass tflite_variants={others}. "
-            f"Received: tflite_variants={tflite_variants!r}")
 
 
 def check_serving_format(serving_format: str, tflite_variant: str, tflite_variants: str,

@@ -30,7 +30,7 @@ from ampflow.pipeline.run_local import LocalRunConfig
 DATA = ("text_folder", "text_file", "text_column", "label_column", "text_feature",
         "max_text_bytes")
 TRAIN = ("max_sequence_length", "vocabulary_size")
-VARIANTS = "float32,float16,dynamic_range"  # a built-in text model fails full_int8's gate
+VARIANTS = "float32,float16,dynamic_range"
 
 
 def _home(name: str):
@@ -113,9 +113,6 @@ def test_submit_takes_the_text_parameters_typed():
      r"max_text_bytes must be a positive integer"),
     ({"text_folder": "texts", "model": "bert_tiny", "image_size": "32"},
      r"image_size applies to images"),
-    ({"text_folder": "texts", "model": "bert_tiny"},  # the default variants hold full_int8
-     r"tflite_variants must leave out full_int8 for 'bert_tiny'.*pass "
-     r"tflite_variants=float32,float16,dynamic_range\. Received: "),
 ])
 def test_submit_refuses_text_settings_that_cannot_run_before_anything_is_sent(arguments,
                                                                                message):
@@ -165,6 +162,23 @@ def test_demo_refuses_text_before_a_step_runs(tmp_path, capsys, source):
     assert not workdir.exists()
 
 
+@pytest.mark.parametrize("model", ["bert_tiny", "bert_base"])
+def test_a_built_in_text_model_with_the_default_variants_is_not_refused(model, tmp_path,
+                                                                        monkeypatch):
+    """Issue 46: full_int8 among the defaults was refused for a built-in text model.
+
+    Its attention and mean pooling now quantize (docs/how-to/text-models.md, "full_int8 of a
+    text model"): submit's check and run-local's pass the defaults, all four variants.
+    """
+    assert PIPELINE_PARAMETERS["tflite_variants"][1] == "float32,float16,dynamic_range,full_int8"
+    check_arguments({"text_folder": "/data/reviews", "model": model})
+    check_arguments({"dataset": "ampflow_rotten_tomatoes", "model": model})
+    (tmp_path / "texts").mkdir()
+    monkeypatch.chdir(tmp_path)
+    check_arguments(LocalRunConfig(workdir=Path("run"), text_folder="texts",
+                                   model=model).arguments())
+
+
 def test_run_local_takes_text_flags_and_gives_the_step_absolute_paths(tmp_path, monkeypatch):
     (tmp_path / "texts").mkdir()
     (tmp_path / "t.csv").write_text("text,label\nfine,a\n")
@@ -192,8 +206,6 @@ def test_run_local_takes_text_flags_and_gives_the_step_absolute_paths(tmp_path, 
     (["--text-folder", "{tmp}/texts", "--model", "bert_tiny", "--max-sequence-length", "0"],
      "--max-sequence-length must be an integer between 1 and 4096. Received: "
      "--max-sequence-length=0"),
-    (["--text-folder", "{tmp}/texts", "--model", "bert_tiny"],
-     "--tflite-variants must leave out full_int8 for 'bert_tiny'"),
 ])
 def test_run_local_refuses_in_one_line_before_any_step(tmp_path, capsys, flags, message):
     from ampflow.cli import main
