@@ -97,6 +97,17 @@ def test_text_export_follows_the_contract_and_ships_the_vocabulary(text_export, 
 
 
 @pytest.mark.slow
+def test_the_export_commands_summary_counts_a_text_models_parity_in_texts(text_export):
+    """`ampflow export` of a text model published its version, then ended in a KeyError
+    traceback: its summary read the image parity's `num_images`."""
+    from ampflow.components.export_savedmodel.cli import _summary
+    from ampflow.components.export_savedmodel.step import ExportResult
+
+    result = ExportResult(text_export.version_dir, 1, "reviews", text_export.metadata)
+    assert _summary(result)["export_parity"].endswith(" on 90 texts")
+
+
+@pytest.mark.slow
 def test_the_graph_runs_core_tensorflow_ops_only(text_export):
     ops = graph_op_types(text_export.version_dir)
     # the tokenizer is in the graph: lower-casing, punctuation regex, split, vocabulary lookup
