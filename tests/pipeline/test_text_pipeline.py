@@ -5,8 +5,9 @@ class, so bert_tiny learns it from scratch in two short epochs), a test/ folder 
 (60 texts: the release gate's chance test decides, with no too-small note), and one training
 file that is not UTF-8. `run-local --text-folder DIR --model bert_tiny --max-sequence-length
 16` prepares, trains under mixed_float16, gates, exports the raw-text SavedModel, converts
-the token-id TFLite model and deploys a version; the bad file is counted and listed, and the
-step lines and the results table say the texts, what was left out and the sequence length.
+the token-id TFLite models (the default variants, full_int8 too) and deploys a version; the
+bad file is counted and listed, and the step lines and the results table say the texts, what
+was left out and the sequence length.
 Then `ampflow serve` serves the deployed version and `ampflow predict --text` answers a raw
 sentence over gRPC and REST with the class the trained model gives in process.
 """
@@ -69,8 +70,7 @@ def test_a_text_folder_runs_the_whole_pipeline_with_bert_tiny_and_serves_raw_tex
 
     config = LocalRunConfig(
         workdir=tmp_path / "run", text_folder=str(folder), model="bert_tiny",
-        max_sequence_length=SEQ, epochs=2, xla="off", with_float32_baseline=False,
-        tflite_variants="float32")
+        max_sequence_length=SEQ, epochs=2, xla="off", with_float32_baseline=False)
     console = io.StringIO()
     result = run_local(config, console=console)  # raises if any step (the gate) failed
 
@@ -86,6 +86,11 @@ def test_a_text_folder_runs_the_whole_pipeline_with_bert_tiny_and_serves_raw_tex
                          .read_text())
     assert verdict["passed"] and verdict["notes"] == []  # 60 test texts decide against chance
     assert verdict["checks"][0]["name"] == "chance_binomial_p_value"
+    # the default variants, full_int8 too, each past its gate (issue 46: it was refused)
+    conversion = json.loads((result.artifacts["convert-tflite"]["tflite"] / "report.json")
+                            .read_text())
+    assert {v: r["passed"] for v, r in conversion["variants"].items()} == dict.fromkeys(
+        ("float32", "float16", "dynamic_range", "full_int8"), True)
     endpoint = json.loads(result.artifacts["deploy-serving"]["endpoint"].read_text())
     assert endpoint["version"] == 1
     assert (config.serving_base / "1" / "saved_model.pb").is_file()
