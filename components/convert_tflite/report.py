@@ -82,8 +82,9 @@ def render_markdown(report: dict) -> str:
     ]
     for name, v in report["variants"].items():
         edge = v["edge"]
-        edge_cell = (f"same (max diff {edge['max_abs_diff']:.1e})" if edge["status"] == "ran"
-                     else "skipped")
+        edge_cell = "skipped" if edge["status"] != "ran" else (
+            f"agreement {edge['agreement']:.4f}, max diff {edge['max_abs_diff']:.1e}"
+            if edge.get("rule") == "gate" else f"same (max diff {edge['max_abs_diff']:.1e})")
         lines.append(_row(name, v["size_bytes"], v.get("size_ratio_vs_float32"), v["accuracy"],
                           v["accuracy_drop_points"], v["agreement"], v["max_abs_prob_diff"],
                           v["timing"], edge_cell, "pass" if v["passed"] else "**FAIL**"))
