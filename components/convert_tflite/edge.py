@@ -48,11 +48,11 @@ def quantized_activations(variant: str) -> bool:
 
 
 def edge_check(config, path: Path, examples, out, edge: dict, *, variant: str,
-               reference: dict, position: str | None = None,
+               ref_probs: np.ndarray, labels: np.ndarray, position: str | None = None,
                signature_key: str | None = None) -> dict[str, Any]:
     """Rerun `path` in LiteRT; compare with the tf.lite outputs `out` and with the reference.
 
-    `reference` holds the SavedModel's `probabilities` and the test `labels`.
+    `ref_probs` are the SavedModel's probabilities on the test `labels`' examples.
     """
     from ampflow.components.convert_tflite import checks
 
@@ -64,7 +64,6 @@ def edge_check(config, path: Path, examples, out, edge: dict, *, variant: str,
     edge_out = runner.predict(examples, config.batch_size,
                               desc=f"edge check {position or path.stem} (LiteRT)")
     ids = np.asarray(edge_out[CLASS_IDS_OUTPUT])
-    ref_probs, labels = reference["probabilities"], reference["labels"]
     ref_accuracy = float(np.mean(np.argmax(ref_probs, axis=-1) == labels))
     accuracy = float(np.mean(ids == labels))
     return {

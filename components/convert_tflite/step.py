@@ -151,8 +151,8 @@ def _convert_and_check(config, variant, converter: SavedModelConverter, inputs, 
         batch_size=config.batch_size)) if runs.all() else None
     metrics["tensor_dtypes"] = runner.tensor_dtypes()
     metrics["edge"] = (edge_check(config, path, examples, out, edge, variant=variant,
-                                  reference={"probabilities": ref_probs, "labels": labels},
-                                  position=position, signature_key=key)
+                                  ref_probs=ref_probs, labels=labels, position=position,
+                                  signature_key=key)
                        if runs.all() else {"status": "skipped",
                                            "reason": "the model fails to run on some inputs"})
     gate_checks = _gate_checks(config, variant, metrics)
