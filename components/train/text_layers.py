@@ -1,27 +1,13 @@
-"""The layers of ampflow's text encoders, written for mixed precision.
+"""The layers of ampflow's text encoders, written for mixed precision and for full_int8 TFLite.
 
-What AMP needs in a Transformer, and where each rule is kept (docs/how-to/text-models.md):
-- the softmax of the attention scores in float32: Keras 3.15's `MultiHeadAttention` builds its
-  `Softmax` under the layer's policy, so under `mixed_float16` the softmax runs in float16
-  whenever the layer takes its explicit path (attention dropout > 0, or scores returned); only
-  the fused `ops.dot_product_attention` path (no dropout) upcasts. `Float32SoftmaxAttention`
-  gives the explicit path a float32 `Softmax` and casts the probabilities back to the compute
-  dtype for the product with the values, so both paths compute the softmax in float32;
-- masks with a value the dtype holds: the float32 softmax masks 30 below the lowest score, in
-  float32 (`penalised` below; Keras's `Softmax` selects -1e9), the fused path with -0.7 ×
-  float32's max after its float32 upcast; a float16 tensor never holds the constant
-  (float16's max is 65504: -1e9 would be -inf, and 0 × -inf is NaN);
-- LayerNormalization computes in float32 (Keras upcasts half precision inside it);
-- the padding mask comes from the ids (0 = padding), so a model needs nothing but token ids.
-
-And what full_int8 TFLite needs (docs/how-to/text-models.md, "full_int8 of a text model"):
-- a padded position's score is put `MASK_PENALTY` below the row's lowest score by arithmetic,
-  not replaced by -1e9 in a select: a select's inputs share one int8 scale, so the converter
-  stretched the scores' range to -1e9 (scale 3.9e6) and every score quantized to 0, an
-  attention uniform over all positions. The arithmetic keeps the scores' own scale;
-- the mean pooling divides nothing at run time: its weights 1/count are a softmax of the same
-  penalty (int8 SOFTMAX, not DIV, which refuses a divisor whose int8 value is 0).
-In float32 both give Keras's numbers to within e^-MASK_PENALTY per padded position.
+AMP: the attention softmax runs in float32 on both of Keras's attention paths
+(`Float32SoftmaxAttention`), masks use values the compute dtype holds, LayerNorm computes in
+float32, and the padding mask comes from the ids (0 = padding). full_int8: a padded position's
+score is put `MASK_PENALTY` below the row's lowest score by arithmetic (a -1e9 select would
+stretch the scores' shared int8 scale until every score quantized to 0), and the mean pooling's
+weights are a softmax of that penalty (no run-time DIV). In float32 both give Keras's numbers
+to within e^-MASK_PENALTY per padded position. Each rule and its measurement:
+docs/explanation/design-notes.md, "text_layers.py", and docs/how-to/text-models.md.
 """
 
 from __future__ import annotations
