@@ -174,9 +174,6 @@ def test_text_convert_with_its_defaults_exits_0(text_walk):
     assert "Traceback" not in step.out, step.out[-3000:]
     report = (text_walk["work"] / "tflite" / "report.md").read_text()
     assert "| texts/s (batch 32) |" in report and "img/s" not in report
-    if step.code != 0 and "full_int8" in step.out:
-        pytest.xfail("issue 46, full_int8 for text: the default variants' full_int8 fails its "
-                     "gate on a text model (fixed on another branch; remove this once merged)")
     step.assert_ok()
 
 
