@@ -24,6 +24,14 @@ log = logging.getLogger(__name__)
 
 SOURCES = ("gpu_allocator_peak", "cpu_allocator_peak", "process_vmhwm_reset",
            "process_maxrss_lifetime")
+ALLOCATOR_SOURCES = SOURCES[:2]
+# Why "CPU:0" may have no allocator statistics (measured on an AVX2-only CPU, TF 2.21): TF's
+# default CPU allocator keeps none; oneDNN's allocator and the BFC allocator do. oneDNN is on by
+# default only on CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX; either variable, set before
+# TensorFlow starts, turns the statistics on.
+NO_CPU_STATS_HINT = ("TF's default CPU allocator keeps no statistics; set "
+                     "TF_CPU_ALLOCATOR_USE_BFC=true or TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow "
+                     "starts to measure tensors")
 AUTO = "auto"
 # `--batch-size auto` on a machine without a GPU: TrainConfig.batch_size's default (a test ties
 # the two), since there is no accelerator memory to fill (module docstring).
@@ -74,7 +82,24 @@ class MemoryPeak:
         return out
 
 
+def why_not_comparable(a: MemoryPeak, b: MemoryPeak) -> str | None:
+    """None when the regions of `a` and `b` can be compared; else one line that says why not.
+
+    Only an allocator's counters see the tensors of a region. The process's resident set does
+    not grow when memory freed before the region is reused (so whichever region runs second
+    looks smaller), and the kernel's RSS counters are approximate (per-CPU batches of pages),
+    so two process peaks differ by noise as large as a small model's activations.
+    """
+    if a.source != b.source:
+        return f"the peaks were measured differently: {a.source} vs {b.source}"
+    if a.source not in ALLOCATOR_SOURCES:
+        return (f"{a.source} cannot compare two regions' tensors: the process reuses memory "
+                f"freed before a region without its resident set growing ({NO_CPU_STATS_HINT})")
+    return None
+
+
 _ACTIVE: list[PeakMemory] = []  # open regions, outermost first
+_WARNED: set[str] = set()  # devices whose missing statistics were logged (once per process)
 
 
 class PeakMemory:
@@ -129,6 +154,10 @@ class PeakMemory:
         process = max(_process_peak(), self._folded.get("process", 0))
         process_source = ("process_vmhwm_reset" if self._process_resettable
                           else "process_maxrss_lifetime")
+        # A region's peak holds what was in use when it began: a counter read below it (the
+        # kernel's per-CPU RSS counters are approximate) is its baseline, never a negative region.
+        peaks = {device: max(peak, self._baseline[device]) for device, peak in peaks.items()}
+        process = max(process, self._baseline["process"])
         if peaks:
             top = max(peaks, key=peaks.get)
             self.result = MemoryPeak(
@@ -167,8 +196,11 @@ class PeakMemory:
                 if self.source == "allocator":
                     raise ConfigError(f"device must have TF allocator statistics. Received: "
                                       f"device={device!r} ({e})") from e
-                log.warning("no allocator statistics for %s (%s): measuring the process's "
-                            "peak instead", device, e)
+                if device not in _WARNED:
+                    _WARNED.add(device)
+                    log.warning("no allocator statistics for %s (%s): measuring the process's "
+                                "peak instead%s", device, e,
+                                f"; {NO_CPU_STATS_HINT}" if device.startswith("CPU") else "")
         return usable
 
 
