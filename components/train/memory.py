@@ -25,10 +25,8 @@ log = logging.getLogger(__name__)
 SOURCES = ("gpu_allocator_peak", "cpu_allocator_peak", "process_vmhwm_reset",
            "process_maxrss_lifetime")
 ALLOCATOR_SOURCES = SOURCES[:2]
-# Why "CPU:0" may have no allocator statistics (measured on an AVX2-only CPU, TF 2.21): TF's
-# default CPU allocator keeps none; oneDNN's allocator and the BFC allocator do. oneDNN is on by
-# default only on CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX; either variable, set before
-# TensorFlow starts, turns the statistics on.
+# "CPU:0" without statistics (measured, TF 2.21): oneDNN's and the BFC allocator keep them, TF's
+# default one not; oneDNN is on by default only with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX.
 NO_CPU_STATS_HINT = ("TF's default CPU allocator keeps no statistics; set "
                      "TF_CPU_ALLOCATOR_USE_BFC=true or TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow "
                      "starts to measure tensors")
@@ -193,14 +191,14 @@ class PeakMemory:
                 tf.config.experimental.get_memory_info(device)
                 usable.append(device)
             except (ValueError, tf.errors.OpError) as e:
+                hint = f"; {NO_CPU_STATS_HINT}" if device.startswith("CPU") else ""
                 if self.source == "allocator":
                     raise ConfigError(f"device must have TF allocator statistics. Received: "
-                                      f"device={device!r} ({e})") from e
+                                      f"device={device!r} ({e}){hint}") from e
                 if device not in _WARNED:
                     _WARNED.add(device)
                     log.warning("no allocator statistics for %s (%s): measuring the process's "
-                                "peak instead%s", device, e,
-                                f"; {NO_CPU_STATS_HINT}" if device.startswith("CPU") else "")
+                                "peak instead%s", device, e, hint)
         return usable
 
 
@@ -391,7 +389,8 @@ class MemoryLimit:
     raises `InjectedOutOfMemory`, as the allocator of a device that small would have. The limit
     is compared with the real measurement, never with a formula of the batch size — with what
     the trial itself needed (`region_bytes`), so the answer does not depend on what else the
-    process happens to hold.
+    process happens to hold. It needs an allocator's peak (a `ConfigError` without one): the
+    process's cannot compare two trials' tensors (`why_not_comparable`).
     """
 
     limit_bytes: int
@@ -399,7 +398,7 @@ class MemoryLimit:
     device: str | None = None
 
     def __call__(self, batch: int) -> MemoryPeak:
-        with PeakMemory(self.device) as region:
+        with PeakMemory(self.device, source="allocator") as region:
             returned = self.try_batch(batch)
         peak = returned if isinstance(returned, MemoryPeak) else region.result
         if peak.region_bytes > self.limit_bytes:

@@ -34,16 +34,12 @@ MIB = 2**20
 
 # ---- PeakMemory ------------------------------------------------------------------------------
 
-def _cpu_allocator_reports() -> bool:
-    """Whether TF's allocator of this machine keeps statistics (a GPU's always does; a CPU's
-    only under oneDNN's or the BFC allocator: memory.NO_CPU_STATS_HINT)."""
-    import tensorflow as tf
-
-    if tf.config.list_logical_devices("GPU"):
-        return True
+def _allocator_reports() -> bool:
+    """Whether TF's allocator keeps statistics here (a GPU's always does; a CPU's only under
+    oneDNN's or the BFC allocator: memory.NO_CPU_STATS_HINT)."""
     try:
-        tf.config.experimental.get_memory_info("CPU:0")
-    except ValueError:
+        PeakMemory(source="allocator").start().stop()
+    except ConfigError:
         return False
     return True
 
@@ -66,7 +62,7 @@ def test_peak_memory_tf_buffer_counts_in_its_peak_and_reset_forgets_it(caplog, m
             tf.ones((MIB // 4,)).numpy()  # 1 MiB
     assert big.result.resettable
     assert big.result.region_bytes >= 200 * MIB
-    if _cpu_allocator_reports():
+    if _allocator_reports():
         assert big.result.source in ALLOCATOR_SOURCES
         assert small.result.region_bytes < 20 * MIB
         assert big.result.process_peak_bytes and big.result.process_source in SOURCES
@@ -213,12 +209,19 @@ def test_is_out_of_memory_knows_tf_and_injected_errors_only():
 # ---- the injected limit: real measured peaks -------------------------------------------------
 
 def test_memory_limit_fails_a_trial_by_its_measured_peak():
+    """Against an allocator's peak; without one (an AVX2-only CPU) one line says why, before any
+    trial runs: the process's peak cannot compare two trials' tensors."""
     import tensorflow as tf
 
     def allocate(batch: int) -> None:  # batch MiB through TF's allocator
         tf.ones((batch * MIB // 4,)).numpy()
 
     limited = MemoryLimit(24 * MIB, allocate)
+    if not _allocator_reports():
+        with pytest.raises(ConfigError, match="must have TF allocator statistics.*"
+                                              "TF_CPU_ALLOCATOR_USE_BFC=true"):
+            limited(8)
+        return
     assert limited(8).region_bytes <= 24 * MIB  # what the trial needed, whatever else is held
     with pytest.raises(InjectedOutOfMemory, match="over the 24.0 MiB limit") as caught:
         limited(64)
@@ -257,6 +260,11 @@ def test_auto_batch_size_with_the_real_probe_and_an_injected_limit_finds_the_sma
         return measured[batch]
 
     real_probe = train_step_probe(_tiny_model, (32, 32, 3), 10, "float32")
+    if not _allocator_reports():  # the process's peak: whichever batch runs first looks larger
+        with pytest.raises(ConfigError, match="must have TF allocator statistics"):
+            auto_batch_size(probe, limit=256, start=8, gpu=False, memory_limit_bytes=MIB)
+        assert not measured  # refused before a trial ran
+        return
     peak_8, peak_16 = probe(8).region_bytes, probe(16).region_bytes
     assert peak_8 < peak_16
     assert keras.mixed_precision.global_policy().name == "float32"  # restored
@@ -289,7 +297,7 @@ def test_train_step_probe_peak_is_lower_under_mixed_bfloat16_where_the_allocator
              for policy in ("float32", "mixed_bfloat16")}
     why = why_not_comparable(peaks["mixed_bfloat16"], peaks["float32"])
     assert all(peak.region_bytes >= 0 for peak in peaks.values())
-    if _cpu_allocator_reports():
+    if _allocator_reports():
         assert why is None
         if tf.config.list_logical_devices("GPU") or read_cpu_flags() & BF16_CPU_FLAGS:
             assert peaks["mixed_bfloat16"].region_bytes < peaks["float32"].region_bytes
