@@ -126,28 +126,28 @@ class RestHandler:
             answer.outputs)
 
     def _classify(self, spec, body: bytes, record: CallRecord):
-        request = classification_pb2.ClassificationRequest(model_spec=spec)
-        record_spec(record, spec)
-        doc = json_tensor.parse_object(body)
-        request.model_spec.signature_name = json_tensor.signature_name(doc)
-        json_tensor.fill_examples(doc, request, self.core.limits.max_rows)
-        response = self.api.classify(request, REST_TIMEOUT_S)
-        record.answered = answered_version(response)
+        response = self._examples_call(classification_pb2.ClassificationRequest(model_spec=spec),
+                                       body, record, self.api.classify)
         results = [[[c.label, json_tensor.float32_json(c.score)] for c in row.classes]
                    for row in response.result.classifications]
         return {"results": results}
 
     def _regress(self, spec, body: bytes, record: CallRecord):
         """`:regress`: `examples` (+ `context`) as Classify's; `{"results": [value, ...]}`."""
-        request = regression_pb2.RegressionRequest(model_spec=spec)
-        record_spec(record, spec)
+        response = self._examples_call(regression_pb2.RegressionRequest(model_spec=spec),
+                                       body, record, self.api.regress)
+        return {"results": [json_tensor.float32_json(r.value)
+                            for r in response.result.regressions]}
+
+    def _examples_call(self, request, body: bytes, record: CallRecord, call):
+        """`:classify`/`:regress`: the JSON's examples and signature into `request`, then `call`."""
+        record_spec(record, request.model_spec)
         doc = json_tensor.parse_object(body)
         request.model_spec.signature_name = json_tensor.signature_name(doc)
         json_tensor.fill_examples(doc, request, self.core.limits.max_rows)
-        response = self.api.regress(request, REST_TIMEOUT_S)
+        response = call(request, REST_TIMEOUT_S)
         record.answered = answered_version(response)
-        return {"results": [json_tensor.float32_json(r.value)
-                            for r in response.result.regressions]}
+        return response
 
     def _status(self, spec, record: CallRecord):
         request = get_model_status_pb2.GetModelStatusRequest(model_spec=spec)
