@@ -237,9 +237,15 @@ def markdown(report: dict) -> str:
     lines += ["", f"Every seed: {summary['finished']} of {summary['seeds']} finished; skipped "
               f"steps {_span(summary['skipped_steps_range'], 'd')}, val_accuracy "
               f"{_span(summary['val_accuracy_range'], '.4f')}, lowest scale "
-              f"{_span(summary['lowest_scale_range'], 'g')}; the old rule stops seeds "
-              f"{', '.join(map(str, summary['old_rule_stops_seeds'])) or 'none'}."]
+              f"{_span(summary['lowest_scale_range'], 'g')}; the old rule stops "
+              f"{_seeds(summary['old_rule_stops_seeds'])}."]
     return "\n".join(lines) + "\n"
+
+
+def _seeds(seeds: list[int]) -> str:
+    if not seeds:
+        return "no seed"
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
 
 
 def _span(values: list | None, spec: str) -> str:
