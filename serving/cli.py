@@ -112,6 +112,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default="auto", choices=["auto", "local", "tf-serving"],
                    help="auto: tensorflow_model_server if on PATH and it can honour every flag "
                         "(it listens on all interfaces), else the local server")
+    from ampflow.serving.tf_serving_binary import add_tf_serving_flags
+
+    add_tf_serving_flags(p)  # TF Serving's own spellings of the flags above
 
 
 def _add_connection_limit_flags(p: argparse.ArgumentParser) -> None:

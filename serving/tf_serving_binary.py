@@ -1,14 +1,19 @@
-"""Run the real `tensorflow_model_server` with the flags that `ampflow serve` was given.
+"""TF Serving's command line, both ways: the real binary's argv, and its flags read by `serve`.
 
 In production the real TF Serving binary serves the model. When it is on PATH, `ampflow serve`
 execs it instead of the local server; the argv is built here from the same `ServerConfig`
 (the config-only settings — model list, version policy, labels, batching, TLS, monitoring —
 become the small text-proto files the binary reads). The binary could not be run on the
 machine this was written on (not on PyPI, no Docker), so only the argv is tested.
+
+The other way, `ampflow serve` takes tensorflow_model_server's own flags (`--model_name=m
+--rest_api_port=8501`, as its container passes them) as aliases of its own, so what build_argv
+writes reads back to the same config; its flags with no equivalent are refused in one line.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -17,6 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ampflow.errors import ConfigError
 from ampflow.serving.config import ServerConfig, to_model_server_config_text
 from ampflow.serving.transport.connection_limits import ConnectionLimits
 
@@ -145,3 +151,198 @@ def exec_binary(config: ServerConfig, binary: str) -> None:
     argv = build_argv(config, workdir, binary)
     log.info("exec %s", " ".join(argv))
     os.execv(binary, argv)
+
+
+# --- TF Serving's command line, read: `ampflow serve --rest_api_port=8501 ...` ----------------
+# tensorflow_model_server's flags (tensorflow_serving/model_servers/main.cc) that mean what one
+# of `ampflow serve`'s own does: TF Serving's name -> the config field it sets. `--port` is
+# spelled the same in both. Their defaults are the fields' (one home); TF Serving's differ only
+# for --model_name ("default" there, DEFAULT_MODEL_NAME here).
+TF_SERVING_ALIASES = {
+    "model_name": "model_name",
+    "model_base_path": "model_base_path",
+    "model_config_file": "model_config_file",
+    "rest_api_port": "rest_api_port",
+    "file_system_poll_wait_seconds": "file_system_poll_wait_seconds",
+    "enable_model_warmup": "enable_warmup",
+    "enable_signature_method_name_check": "enable_signature_method_name_check",
+    "grpc_channel_arguments": "max_message_bytes",
+}
+# Flags whose one value is what `ampflow serve` always does (taken), any other refused: flag ->
+# (the value as TF Serving parses it, why another cannot be had).
+TF_SERVING_FIXED = {
+    "model_config_file_poll_wait_seconds": (
+        "0", "the config file is read once at start (restart, or --allow-reload-config for "
+             "ModelService/HandleReloadConfigRequest)"),
+    "enable_batching": (
+        "false", "batching is --max-batch-size N with --batch-timeout-ms X (a "
+                 "BatchingParameters file is not read)"),
+    "enable_grpc_healthcheck_service": ("true", "grpc.health.v1 is always served"),
+}
+# Every other flag of tensorflow_model_server: refused, in one line with the reason.
+TF_SERVING_UNSUPPORTED = {
+    "grpc_socket_path": "gRPC listens on TCP only (--host and --port)",
+    "rest_api_num_threads": "the REST API runs on one event loop per process (use --workers)",
+    "rest_api_timeout_in_ms": "there is no per-call REST deadline; a slow client is bounded by "
+                              "--rest-header-timeout-s and --rest-body-timeout-s",
+    "rest_api_enable_cors_support": "the REST API sends no CORS headers",
+    "batching_parameters_file": "use --max-batch-size N and --batch-timeout-ms X",
+    "enable_per_model_batching_parameters": "batching is set for the whole server "
+                                            "(--max-batch-size, --batch-timeout-ms)",
+    "allow_version_labels_for_unavailable_models": "no equivalent",
+    "num_load_threads": "no equivalent",
+    "num_unload_threads": "no equivalent",
+    "max_num_load_retries": "no equivalent",
+    "load_retry_interval_micros": "no equivalent",
+    "flush_filesystem_caches": "no equivalent",
+    "tensorflow_session_parallelism": "TensorFlow's own thread pools are used",
+    "tensorflow_intra_op_parallelism": "TensorFlow's own thread pools are used",
+    "tensorflow_inter_op_parallelism": "TensorFlow's own thread pools are used",
+    "tensorflow_session_config_file": "no TF1 session ConfigProto is read",
+    "platform_config_file": "no PlatformConfigMap is read (models are SavedModels or .tflite, "
+                            "--model-format)",
+    "use_alts_credentials": "no ALTS; TLS is --tls-cert/--tls-key/--tls-client-ca",
+    "ssl_config_file": "its SSLConfig holds the PEM contents; give the PEM files as --tls-cert, "
+                       "--tls-key and --tls-client-ca",
+    "per_process_gpu_memory_fraction": "no equivalent (TensorFlow's GPU allocator defaults)",
+    "saved_model_tags": "the 'serve' tag set is loaded",
+    "grpc_max_threads": "no equivalent (use --workers for more processes)",
+    "num_request_iterations_for_warmup": "no equivalent (--warmup/--no-warmup)",
+    "version": "use `ampflow --version`",
+    "monitoring_config_file": "Prometheus metrics are --metrics-port (on their own port, or the "
+                              "REST port)",
+    "remove_unused_fields_from_bundle_metagraph": "no equivalent",
+    "prefer_tflite_model": "a version dir is a SavedModel or a .tflite file, --model-format",
+    "num_tflite_pools": "no equivalent",
+    "num_tflite_interpreters_per_pool": "no equivalent",
+    "xla_cpu_compilation_enabled": "no equivalent (a SavedModel runs as exported)",
+    "xla_gpu_compilation_enabled": "no equivalent (a SavedModel runs as exported)",
+    "enable_profiler": "no profiler service",
+    "thread_pool_factory_config_file": "no equivalent",
+    "mixed_precision": "use --compute-precision bfloat16",
+    "skip_initialize_tpu": "no TPU support",
+    "enable_serialization_as_tensor_content": "no equivalent",
+}
+_MESSAGE_LENGTH_KEYS = ("grpc.max_receive_message_length", "grpc.max_send_message_length")
+_TRUE, _FALSE = ("true", "True", "1"), ("false", "False", "0")
+
+
+def parse_tf_bool(flag: str, value: str) -> bool:
+    """A TF Serving bool flag's value: `--flag` alone is true, else `=true` or `=false`."""
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"--{flag} must be true or false. Received: --{flag}={value}")
+
+
+def parse_channel_arguments(value: str) -> int:
+    """`--grpc_channel_arguments` -> the max message bytes (the one key pair ampflow has).
+
+    What build_argv writes reads back to the same --max-message-bytes; any other gRPC channel
+    argument, or two different lengths for the two directions, is refused, never dropped.
+    """
+    lengths = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        key, sep, number = item.partition("=")
+        if key not in _MESSAGE_LENGTH_KEYS:
+            raise ConfigError(
+                f"--grpc_channel_arguments: only {' and '.join(_MESSAGE_LENGTH_KEYS)} are "
+                f"supported (--max-message-bytes). Received: {item!r}")
+        try:
+            lengths[key] = int(number) if sep else None
+        except ValueError:
+            lengths[key] = None
+        if lengths[key] is None:
+            raise ConfigError(f"--grpc_channel_arguments: {key} must be a whole number of "
+                              f"bytes. Received: {item!r}")
+    if len(set(lengths.values())) != 1:
+        raise ConfigError(
+            "--grpc_channel_arguments: ampflow has one --max-message-bytes for both "
+            f"directions, so give {' and '.join(_MESSAGE_LENGTH_KEYS)} the same value. "
+            f"Received: {value!r}")
+    return next(iter(lengths.values()))
+
+
+def same_tf_value(expected: str, given: str | None) -> bool:
+    """Whether TF Serving reads `given` (None: the flag alone) as `expected`."""
+    if expected in _TRUE + _FALSE:
+        return given is None and expected in _TRUE or given in (
+            _TRUE if expected in _TRUE else _FALSE)
+    try:
+        return given is not None and float(given) == float(expected)
+    except ValueError:
+        return False
+
+
+def add_tf_serving_flags(p: argparse.ArgumentParser) -> None:
+    """tensorflow_model_server's flags, so its container's arguments and scripts run unchanged.
+
+    Each is an alias of one of the flags above (same dest, so the field's default stays the one
+    home), read in TF Serving's syntax (`--flag=value`; a bool flag alone is true). Its other
+    flags are refused in one line with the reason: never silently ignored.
+    """
+    group = p.add_argument_group(
+        "TF Serving's flags", "tensorflow_model_server's spellings of the flags above, taken "
+        "as it takes them (--rest_api_port=8501, --enable_model_warmup=false); its flags with "
+        "no equivalent here are refused, each in one line saying why. One default differs: a "
+        "model with no name is --model-name's default here, 'default' there")
+    by_dest = {a.dest: a for a in p._actions if a.option_strings}
+    for name, dest in TF_SERVING_ALIASES.items():
+        own = by_dest[dest]
+        is_bool = isinstance(own, argparse.BooleanOptionalAction)
+        help_text = f"TF Serving's spelling of {own.option_strings[0]}"
+        if name == "grpc_channel_arguments":
+            help_text = (f"{'=N,'.join(_MESSAGE_LENGTH_KEYS)}=N (both the same N) is "
+                         f"{own.option_strings[0]} N; other channel arguments are refused")
+        group.add_argument(f"--{name}", dest=dest, action=_TfServingFlag, tf_name=name,
+                           convert=_tf_converter(name, own), is_bool=is_bool, help=help_text,
+                           metavar="true|false" if is_bool else "ARGS"
+                           if name == "grpc_channel_arguments" else own.metavar or "VALUE")
+    for name in (*TF_SERVING_FIXED, *TF_SERVING_UNSUPPORTED):
+        group.add_argument(f"--{name}", dest=f"tf_serving_{name}", action=_TfServingFlag,
+                           tf_name=name, convert=None, help=argparse.SUPPRESS)
+
+
+def _tf_converter(name: str, own: argparse.Action):
+    """How TF Serving's `--name=value` becomes the value of `own` (ours)'s dest."""
+    if name == "grpc_channel_arguments":
+        return parse_channel_arguments
+    if isinstance(own, argparse.BooleanOptionalAction):
+        return lambda value: parse_tf_bool(name, value)
+    kind = own.type or str
+
+    def convert(value: str):
+        try:
+            return kind(value)
+        except ValueError:
+            raise ConfigError(f"--{name} must be {'a whole number' if kind is int else 'a number'}"
+                              f". Received: --{name}={value}") from None
+    return convert
+
+
+class _TfServingFlag(argparse.Action):
+    """One of TF Serving's flags: set our dest (`convert`), or take/refuse it in one line."""
+
+    def __init__(self, option_strings, dest, *, tf_name: str, convert, is_bool: bool = False,
+                 **kwargs) -> None:
+        # a bool flag may stand alone (true); an alias of a valued flag needs its value
+        nargs = None if convert is not None and not is_bool else "?"
+        super().__init__(option_strings, dest, nargs=nargs, default=argparse.SUPPRESS, **kwargs)
+        self.tf_name, self.convert = tf_name, convert
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = f"--{self.tf_name}" + ("" if values is None else f"={values}")
+        try:
+            if self.convert is not None:
+                setattr(namespace, self.dest, self.convert("true" if values is None else values))
+                return
+            value, why = TF_SERVING_FIXED.get(self.tf_name, (None, None))
+            if value is not None and same_tf_value(value, values):
+                return  # what ampflow serve does anyway
+            why = why or TF_SERVING_UNSUPPORTED[self.tf_name]
+            raise ConfigError(f"TF Serving's --{self.tf_name} is not supported by `ampflow "
+                              f"serve`{'' if value is None else f' except as ={value}'}: {why}. "
+                              f"Received: {given}")
+        except ConfigError as e:
+            parser.error(str(e))
