@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ampflow.errors import ConfigError
 from ampflow.serving.config import ServerConfig, to_model_server_config_text
+from ampflow.serving.model_format import DEFAULT_MODEL_NAME
 from ampflow.serving.transport.connection_limits import ConnectionLimits
 
 log = logging.getLogger(__name__)
@@ -278,15 +279,15 @@ def same_tf_value(expected: str, given: str | None) -> bool:
 def add_tf_serving_flags(p: argparse.ArgumentParser) -> None:
     """tensorflow_model_server's flags, so its container's arguments and scripts run unchanged.
 
-    Each is an alias of one of the flags above (same dest, so the field's default stays the one
-    home), read in TF Serving's syntax (`--flag=value`; a bool flag alone is true). Its other
-    flags are refused in one line with the reason: never silently ignored.
+    Each is an alias of one of the flags above (same dest and default: the field stays the one
+    home of the default), read in TF Serving's syntax (`--flag=value`; a bool flag alone is
+    true). Its other flags are refused in one line with the reason: never silently ignored.
     """
     group = p.add_argument_group(
         "TF Serving's flags", "tensorflow_model_server's spellings of the flags above, taken "
         "as it takes them (--rest_api_port=8501, --enable_model_warmup=false); its flags with "
         "no equivalent here are refused, each in one line saying why. One default differs: a "
-        "model with no name is --model-name's default here, 'default' there")
+        f"model given no name is {DEFAULT_MODEL_NAME!r} here, 'default' there.")
     by_dest = {a.dest: a for a in p._actions if a.option_strings}
     for name, dest in TF_SERVING_ALIASES.items():
         own = by_dest[dest]
@@ -297,6 +298,7 @@ def add_tf_serving_flags(p: argparse.ArgumentParser) -> None:
                          f"{own.option_strings[0]} N; other channel arguments are refused")
         group.add_argument(f"--{name}", dest=dest, action=_TfServingFlag, tf_name=name,
                            convert=_tf_converter(name, own), is_bool=is_bool, help=help_text,
+                           default=own.default,  # the field's, as ours: every action agrees
                            metavar="true|false" if is_bool else "ARGS"
                            if name == "grpc_channel_arguments" else own.metavar or "VALUE")
     for name in (*TF_SERVING_FIXED, *TF_SERVING_UNSUPPORTED):
@@ -325,10 +327,10 @@ class _TfServingFlag(argparse.Action):
     """One of TF Serving's flags: set our dest (`convert`), or take/refuse it in one line."""
 
     def __init__(self, option_strings, dest, *, tf_name: str, convert, is_bool: bool = False,
-                 **kwargs) -> None:
+                 default=argparse.SUPPRESS, **kwargs) -> None:
         # a bool flag may stand alone (true); an alias of a valued flag needs its value
         nargs = None if convert is not None and not is_bool else "?"
-        super().__init__(option_strings, dest, nargs=nargs, default=argparse.SUPPRESS, **kwargs)
+        super().__init__(option_strings, dest, nargs=nargs, default=default, **kwargs)
         self.tf_name, self.convert = tf_name, convert
 
     def __call__(self, parser, namespace, values, option_string=None):
