@@ -118,6 +118,33 @@ def test_build_argv_reads_back_to_the_same_config(tmp_path):
         models=(dataclasses.replace(model, base_path=model.base_path.resolve()),))
 
 
+def test_tf_serving_arguments_reach_the_real_binary_the_same(tmp_path):
+    """`--server tf-serving` with the container's arguments: the binary (a stand-in that echoes
+    its argv; the real one cannot be installed here) gets the same values, as it spells them."""
+    fake = tmp_path / "bin" / "tensorflow_model_server"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "argv: $*"\n')
+    fake.chmod(0o755)
+    (tmp_path / "models" / "m" / "1").mkdir(parents=True)
+    given = ["--port=8555", "--rest_api_port=8556", "--model_name=m",
+             f"--model_base_path={tmp_path / 'models' / 'm'}", "--enable_model_warmup=false",
+             "--file_system_poll_wait_seconds=3"]
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
+           "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ampflow.serving.cli", "serve", "--server", "tf-serving",
+         "--host", "0.0.0.0", "--allow-reload-config", *given],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    argv = proc.stdout.split("argv: ", 1)[1].split()
+    for flag in ("--port=8555", "--rest_api_port=8556", "--enable_model_warmup=false",
+                 "--file_system_poll_wait_seconds=3"):
+        assert flag in argv
+    config_file = next(a.split("=", 1)[1] for a in argv if a.startswith("--model_config_file="))
+    (model,) = _config(f"--model_config_file={config_file}").models
+    assert (model.name, model.base_path) == ("m", (tmp_path / "models" / "m").resolve())
+
+
 @pytest.mark.parametrize("extra, flag", [
     ({"batching": BatchingConfig(max_batch_size=8)}, "--enable_batching"),
     ({"metrics_port": 8601, "rest_api_port": 8601}, "--monitoring_config_file"),
