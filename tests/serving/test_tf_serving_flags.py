@@ -118,6 +118,7 @@ def test_build_argv_reads_back_to_the_same_config(tmp_path):
         models=(dataclasses.replace(model, base_path=model.base_path.resolve()),))
 
 
+@pytest.mark.slow  # `ampflow serve` in a child process (here it execs a stand-in, ~5 s)
 def test_tf_serving_arguments_reach_the_real_binary_the_same(tmp_path):
     """`--server tf-serving` with the container's arguments: the binary (a stand-in that echoes
     its argv; the real one cannot be installed here) gets the same values, as it spells them."""
