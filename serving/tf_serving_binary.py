@@ -177,7 +177,8 @@ TF_SERVING_FIXED = {
              "ModelService/HandleReloadConfigRequest)"),
     "enable_batching": (
         "false", "batching is --max-batch-size N with --batch-timeout-ms X (a "
-                 "BatchingParameters file is not read)"),
+                 "BatchingParameters file is not read: its thread count and queue bound have "
+                 "no equivalent in the local batcher)"),
     "enable_grpc_healthcheck_service": ("true", "grpc.health.v1 is always served"),
 }
 # Every other flag of tensorflow_model_server: refused, in one line with the reason.
@@ -187,7 +188,8 @@ TF_SERVING_UNSUPPORTED = {
     "rest_api_timeout_in_ms": "there is no per-call REST deadline; a slow client is bounded by "
                               "--rest-header-timeout-s and --rest-body-timeout-s",
     "rest_api_enable_cors_support": "the REST API sends no CORS headers",
-    "batching_parameters_file": "use --max-batch-size N and --batch-timeout-ms X",
+    "batching_parameters_file": "use --max-batch-size N and --batch-timeout-ms X (its thread "
+                                "count and queue bound have no equivalent in the local batcher)",
     "enable_per_model_batching_parameters": "batching is set for the whole server "
                                             "(--max-batch-size, --batch-timeout-ms)",
     "allow_version_labels_for_unavailable_models": "no equivalent",
