@@ -195,3 +195,16 @@ def test_a_power_note_comes_from_the_splits_size_alone():
     assert "the drop cap rises from 3 to 33.3 points" in note and "hold out more texts" in note
     for amp_only, base_only in ((0, 0), (5, 13), (30, 2)):
         assert power_notes(metrics(359, amp_only, base_only), 3.0, 0.01, "images") == []
+
+
+def test_no_power_note_when_the_drop_cap_is_off_and_none_past_100_points():
+    """`--max-baseline-accuracy-drop 100 --baseline-alpha 1e-300` (the demo test's: the check
+    off) said the cap 'rises from 100 to 277.4 points'; a cap past 100 points caps nothing."""
+    from ampflow.components.evaluate_parity.training import power_notes
+
+    metrics = {"num_examples": 359, "baseline_mcnemar_p_value": 0.996,
+               "baseline_accuracy_delta_points": 5.29, "baseline_detectable_drop_points": None}
+    assert power_notes(metrics, 100.0, 1e-300, "images") == []
+    (note,) = power_notes(metrics, 3.0, 1e-300, "images")
+    assert "could not detect any loss, however large" in note
+    assert "the drop cap rises from 3 to 100.0 points" in note
