@@ -178,7 +178,7 @@ class ServingComparison:
                           f"the one serving by {self.rule.margin:g} points or more",
                           reason=self.sentence())]
         checks = [Check("serving_mcnemar_p_value", self.p_value, ">=", self.alpha,
-                        "one-sided paired (McNemar) test: chance of losing this many examples "
+                        f"one-sided paired (McNemar) test: chance of losing this many {self.item} "
                         "to the model now serving by luck, if both were equally accurate",
                         reason=self.sentence())]
         if self.cannot_tell and not self.rule.force:

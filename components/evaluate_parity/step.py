@@ -251,7 +251,7 @@ def _measure(
             int(metrics["baseline_only_correct"]), config.baseline_alpha, config.min_power)
         checks += training.training_checks(metrics, config.max_baseline_accuracy_drop,
                                            config.baseline_alpha, config.min_training_speedup,
-                                           config.min_power)
+                                           config.min_power, item)
         notes += training.power_notes(metrics, config.max_baseline_accuracy_drop,
                                       config.baseline_alpha, item, config.min_power)
     if served is not None:

@@ -187,17 +187,18 @@ def training_memory(amp_meta: dict[str, Any], base_meta: dict[str, Any]) -> dict
 
 
 def training_checks(metrics: dict[str, Any], max_drop: float, alpha: float,
-                    min_speedup: float | None, power: float = MIN_POWER) -> list[Check]:
-    """The gate's training-parity checks (see the module docstring)."""
+                    min_speedup: float | None, power: float = MIN_POWER,
+                    item: str = "examples") -> list[Check]:
+    """The gate's training-parity checks (see the module docstring), in the data's `item`."""
     checks = [
         Check("baseline_accuracy_delta_points", metrics["baseline_accuracy_delta_points"], ">=",
               -drop_cap_points(max_drop, alpha, metrics.get("num_examples")),
               "AMP-trained minus float32-trained accuracy, points (a net loss under "
-              f"{min_evidence_images(alpha)} images passes: it could never be significant)"),
+              f"{min_evidence_images(alpha)} {item} passes: it could never be significant)"),
         Check("baseline_mcnemar_p_value", metrics["baseline_mcnemar_p_value"], ">=", alpha,
-              "one-sided paired (McNemar) test: chance of AMP losing this many images by luck "
+              f"one-sided paired (McNemar) test: chance of AMP losing this many {item} by luck "
               "if AMP and float32 training were equally accurate",
-              reason=_paired_sentence(metrics, alpha, power)),
+              reason=_paired_sentence(metrics, alpha, power, item)),
     ]
     if min_speedup is not None:
         checks.append(Check("training_speedup", metrics["training_speedup"], ">=", min_speedup,
@@ -205,7 +206,7 @@ def training_checks(metrics: dict[str, Any], max_drop: float, alpha: float,
     return checks
 
 
-def _paired_sentence(metrics: dict[str, Any], alpha: float, power: float) -> str:
+def _paired_sentence(metrics: dict[str, Any], alpha: float, power: float, item: str) -> str:
     """The paired test in words with what it could detect; "" where that was not measured."""
     drop = metrics.get("baseline_detectable_drop_points")
     if drop is None or "num_examples" not in metrics:
@@ -216,7 +217,7 @@ def _paired_sentence(metrics: dict[str, Any], alpha: float, power: float) -> str
     return (f"AMP-trained minus float32-trained accuracy "
             f"{metrics['baseline_accuracy_delta_points']:+.2f} points, one-sided McNemar "
             f"p = {p:.3g} {'<' if p < alpha else '>='} alpha {alpha:g}; on "
-            f"{metrics['num_examples']} examples the test {found}")
+            f"{metrics['num_examples']} {item} the test {found}")
 
 
 def power_notes(metrics: dict[str, Any], max_drop: float, alpha: float, item: str,

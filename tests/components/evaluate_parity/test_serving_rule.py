@@ -72,6 +72,8 @@ def test_a_worse_model_on_eighteen_texts_is_not_deployed_silently():
     verdict = Verdict(tuple(comparison.checks()))
     assert not verdict.passed
     assert [c.name for c in verdict.failed] == ["serving_detectable_drop_points"]
+    assert all("images" not in c.description and "examples" not in c.description
+               for c in comparison.checks())  # the data's words: texts
     line = comparison.sentence()
     detectable = comparison.detectable_drop
     assert detectable > 40.0  # not even a 20-point drop could have been found

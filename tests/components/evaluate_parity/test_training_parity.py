@@ -101,6 +101,10 @@ def test_training_checks_fail_on_significance_or_on_the_drop_cap():
         "baseline_mcnemar_p_value: AMP-trained minus float32-trained accuracy -3.00 points, "
         "one-sided McNemar p = 0.2 >= alpha 0.05; on 359 examples the test detects a drop of "
         "2.5 points or more with 80% power")
+    # a text run says texts, in the line and in both checks' descriptions (issue 46)
+    texts = training_checks(said, 2.0, 0.05, None, item="texts")
+    assert "on 359 texts the test detects" in texts[1].explain()
+    assert all("texts" in c.description and "images" not in c.description for c in texts)
     checks = training_checks(metrics, 5.0, 0.05, 1.5)
     assert [c.name for c in checks][-1] == "training_speedup"
     assert {c.name for c in checks if not c.passed} == {"training_speedup"}
