@@ -107,6 +107,8 @@ class PeakMemory:
     `source`: "auto" (the TF allocator of `device`, the process's RSS beside it), "allocator"
     (the same, but fail rather than fall back), or "process" (the process's RSS only).
     Also usable as `start()` / `stop()` (which returns the `MemoryPeak`).
+    Both counters are the whole process's: memory another thread (or the cyclic GC) frees inside
+    the region offsets what the region allocates, so measure in a process doing nothing else.
     """
 
     def __init__(self, device: str | None = None, source: str = "auto"):

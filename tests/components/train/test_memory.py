@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -44,33 +46,66 @@ def _allocator_reports() -> bool:
     return True
 
 
-def test_peak_memory_tf_buffer_counts_in_its_peak_and_reset_forgets_it(caplog, monkeypatch):
+# The process's peak is the whole process's: in a pytest worker that has run other tests, the
+# cyclic GC or a thread left by an earlier test can free hundreds of MiB inside a region and hide
+# a buffer from it (seen in CI: a 200 MiB numpy buffer read as a region of 0 bytes in a worker
+# holding 2.1 GB). So the buffers of known size are measured in a fresh child process, where
+# nothing else allocates or frees.
+_REGIONS_IN_A_FRESH_PROCESS = """
+import json, logging, sys
+import numpy as np
+from ampflow.components.train.memory import PeakMemory
+MIB = 2**20
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+if sys.argv[1] == "tf":
+    import tensorflow as tf
+    with PeakMemory() as big:
+        buffer = tf.ones((200 * MIB // 4,))  # 200 MiB of float32
+        buffer.numpy()
+        del buffer
+    with PeakMemory() as small:
+        tf.ones((MIB // 4,)).numpy()  # 1 MiB
+elif sys.argv[1] == "nested":  # big: the outer region, small: the inner one
+    import tensorflow as tf
+    with PeakMemory() as big:
+        tf.ones((64 * MIB // 4,)).numpy()  # freed before the inner region resets the counters
+        with PeakMemory() as small:
+            tf.ones((MIB // 4,)).numpy()
+else:
+    with PeakMemory(source="process") as big:
+        buffer = np.ones(200 * MIB // 8)  # 200 MiB, every page written
+        del buffer
+    with PeakMemory(source="process") as small:
+        np.ones(MIB // 8)
+print(json.dumps({"big": big.result.to_json(), "small": small.result.to_json()}))
+"""
+
+
+def _regions_in_a_fresh_process(kind: str) -> tuple[dict, dict, str]:
+    """The `big` and `small` regions' JSON blocks, and what the child logged."""
+    child = subprocess.run([sys.executable, "-c", _REGIONS_IN_A_FRESH_PROCESS, kind],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-3000:]
+    regions = json.loads(child.stdout.strip().splitlines()[-1])
+    return regions["big"], regions["small"], child.stderr
+
+
+def test_peak_memory_tf_buffer_counts_in_its_peak_and_reset_forgets_it():
     """Where TF's allocator keeps statistics its peak is the primary source; where it does not
     (an AVX2-only CPU, oneDNN off by default), the process's peak sees the buffer instead, and
     the log says once why and how to turn the statistics on."""
-    import tensorflow as tf
-
-    from ampflow.components.train import memory
-
-    monkeypatch.setattr(memory, "_WARNED", set())  # as in a fresh process
-    with caplog.at_level("WARNING", logger="ampflow.components.train.memory"):
-        with PeakMemory() as big:
-            buffer = tf.ones((200 * MIB // 4,))  # 200 MiB of float32
-            buffer.numpy()
-            del buffer
-        with PeakMemory() as small:
-            tf.ones((MIB // 4,)).numpy()  # 1 MiB
-    assert big.result.resettable
-    assert big.result.region_bytes >= 200 * MIB
-    if _allocator_reports():
-        assert big.result.source in ALLOCATOR_SOURCES
-        assert small.result.region_bytes < 20 * MIB
-        assert big.result.process_peak_bytes and big.result.process_source in SOURCES
+    big, small, log = _regions_in_a_fresh_process("tf")
+    assert big["resettable"]
+    assert big["region_bytes"] >= 200 * MIB
+    if _allocator_reports():  # this process and the child run the same TF on the same CPU
+        assert big["source"] in ALLOCATOR_SOURCES
+        assert small["region_bytes"] < 20 * MIB
+        assert big["process_peak_bytes"] and big["process_source"] in SOURCES
     else:
-        assert (big.result.source, big.result.device) == ("process_vmhwm_reset", "process")
-        assert small.result.region_bytes < 50 * MIB  # the reset forgot the 200 MiB
-        assert "TF_CPU_ALLOCATOR_USE_BFC=true" in caplog.text
-    assert caplog.text.count("no allocator statistics") <= 1  # once per process, not per region
+        assert (big["source"], big["device"]) == ("process_vmhwm_reset", "process")
+        assert small["region_bytes"] < 50 * MIB  # the reset forgot the 200 MiB
+        assert "TF_CPU_ALLOCATOR_USE_BFC=true" in log
+    assert log.count("no allocator statistics") <= 1  # once per process, not per region
 
 
 def test_peak_memory_a_peak_read_below_its_baseline_is_no_negative_region(monkeypatch):
@@ -87,29 +122,20 @@ def test_peak_memory_a_peak_read_below_its_baseline_is_no_negative_region(monkey
 
 
 def test_peak_memory_numpy_buffer_counts_in_process_peak_and_reset_forgets_it():
-    with PeakMemory(source="process") as big:
-        buffer = np.ones(200 * MIB // 8)  # 200 MiB, every page written
-        del buffer
-    with PeakMemory(source="process") as small:
-        np.ones(MIB // 8)
-    assert big.result.device == "process"
-    assert big.result.region_bytes >= 190 * MIB
-    if big.result.resettable:  # /proc/self/clear_refs accepted the reset (Linux, here)
-        assert big.result.source == "process_vmhwm_reset"
-        assert small.result.region_bytes < 50 * MIB
+    big, small, _ = _regions_in_a_fresh_process("numpy")
+    assert big["device"] == "process"
+    assert big["region_bytes"] >= 190 * MIB
+    if big["resettable"]:  # /proc/self/clear_refs accepted the reset (Linux, here)
+        assert big["source"] == "process_vmhwm_reset"
+        assert small["region_bytes"] < 50 * MIB
     else:
-        assert big.result.source == "process_maxrss_lifetime"
+        assert big["source"] == "process_maxrss_lifetime"
 
 
 def test_peak_memory_outer_region_keeps_its_peak_across_an_inner_reset():
-    import tensorflow as tf
-
-    with PeakMemory() as outer:
-        tf.ones((64 * MIB // 4,)).numpy()  # freed before the inner region resets the counters
-        with PeakMemory() as inner:
-            tf.ones((MIB // 4,)).numpy()
-    assert inner.result.region_bytes < 16 * MIB
-    assert outer.result.region_bytes >= 64 * MIB
+    outer, inner, _ = _regions_in_a_fresh_process("nested")
+    assert inner["region_bytes"] < 16 * MIB
+    assert outer["region_bytes"] >= 64 * MIB
 
 
 def test_peak_memory_start_stop_and_to_json_round_trip_through_json():
