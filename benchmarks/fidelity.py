@@ -41,7 +41,7 @@ MODELS = ("small_cnn", "resnet50", "mobilenet_v2")
 POLICIES = ("mixed_bfloat16", "mixed_float16")
 VARIANTS = ("float32", "float16", "dynamic_range", "full_int8")
 # Full run: enough steps that BatchNormalization's moving statistics (momentum 0.99, see
-# components/train/models.py) describe the data and the nets train; small_cnn has no BN.
+# src/ampflow/modeling/models.py) describe the data and the nets train; small_cnn has no BN.
 FULL_EPOCHS = {"small_cnn": 6, "resnet50": 6, "mobilenet_v2": 12}
 SMOKE = {"epochs": 1, "steps_per_epoch": 3, "test_limit": 200, "latency_runs": 10,
          "representative_size": 32}
@@ -293,7 +293,7 @@ def _serve(args, version_dir: Path) -> dict:
     import numpy as np
 
     from ampflow.components.convert_tflite.checks import SavedModelReference
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
     from ampflow.serving.client import PredictionClient
     from ampflow.serving.config import ModelConfig, ServerConfig
     from ampflow.serving.server import start_local_server

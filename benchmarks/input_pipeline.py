@@ -132,7 +132,7 @@ def _pipeline(data_dir: str, variant: str, batch_size: int):
     """Training's own pipeline (augment on, repeated), in one of VARIANTS."""
     import tensorflow as tf
 
-    from ampflow.components.prepare_data import load_split, make_input_pipeline
+    from ampflow.data import load_split, make_input_pipeline
 
     ds = make_input_pipeline(load_split(data_dir, "train"), batch_size=batch_size,
                              training=True, seed=0, augment=not variant.endswith("no augment"),
@@ -167,7 +167,7 @@ class _StepBench:
         import tensorflow as tf
 
         from ampflow.components.train.loop import LoopConfig, Runtime, TrainLoop
-        from ampflow.components.train.models import build_model
+        from ampflow.modeling.models import build_model
 
         keras.mixed_precision.set_global_policy(args.policy)
         keras.utils.set_random_seed(args.seed)
@@ -207,8 +207,8 @@ class _StepBench:
 
 def _augment_ab(data_dir: str, args) -> dict:
     """Augmentation's resize before (antialiased, images.py) and now, in alternating rounds."""
-    from ampflow.components.prepare_data import input_pipeline
-    from ampflow.components.prepare_data.images import to_model_input
+    from ampflow.data import input_pipeline
+    from ampflow.data.images import to_model_input
 
     now = input_pipeline.resize_crop_back
     resizes = {"antialiased (before)": lambda crop, shape: to_model_input(crop, shape),

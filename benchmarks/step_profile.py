@@ -94,7 +94,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def is_text_model(name: str) -> bool:
-    from ampflow.components.train.text_models import BERT_SHAPES
+    from ampflow.modeling.text_models import BERT_SHAPES
 
     return name in BERT_SHAPES
 
@@ -124,10 +124,10 @@ class Session:
     """The data, runtime and tokenizer of one run, shared by every policy's loop."""
 
     def __init__(self, config) -> None:
-        from ampflow.components.prepare_data import load_dataset_info
         from ampflow.components.train.build import text_tokenizer, training_data
         from ampflow.components.train.precision import detect_hardware
         from ampflow.components.train.runtime import distribute_datasets, make_runtime
+        from ampflow.data import load_dataset_info
 
         self.config = config
         self.hardware = detect_hardware()
@@ -171,7 +171,7 @@ class Session:
 def op_shapes(args, session: Session) -> list[op_ceiling.OpShape]:
     """The model's own conv/matmul shapes at this batch (and length)."""
     if is_text_model(args.model):
-        from ampflow.components.train.text_models import BERT_SHAPES
+        from ampflow.modeling.text_models import BERT_SHAPES
 
         shape = BERT_SHAPES[args.model]
         return op_ceiling.encoder_op_shapes(shape.layers, shape.hidden, shape.heads,
@@ -339,8 +339,8 @@ def run(args) -> dict:
     loads["end"] = bench_host.load_average()
     import tensorflow as tf
 
-    from ampflow.components.prepare_data.text import MODALITY_IMAGE, MODALITY_TEXT
-    from ampflow.components.train.throughput import throughput_unit
+    from ampflow.artifacts.throughput import throughput_unit
+    from ampflow.data.modality import MODALITY_IMAGE, MODALITY_TEXT
 
     cpu = bench_host.cpu_capabilities()
     unit = throughput_unit(MODALITY_TEXT if sequence else MODALITY_IMAGE)

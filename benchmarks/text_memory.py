@@ -2,7 +2,7 @@ r"""The seed's BERT memory claim, measured: peak training memory per policy, the
 
 The claim (the reference article): BERT-base at sequence 512 and batch 32 needs about 16 GB in
 float32 and about 9 GB with AMP, so the batch doubles and fewer gradient-accumulation steps are
-needed. This script measures, for `bert_small` and `bert_base` (components/train/text_models.py,
+needed. This script measures, for `bert_small` and `bert_base` (src/ampflow/modeling/text_models.py,
 BERT's 30,522-token vocabulary by default) at sequence 128 and 512, under float32,
 mixed_bfloat16 and mixed_float16, side by side in one run:
 
@@ -255,7 +255,7 @@ def _worker(args) -> None:
     import tensorflow as tf
 
     from ampflow.components.train.memory import PeakMemory, is_out_of_memory
-    from ampflow.components.train.text_models import bert_builder
+    from ampflow.modeling.text_models import bert_builder
 
     points: list[dict] = []
     for batch in sorted(args.batches):
@@ -370,7 +370,7 @@ def _fit(xy: list[tuple[float, float]]) -> tuple[float, float, list[float]]:
 
 def parameter_count(model: str, sequence: int, vocabulary: int) -> int:
     """Trainable parameters of the encoder classifier (counted, not built: no TF needed)."""
-    from ampflow.components.train.text_models import BERT_SHAPES
+    from ampflow.modeling.text_models import BERT_SHAPES
 
     s = BERT_SHAPES[model]
     h, f = s.hidden, s.intermediate

@@ -157,7 +157,7 @@ def _serve_and_ask(workdir: Path, model_dir: Path) -> dict:
 def _in_process_classes(model_dir: Path) -> list[str]:
     import numpy as np
 
-    from ampflow.components.train import load_trained
+    from ampflow.artifacts.model_dir import load_trained
 
     trained = load_trained(model_dir)
     probabilities = trained.model(trained.tokenizer.tokenize(list(SENTENCES)), training=False)

@@ -46,13 +46,10 @@ def main() -> int:
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args()
 
-    from ampflow.components.prepare_data import (
-        PrepareDataConfig,
-        load_dataset_info,
-        run_prepare_data,
-    )
-    from ampflow.components.prepare_data.text import is_text
+    from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
     from ampflow.components.train import TrainConfig, run_train
+    from ampflow.data import load_dataset_info
+    from ampflow.data.modality import is_text
 
     data_dir = args.data_dir or str(run_prepare_data(PrepareDataConfig(
         output_dir=Path(tempfile.gettempdir()) / "ampflow-bench-digits")).output_dir)

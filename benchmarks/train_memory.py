@@ -205,8 +205,8 @@ def _worker(args) -> dict:
 
     from ampflow.components.train.loop import LoopConfig, Runtime, TrainLoop
     from ampflow.components.train.memory import PeakMemory
-    from ampflow.components.train.models import build_model
     from ampflow.components.train.precision import choose_jit, detect_hardware
+    from ampflow.modeling.models import build_model
 
     spec, image_size, _ = MODELS[args.model]
     batch = _batch(args, args.model)

@@ -19,12 +19,12 @@ def telemetry_epochs(args) -> dict:
     """mixed_float16 run_train pieces; odd epochs record every step, even epochs never."""
     import keras
 
-    from ampflow.components.prepare_data import load_dataset_info
     from ampflow.components.train.build import build_compiled_model, training_data
     from ampflow.components.train.loop import LoopConfig, TrainLoop, distribute_datasets
     from ampflow.components.train.precision import configure_precision
     from ampflow.components.train.step import TrainConfig, make_runtime
     from ampflow.components.train.telemetry import EpochLog, GuardLimits, LossScaleTelemetry
+    from ampflow.data import load_dataset_info
 
     out = Path(tempfile.mkdtemp())
     epochs = 1 + 2 * args.telemetry_epochs  # epoch 1: warm-up
@@ -87,7 +87,6 @@ def fit_path(args) -> dict:
     """
     import keras
 
-    from ampflow.components.prepare_data import load_dataset_info
     from ampflow.components.train.build import make_optimizer, training_data
     from ampflow.components.train.precision import configure_precision
     from ampflow.components.train.step import TrainConfig
@@ -97,6 +96,7 @@ def fit_path(args) -> dict:
         LossScaleTelemetry,
         read_epoch_log,
     )
+    from ampflow.data import load_dataset_info
 
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,7 +108,7 @@ def fit_path(args) -> dict:
     setup = configure_precision(config.precision, None)
     keras.utils.set_random_seed(config.seed)
     train_ds, test_ds, steps = training_data(config, info, config.batch_size)
-    from ampflow.components.train.models import build_model
+    from ampflow.modeling.models import build_model
 
     model = build_model(config.model, tuple(info["image_shape"]), info["num_classes"],
                         image_size=config.image_size)
@@ -137,12 +137,12 @@ def loop_vs_fit_paired(args, data_dir: str) -> dict:
     import keras
     import tensorflow as tf
 
-    from ampflow.components.prepare_data import load_dataset_info
     from ampflow.components.train.build import build_compiled_model, training_data
     from ampflow.components.train.loop import LoopConfig, Runtime, TrainLoop, distribute_datasets
     from ampflow.components.train.precision import configure_precision
     from ampflow.components.train.step import TrainConfig
     from ampflow.components.train.telemetry import EpochLog, GuardLimits, LossScaleTelemetry
+    from ampflow.data import load_dataset_info
 
     tmp = Path(tempfile.mkdtemp(prefix="ampflow-loop-vs-fit-"))
     config = TrainConfig(data_dir=Path(data_dir), output_dir=tmp, model=args.model,

@@ -69,11 +69,11 @@ def profile_pieces(args) -> dict:
     """
     import tensorflow as tf
 
-    from ampflow.components.prepare_data import load_dataset_info
     from ampflow.components.train.build import build_compiled_model, training_data
     from ampflow.components.train.loop import LoopConfig, TrainLoop, distribute_datasets
     from ampflow.components.train.precision import configure_precision
     from ampflow.components.train.step import TrainConfig, make_runtime
+    from ampflow.data import load_dataset_info
 
     out = Path(tempfile.mkdtemp(prefix="ampflow-profile-"))
     config = TrainConfig(data_dir=Path(args.data_dir), output_dir=out, model=args.model,

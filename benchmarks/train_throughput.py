@@ -385,9 +385,9 @@ def _worker(args) -> dict:
     """
     import keras
 
-    from ampflow.components.prepare_data import load_dataset_info
     from ampflow.components.train import TrainConfig, run_train
-    from ampflow.components.train.models import build_model
+    from ampflow.data import load_dataset_info
+    from ampflow.modeling.models import build_model
 
     _set_threads(args)
     with tempfile.TemporaryDirectory() as out:

@@ -131,7 +131,7 @@ def _server(model_name: str, base: Path, port: int, log_path: Path) -> Iterator[
 
 
 def _query(address: str, config: DemoConfig, result) -> dict:
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
     from ampflow.serving.client import PredictionClient
 
     data_dir = result.artifacts["prepare-data"]["data"]

@@ -242,7 +242,7 @@ def check_data_arguments(arguments: dict[str, object]) -> None:
     from pathlib import Path
 
     from ampflow.components.prepare_data.config import PrepareDataConfig
-    from ampflow.components.train.tokenizer import TokenizerConfig
+    from ampflow.modeling.tokenizer import TokenizerConfig
 
     given = {name: arguments.get(name, PIPELINE_PARAMETERS[name][1]) for name in _DATA_ARGUMENTS}
     PrepareDataConfig(output_dir=Path("."), **{
@@ -269,10 +269,8 @@ def data_modality(given: dict[str, object]) -> str | None:
     A text folder or table, a TFDS text feature or the offline text dataset is text; an image
     folder, an image size or an offline image dataset is images.
     """
-    from ampflow.components.prepare_data.config import (
-        OFFLINE_DATASETS,
-        ROTTEN_TOMATOES_NAME,
-    )
+    from ampflow.components.prepare_data.config import OFFLINE_DATASETS
+    from ampflow.data.catalog import ROTTEN_TOMATOES_NAME
 
     if given.get("text_folder") or given.get("text_file") or given.get("text_feature") or \
             given.get("dataset") == ROTTEN_TOMATOES_NAME:
@@ -293,7 +291,7 @@ def _source(given: dict[str, object]) -> str:
 
 def _check_model_fits(model: str, modality: str, given: dict[str, object]) -> None:
     """A built-in model takes one modality; a builder or .keras file is checked by train."""
-    from ampflow.components.train.models import image_model_names, text_model_names
+    from ampflow.modeling.models import image_model_names, text_model_names
 
     fits = text_model_names() if modality == "text" else image_model_names()
     other = image_model_names() if modality == "text" else text_model_names()
@@ -329,8 +327,8 @@ def check_model_names(model: str, model_name: str) -> None:
     served name equal to a different architecture is that old usage, and training the default
     architecture silently under that name would hide it.
     """
-    from ampflow.components.train.models import model_names
-    from ampflow.components.train.user_model import parse_model_spec
+    from ampflow.modeling.models import model_names
+    from ampflow.modeling.user_model import parse_model_spec
 
     parse_model_spec(model, model_names())
     check_model_name(model_name, "model_name")

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ampflow.components.prepare_data.text import MODALITY_IMAGE, is_text
-from ampflow.components.train.throughput import ThroughputUnit, throughput_unit
+from ampflow.artifacts.throughput import ThroughputUnit, throughput_unit
+from ampflow.data.modality import MODALITY_IMAGE, is_text
 
 RESULTS_JSON = "results.json"
 RESULTS_TEXT = "results.txt"
@@ -345,7 +345,7 @@ def gate_failure(evaluate_dir: Path) -> tuple[list[str], list[str]]:
     says what no check can (a test split too small to decide). ([], []) when the gate passed
     or the verdict cannot be read.
     """
-    from ampflow.components.evaluate_parity.verdict import explain_check, load_verdict
+    from ampflow.artifacts.verdict import explain_check, load_verdict
     from ampflow.errors import ModelLoadError
 
     try:

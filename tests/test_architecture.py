@@ -4,9 +4,11 @@
   and every name imported from it is defined there (or is a submodule): an editor or type
   checker following the same mapping finds what Python finds.
 - The floors point one way: `ampflow.cli` (cli/, the `ampflow` command) on top imports the
-  step CLIs; the pipeline layer (`pipeline/`) wires the steps (`components/`) and `serving/`;
-  serving never imports the steps (a serving image runs without them); the root package
-  (src/ampflow/) imports nothing above it.
+  step CLIs; the pipeline layer (`pipeline/`) wires the steps (`components/`); the steps share
+  code only through the library beneath them (`ampflow.data`, `ampflow.modeling`,
+  `ampflow.artifacts`), never by importing one another; the library imports serving's model
+  format and the root, never a step; serving imports neither (a serving image runs without
+  them); the root package (src/ampflow/, the library aside) imports nothing above it.
 - Our modules have no import cycle (imports inside functions count: they hide a cycle, they do
   not remove it).
 
@@ -136,12 +138,52 @@ def _imports_of(modules: dict[str, Path], importers: tuple[str, ...],
     ]
 
 
+# The library floor: what two steps share, in the root package's folder but a floor of its own
+# above serving (it speaks serving's model format) and beneath the steps.
+LIBRARY = ("ampflow.data", "ampflow.modeling", "ampflow.artifacts")
+
+
+def _in(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
 def _floor(module: str) -> str:
-    """The package-dir entry `module` belongs to: `ampflow` (the root package, src/ampflow/),
-    `ampflow.cli`, `ampflow.components`, `ampflow.pipeline` or `ampflow.serving`."""
+    """The floor `module` belongs to: `library` (LIBRARY), else its package-dir entry:
+    `ampflow` (the root package, src/ampflow/), `ampflow.cli`, `ampflow.components`,
+    `ampflow.pipeline` or `ampflow.serving`."""
+    if _in(module, LIBRARY):
+        return "library"
     parts = module.split(".")
     return next(".".join(parts[:cut]) for cut in range(len(parts), 0, -1)
                 if ".".join(parts[:cut]) in _package_dirs())
+
+
+def _step(module: str) -> str | None:
+    """The step (`components/<step>/`) `module` is in, or None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["ampflow", "components"] else None
+
+
+def _imports_across_steps(modules: dict[str, Path]) -> list[str]:
+    """Each import in one step of another step's module, as `file:line imports x`."""
+    found = []
+    for module, path in modules.items():
+        step = _step(module)
+        if step is None:
+            continue
+        for target, name, line in _imports(path, module):
+            imported = f"{target}.{name}" if name and name != "*" else target
+            other = _step(imported)
+            if other is not None and other != step:
+                where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                found.append(f"{where}:{line} imports {imported}")
+    return found
+
+
+def _library_imports_above(modules: dict[str, Path]) -> list[str]:
+    """Each import in the library of a step, the pipeline or the CLI."""
+    return _imports_of({m: p for m, p in modules.items() if _in(m, LIBRARY)}, LIBRARY,
+                       ("ampflow.components", "ampflow.pipeline", "ampflow.cli"))
 
 
 def _root_package_imports_above(modules: dict[str, Path]) -> list[str]:
@@ -152,7 +194,7 @@ def _root_package_imports_above(modules: dict[str, Path]) -> list[str]:
             continue
         for target, name, line in _imports(path, module):
             imported = f"{target}.{name}" if name and name != "*" else target
-            if _floor(imported) != "ampflow":
+            if imported == "ampflow" or _floor(imported) != "ampflow":
                 where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
                 found.append(f"{where}:{line} imports {imported}")
     return found
@@ -201,7 +243,30 @@ def test_no_import_cycles_between_our_modules():
 def test_serving_never_imports_the_step_layer():
     # The server runs in a serving image without the steps' code; what both need (the model
     # format) lives in serving/ and the steps import it, never the other way.
-    assert _imports_of(_modules(), ("ampflow.serving",), ("ampflow.components",)) == []
+    assert _imports_of(_modules(), ("ampflow.serving",),
+                       ("ampflow.components", *LIBRARY)) == []
+
+
+def test_no_step_imports_another_step():
+    # TFX's components share code only through libraries beneath them: a step can be read,
+    # changed and tested without the others.
+    assert _imports_across_steps(_modules()) == []
+
+
+def test_the_library_imports_no_step():
+    assert _library_imports_above(_modules()) == []
+
+
+def test_a_planted_import_of_another_step_fails_the_rule(tmp_path):
+    source = ("from ampflow.components.train.step import run_train\n\n\n"
+              "def later():\n    from ampflow.components.export_savedmodel import signatures\n")
+    modules = _planted(tmp_path, "ampflow.components.deploy_serving.planted", source)
+    planted = tmp_path / "ampflow.components.deploy_serving.planted.py"
+    assert _imports_across_steps(modules) == [
+        f"{planted}:1 imports ampflow.components.train.step.run_train",
+        f"{planted}:5 imports ampflow.components.export_savedmodel.signatures"]
+    library = _planted(tmp_path, "ampflow.data.planted", source)
+    assert len(_library_imports_above(library)) == 2
 
 
 def test_the_root_package_imports_nothing_above_it():
@@ -277,14 +342,14 @@ def test_no_module_imports_another_modules_private_name():
 
 
 # The names that cross a wire (a signature key, its outputs) are model_format's constants; a
-# string literal equal to one of them elsewhere in components/ is a second declaration. What is
-# left is another name that happens to be spelled alike, each counted here with what it names.
+# string literal equal to one of them elsewhere in the steps or the library is a second
+# declaration. What is left is another name spelled alike, each counted with what it names.
 WIRE_NAMES = {"serving_default": "DEFAULT_SIGNATURE", "probabilities": "PROBABILITIES_OUTPUT",
               "class_ids": "CLASS_IDS_OUTPUT"}
 SPELLED_ALIKE = {
-    "components/train/user_model.py": 1,  # PROBABILITIES_LAYER: the Keras output layer's name
-    "components/train/heads.py": 1,  # that layer's name in the built-in models
-    "components/export_savedmodel/canary_examples.py": 2,  # canary_examples.npz's own keys
+    "src/ampflow/modeling/user_model.py": 1,  # PROBABILITIES_LAYER: the Keras output layer's name
+    "src/ampflow/modeling/heads.py": 1,  # that layer's name in the built-in models
+    "src/ampflow/artifacts/canary_examples.py": 2,  # canary_examples.npz's own keys
 }
 
 
@@ -296,8 +361,10 @@ def _wire_literals(path: Path) -> list[tuple[int, str]]:
 
 
 def test_components_take_the_wire_names_from_model_format():
+    folders = [ROOT / "components",
+               *(ROOT / "src" / "ampflow" / p.split(".")[1] for p in LIBRARY)]
     found = {str(path.relative_to(ROOT)): _wire_literals(path)
-             for path in sorted((ROOT / "components").rglob("*.py"))}
+             for folder in folders for path in sorted(folder.rglob("*.py"))}
     found = {path: hits for path, hits in found.items() if hits}
     extra = [f"{path}:{line}: {value!r} (use model_format.{WIRE_NAMES[value]})"
              for path, hits in found.items() if len(hits) > SPELLED_ALIKE.get(path, 0)

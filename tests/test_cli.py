@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from ampflow.cli import write_whole_lines
-from ampflow.components.train.models import model_names
+from ampflow.modeling.models import model_names
 
 # An architecture other than the default, named without spelling it out (a large model's name
 # in a test's source marks it as training one: tests/test_suite_hygiene.py).

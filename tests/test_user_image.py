@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ampflow.components.train.models import make_model
+from ampflow.modeling.models import make_model
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "user-model"

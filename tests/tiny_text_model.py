@@ -99,7 +99,7 @@ def export_text_model(tmp_path_factory) -> tuple[Path, Path, Path]:
         import json
         import shutil
 
-        from ampflow.components.evaluate_parity import model_sha256
+        from ampflow.artifacts.verdict import model_sha256
         from ampflow.components.export_savedmodel import ExportConfig, run_export
 
         shutil.rmtree(root / "serving", ignore_errors=True)  # a run killed half-way

@@ -177,7 +177,7 @@ def _accuracy(calls: Calls, version: int, images, labels) -> float:
 
 def run(rounds: int, epochs: int) -> dict:
     """Prepare, serve, measure; the result as a dict."""
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
     from ampflow.serving.config import ModelConfig, ServerConfig
     from ampflow.serving.server import start_local_server
 

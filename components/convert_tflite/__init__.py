@@ -8,14 +8,12 @@ from ampflow.components.convert_tflite.step import (
     run_convert,
 )
 from ampflow.components.convert_tflite.variants import (
-    VARIANTS,
     SavedModelConverter,
     convert_variant,
     draw_representative,
 )
 
 __all__ = [
-    "VARIANTS",
     "ConvertConfig",
     "ConvertResult",
     "SavedModelConverter",

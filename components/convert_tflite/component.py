@@ -23,8 +23,8 @@ def convert_tflite(
     import json
     import shutil
 
+    from ampflow.artifacts.versions import find_exported_version
     from ampflow.components.convert_tflite.step import ConvertConfig, run_convert
-    from ampflow.components.export_savedmodel.versions import find_exported_version
     from ampflow.serving.model_format import DEFAULT_SIGNATURE
 
     version_dir = find_exported_version(saved_model.path)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ampflow.components.convert_tflite.variants import VARIANTS
+from ampflow.artifacts.tflite_variants import VARIANTS
 from ampflow.errors import ConfigError
 from ampflow.serving.model_format import DEFAULT_SIGNATURE
 

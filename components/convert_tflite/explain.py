@@ -23,7 +23,7 @@ _MIXED = (
     "mixed_{dtype} Keras policy), and TFLite's builtin kernels take float32 or quantized int8 "
     "activations, not {dtype} ones.",
     "export from the float32 twin: rebuild the same architecture under the 'float32' policy "
-    "(ampflow.components.train.models.build_model(..., policy='float32')), copy the weights "
+    "(ampflow.modeling.models.build_model(..., policy='float32')), copy the weights "
     "with set_weights(model.get_weights()) (they are float32 under every policy) and export "
     "that model (`ampflow export` does this). For half-size weights convert the twin to the "
     "'float16' variant.",

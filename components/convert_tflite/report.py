@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ampflow.artifacts.throughput import throughput_unit
 from ampflow.components.convert_tflite.variants import SPECS
-from ampflow.components.train.throughput import throughput_unit
 from ampflow.files import write_json_atomic
 
 _INT8_INPUT = ("Input is int8: q = clip(round(x / scale) + zero_point, -128, 127) with x the raw "
@@ -62,7 +62,7 @@ def write_reports(directory: Path, report: dict) -> None:
 def render_markdown(report: dict) -> str:
     """A table comparing every variant with the SavedModel, then the gate verdict.
 
-    Throughput is in the data's unit (`img/s`, `texts/s`: train/throughput.py); report.json
+    Throughput is in the data's unit (`img/s`, `texts/s`: ampflow.artifacts.throughput); report.json
     keeps its field name, `throughput_images_per_sec`, for either kind.
     """
     ref = report["saved_model"]

@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from ampflow.artifacts.versions import list_versions
 from ampflow.components.convert_tflite.config import ConvertConfig
 from ampflow.components.convert_tflite.edge import edge_check, edge_gates, edge_plan
 from ampflow.components.convert_tflite.variants import SavedModelConverter
-from ampflow.components.export_savedmodel.versions import list_versions
-from ampflow.components.prepare_data.text import MODALITY_IMAGE
+from ampflow.data.modality import MODALITY_IMAGE
 from ampflow.errors import ConfigError, GateFailedError, ModelConfigError
 from ampflow.files import ensure_writable_dir, staging_dir, write_json_atomic
 from ampflow.serving.model_format import CLASS_IDS_OUTPUT, PROBABILITIES_OUTPUT
@@ -67,7 +67,7 @@ class ConvertResult:
 def run_convert(config: ConvertConfig) -> ConvertResult:
     """Convert, check and gate every requested variant; write the models and the report."""
     from ampflow.components.convert_tflite.report import write_reports
-    from ampflow.components.prepare_data import load_dataset_info
+    from ampflow.data import load_dataset_info
 
     ensure_writable_dir(Path(config.output_dir).parent, "output_dir's parent")
     edge = edge_plan(config)  # before any compute: edge_check=True without LiteRT fails now
@@ -256,7 +256,7 @@ def _inputs_of(saved_model_dir: Path, info: dict, config: ConvertConfig):
     The data's modality (dataset_info.json) must be the SavedModel's (ampflow_export.json).
     """
     from ampflow.components.convert_tflite.text_inputs import TextInputs, is_text_savedmodel
-    from ampflow.components.prepare_data.text import is_text
+    from ampflow.data.modality import is_text
 
     text_data, text_model = is_text(info), is_text_savedmodel(saved_model_dir)
     if text_data != text_model:
@@ -308,7 +308,7 @@ def _check_input_shape(input_shape: tuple, info: dict) -> None:
 
 
 def _test_split(config: ConvertConfig):
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     images, labels = load_arrays(config.data_dir, "test", limit=config.test_limit)
     return images.astype(np.float32), labels  # raw pixel values: cast, never rescale

@@ -4,7 +4,7 @@ The pip LiteRT runtime runs no string op (docs/DESIGN.md "Text": a converted Tex
 fails to prepare, "FlexStringLower"), so the TFLite variants are converted from the exported
 SavedModel's `token_ids` signature (`input_ids` int32 [-1, L], 0 = padding) and the vocabulary
 the SavedModel ships (`assets/vocab.txt`, `assets/tokenizer.json`) is copied beside them, for the
-app to tokenize with (components/train/tokenizer.py says the rule).
+app to tokenize with (src/ampflow/modeling/tokenizer.py says the rule).
 
 The reference every variant is compared with is the SavedModel as served: `serving_default` on
 the raw test sentences, tokenized in its graph. The variants get the same sentences tokenized
@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.export_savedmodel.text_signatures import TEXT_INPUT, TOKEN_IDS_SIGNATURE
+from ampflow.artifacts.signature_names import TEXT_INPUT, TOKEN_IDS_SIGNATURE
 from ampflow.errors import ConfigError, ModelLoadError
+from ampflow.modeling.tokenizer import token_ids
 from ampflow.progress import Progress
 from ampflow.serving.model_format import DEFAULT_SIGNATURE, PROBABILITIES_OUTPUT
 
@@ -86,7 +87,7 @@ class TextInputs:
     """A text model's conversion inputs: the reference, test sentences and their ids."""
 
     saved_model_dir: Path
-    tokenizer: Any  # train.tokenizer.TextTokenizer, read from the SavedModel's assets
+    tokenizer: Any  # ampflow.modeling.tokenizer.TextTokenizer, read from the SavedModel's assets
     reference: TextReference
     reference_inputs: np.ndarray  # UTF-8 test sentences (object array of bytes)
     model_inputs: np.ndarray  # int32 [N, L], their ids
@@ -95,7 +96,7 @@ class TextInputs:
 
     @classmethod
     def of(cls, saved_model_dir: Path, config) -> TextInputs:
-        from ampflow.components.prepare_data import load_texts
+        from ampflow.data import load_texts
 
         tokenizer = shipped_tokenizer(saved_model_dir)
         reference = TextReference(saved_model_dir)
@@ -112,7 +113,7 @@ class TextInputs:
 
     def representative(self, config) -> np.ndarray:
         """Token ids of `representative_size` training sentences drawn with `seed`."""
-        from ampflow.components.prepare_data import load_texts
+        from ampflow.data import load_texts
 
         texts, _ = load_texts(config.data_dir, "train")
         rng = np.random.default_rng(config.seed)
@@ -122,7 +123,7 @@ class TextInputs:
 
     def ship(self, directory: Path) -> list[str]:
         """Copy the vocabulary beside the .tflite files; return the names written."""
-        from ampflow.components.train.tokenizer import TOKENIZER_FILE, VOCAB_FILE
+        from ampflow.modeling.tokenizer import TOKENIZER_FILE, VOCAB_FILE
 
         for name in (VOCAB_FILE, TOKENIZER_FILE):
             shutil.copyfile(self.saved_model_dir / "assets" / name, directory / name)
@@ -130,7 +131,7 @@ class TextInputs:
 
     def variant_extras(self) -> dict[str, Any]:
         """What a text variant's JSON adds: the tokenizer files and how to make the input."""
-        from ampflow.components.train.tokenizer import TOKENIZER_FILE, VOCAB_FILE
+        from ampflow.modeling.tokenizer import TOKENIZER_FILE, VOCAB_FILE
 
         return {"modality": "text",
                 "tokenizer": {"vocabulary_file": VOCAB_FILE, "settings_file": TOKENIZER_FILE,
@@ -141,7 +142,7 @@ class TextInputs:
 
 def shipped_tokenizer(saved_model_dir: Path):
     """The tokenizer the export shipped in `assets/`; a ModelLoadError where it is missing."""
-    from ampflow.components.train.tokenizer import load_tokenizer
+    from ampflow.modeling.tokenizer import load_tokenizer
 
     try:
         return load_tokenizer(Path(saved_model_dir) / "assets")
@@ -168,11 +169,6 @@ def is_text_savedmodel(saved_model_dir: Path) -> bool:
             return TOKEN_IDS_SIGNATURE in serving_signature_defs(saved_model_dir)
         except ModelLoadError:
             return False  # unreadable: the reference's load says why
-
-
-def token_ids(tokenizer, texts: list[str]) -> np.ndarray:
-    """int32 ids [N, L] of `texts`, by the tokenizer's own ops (the vocabulary's rule)."""
-    return np.asarray(tokenizer.tokenize(np.asarray(texts, dtype=object)), dtype=np.int32)
 
 
 def _utf8(texts: list[str]) -> np.ndarray:

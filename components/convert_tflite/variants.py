@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from ampflow.artifacts.tflite_variants import VARIANTS
 from ampflow.components.convert_tflite.explain import explain_conversion_error
 from ampflow.errors import ConfigError, ModelLoadError
 from ampflow.serving.model_format import DEFAULT_SIGNATURE
 
 log = logging.getLogger(__name__)
 
-VARIANTS: tuple[str, ...] = ("float32", "float16", "dynamic_range", "full_int8")
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,7 @@ def draw_representative(data_dir: str | os.PathLike, size: int, seed: int) -> np
     From the training split, never the test split the variants are checked on; seeded, so a
     rerun calibrates on the same images and produces the same .tflite bytes.
     """
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     images, _ = load_arrays(data_dir, "train")
     rng = np.random.default_rng(seed)

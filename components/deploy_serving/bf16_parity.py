@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
+from ampflow.artifacts.canary_examples import CanaryExamples
 from ampflow.errors import ConfigError
 from ampflow.serving import compute_precision as precision
 from ampflow.serving import cpu_features
@@ -54,7 +54,7 @@ def check(saved_model_dir: Path, data_dir: Path, gate: Gate, *, limit: int | Non
           recorded: CanaryExamples | None = None,
           cpu_flags: frozenset[str] | None = None) -> Verdict:
     """Run the gate (module doc); ConfigError, in one line, when it fails or cannot run here."""
-    from ampflow.components.evaluate_parity.release import split_request
+    from ampflow.data.split_request import split_request
     from ampflow.serving.models.servable import SavedModelServable
 
     flags = cpu_features.read_cpu_flags() if cpu_flags is None else cpu_flags

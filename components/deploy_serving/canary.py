@@ -3,7 +3,7 @@
 Speaks TF Serving's own gRPC API through ampflow's TensorFlow-free client's protos and tensor
 conversion (`ampflow_client`, clients/python), so it checks `tensorflow_model_server` in a
 cluster and `ampflow serve` on a laptop alike. The correctness check sends the real test
-examples that export recorded with the version (export_savedmodel/canary_examples.py) to that
+examples that export recorded with the version (ampflow.artifacts.canary_examples) to that
 exact version and compares the answers with the recorded ones: the same classes (except where
 the recorded top two probabilities are closer than the tolerance allows to tell apart) and
 probabilities within `atol`. A server that loaded another version or a damaged copy fails it.
@@ -22,8 +22,8 @@ import time
 import grpc
 import numpy as np
 
+from ampflow.artifacts.canary_examples import CanaryExamples
 from ampflow.components.deploy_serving.model_store import SignatureSpec
-from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
 from ampflow.errors import DeployError
 from ampflow.serving.model_format import CLASS_IDS_OUTPUT, PROBABILITIES_OUTPUT
 
@@ -43,7 +43,7 @@ _PREDICT_ATTEMPTS = 3
 
 def recorded_examples(version_dir) -> CanaryExamples:
     """The version's recorded expected answers; DeployError (nothing changed yet) if absent."""
-    from ampflow.components.export_savedmodel.canary_examples import load_canary_examples
+    from ampflow.artifacts.canary_examples import load_canary_examples
     from ampflow.errors import ModelLoadError
 
     try:

@@ -34,9 +34,9 @@ def deploy_serving(
     if target == "none":
         Path(endpoint.path).write_text(json.dumps({"target": "none"}))
         return
+    from ampflow.artifacts.versions import find_exported_version
     from ampflow.components.deploy_serving.kubernetes_cluster import own_namespace
     from ampflow.components.deploy_serving.step import DeployConfig, run_deploy
-    from ampflow.components.export_savedmodel.versions import find_exported_version
 
     # Every run of the pipeline exports version 1 into its own artifact dir; the step claims the
     # next free number in a store that is a path (two runs deploying at once get two numbers),

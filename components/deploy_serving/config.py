@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ampflow.components.convert_tflite.variants import VARIANTS
+from ampflow.artifacts.canary_examples import CanaryExamples
+from ampflow.artifacts.tflite_variants import VARIANTS
 from ampflow.components.deploy_serving import model_store
-from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
 from ampflow.errors import ConfigError
 from ampflow.serving.compute_precision import COMPUTE_PRECISIONS
 from ampflow.serving.model_format import check_model_name, parse_version_name

@@ -64,7 +64,7 @@ def deploy(config: DeployConfig, model_name: str, version: int,
         cluster.check_reachable()
         check_kserve_served(cluster.api_client)
         if not model_store.is_uri(str(config.model_store)):
-            from ampflow.components.train.cluster import check_volume_writable
+            from ampflow.files import check_volume_writable
 
             check_volume_writable(config.model_store, f"the model store {config.model_store}")
         config = claims.enter_context(config.claimed(payload.source))

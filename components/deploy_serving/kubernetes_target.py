@@ -78,7 +78,7 @@ class _Rollout:
         if not model_store.is_uri(str(self.config.model_store)):
             # the store is a mounted claim (the KFP deploy task's): KFP sets no fsGroup, so a
             # fresh volume's root is root's 0755; say so now, before anything is changed
-            from ampflow.components.train.cluster import check_volume_writable
+            from ampflow.files import check_volume_writable
 
             check_volume_writable(self.config.model_store,
                                   f"the model store {self.config.model_store}")

@@ -190,7 +190,7 @@ def claim_version(
 
 
 def _next_dir_number(model_base: Path) -> int:
-    from ampflow.components.export_savedmodel.versions import next_version
+    from ampflow.artifacts.versions import next_version
 
     return next_version(model_base)
 

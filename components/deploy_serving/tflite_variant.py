@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ampflow.artifacts.canary_examples import CanaryExamples
 from ampflow.components.deploy_serving.model_store import SignatureSpec
-from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
 from ampflow.errors import ConfigError, ModelLoadError
 from ampflow.serving.model_format import CLASS_IDS_OUTPUT, PROBABILITIES_OUTPUT
 from ampflow.serving.model_format import DEFAULT_SIGNATURE as SIGNATURE
@@ -177,8 +177,7 @@ def variant_requests(variant: TFLiteVariant, spec: SignatureSpec,
     (input_key,) = spec.inputs
     values = recorded.images
     if variant.tokenizer_files:
-        from ampflow.components.convert_tflite.text_inputs import token_ids
-        from ampflow.components.train.tokenizer import load_tokenizer
+        from ampflow.modeling.tokenizer import load_tokenizer, token_ids
 
         tokenizer = load_tokenizer(variant.tokenizer_files[0].parent)
         values = token_ids(tokenizer, list(recorded.images))

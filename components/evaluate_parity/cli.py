@@ -7,7 +7,7 @@ from ampflow.cliutil import add_step_command
 
 def _detects(metrics: dict, prefix: str) -> str:
     """What the paired test could detect on this split (power.py), in the data's words."""
-    from ampflow.components.train.throughput import throughput_unit
+    from ampflow.artifacts.throughput import throughput_unit
 
     drop = metrics[f"{prefix}_detectable_drop_points"]
     examples = (f"{metrics['num_examples']} "

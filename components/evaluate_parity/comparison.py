@@ -23,9 +23,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ampflow.artifacts.verdict import Check
 from ampflow.components.evaluate_parity import power
 from ampflow.components.evaluate_parity.config import NO_REGRESSION, NON_INFERIORITY
-from ampflow.components.evaluate_parity.gate import Check
 from ampflow.components.evaluate_parity.parity import ModelScores
 from ampflow.components.evaluate_parity.release import ServedVersion, hold_out_more
 

@@ -88,7 +88,7 @@ def evaluate_parity(
 
 def parity_gate(verdict: Input[Artifact]):
     """Fail the run before export when the parity verdict failed, naming each failed check."""
-    from ampflow.components.evaluate_parity.verdict import require_passed
+    from ampflow.artifacts.verdict import require_passed
 
     require_passed(verdict.path)
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from ampflow.artifacts.verdict import VERDICT_FILE
 from ampflow.components.evaluate_parity import report
 from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.components.evaluate_parity.gate import Verdict
 from ampflow.components.evaluate_parity.parity import LogitParity, ModelScores
-from ampflow.components.evaluate_parity.verdict import VERDICT_FILE
 from ampflow.files import read_json, staging_dir, write_json_atomic
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.evaluate_parity.gate import Check
+from ampflow.artifacts.verdict import Check
 from ampflow.components.evaluate_parity.parity import ModelScores
+from ampflow.data.split_request import SplitRequest
 from ampflow.errors import ConfigError
 
 # The accuracy the power note is computed against: halfway from chance to perfect.
@@ -307,54 +308,6 @@ def _copy_from_store(gfile, remote: str, local: Path) -> None:
             gfile.copy(f"{folder.rstrip('/')}/{name}", str(target / name), overwrite=True)
 
 
-@dataclass(frozen=True)
-class SplitRequest:
-    """A split as a client sends it to `serving_default`: the input's name and the examples.
-
-    Images go as float32 pixels; texts as their raw UTF-8 bytes, never token ids, because a
-    served text model tokenizes in its graph with its own vocabulary. The new model takes the
-    same examples through its own tokenizer (train.artifacts.TrainedModel.inputs).
-    """
-
-    input_name: str  # serving_default's input: IMAGES_INPUT or TEXT_INPUT
-    examples: np.ndarray  # float32 [N, H, W, C], or object [N] of UTF-8 bytes
-    labels: np.ndarray  # int64 [N]
-
-    def declared(self) -> list[tuple[str, int, list[int]]]:
-        """The input as a signature would declare it: (name, DataType enum, one example's shape)."""
-        import tensorflow as tf
-
-        return [(self.input_name, tf.as_dtype(self.examples.dtype).as_datatype_enum,
-                 list(self.examples.shape[1:]))]
-
-
-def split_request(data_dir: str | os.PathLike, split: str,
-                  limit: int | None = None) -> SplitRequest:
-    """The prepared split as `serving_default` is sent it (the one place modality decides it)."""
-    from ampflow.components.prepare_data import load_dataset_info
-    from ampflow.components.prepare_data.text import is_text
-
-    load = _load_texts if is_text(load_dataset_info(data_dir)) else _load_images
-    return load(data_dir, split, limit)
-
-
-def _load_images(data_dir, split: str, limit: int | None) -> SplitRequest:
-    from ampflow.components.prepare_data import load_arrays
-    from ampflow.serving.model_format import IMAGES_INPUT
-
-    images, labels = load_arrays(data_dir, split, limit=limit)
-    return SplitRequest(IMAGES_INPUT, images.astype(np.float32), labels)
-
-
-def _load_texts(data_dir, split: str, limit: int | None) -> SplitRequest:
-    from ampflow.components.export_savedmodel.text_signatures import TEXT_INPUT
-    from ampflow.components.prepare_data import load_texts
-
-    texts, labels = load_texts(data_dir, split, limit=limit)
-    return SplitRequest(TEXT_INPUT, np.array([t.encode("utf-8") for t in texts], dtype=object),
-                        labels)
-
-
 def score_served(served: ServedVersion, request: SplitRequest, class_names: list[str],
                  batch_size: int) -> ModelScores:
     """The served version's answers on the split, through `serving_default` as a server runs it.
@@ -420,7 +373,7 @@ def _describe(inputs: list[tuple[str, int, list[int]]]) -> str:
     """
     from tensorflow.core.framework import types_pb2
 
-    from ampflow.components.export_savedmodel.text_signatures import TEXT_INPUT
+    from ampflow.artifacts.signature_names import TEXT_INPUT
     from ampflow.serving.model_format import IMAGES_INPUT
 
     contracts = {(IMAGES_INPUT, types_pb2.DT_FLOAT): "images",

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ampflow.artifacts.throughput import throughput_unit
 from ampflow.components.evaluate_parity.training import speedup_text
-from ampflow.components.train.throughput import throughput_unit
 
 PER_CLASS_PNG = "per_class_accuracy.png"
 LOGIT_DIFF_PNG = "logit_diff_histogram.png"

@@ -102,7 +102,7 @@ class ServingGateResult:
 
 def run_serving_gate(config: ServingGateConfig) -> ServingGateResult:
     """Compare evaluate's recorded answers with the served version's; write; then gate."""
-    from ampflow.components.evaluate_parity.verdict import load_verdict
+    from ampflow.artifacts.verdict import load_verdict
 
     evaluated = load_verdict(config.eval_dir)
     recorded = read_predictions(config.eval_dir)
@@ -191,9 +191,9 @@ def read_predictions(eval_dir: str | os.PathLike) -> dict[str, Any]:
 def _compare(config: ServingGateConfig, recorded: dict[str, Any],
              served: release.ServedVersion) -> ServingComparison:
     """Score the served version on the examples evaluate judged; pair the answers."""
+    from ampflow.artifacts.throughput import throughput_unit
     from ampflow.components.evaluate_parity.comparison import compare_with_served
-    from ampflow.components.prepare_data import load_dataset_info
-    from ampflow.components.train.throughput import throughput_unit
+    from ampflow.data import load_dataset_info
 
     info = load_dataset_info(config.data_dir)
     request = release.split_request(config.data_dir, recorded["split"], recorded["limit"])

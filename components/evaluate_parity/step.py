@@ -25,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from ampflow.artifacts.throughput import throughput_unit
+from ampflow.artifacts.verdict import HASH_KEY, Check, model_sha256
 from ampflow.components.evaluate_parity import outputs, release, training
 from ampflow.components.evaluate_parity.comparison import ServingRule, compare_with_served
 from ampflow.components.evaluate_parity.config import EvaluateConfig
-from ampflow.components.evaluate_parity.gate import Check, Verdict, default_relative_logit_bound
+from ampflow.components.evaluate_parity.gate import Verdict, default_relative_logit_bound
 from ampflow.components.evaluate_parity.parity import LogitParity, ModelScores, logit_parity
 from ampflow.components.evaluate_parity.power import detectable_drop_points
-from ampflow.components.evaluate_parity.verdict import HASH_KEY, model_sha256
-from ampflow.components.train.throughput import throughput_unit
 from ampflow.errors import ConfigError, GateFailedError
 from ampflow.progress import Progress, keras_callback
 
@@ -59,8 +59,8 @@ def run_evaluate(config: EvaluateConfig) -> EvaluateResult:
     All outputs are written before the gate can raise, so a failed gate still leaves the
     metrics, the verdict (passed=false) and the report for the post-mortem.
     """
-    from ampflow.components.prepare_data import load_dataset_info
-    from ampflow.components.train import load_trained
+    from ampflow.artifacts.model_dir import load_trained
+    from ampflow.data import load_dataset_info
 
     info = load_dataset_info(config.data_dir)  # bad inputs fail before any compute
     trained = load_trained(config.model_dir)  # a text model with the tokenizer it trained with
@@ -110,8 +110,8 @@ def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 def _require_same_dataset(what: str, metadata: dict[str, Any], info: dict[str, Any]) -> None:
     """The model must take this dataset's images (or texts) and predict its classes."""
-    from ampflow.components.prepare_data.text import is_text
-    from ampflow.components.train.artifacts import model_modality
+    from ampflow.artifacts.model_dir import model_modality
+    from ampflow.data.modality import is_text
 
     modality = "text" if is_text(info) else "image"
     if model_modality(metadata) != modality:
@@ -138,7 +138,7 @@ def _load_baseline(config: EvaluateConfig, info: dict[str, Any], tokenizer=None)
     """
     if config.baseline_model_dir is None:
         return None
-    from ampflow.components.train import load_trained
+    from ampflow.artifacts.model_dir import load_trained
 
     baseline = load_trained(config.baseline_model_dir)
     model, metadata = baseline.model, baseline.metadata
@@ -176,7 +176,7 @@ def _require_writable_parent(output_dir: Path) -> None:
 
 def _policy(metadata: dict[str, Any], model) -> str:
     """The training policy from the metadata, else from the model's compute layers."""
-    from ampflow.components.evaluate_parity.twin import compute_policy
+    from ampflow.modeling.twin import compute_policy
 
     return (metadata.get("precision") or {}).get("policy") or compute_policy(model)
 
@@ -191,7 +191,7 @@ def _compute_dtype(policy: str) -> str:
 
 def _score_all(config, model, metadata, baseline, images, labels) -> dict[str, ModelScores]:
     """Logits of the AMP model, its float32 twin and (if given) the baseline."""
-    from ampflow.components.evaluate_parity.twin import build_float32_twin
+    from ampflow.modeling.twin import build_float32_twin
 
     twin = build_float32_twin(model, metadata)
     models = {"amp": model, "fp32_twin": twin}
@@ -205,7 +205,7 @@ def _score_all(config, model, metadata, baseline, images, labels) -> dict[str, M
 def _score(model, images: np.ndarray, labels: np.ndarray, batch_size: int,
            desc: str = "evaluate") -> ModelScores:
     """Logits in batches of one fixed shape: one trace per model, not one per batch size."""
-    from ampflow.components.evaluate_parity.twin import logits_model
+    from ampflow.modeling.twin import logits_model
 
     batch_size = min(batch_size, len(images))
     padding = -len(images) % batch_size
@@ -294,7 +294,7 @@ def _per_class(scores: dict[str, ModelScores], info: dict[str, Any]) -> dict[str
 
 def _amp_check(model_dir, metadata: dict) -> dict[str, Any] | None:
     """The train step's AMP check (amp_report.json beside the model), for the report."""
-    from ampflow.components.train.amp_report import AMP_REPORT_FILE
+    from ampflow.artifacts.model_dir import AMP_REPORT_FILE
     from ampflow.files import read_json
 
     path = Path(model_dir) / AMP_REPORT_FILE
@@ -310,7 +310,7 @@ def _amp_check(model_dir, metadata: dict) -> dict[str, Any] | None:
 def _context(config, metadata, baseline, policy, compute_dtype, bound) -> dict[str, Any]:
     ctx = {
         "architecture": metadata.get("architecture"),
-        "modality": metadata.get("modality"),  # the training rates' unit (train/throughput.py)
+        "modality": metadata.get("modality"),  # the rates' unit (artifacts.throughput)
         "model_dir": os.fspath(config.model_dir),
         "policy": policy,
         "compute_dtype": compute_dtype,

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ampflow.artifacts.verdict import Check
 from ampflow.components.evaluate_parity.config import MIN_POWER
-from ampflow.components.evaluate_parity.gate import Check
 from ampflow.components.evaluate_parity.parity import ModelScores
 
 EXACT_LIMIT = 1000  # discordant images up to which the binomial tail is summed exactly

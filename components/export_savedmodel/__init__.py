@@ -6,18 +6,10 @@ from ampflow.components.export_savedmodel.step import (
     ExportResult,
     run_export,
 )
-from ampflow.components.export_savedmodel.versions import (
-    find_exported_version,
-    list_versions,
-    next_version,
-)
 
 __all__ = [
     "EXPORT_METADATA_FILE",
     "ExportConfig",
     "ExportResult",
-    "find_exported_version",
-    "list_versions",
-    "next_version",
     "run_export",
 ]

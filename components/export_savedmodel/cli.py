@@ -27,8 +27,8 @@ def _checked_examples(meta: dict) -> str:
     The parity block counts `num_images` or `num_texts` (parity.py, text_parity.py); the unit's
     word is throughput.py's, the one declaration of an example's name by modality.
     """
-    from ampflow.components.prepare_data.text import MODALITY_TEXT
-    from ampflow.components.train.throughput import throughput_unit
+    from ampflow.artifacts.throughput import throughput_unit
+    from ampflow.data.modality import MODALITY_TEXT
 
     modality = meta.get("modality")
     count = meta["parity"]["num_texts" if modality == MODALITY_TEXT else "num_images"]

@@ -1,7 +1,7 @@
 """The graph of the `image_bytes` signature: encoded files in, model input out, bounded.
 
 How an image becomes model input (channels, resize, values) has one home,
-`ampflow.components.prepare_data.images.decode_to_model_input`; this module only adds what a
+`ampflow.data.images.decode_to_model_input`; this module only adds what a
 served graph needs around it:
 - a **size check before decoding**: TensorFlow's decoders allocate what a header declares, up
   to 2**29..2**31 bytes (a 400 KB PNG of 20000 x 20000 zeros decoded to 400 MB, measured), so the
@@ -111,7 +111,7 @@ def decode_checked(encoded, image_shape: Sequence[int]):
     """One encoded image → float32 `image_shape`, refused above MAX_IMAGE_PIXELS undecoded."""
     import tensorflow as tf
 
-    from ampflow.components.prepare_data.images import decode_to_model_input
+    from ampflow.data.images import decode_to_model_input
 
     height, width = declared_size(encoded)
     is_gif = tf.equal(tf.strings.substr(encoded, 0, len(ENCODED_IMAGE_MAGIC["gif"])),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ampflow.components.evaluate_parity.verdict import (
+from ampflow.artifacts.verdict import (
     VERDICT_FILE,
     load_verdict,
     require_same_model,

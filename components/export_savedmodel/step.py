@@ -28,10 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.export_savedmodel.canary_examples import (
+from ampflow.artifacts.canary_examples import (
     CANARY_FILE,
     DEFAULT_EXAMPLES,
     write_canary_examples,
+)
+from ampflow.artifacts.versions import (
+    next_version,
+    staged_version_dir,
 )
 from ampflow.components.export_savedmodel.gate import GateDecision, check_gate, check_model
 from ampflow.components.export_savedmodel.parity import check_export_parity
@@ -40,10 +44,6 @@ from ampflow.components.export_savedmodel.signatures import (
     check_signatures,
     half_precision_nodes,
     save_servable,
-)
-from ampflow.components.export_savedmodel.versions import (
-    next_version,
-    staged_version_dir,
 )
 from ampflow.components.export_savedmodel.warmup import replay_warmup_records
 from ampflow.errors import ConfigError, ExportError, ModelLoadError
@@ -158,8 +158,8 @@ class ExportResult:
 
 def run_export(config: ExportConfig) -> ExportResult:
     """Gate, export the float32 twin, check it, and publish it as a new TF Serving version."""
-    from ampflow.components.prepare_data import load_dataset_info
-    from ampflow.components.train.artifacts import load_trained
+    from ampflow.artifacts.model_dir import load_trained
+    from ampflow.data import load_dataset_info
 
     gate = check_gate(config.eval_dir, config.force)  # a refused model costs no compute
     trained = load_trained(config.model_dir)
@@ -200,7 +200,7 @@ def _export_of(trained, info: dict[str, Any], config: ExportConfig):
     The model's modality (metadata.json) must be the data's (dataset_info.json): a text model
     checked on images, or the reverse, is a configuration error before any compute.
     """
-    from ampflow.components.prepare_data.text import MODALITY_IMAGE
+    from ampflow.data.modality import MODALITY_IMAGE
 
     data_modality = info.get("modality") or MODALITY_IMAGE
     if trained.modality != data_modality:
@@ -227,7 +227,7 @@ class ImageExport:
 
     @classmethod
     def of(cls, meta, info, labels, count: int, config: ExportConfig) -> ImageExport:
-        from ampflow.components.prepare_data import load_arrays
+        from ampflow.data import load_arrays
 
         input_shape = tuple(meta["input_shape"])
         if tuple(info["image_shape"]) != input_shape:
@@ -287,7 +287,7 @@ def _png(image: np.ndarray) -> bytes:
 
 def _float32_twin(model, meta: dict[str, Any]):
     """The same architecture under the float32 policy with the trained weights (as evaluated)."""
-    from ampflow.components.evaluate_parity.twin import build_float32_twin
+    from ampflow.modeling.twin import build_float32_twin
 
     try:
         return build_float32_twin(model, meta)

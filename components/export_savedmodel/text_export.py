@@ -17,13 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.export_savedmodel.canary_examples import write_text_canary_examples
+from ampflow.artifacts.canary_examples import write_text_canary_examples
+from ampflow.artifacts.signature_names import TEXT_INPUT, TOKEN_IDS_INPUT, TOKEN_IDS_SIGNATURE
 from ampflow.components.export_savedmodel.signatures import LABELS_FILE, half_precision_nodes
 from ampflow.components.export_savedmodel.text_parity import check_text_export_parity
 from ampflow.components.export_savedmodel.text_signatures import (
-    TEXT_INPUT,
-    TOKEN_IDS_INPUT,
-    TOKEN_IDS_SIGNATURE,
     check_text_signatures,
     graph_op_types,
     non_core_ops,
@@ -47,7 +45,7 @@ log = logging.getLogger(__name__)
 class TextExport:
     """A text model's export: its tokenizer (from the model dir) and real test sentences."""
 
-    tokenizer: Any  # train.tokenizer.TextTokenizer: the one the model was trained with
+    tokenizer: Any  # ampflow.modeling.tokenizer.TextTokenizer: the one the model was trained with
     texts: list[str]  # real test sentences: warm-up, parity and canary examples
     labels: list[str]
     op_types: list[str] = field(default_factory=list)  # of the written graph, all core
@@ -88,7 +86,7 @@ class TextExport:
 
     def _check_shipped_vocabulary(self, staging: Path) -> None:
         """assets/vocab.txt + tokenizer.json must rebuild the model's own tokenizer."""
-        from ampflow.components.train.tokenizer import load_tokenizer
+        from ampflow.modeling.tokenizer import load_tokenizer
 
         try:
             shipped = load_tokenizer(staging / "assets")
@@ -102,7 +100,7 @@ class TextExport:
 
     def input_metadata(self) -> dict[str, Any]:
         """ampflow_export.json's input blocks for a text model."""
-        from ampflow.components.train.tokenizer import TOKENIZER_FILE, VOCAB_FILE
+        from ampflow.modeling.tokenizer import TOKENIZER_FILE, VOCAB_FILE
 
         config = self.tokenizer.config
         return {
@@ -132,7 +130,7 @@ def graph_tokenizer(tokenizer):
 def text_export_of(tokenizer, data_dir: Path, meta: dict, info: dict, labels: list[str],
                    count: int) -> TextExport:
     """The text export's inputs: a tokenizer of the model's sequence length, real test texts."""
-    from ampflow.components.prepare_data import load_texts
+    from ampflow.data import load_texts
 
     length = meta["input_shape"][0] if meta.get("input_shape") else None
     if length is not None and int(length) != tokenizer.sequence_length:

@@ -20,12 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.export_savedmodel.text_signatures import (
-    TEXT_INPUT,
-    TOKEN_IDS_INPUT,
-    TOKEN_IDS_SIGNATURE,
-    text_example,
-)
+from ampflow.artifacts.signature_names import TEXT_INPUT, TOKEN_IDS_INPUT, TOKEN_IDS_SIGNATURE
+from ampflow.components.export_savedmodel.text_signatures import text_example
 from ampflow.errors import GateFailedError
 from ampflow.serving.model_format import (
     CLASS_IDS_OUTPUT,

@@ -5,7 +5,7 @@ The image contract's sibling (signatures.py): the same outputs, declared once in
 
 `serving_default` (method `tensorflow/serving/predict`): `text` string [-1], one raw UTF-8
 text per element, tokenized IN THE GRAPH by the tokenizer the model was trained with (Keras
-`TextVectorization`, rebuilt from the model dir's vocab.txt: components/train/tokenizer.py) →
+`TextVectorization`, rebuilt from the model dir's vocab.txt: src/ampflow/modeling/tokenizer.py) →
 `probabilities` float32 [-1, K], `class_ids` int64 [-1].
 `classify` (method `tensorflow/serving/classify`): `inputs` string [-1] of serialized
 tf.Example with bytes_list feature `text` → `scores` float32 [-1, K], `classes` string [-1, K].
@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ampflow.artifacts.signature_names import TEXT_INPUT, TOKEN_IDS_INPUT, TOKEN_IDS_SIGNATURE
 from ampflow.components.export_savedmodel.signatures import (
     LABELS_FILE,
     classify_outputs,
@@ -37,7 +38,7 @@ from ampflow.components.export_savedmodel.signatures import (
     require_signatures,
     save_signatures,
 )
-from ampflow.components.prepare_data.text import TEXT_FEATURE
+from ampflow.data.modality import TEXT_FEATURE
 from ampflow.errors import ExportError, ModelLoadError
 from ampflow.serving import model_format
 from ampflow.serving.model_format import (
@@ -45,10 +46,6 @@ from ampflow.serving.model_format import (
     DEFAULT_SIGNATURE,
     PREDICT_METHOD,
 )
-
-TEXT_INPUT = TEXT_FEATURE  # serving_default's input: string [-1], one raw text per element
-TOKEN_IDS_SIGNATURE = "token_ids"  # the signature on token ids (parity, TFLite)
-TOKEN_IDS_INPUT = "input_ids"  # int32 [-1, L], 0 = padding
 
 
 def expected_text_signatures(sequence_length: int, num_classes: int) -> dict[str, Any]:
@@ -100,7 +97,7 @@ def _text_servable(model, tokenizer, labels: list[str], assets: Path):
     """The exported object (variables, tokenizer table, assets) and its three signatures."""
     import tensorflow as tf
 
-    from ampflow.components.train.tokenizer import TOKENIZER_FILE, VOCAB_FILE
+    from ampflow.modeling.tokenizer import TOKENIZER_FILE, VOCAB_FILE
 
     module = tf.Module(name="ampflow_text_servable")
     # plain tf.Variables, not the Keras model: the TFLite converter freezes only those

@@ -1,8 +1,8 @@
 """Step 1: data preparation with tensorflow-datasets (any catalog name, or the offline default).
 
-The names below are imported on first use (PEP 562), not with the package: the input pipeline
-imports TensorFlow, and `ampflow --help` must not pay for that (it builds every command's
-parser, which imports this package's config).
+The names below are imported on first use (PEP 562), not with the package: `ampflow --help`
+must not pay for the step's imports. Reading a prepared dataset is the data library's
+(`ampflow.data`), which every later step imports instead of this step.
 """
 
 import importlib
@@ -14,35 +14,14 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__
         OFFLINE_DEFAULT,
         PrepareDataConfig,
     )
-    from ampflow.components.prepare_data.input_pipeline import (
-        load_arrays,
-        load_split,
-        make_input_pipeline,
-    )
-    from ampflow.components.prepare_data.step import (
-        PreparedData,
-        load_dataset_info,
-        run_prepare_data,
-    )
-    from ampflow.components.prepare_data.text_input import (
-        load_text_split,
-        load_texts,
-        make_text_pipeline,
-    )
+    from ampflow.components.prepare_data.step import PreparedData, run_prepare_data
 
 _EXPORTS = {
-    "load_arrays": "input_pipeline",
-    "load_split": "input_pipeline",
-    "make_input_pipeline": "input_pipeline",
     "OFFLINE_DATASETS": "config",
     "OFFLINE_DEFAULT": "config",
     "PrepareDataConfig": "config",
     "PreparedData": "step",
-    "load_dataset_info": "step",
     "run_prepare_data": "step",
-    "load_text_split": "text_input",
-    "load_texts": "text_input",
-    "make_text_pipeline": "text_input",
 }
 
 __all__ = [
@@ -50,13 +29,6 @@ __all__ = [
     "OFFLINE_DEFAULT",
     "PrepareDataConfig",
     "PreparedData",
-    "load_arrays",
-    "load_dataset_info",
-    "load_split",
-    "load_text_split",
-    "load_texts",
-    "make_input_pipeline",
-    "make_text_pipeline",
     "run_prepare_data",
 ]
 

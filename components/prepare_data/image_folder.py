@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow_datasets as tfds
 
-from ampflow.components.prepare_data.images import ENCODED_FORMATS
-from ampflow.components.prepare_data.offline_digits import OfflineBuilder
+from ampflow.data.images import ENCODED_FORMATS
+from ampflow.data.offline_digits import OfflineBuilder
 from ampflow.errors import ConfigError, DatasetConfigError
 
 log = logging.getLogger(__name__)

@@ -31,20 +31,20 @@ from typing import Any
 
 import numpy as np
 
-from ampflow.components.prepare_data import images
 from ampflow.components.prepare_data.config import (
     DEFAULT_TEST_SPLIT,
     OFFLINE_DATASETS,
     PrepareDataConfig,
 )
-from ampflow.components.prepare_data.holdout import stratified_holdout
-from ampflow.components.prepare_data.text import MODALITY_IMAGE, MODALITY_TEXT, TEXT_FEATURE_NAMES
+from ampflow.data import images
+from ampflow.data.dataset_info import DATASET_INFO_FILE
+from ampflow.data.holdout import stratified_holdout
+from ampflow.data.modality import MODALITY_IMAGE, MODALITY_TEXT, TEXT_FEATURE_NAMES
 from ampflow.errors import AmpflowError, ConfigError, DatasetError
-from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
+from ampflow.files import ensure_writable_dir, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-DATASET_INFO_FILE = "dataset_info.json"
 CONFIG_FILE = "config.json"
 # Where a catalog dataset's files come from; probed once so an offline machine fails fast.
 _DOWNLOAD_PROBE = ("storage.googleapis.com", 443)
@@ -83,22 +83,6 @@ def run_prepare_data(config: PrepareDataConfig) -> PreparedData:
     return PreparedData(output_dir=output_dir, info=info)
 
 
-def load_dataset_info(prepared_dir: str | os.PathLike) -> dict[str, Any]:
-    """Read `dataset_info.json` from a prepared dir; a missing one is a clear DatasetError."""
-    path = Path(prepared_dir) / DATASET_INFO_FILE
-    if not path.is_file():  # a flag that names no dataset: a configuration error (exit 2)
-        from ampflow.errors import DatasetConfigError
-
-        raise DatasetConfigError(
-            f"{prepared_dir} is not a prepared dataset: expected {DATASET_INFO_FILE} in it "
-            "(run `ampflow prepare-data` first)."
-        )
-    try:
-        return read_json(path)
-    except ValueError as e:
-        raise DatasetError(f"{path} is corrupt: {e}") from e
-
-
 def _open_builder(config: PrepareDataConfig, data_dir: Path):
     if config.image_folder is not None:
         from ampflow.components.prepare_data.image_folder import open_image_folder
@@ -120,7 +104,7 @@ def _open_builder(config: PrepareDataConfig, data_dir: Path):
 def _builder(name: str, data_dir: Path):
     import tensorflow_datasets as tfds
 
-    from ampflow.components.prepare_data import (  # noqa: F401  (registers their builders)
+    from ampflow.data import (  # noqa: F401  (registers their builders)
         offline_digits,
         offline_mnist,
         offline_rotten_tomatoes,

@@ -26,13 +26,6 @@ from ampflow.components.prepare_data.image_folder import (
     _walk_files,
     folder_layout,
 )
-from ampflow.components.prepare_data.text import (
-    SKIP_EMPTY,
-    SKIP_NOT_TXT,
-    SKIP_OUTSIDE,
-    SKIP_TOO_LARGE,
-    SKIP_UNREADABLE,
-)
 from ampflow.components.prepare_data.text_source import (
     SkipLog,
     TextExample,
@@ -43,6 +36,13 @@ from ampflow.components.prepare_data.text_source import (
     make_builder,
     prepared_builder,
     require_two_classes,
+)
+from ampflow.data.modality import (
+    SKIP_EMPTY,
+    SKIP_NOT_TXT,
+    SKIP_OUTSIDE,
+    SKIP_TOO_LARGE,
+    SKIP_UNREADABLE,
 )
 from ampflow.errors import DatasetConfigError
 

@@ -28,13 +28,13 @@ from pathlib import Path
 import tensorflow_datasets as tfds
 
 from ampflow.components.prepare_data.image_folder import _without_absl_warning
-from ampflow.components.prepare_data.offline_digits import OfflineBuilder
-from ampflow.components.prepare_data.text import (
+from ampflow.data.modality import (
     LABEL_FEATURE,
     MAX_LISTED_SKIPS,
     SKIP_NOT_UTF8,
     TEXT_FEATURE,
 )
+from ampflow.data.offline_digits import OfflineBuilder
 from ampflow.errors import DatasetConfigError
 
 log = logging.getLogger(__name__)

@@ -29,14 +29,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from ampflow.components.prepare_data.text import (
-    SKIP_EMPTY,
-    SKIP_MALFORMED,
-    SKIP_NO_LABEL,
-    SKIP_NOT_UTF8,
-    SKIP_TOO_LARGE,
-    TABLE_FORMATS,
-)
 from ampflow.components.prepare_data.text_source import (
     SkipLog,
     TextExample,
@@ -46,6 +38,14 @@ from ampflow.components.prepare_data.text_source import (
     make_builder,
     prepared_builder,
     require_two_classes,
+)
+from ampflow.data.modality import (
+    SKIP_EMPTY,
+    SKIP_MALFORMED,
+    SKIP_NO_LABEL,
+    SKIP_NOT_UTF8,
+    SKIP_TOO_LARGE,
+    TABLE_FORMATS,
 )
 from ampflow.errors import ConfigError, DatasetConfigError
 

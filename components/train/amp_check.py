@@ -28,10 +28,10 @@ from ampflow.components.train.amp_report import (  # noqa: F401  (AMP_REPORT_FIL
     layer_rows,
     write_amp_report,
 )
-from ampflow.components.train.user_model import (
+from ampflow.modeling.user_model import (
     children as _children,
 )
-from ampflow.components.train.user_model import (
+from ampflow.modeling.user_model import (
     compute_dtype,
     output_layer,
     walk_layers,
@@ -180,11 +180,11 @@ def model_to_check(model, info: dict, *, model_path: str | None = None,
     Apart from `check_built` so that train (step.py) can build it under its seed and its
     strategy's scope and then train this very model (report.model), not build a second one.
     """
-    from ampflow.components.train.models import make_model
+    from ampflow.modeling.models import make_model
 
     if info.get("modality") == "text":
-        from ampflow.components.train.models import make_text_model
-        from ampflow.components.train.tokenizer import TokenizerConfig
+        from ampflow.modeling.models import make_text_model
+        from ampflow.modeling.tokenizer import TokenizerConfig
 
         tokens = TokenizerConfig(**{k: v for k, v in (
             ("max_sequence_length", sequence_length), ("vocabulary_size", vocabulary_size))
@@ -200,7 +200,7 @@ def model_to_check(model, info: dict, *, model_path: str | None = None,
 def text_amp_check_of(model, sequence_length: int, vocabulary_size: int,
                       num_classes: int, *, model_path: str | None = None):
     """`amp_check_of` for a text model: int32 token ids `[batch, sequence_length]` in."""
-    from ampflow.components.train.models import make_text_model
+    from ampflow.modeling.models import make_text_model
 
     built = make_text_model(model, sequence_length, vocabulary_size, num_classes,
                             model_path=model_path)
@@ -231,7 +231,7 @@ def ensure_float32_output(model) -> tuple[Any, list[str]]:
     from the tensor before it — it has already lost what a cast after it cannot bring back —
     and any other output is taken as logits; then the float32 `logits`/`probabilities` head.
     """
-    from ampflow.components.train.user_model import standard_head
+    from ampflow.modeling.user_model import standard_head
 
     out_layer = output_layer(model)
     if out_layer is None or compute_dtype(out_layer) not in HALF_DTYPES:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampflow.components.train.user_model import walk_layers
+from ampflow.modeling.user_model import walk_layers
 
 # Ops whose float16 result overflows (exp: above 11.1; a sum of many terms: above 65504) or
 # loses what the loss needs (softmax/log of small probabilities) when computed in float16.

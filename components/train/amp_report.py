@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ampflow.components.train.user_model import compute_dtype
+from ampflow.artifacts.model_dir import AMP_REPORT_FILE
+from ampflow.modeling.user_model import compute_dtype
 
 if TYPE_CHECKING:
     from ampflow.components.train.amp_graph import Trace
 
-AMP_REPORT_FILE = "amp_report.json"
 
 
 SEVERITIES = ("error", "warning", "fixed", "info")

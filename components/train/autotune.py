@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ampflow.artifacts.throughput import ThroughputUnit, throughput_unit
 from ampflow.components.train.autotune_child import run_candidates  # noqa: F401 (tests' child)
 from ampflow.components.train.autotune_rules import (
     ALL_PAIRS,
@@ -46,7 +47,6 @@ from ampflow.components.train.precision import (
     choose_policy,
     native_formats,
 )
-from ampflow.components.train.throughput import ThroughputUnit, throughput_unit
 from ampflow.errors import ConfigError
 
 log = logging.getLogger(__name__)

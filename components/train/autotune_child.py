@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ampflow.components.prepare_data.text import MODALITY_IMAGE
 from ampflow.components.train.autotune_rules import (
     DROP_MARGIN,
     WARMUP_STEPS,
@@ -34,6 +33,7 @@ from ampflow.components.train.autotune_rules import (
     step_rates,
 )
 from ampflow.components.train.precision import PrecisionSetup
+from ampflow.data.modality import MODALITY_IMAGE
 
 # ---- the child: measures candidates, streams events ---------------------------------------
 
@@ -105,11 +105,11 @@ class _ChildRun:
     """The real child's data, runtime and candidate factory (one per search process)."""
 
     def __init__(self, request: dict) -> None:
-        from ampflow.components.prepare_data import load_dataset_info
         from ampflow.components.train.build import text_tokenizer, training_data
         from ampflow.components.train.config import TrainConfig
         from ampflow.components.train.precision import detect_hardware
         from ampflow.components.train.runtime import distribute_datasets, make_runtime
+        from ampflow.data import load_dataset_info
 
         self.config = TrainConfig(**request["config"])
         self.hardware = (hardware_from_dict(request["hardware"]) if request["hardware"]

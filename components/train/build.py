@@ -21,8 +21,8 @@ def training_data(config, info: dict, global_batch: int, tokenizer=None):
     Text data is tokenized here, in tf.data, by `tokenizer` (a `text_tokenizer(config, info)`
     when not given): batches of raw strings become int32 token ids `[batch, L]`.
     """
-    from ampflow.components.prepare_data import load_split, make_input_pipeline
-    from ampflow.components.prepare_data.text import is_text
+    from ampflow.data import load_split, make_input_pipeline
+    from ampflow.data.modality import is_text
 
     if is_text(info):
         train_ds, test_ds = _text_data(config, global_batch,
@@ -47,7 +47,7 @@ def _text_data(config, global_batch: int, tokenizer):
     """The text splits as (token ids, label) batches: tokenized after batching, in tf.data."""
     import tensorflow as tf
 
-    from ampflow.components.prepare_data import load_text_split, make_text_pipeline
+    from ampflow.data import load_text_split, make_text_pipeline
 
     def tokenized(ds):
         return ds.map(lambda text, label: (tokenizer.tokenize(text), label),
@@ -68,7 +68,7 @@ def text_tokenizer(config, info: dict):
     tokenizer saved beside it instead: its embedding rows are that vocabulary's ids, and a
     freshly fitted one would number the words differently.
     """
-    from ampflow.components.prepare_data.text import is_text
+    from ampflow.data.modality import is_text
 
     if not is_text(info):
         return None
@@ -77,8 +77,8 @@ def text_tokenizer(config, info: dict):
         return _reused_tokenizer(config, saved)
     import time
 
-    from ampflow.components.prepare_data import load_text_split
-    from ampflow.components.train.tokenizer import fit_tokenizer
+    from ampflow.data import load_text_split
+    from ampflow.modeling.tokenizer import fit_tokenizer
 
     start = time.perf_counter()
     texts = load_text_split(config.data_dir, "train").map(lambda text, _label: text)
@@ -100,8 +100,8 @@ def saved_tokenizer_dir(config):
 
 
 def _reused_tokenizer(config, directory):
-    from ampflow.components.train.tokenizer import TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
     from ampflow.errors import ConfigError
+    from ampflow.modeling.tokenizer import TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
 
     try:
         tokenizer = load_tokenizer(directory)
@@ -127,8 +127,8 @@ def build_uncompiled_model(config, info: dict, runtime, tokenizer=None):
     A text model is sized by the tokenizer (`text_tokenizer(config, info)` when not given):
     its input is `[batch, sequence length]` token ids, its embedding table the ids in use.
     """
-    from ampflow.components.prepare_data.text import is_text
-    from ampflow.components.train.models import build_model, make_text_model
+    from ampflow.data.modality import is_text
+    from ampflow.modeling.models import build_model, make_text_model
 
     if is_text(info):
         tokenizer = tokenizer or text_tokenizer(config, info)

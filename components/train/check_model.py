@@ -68,10 +68,10 @@ def run_check_model(config: CheckModelConfig, hardware=None):
 
     import keras
 
-    from ampflow.components.prepare_data import load_dataset_info
     from ampflow.components.train.amp_check import amp_check_of
     from ampflow.components.train.amp_report import write_amp_report
     from ampflow.components.train.precision import configure_precision, native_format_notes
+    from ampflow.data import load_dataset_info
 
     info = load_dataset_info(config.data_dir)
     previous = keras.mixed_precision.global_policy().name

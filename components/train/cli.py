@@ -6,7 +6,7 @@ from ampflow.cliutil import add_step_command
 
 
 def _summary(result) -> dict:
-    from ampflow.components.train.throughput import throughput_unit
+    from ampflow.artifacts.throughput import throughput_unit
 
     meta = result.metadata
     dist = meta.get("distribution") or {}

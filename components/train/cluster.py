@@ -10,8 +10,7 @@ malformed TF_CONFIG or a port that is taken are a hang or a page of gRPC log.
 more than one task, MirroredStrategy when one process sees more than one GPU, else the default
 (no-op) strategy. Every strategy runs the same training loop (components/train/loop.py).
 
-`check_volume_writable` is the one check, before any work, that a cluster volume (a KFP
-workspace, the training claim, the model store) is writable by this pod's user.
+Whether a cluster volume is writable by this pod's user is `ampflow.files.check_volume_writable`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ampflow.errors import ConfigError
@@ -191,28 +189,6 @@ def check_own_port_free(cluster: ClusterSpec) -> None:
                 "use: stop what holds it or give this task another port") from e
         raise ConfigError(f"cannot bind port {port} of this task ({cluster.describe()}): "
                           f"{e.strerror}") from e
-
-
-def check_volume_writable(path: str | os.PathLike, what: str) -> None:
-    """One clear line when this uid cannot write the volume mounted at `path` (nothing else).
-
-    KFP sets no fsGroup on its pods (kubeflow/pipelines#3866), so a volume whose root belongs
-    to root with mode 0755 (a fresh block-storage PVC) is read-only to the image's user, and
-    every retry would fail the same way deep inside training.
-    """
-    path = Path(path)
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if os.access(existing, os.W_OK | os.X_OK):
-        return
-    st = existing.stat()
-    raise ConfigError(
-        f"{what} is not writable by this pod's user (uid {os.getuid()}, gid {os.getgid()}): "
-        f"{existing} belongs to uid {st.st_uid} gid {st.st_gid} with mode "
-        f"{st.st_mode & 0o7777:04o}, and KFP sets no fsGroup (kubeflow/pipelines#3866). Use a "
-        "storage class whose volumes any uid can write (NFS-style), or make the volume's root "
-        "group 10001 writable once (README: Going to a real cluster)")
 
 
 def choose_strategy(requested: str, cluster: ClusterSpec | None,

@@ -42,8 +42,8 @@ def train(
     """
     import os
 
+    from ampflow.artifacts.throughput import throughput_unit
     from ampflow.components.train import TrainConfig, run_train
-    from ampflow.components.train.throughput import throughput_unit
     from ampflow.errors import ConfigError
 
     jit = {"auto": None, "on": True, "off": False, "true": True, "false": False}.get(
@@ -51,7 +51,7 @@ def train(
     if jit == "bad":
         raise ConfigError(f"xla must be auto, on or off. Received: {xla!r}")
     if checkpoint_dir and "://" not in checkpoint_dir:  # a volume KFP mounts without fsGroup
-        from ampflow.components.train.cluster import check_volume_writable
+        from ampflow.files import check_volume_writable
 
         check_volume_writable(checkpoint_dir,
                               f"the checkpoint dir {checkpoint_dir} (the run's KFP workspace)")

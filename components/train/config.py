@@ -16,10 +16,10 @@ from ampflow.components.train.allreduce import ALLREDUCE_DTYPES
 from ampflow.components.train.cluster import STRATEGIES
 from ampflow.components.train.guard import GuardLimits
 from ampflow.components.train.precision import POLICIES
-from ampflow.components.train.text_models import BERT_SHAPES, ENCODER_LEARNING_RATE
-from ampflow.components.train.tokenizer import TokenizerConfig
-from ampflow.components.train.user_model import ModelSpec, parse_model_spec
 from ampflow.errors import ConfigError
+from ampflow.modeling.text_models import BERT_SHAPES, ENCODER_LEARNING_RATE
+from ampflow.modeling.tokenizer import TokenizerConfig
+from ampflow.modeling.user_model import ModelSpec, parse_model_spec
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 AUTO_BATCH = "auto"
@@ -47,7 +47,7 @@ def parsed_model_spec(text: str) -> ModelSpec:
 
 
 def _model_choices() -> tuple[str, ...]:
-    from ampflow.components.train.models import model_names
+    from ampflow.modeling.models import model_names
 
     return model_names()
 

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import yaml
 
-from ampflow.components.train.cluster import check_volume_writable
 from ampflow.errors import AmpflowError, ConfigError
+from ampflow.files import check_volume_writable
 
 log = logging.getLogger(__name__)
 

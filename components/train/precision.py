@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ampflow.components.prepare_data.text import MODALITY_TEXT
-from ampflow.components.train.throughput import throughput_unit
+from ampflow.artifacts.throughput import throughput_unit
+from ampflow.data.modality import MODALITY_TEXT
 from ampflow.errors import ConfigError
 from ampflow.serving.cpu_features import BF16_CPU_FLAGS as _CPU_BF16_FLAGS
 from ampflow.serving.cpu_features import read_cpu_flags as _read_cpu_flags

@@ -9,13 +9,13 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from ampflow.components.train.user_model import (
+from ampflow.errors import ConfigError
+from ampflow.modeling.user_model import (
     ModelSpec,
     custom_objects_in,
     last_line,
     walk_layers,
 )
-from ampflow.errors import ConfigError
 
 
 def check_reloads(model, spec: ModelSpec, model_path: str | Path | None = None) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 # The model dir's contract (file names, the loaders) lives in artifacts.py; re-exported here,
 # where later steps and tests have long imported it from.
-from ampflow.components.train.artifacts import (  # noqa: F401
+from ampflow.artifacts.model_dir import (  # noqa: F401
     CONFIG_FILE,
     EPOCH_LOG_FILE,
     HISTORY_FILE,
@@ -41,6 +41,7 @@ from ampflow.components.train.artifacts import (  # noqa: F401
     load_trained,
     load_trained_model,
 )
+from ampflow.artifacts.throughput import throughput_unit
 from ampflow.components.train.cluster import PEER_LOST_EXIT_CODE
 
 # The config and the runtime live in config.py and runtime.py; re-exported here, where the
@@ -55,7 +56,6 @@ from ampflow.components.train.config import (  # noqa: F401
 )
 from ampflow.components.train.precision import HardwareInfo, PrecisionSetup
 from ampflow.components.train.runtime import make_runtime
-from ampflow.components.train.throughput import throughput_unit
 from ampflow.errors import AmpflowError, ConfigError, TrainingDivergedError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
@@ -82,7 +82,7 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     (components/train/launcher.py) and returns the chief's result. Under a multi-worker
     TF_CONFIG every worker trains, and only the chief writes into `output_dir`.
     """
-    from ampflow.components.prepare_data import load_dataset_info
+    from ampflow.data import load_dataset_info
 
     info = load_dataset_info(config.data_dir)  # a bad data_dir fails before any compute
     check_options_fit_data(config, info)
@@ -148,7 +148,7 @@ def check_options_fit_data(config: TrainConfig, info: dict) -> None:
     images) on text data, and text options (--max-sequence-length, --vocabulary-size) set on
     image data. Which models fit which data is models.py's rule, said when the model is built.
     """
-    from ampflow.components.prepare_data.text import is_text
+    from ampflow.data.modality import is_text
 
     if is_text(info):
         image_only = {"image_size": config.image_size, "augment": config.augment or None,
@@ -187,7 +187,7 @@ def _resolve_auto_batch(config: TrainConfig, info: dict, setup: PrecisionSetup,
         train_step_probe,
         with_accumulation,
     )
-    from ampflow.components.train.models import build_model
+    from ampflow.modeling.models import build_model
 
     probe = train_step_probe(
         lambda shape, classes: build_model(config.model_spec, shape, classes,
@@ -250,7 +250,7 @@ def preflight_model(config: TrainConfig, info: dict, tokenizer=None,
         raise ConfigError(f"model {config.model!r} cannot train under {report.policy}: "
                           + "; ".join(report.errors))
     from ampflow.components.train.reload_check import check_reloads
-    from ampflow.components.train.user_model import layer_dtypes
+    from ampflow.modeling.user_model import layer_dtypes
 
     spec = config.model_spec
     check_reloads(report.model, spec, config.model_path)
@@ -327,7 +327,7 @@ def refuse_before_tensorflow(config: TrainConfig) -> None:
     restart of a bad worker paid it). The same checks run again where they are used.
     """
     from ampflow.components.train.cluster import check_own_port_free, read_tf_config
-    from ampflow.components.train.user_model import import_builder
+    from ampflow.modeling.user_model import import_builder
 
     cluster = read_tf_config()
     if cluster is not None and cluster.num_workers > 1 and config.strategy in (
@@ -484,7 +484,7 @@ def _publish(model, telemetry, epochs, metadata, output_dir: Path, checkpoint_di
     A text model's tokenizer (vocab.txt, tokenizer.json) is written before it too: a published
     text model always has the vocabulary its ids mean.
     """
-    from ampflow.components.train.amp_report import AMP_REPORT_FILE
+    from ampflow.artifacts.model_dir import AMP_REPORT_FILE
     from ampflow.components.train.telemetry import write_json_lines
 
     if checkpoint_dir:  # keep the epoch log with the model it describes
@@ -538,10 +538,10 @@ def _dataset_block(info: dict) -> dict:
 
 def _text_metadata(config: TrainConfig, tokenizer) -> dict:
     """What a text model's metadata.json adds: its input and its tokenizer (artifacts.py)."""
-    from ampflow.components.prepare_data.text import MODALITY_TEXT
-    from ampflow.components.train.artifacts import TOKENIZER_FILES
+    from ampflow.artifacts.model_dir import TOKENIZER_FILES
     from ampflow.components.train.build import saved_tokenizer_dir
-    from ampflow.components.train.text_models import TOKEN_IDS_INPUT
+    from ampflow.data.modality import MODALITY_TEXT
+    from ampflow.modeling.text_models import TOKEN_IDS_INPUT
 
     return {"modality": MODALITY_TEXT, "input_shape": [tokenizer.sequence_length],
             "input_dtype": "int32", "input_name": TOKEN_IDS_INPUT,

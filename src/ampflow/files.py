@@ -164,3 +164,25 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def check_volume_writable(path: str | os.PathLike, what: str) -> None:
+    """One clear line when this uid cannot write the volume mounted at `path` (nothing else).
+
+    KFP sets no fsGroup on its pods (kubeflow/pipelines#3866), so a volume whose root belongs
+    to root with mode 0755 (a fresh block-storage PVC) is read-only to the image's user, and
+    every retry would fail the same way deep inside training.
+    """
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if os.access(existing, os.W_OK | os.X_OK):
+        return
+    st = existing.stat()
+    raise ConfigError(
+        f"{what} is not writable by this pod's user (uid {os.getuid()}, gid {os.getgid()}): "
+        f"{existing} belongs to uid {st.st_uid} gid {st.st_gid} with mode "
+        f"{st.st_mode & 0o7777:04o}, and KFP sets no fsGroup (kubeflow/pipelines#3866). Use a "
+        "storage class whose volumes any uid can write (NFS-style), or make the volume's root "
+        "group 10001 writable once (README: Going to a real cluster)")

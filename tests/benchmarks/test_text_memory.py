@@ -42,7 +42,7 @@ def test_accumulation_takes_the_largest_micro_batch_that_divides_the_effective_o
 
 
 def test_the_counted_parameters_are_the_built_models(bench):
-    from ampflow.components.train.text_models import bert_builder
+    from ampflow.modeling.text_models import bert_builder
 
     model = bert_builder("bert_tiny")(16, 500, bench.NUM_CLASSES)
     assert bench.parameter_count("bert_tiny", 16, 500) == model.count_params()

@@ -33,7 +33,7 @@ def test_flops_count_two_per_multiply_add_and_skip_the_first_input_gradient(benc
 
 @pytest.mark.slow  # builds ResNet-50
 def test_flops_of_nested_backbones_are_counted(bench):
-    from ampflow.components.train.models import build_model
+    from ampflow.modeling.models import build_model
 
     forward, training = bench._model_flops(build_model("resnet50", (8, 8, 1), 10, image_size=32))
     assert 0.15e9 < forward < 0.17e9  # ResNet-50: 4.1 GMACs at 224², × (32/224)² × 2

@@ -65,8 +65,8 @@ def _batch_norm_layers(model):
 
 def _set_batch_norm_statistics_from_data(model_dir: Path, data_dir: Path) -> None:
     """Moving mean/variance := the statistics of 128 training images (see the module doc)."""
-    from ampflow.components.prepare_data import load_arrays
-    from ampflow.components.train import load_trained_model
+    from ampflow.artifacts.model_dir import load_trained_model
+    from ampflow.data import load_arrays
 
     model, _ = load_trained_model(model_dir)
     images, _ = load_arrays(data_dir, "train", limit=128)
@@ -86,7 +86,7 @@ def _trained_model(model_dir: Path):
 
     Two tests read it (neither changes it); a ResNet-50 load costs seconds of CPU.
     """
-    from ampflow.components.train import load_trained_model
+    from ampflow.artifacts.model_dir import load_trained_model
 
     return load_trained_model(model_dir)[0]
 
@@ -164,7 +164,7 @@ def pipeline_run(tmp_path_factory, small_mnist):
 
 
 def test_inference_outputs_depend_on_the_input(pipeline_run, name):
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     run = pipeline_run(name)
     model = _trained_model(run.model_dir)
@@ -275,7 +275,7 @@ MAX_RIGHT_ANSWERS_APART = {"float32": 2, "float16": 2, "dynamic_range": 8, "full
 
 def test_every_variant_answers_right_within_a_few_images_of_the_saved_model(pipeline_run, name):
     from ampflow.components.convert_tflite.checks import TFLiteRunner
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     run = pipeline_run(name)
     images, labels = load_arrays(run.data_dir, "test")
@@ -293,7 +293,7 @@ def test_every_variant_answers_right_within_a_few_images_of_the_saved_model(pipe
 
 
 def test_served_model_answers_like_the_saved_model(pipeline_run, name):
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
     from ampflow.serving.client import PredictionClient
     from ampflow.serving.config import ModelConfig, ServerConfig
     from ampflow.serving.server import start_local_server

@@ -106,8 +106,8 @@ def test_evaluate_component_failed_gate_publishes_everything_and_the_gate_task_f
 @pytest.mark.slow
 def test_export_and_convert_components_publish_typed_model_metadata(tmp_path, prepared_digits,
                                                                     trained_model):
+    from ampflow.artifacts.verdict import model_sha256
     from ampflow.components.convert_tflite.component import convert_tflite
-    from ampflow.components.evaluate_parity import model_sha256
     from ampflow.components.export_savedmodel.component import export_savedmodel
 
     model_dir = trained_model("mixed_float16")

@@ -412,7 +412,7 @@ def test_compiled_text_parameters_reach_prepare_data_and_both_train_tasks(defaul
 
 
 def test_local_run_config_refuses_an_architecture_as_the_served_name(tmp_path):
-    from ampflow.components.train.models import image_model_names
+    from ampflow.modeling.models import image_model_names
     from ampflow.pipeline.demo import DemoConfig as LocalRunConfig
     from ampflow.pipeline.parameters import check_arguments  # run-local's, + demo's own
 

@@ -67,7 +67,7 @@ def _free_port() -> int:
 def test_image_folder_and_user_model_run_the_whole_pipeline_and_serve_encoded_images(
         tmp_path, folder, capsys):
     from ampflow.cli import main
-    from ampflow.components.prepare_data.images import decode_to_model_input
+    from ampflow.data.images import decode_to_model_input
     from ampflow.pipeline.run_local import LocalRunConfig, run_local
     from ampflow.serving.client import PredictionClient
     from ampflow.serving.model_format import IMAGE_BYTES_SIGNATURE

@@ -21,8 +21,8 @@ from pipeline_signature import pipeline_signature_defaults
 
 from ampflow.components.prepare_data.config import PrepareDataConfig
 from ampflow.components.train.config import TrainConfig
-from ampflow.components.train.tokenizer import TokenizerConfig
 from ampflow.errors import ConfigError
+from ampflow.modeling.tokenizer import TokenizerConfig
 from ampflow.pipeline.parameters import PIPELINE_PARAMETERS, check_arguments, parse_param
 from ampflow.pipeline.pipeline import TEXT_DEFAULTS
 from ampflow.pipeline.run_local import LocalRunConfig

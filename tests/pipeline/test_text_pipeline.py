@@ -56,7 +56,7 @@ def _free_port() -> int:
 
 def _in_process_class(model_dir: Path, sentence: str) -> str:
     """The class the trained Keras model gives the sentence, through its own tokenizer."""
-    from ampflow.components.train import load_trained
+    from ampflow.artifacts.model_dir import load_trained
 
     trained = load_trained(model_dir)
     probabilities = trained.model(trained.tokenizer.tokenize([sentence]), training=False)

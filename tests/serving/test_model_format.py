@@ -158,8 +158,8 @@ def test_version_dirs_reads_only_numeric_dirs_canonical_name_first(tmp_path):
 
 def test_every_version_scanner_follows_the_one_rule(tmp_path):
     """The server's poller, export's list/next and convert's resolver: one rule, one answer."""
+    from ampflow.artifacts.versions import list_versions, next_version
     from ampflow.components.convert_tflite.step import resolve_saved_model_dir
-    from ampflow.components.export_savedmodel.versions import list_versions, next_version
     from ampflow.serving.models.version_source import discover_versions
 
     expected = _version_tree(tmp_path)

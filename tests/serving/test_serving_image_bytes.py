@@ -70,14 +70,14 @@ def model_input(encoded: bytes) -> np.ndarray:
     """The pixels training would make of `encoded`: the one home of that rule."""
     import tensorflow as tf
 
-    from ampflow.components.prepare_data.images import decode_to_model_input
+    from ampflow.data.images import decode_to_model_input
 
     return decode_to_model_input(tf.constant(encoded), SHAPE).numpy()
 
 
 @pytest.fixture(scope="module")
 def digits(prepared_digits) -> np.ndarray:
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     images, _ = load_arrays(prepared_digits, "test", limit=6)
     return images

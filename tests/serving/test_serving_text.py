@@ -71,7 +71,7 @@ def text_model(tmp_path_factory):
     import tensorflow as tf
 
     from ampflow.components.export_savedmodel.text_signatures import save_text_servable
-    from ampflow.components.train.tokenizer import TokenizerConfig, fit_tokenizer
+    from ampflow.modeling.tokenizer import TokenizerConfig, fit_tokenizer
 
     texts, labels = _training_texts()
     tokenizer = fit_tokenizer(texts, TokenizerConfig(max_sequence_length=SEQ,

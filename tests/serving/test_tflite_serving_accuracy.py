@@ -31,7 +31,7 @@ SERVED = {2: "float32", 3: "full_int8"}  # version: variant (version 1 is the Sa
 def served(digits_export, prepared_digits, tmp_path_factory):
     """(server, convert result, test images, test labels)."""
     from ampflow.components.convert_tflite import ConvertConfig, run_convert
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
     from ampflow.serving.server import start_local_server
 
     root = tmp_path_factory.mktemp("tflite-accuracy")

@@ -13,7 +13,7 @@ import pytest
 @pytest.fixture(scope="session")
 def mixed_trained(trained_model):
     """(keras model trained under mixed_float16, its metadata)."""
-    from ampflow.components.train import load_trained_model
+    from ampflow.artifacts.model_dir import load_trained_model
 
     return load_trained_model(trained_model("mixed_float16"))
 

@@ -57,8 +57,8 @@ def test_float_and_dynamic_range_variants_agree_in_litert_on_shipped_vocabulary_
         text_conversion, text_savedmodel):
     import tensorflow as tf
 
-    from ampflow.components.prepare_data import load_texts
-    from ampflow.components.train.tokenizer import load_tokenizer
+    from ampflow.data import load_texts
+    from ampflow.modeling.tokenizer import load_tokenizer
 
     out, report, _ = text_conversion
     data_dir, version_dir = text_savedmodel

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
+from ampflow.artifacts.tflite_variants import VARIANTS
 from ampflow.components.convert_tflite import (
-    VARIANTS,
     ConvertConfig,
     SavedModelConverter,
     draw_representative,
@@ -65,7 +65,7 @@ def test_run_convert_mixed_float16_model_all_variants_pass_default_gates(convert
 
 
 def test_run_convert_float32_metrics_match_an_independent_litert_run(converted, prepared_digits):
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     images, labels = load_arrays(prepared_digits, "test")
     out = _litert_predict(converted.variants["float32"].tflite_path, images.astype(np.float32))
@@ -105,7 +105,7 @@ def test_full_int8_default_has_int8_tensors_inside_and_float_io(converted):
 
 def test_full_int8_with_int8_io_quantizes_input_and_output(float32_savedmodel, prepared_digits,
                                                            tmp_path, converted):
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     result = run_convert(ConvertConfig(
         saved_model_dir=float32_savedmodel, data_dir=prepared_digits, output_dir=tmp_path / "q",
@@ -151,7 +151,7 @@ def test_run_convert_unmet_gate_raises_and_still_publishes_the_report(float32_sa
 
 
 def test_draw_representative_is_seeded_and_from_the_training_split(prepared_digits):
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     first = draw_representative(prepared_digits, 50, seed=7)
     assert first.shape == (50, 8, 8, 1) and first.dtype == np.float32

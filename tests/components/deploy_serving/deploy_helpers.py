@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ampflow.components.export_savedmodel.canary_examples import write_canary_examples
+from ampflow.artifacts.canary_examples import write_canary_examples
 from ampflow.serving.model_format import CLASS_IDS_OUTPUT, DEFAULT_SIGNATURE, PROBABILITIES_OUTPUT
 
 MODEL_NAME = "digits"

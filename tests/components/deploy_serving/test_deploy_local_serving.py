@@ -75,8 +75,8 @@ def test_deploy_local_hot_loads_new_version_without_restart_or_failed_request(
     served_store, export_base
 ):
     store, address, proc = served_store
+    from ampflow.artifacts.canary_examples import load_canary_examples
     from ampflow.components.deploy_serving import canary, model_store
-    from ampflow.components.export_savedmodel.canary_examples import load_canary_examples
 
     spec = model_store.check_saved_model(export_base / MODEL_NAME / "1")
     examples = load_canary_examples(export_base / MODEL_NAME / "1")

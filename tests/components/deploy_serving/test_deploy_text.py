@@ -78,7 +78,7 @@ def _versions(store: Path) -> list[str]:
 @pytest.mark.serving
 @pytest.mark.timeout(400)
 def test_text_savedmodel_deploy_passes_its_canary_of_real_sentences(server, text_export):
-    from ampflow.components.export_savedmodel.canary_examples import load_canary_examples
+    from ampflow.artifacts.canary_examples import load_canary_examples
 
     store, address = server
     recorded = load_canary_examples(text_export[1])
@@ -95,7 +95,7 @@ def test_text_savedmodel_deploy_passes_its_canary_of_real_sentences(server, text
 @pytest.mark.timeout(400)
 def test_text_canary_with_a_wrong_expected_class_fails_and_unpublishes(server, text_export,
                                                                        tmp_path):
-    from ampflow.components.export_savedmodel.canary_examples import CANARY_FILE
+    from ampflow.artifacts.canary_examples import CANARY_FILE
 
     store, address = server
     tampered = tmp_path / MODEL / "1"
@@ -117,9 +117,8 @@ def test_text_canary_with_a_wrong_expected_class_fails_and_unpublishes(server, t
 @pytest.mark.timeout(400)
 def test_text_tflite_float32_deploy_sends_shipped_vocabulary_ids(server, text_export,
                                                                  converted):
-    from ampflow.components.convert_tflite.text_inputs import token_ids
-    from ampflow.components.export_savedmodel.canary_examples import load_canary_examples
-    from ampflow.components.train.tokenizer import load_tokenizer
+    from ampflow.artifacts.canary_examples import load_canary_examples
+    from ampflow.modeling.tokenizer import load_tokenizer, token_ids
     from ampflow.serving.models.tflite import TFLiteServable
 
     store, address = server
@@ -168,9 +167,9 @@ def test_canary_request_is_the_examples_values_in_the_signatures_dtype(key, dtyp
     """What every target's canary sends (kubernetes and kserve call the same check)."""
     from ampflow_client.tensors import make_ndarray
 
+    from ampflow.artifacts.canary_examples import CanaryExamples
     from ampflow.components.deploy_serving.canary import request_tensor
     from ampflow.components.deploy_serving.model_store import SignatureSpec
-    from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
 
     spec = SignatureSpec({key: (dtype, (-1,))}, ("class_ids", "probabilities"))
     examples = CanaryExamples(values, np.zeros((2, 3), np.float32), np.zeros(2, np.int64),
@@ -183,9 +182,9 @@ def test_canary_request_is_the_examples_values_in_the_signatures_dtype(key, dtyp
 
 
 def test_canary_request_for_an_input_the_signature_lacks_is_one_line():
+    from ampflow.artifacts.canary_examples import CanaryExamples
     from ampflow.components.deploy_serving.canary import request_tensor
     from ampflow.components.deploy_serving.model_store import SignatureSpec
-    from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
 
     examples = CanaryExamples(np.zeros((1, 8, 8, 1), np.float32), np.ones((1, 1), np.float32),
                               np.zeros(1, np.int64))  # images, recorded for an image model

@@ -35,8 +35,8 @@ def export_base(prepared_digits, tmp_path_factory):
     """<export_base>/digits/{1,2}/ as in conftest.py, recording 32 real digits test images."""
     import tensorflow as tf
 
-    from ampflow.components.export_savedmodel.canary_examples import write_canary_examples
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.artifacts.canary_examples import write_canary_examples
+    from ampflow.data import load_arrays
 
     images = load_arrays(prepared_digits, "test")[0][:32]
     base = tmp_path_factory.mktemp("export")
@@ -100,11 +100,11 @@ def server(tmp_path_factory, export_base):
 @pytest.mark.serving
 def test_deploy_tflite_full_int8_to_running_server_passes_canary_and_serves_variant(
         server, export_base, converted):
-    from ampflow.components.deploy_serving import canary, model_store
-    from ampflow.components.export_savedmodel.canary_examples import (
+    from ampflow.artifacts.canary_examples import (
         CanaryExamples,
         load_canary_examples,
     )
+    from ampflow.components.deploy_serving import canary, model_store
 
     store, address = server
     result = run_deploy(_tflite(export_base, store, converted, version=2, server_address=address,
@@ -187,7 +187,7 @@ def test_deploy_tflite_of_another_saved_model_refused_by_its_own_gate(export_bas
 
 
 def _examples(probabilities):
-    from ampflow.components.export_savedmodel.canary_examples import CanaryExamples
+    from ampflow.artifacts.canary_examples import CanaryExamples
 
     probabilities = np.asarray(probabilities, dtype=np.float32)
     return CanaryExamples(np.zeros((len(probabilities), 8, 8, 1), np.float32), probabilities,

@@ -30,7 +30,7 @@ def overflowing_float16_model(tmp_path_factory, trained_model):
     """A mixed_float16 model dir whose AMP path overflows while its float32 twin is intact."""
     import keras
 
-    from ampflow.components.train import load_trained_model
+    from ampflow.artifacts.model_dir import load_trained_model
 
     source = trained_model("mixed_float16")
     out = copy_model_dir(source, tmp_path_factory.mktemp("overflow") / "model")

@@ -11,8 +11,9 @@ import shutil
 import numpy as np
 import pytest
 
-from ampflow.components.evaluate_parity import EvaluateConfig, load_verdict, run_evaluate
-from ampflow.components.evaluate_parity.gate import Check, Verdict
+from ampflow.artifacts.verdict import Check, load_verdict
+from ampflow.components.evaluate_parity import EvaluateConfig, run_evaluate
+from ampflow.components.evaluate_parity.gate import Verdict
 from ampflow.components.evaluate_parity.parity import ModelScores, logit_parity
 from ampflow.errors import ConfigError, DatasetError, GateFailedError, ModelLoadError
 
@@ -64,7 +65,7 @@ def test_run_evaluate_model_without_ampflow_head_raises_model_load_error(
 def test_logits_model_without_logits_layer_names_the_expected_layer():
     import keras
 
-    from ampflow.components.evaluate_parity import logits_model
+    from ampflow.modeling.twin import logits_model
 
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(3, name="head")(inputs), name="odd")

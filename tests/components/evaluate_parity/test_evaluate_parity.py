@@ -9,17 +9,13 @@ import math
 import numpy as np
 import pytest
 
-from ampflow.components.evaluate_parity import (
-    EvaluateConfig,
-    build_float32_twin,
-    load_verdict,
-    run_evaluate,
-    scalar_metrics,
-)
+from ampflow.artifacts.model_dir import load_trained_model
+from ampflow.artifacts.verdict import load_verdict
+from ampflow.components.evaluate_parity import EvaluateConfig, run_evaluate, scalar_metrics
 from ampflow.components.evaluate_parity.gate import default_relative_logit_bound
-from ampflow.components.prepare_data import load_arrays
-from ampflow.components.train import load_trained_model
+from ampflow.data import load_arrays
 from ampflow.errors import ConfigError, GateFailedError
+from ampflow.modeling.twin import build_float32_twin
 
 OUTPUT_FILES = {"metrics.json", "verdict.json", "confusion_matrix.json", "report.md",
                 "predictions.json", "config.json", "per_class_accuracy.png", "confusion_matrix.png",

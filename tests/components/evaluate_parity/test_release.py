@@ -11,9 +11,10 @@ import math
 import numpy as np
 import pytest
 
+from ampflow.artifacts.verdict import Check
 from ampflow.components.evaluate_parity import release
 from ampflow.components.evaluate_parity.config import EvaluateConfig
-from ampflow.components.evaluate_parity.gate import Check, Verdict
+from ampflow.components.evaluate_parity.gate import Verdict
 from ampflow.components.evaluate_parity.parity import ModelScores
 from ampflow.components.evaluate_parity.training import binomial_upper_tail
 from ampflow.errors import ConfigError

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from kfp import dsl
 
-from ampflow.components.evaluate_parity import EvaluateConfig, load_verdict, run_evaluate
+from ampflow.artifacts.verdict import load_verdict
+from ampflow.components.evaluate_parity import EvaluateConfig, run_evaluate
 from ampflow.components.evaluate_parity.serving_gate import (
     SERVING_VERDICT_FILE,
     ServingGateConfig,
@@ -61,7 +62,7 @@ def _served_class_ids(base_path, prepared_digits) -> tuple[np.ndarray, np.ndarra
     """The served version's answers, computed here with TensorFlow itself."""
     import tensorflow as tf
 
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     images, labels = load_arrays(prepared_digits, "test")
     fn = tf.saved_model.load(str(base_path / "1")).signatures["serving_default"]

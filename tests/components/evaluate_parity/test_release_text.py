@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from tiny_text_model import export_text_model
 
-from ampflow.components.evaluate_parity import EvaluateConfig, load_verdict, release, run_evaluate
+from ampflow.artifacts.verdict import load_verdict
+from ampflow.components.evaluate_parity import EvaluateConfig, release, run_evaluate
 from ampflow.components.evaluate_parity.serving_gate import ServingGateConfig, run_serving_gate
 from ampflow.errors import ConfigError, GateFailedError
 
@@ -27,7 +28,7 @@ MODEL = "reviews"
 
 
 def test_a_served_image_model_is_not_compared_on_a_text_split_in_one_line(tmp_path):
-    from ampflow.components.export_savedmodel.text_signatures import TEXT_INPUT
+    from ampflow.artifacts.signature_names import TEXT_INPUT
     from ampflow.serving.testing import write_model_version
 
     labels = ("gloomy", "happy", "weird")
@@ -57,7 +58,7 @@ def _served_class_ids(base_path: Path, data_dir: Path) -> tuple[np.ndarray, np.n
     """The served model's answers to the raw test texts, computed here with TensorFlow itself."""
     import tensorflow as tf
 
-    from ampflow.components.prepare_data import load_texts
+    from ampflow.data import load_texts
 
     texts, labels = load_texts(data_dir, "test")
     fn = tf.saved_model.load(str(base_path / "1")).signatures["serving_default"]

@@ -7,11 +7,7 @@ import json
 
 import pytest
 
-from ampflow.components.evaluate_parity import (
-    model_sha256,
-    require_passed,
-    require_same_model,
-)
+from ampflow.artifacts.verdict import model_sha256, require_passed, require_same_model
 from ampflow.errors import GateFailedError, ModelLoadError
 
 FAILED = [

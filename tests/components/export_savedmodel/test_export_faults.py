@@ -14,7 +14,7 @@ import sys
 import pytest
 from full_disk import file_size_limited
 
-from ampflow.components.export_savedmodel import list_versions
+from ampflow.artifacts.versions import list_versions
 from ampflow.serving.model_format import version_dirs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

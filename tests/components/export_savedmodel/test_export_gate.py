@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from verdict_helpers import write_verdict
 
-from ampflow.components.export_savedmodel import ExportConfig, list_versions, run_export
+from ampflow.artifacts.versions import list_versions
+from ampflow.components.export_savedmodel import ExportConfig, run_export
 from ampflow.errors import ConfigError, GateFailedError, ModelConfigError
 
 
@@ -92,7 +93,7 @@ def test_run_export_verdict_without_model_hash_refused(trained_model, prepared_d
 
 @pytest.mark.slow
 def test_run_export_records_the_judged_model_hash(mixed_export, trained_model):
-    from ampflow.components.evaluate_parity import model_sha256
+    from ampflow.artifacts.verdict import model_sha256
 
     meta = json.loads((mixed_export.version_dir / "ampflow_export.json").read_text())
     assert meta["gate"]["model_sha256"] == model_sha256(trained_model("mixed_float16"))
@@ -132,10 +133,10 @@ def test_check_export_parity_perturbed_reference_raises(mixed_export, trained_mo
                                                         prepared_digits):
     import tensorflow as tf
 
+    from ampflow.artifacts.model_dir import load_trained_model
     from ampflow.components.export_savedmodel.parity import check_export_parity
-    from ampflow.components.prepare_data import load_arrays
-    from ampflow.components.train import load_trained_model
-    from ampflow.components.train.models import build_model
+    from ampflow.data import load_arrays
+    from ampflow.modeling.models import build_model
 
     trained, meta = load_trained_model(trained_model("mixed_float16"))
     images, _ = load_arrays(prepared_digits, "test", limit=32)

@@ -46,7 +46,7 @@ def _both(signatures, encoded: list[bytes], pixels: np.ndarray):
 
 
 def test_image_bytes_png_equals_serving_default_on_same_pixels(signatures, prepared_digits):
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     images, _ = load_arrays(prepared_digits, "test", limit=16)
     got, want = _both(signatures, [_encoded(i, "PNG") for i in images], images)
@@ -59,7 +59,7 @@ def test_image_bytes_large_rgb_file_follows_training_rule(signatures, fmt):
     """A 3-channel 40x30 photo is made gray and resized in the graph exactly as in training."""
     import tensorflow as tf
 
-    from ampflow.components.prepare_data.images import decode_to_model_input
+    from ampflow.data.images import decode_to_model_input
 
     rng = np.random.default_rng(3)
     photo = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)

@@ -40,8 +40,8 @@ def _scan_half(saved_model_pb: Path) -> list[str]:
 def _keras_models(model_dir):
     import keras
 
-    from ampflow.components.train import load_trained_model
-    from ampflow.components.train.models import build_model
+    from ampflow.artifacts.model_dir import load_trained_model
+    from ampflow.modeling.models import build_model
 
     trained, meta = load_trained_model(model_dir)
     twin = build_model(meta["architecture"], tuple(meta["input_shape"]), meta["num_classes"],
@@ -52,7 +52,7 @@ def _keras_models(model_dir):
 
 
 def _test_images(prepared_digits, n=128):
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     images, labels = load_arrays(prepared_digits, "test", limit=n)
     return images.astype(np.float32), labels
@@ -108,11 +108,11 @@ def test_every_signature_calls_one_model_function_instead_of_holding_the_model(m
 
 def test_run_export_mixed_float16_graph_has_no_half_tensors(mixed_export, trained_model,
                                                             tmp_path):
+    from ampflow.artifacts.model_dir import load_trained_model
     from ampflow.components.export_savedmodel.signatures import (
         half_precision_nodes,
         save_servable,
     )
-    from ampflow.components.train import load_trained_model
 
     assert _scan_half(mixed_export.version_dir / "saved_model.pb") == []
     assert half_precision_nodes(mixed_export.version_dir) == []
@@ -238,7 +238,7 @@ def test_saved_model_cli_show_all_reports_float32_io(mixed_export):
 
 def test_export_records_expected_answers_for_deployment_canaries(mixed_export, trained_model,
                                                                  prepared_digits):
-    from ampflow.components.export_savedmodel.canary_examples import (
+    from ampflow.artifacts.canary_examples import (
         CANARY_FILE,
         load_canary_examples,
     )

@@ -18,11 +18,10 @@ import pytest
 import tensorflow as tf
 from tiny_text_model import export_text_model, prepare_and_train
 
-from ampflow.components.export_savedmodel import ExportConfig, list_versions, run_export
+from ampflow.artifacts.signature_names import TEXT_INPUT, TOKEN_IDS_INPUT, TOKEN_IDS_SIGNATURE
+from ampflow.artifacts.versions import list_versions
+from ampflow.components.export_savedmodel import ExportConfig, run_export
 from ampflow.components.export_savedmodel.text_signatures import (
-    TEXT_INPUT,
-    TOKEN_IDS_INPUT,
-    TOKEN_IDS_SIGNATURE,
     expected_text_signatures,
     graph_op_types,
     non_core_ops,
@@ -53,8 +52,8 @@ def text_export(tmp_path_factory):
 @pytest.fixture(scope="module")
 def in_process(text_run):
     """The trained model and tokenizer as a later step loads them, and the test sentences."""
-    from ampflow.components.prepare_data import load_texts
-    from ampflow.components.train.artifacts import load_trained
+    from ampflow.artifacts.model_dir import load_trained
+    from ampflow.data import load_texts
 
     data_dir, model_dir = text_run
     texts, labels = load_texts(data_dir, "test")
@@ -75,7 +74,7 @@ def test_non_core_ops_names_an_op_tensorflow_does_not_link():
 
 @pytest.mark.slow  # trains bert_tiny and exports it (the module's one run)
 def test_text_export_follows_the_contract_and_ships_the_vocabulary(text_export, text_run):
-    from ampflow.components.train.tokenizer import load_tokenizer
+    from ampflow.modeling.tokenizer import load_tokenizer
 
     _, model_dir = text_run
     version_dir, meta = text_export.version_dir, text_export.metadata
@@ -119,7 +118,7 @@ def test_the_graph_runs_core_tensorflow_ops_only(text_export):
 @pytest.mark.slow
 def test_serving_default_serves_raw_text_as_the_model_answers_in_process(text_export,
                                                                          in_process):
-    from ampflow.components.evaluate_parity.twin import build_float32_twin
+    from ampflow.modeling.twin import build_float32_twin
 
     trained, texts, labels = in_process
     loaded = tf.saved_model.load(str(text_export.version_dir))
@@ -174,7 +173,7 @@ def test_a_graph_tokenizer_other_than_the_models_is_not_published(text_run, tmp_
                                                                   monkeypatch):
     """The graph tokenizes with a vocabulary in another order: the same words, other ids."""
     from ampflow.components.export_savedmodel import text_export as module
-    from ampflow.components.train.tokenizer import TextTokenizer, _vectorizer
+    from ampflow.modeling.tokenizer import TextTokenizer, _vectorizer
 
     def reordered(tokenizer):
         words = tokenizer.vocabulary[2:]
@@ -194,10 +193,10 @@ def test_a_graph_tokenizer_other_than_the_models_is_not_published(text_run, tmp_
 def test_parity_fails_when_the_served_graph_tokenizes_differently(text_run, in_process,
                                                                   tmp_path):
     """check_text_export_parity alone: a SavedModel whose graph keeps 8 tokens, not 16."""
-    from ampflow.components.evaluate_parity.twin import build_float32_twin
     from ampflow.components.export_savedmodel.text_parity import check_text_export_parity
     from ampflow.components.export_savedmodel.text_signatures import save_text_servable
-    from ampflow.components.train.tokenizer import TextTokenizer, TokenizerConfig, _vectorizer
+    from ampflow.modeling.tokenizer import TextTokenizer, TokenizerConfig, _vectorizer
+    from ampflow.modeling.twin import build_float32_twin
 
     trained, texts, _ = in_process
     right = trained.tokenizer

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from ampflow.components.export_savedmodel import list_versions, next_version
-from ampflow.components.export_savedmodel.versions import staged_version_dir
+from ampflow.artifacts.versions import list_versions, next_version, staged_version_dir
 from ampflow.errors import ExportError
 
 

@@ -7,7 +7,7 @@ import json
 
 def write_verdict(directory, passed: bool, failed_checks=(), model_dir=None):
     """A verdict.json; with `model_dir`, one that names that model (its model.keras sha256)."""
-    from ampflow.components.evaluate_parity import model_sha256
+    from ampflow.artifacts.verdict import model_sha256
 
     directory.mkdir(parents=True, exist_ok=True)
     verdict = {"passed": passed, "failed_checks": list(failed_checks)}

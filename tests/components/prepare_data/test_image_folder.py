@@ -10,13 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ampflow.components.prepare_data import (
-    PrepareDataConfig,
-    load_arrays,
-    load_split,
-    make_input_pipeline,
-    run_prepare_data,
-)
+from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
+from ampflow.data import load_arrays, load_split, make_input_pipeline
 from ampflow.errors import ConfigError, DatasetError
 
 CLASSES = ("cat", "dog", "owl")

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from ampflow.components.prepare_data.images import (
+from ampflow.data.images import (
     decode_to_model_input,
     model_channels,
     to_model_input,
@@ -58,7 +58,7 @@ def test_model_channels_rgba_and_unknown_train_as_rgb(source, expected):
 @pytest.mark.parametrize("crop_size", [(180, 200), (224, 190), (200, 224), (224, 224), (9, 7)])
 def test_augmentation_enlarges_its_crop_with_the_pixels_of_the_antialiased_rule(crop_size):
     """resize_crop_back skips antialiasing (enlarging: it changes nothing but the cost)."""
-    from ampflow.components.prepare_data.input_pipeline import resize_crop_back
+    from ampflow.data.input_pipeline import resize_crop_back
 
     crop = np.random.default_rng(0).uniform(0, 255, (*crop_size, 3)).astype(np.float32)
     rule = to_model_input(crop, (224, 224, 3)).numpy()

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ampflow.components.prepare_data import input_pipeline
-from ampflow.components.prepare_data.input_pipeline import (
+from ampflow.data import input_pipeline
+from ampflow.data.input_pipeline import (
     cache_fits,
     load_split,
     make_input_pipeline,

@@ -10,12 +10,9 @@ import pytest
 from ampflow.components.prepare_data import (
     OFFLINE_DATASETS,
     PrepareDataConfig,
-    load_arrays,
-    load_split,
-    make_input_pipeline,
-    offline_mnist,
     run_prepare_data,
 )
+from ampflow.data import load_arrays, load_split, make_input_pipeline, offline_mnist
 from ampflow.errors import DatasetError
 
 

@@ -9,8 +9,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
-from ampflow.components.prepare_data import offline_rotten_tomatoes as rt
-from ampflow.components.prepare_data.text_input import load_texts
+from ampflow.data import offline_rotten_tomatoes as rt
+from ampflow.data.text_input import load_texts
 from ampflow.errors import DatasetError
 
 
@@ -81,7 +81,7 @@ def test_rotten_tomatoes_without_its_file_says_how_to_fetch_it(tmp_path, monkeyp
                  str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1, err
-    assert "python -m ampflow.components.prepare_data.offline_rotten_tomatoes fetch" in err[0]
+    assert "python -m ampflow.data.offline_rotten_tomatoes fetch" in err[0]
     assert str(tmp_path / "empty-cache") in err[0]
     assert not out.exists()
 

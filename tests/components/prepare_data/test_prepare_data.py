@@ -4,15 +4,8 @@ import socket
 import numpy as np
 import pytest
 
-from ampflow.components.prepare_data import (
-    OFFLINE_DEFAULT,
-    PrepareDataConfig,
-    load_arrays,
-    load_dataset_info,
-    load_split,
-    make_input_pipeline,
-    run_prepare_data,
-)
+from ampflow.components.prepare_data import OFFLINE_DEFAULT, PrepareDataConfig, run_prepare_data
+from ampflow.data import load_arrays, load_dataset_info, load_split, make_input_pipeline
 from ampflow.errors import ConfigError, DatasetError
 
 

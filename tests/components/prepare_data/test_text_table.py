@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
-from ampflow.components.prepare_data.text_input import load_texts
+from ampflow.data.text_input import load_texts
 from ampflow.errors import ConfigError, DatasetConfigError
 
 MAX_BYTES = 200

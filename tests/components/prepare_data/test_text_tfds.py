@@ -13,7 +13,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
-from ampflow.components.prepare_data.text_input import load_text_split, load_texts
+from ampflow.data.text_input import load_text_split, load_texts
 from ampflow.errors import ConfigError, DatasetError
 
 PER_CLASS = (12, 6, 18)  # unbalanced on purpose: the held-out split keeps the proportions
@@ -216,7 +216,7 @@ def test_prepare_data_cli_prints_the_text_feature(prepared_sentences, data_dir, 
 
 def test_image_readers_refuse_a_text_dataset_and_text_readers_an_image_one(prepared_sentences,
                                                                            prepared_digits):
-    from ampflow.components.prepare_data import load_split
+    from ampflow.data import load_split
 
     with pytest.raises(DatasetError, match="holds text data, not images"):
         load_split(prepared_sentences, "train")
@@ -226,7 +226,7 @@ def test_image_readers_refuse_a_text_dataset_and_text_readers_an_image_one(prepa
 
 def test_make_text_pipeline_is_seeded_full_for_training_and_complete_for_evaluation(
         prepared_sentences):
-    from ampflow.components.prepare_data import make_text_pipeline
+    from ampflow.data import make_text_pipeline
 
     def first_texts(seed):
         ds = make_text_pipeline(load_text_split(prepared_sentences, "train"), batch_size=5,

@@ -7,12 +7,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from ampflow.components.prepare_data import (
-    PrepareDataConfig,
-    load_arrays,
-    load_split,
-    run_prepare_data,
-)
+from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
+from ampflow.data import load_arrays, load_split
 from ampflow.errors import ConfigError, DatasetError
 
 NUM_CLASSES = 3
@@ -195,7 +191,8 @@ def test_overlapping_train_and_test_slices_are_a_config_error(tmp_path, prepared
 
 def test_variable_size_dataset_trains_at_the_fixed_shape_with_augmentation(
         tmp_path, prepared_varsize):
-    from ampflow.components.train import TrainConfig, load_trained_model, run_train
+    from ampflow.artifacts.model_dir import load_trained_model
+    from ampflow.components.train import TrainConfig, run_train
 
     result = run_train(TrainConfig(
         data_dir=prepared_varsize, output_dir=tmp_path / "model", precision="mixed_bfloat16",

@@ -41,7 +41,7 @@ def _model(policy: str, l2: float = 0.0):
     """The tiny model; `l2` > 0 puts an L2 kernel regularizer on its hidden Dense."""
     import keras
 
-    from ampflow.components.train.heads import float32_head
+    from ampflow.modeling.heads import float32_head
 
     class BatchSizes(keras.layers.Layer):
         """The identity, noting the batch size of every forward pass traced through it."""
@@ -267,8 +267,8 @@ def test_batch_normalization_uses_each_micro_batchs_statistics():
     import keras
     import tensorflow as tf
 
-    from ampflow.components.train.heads import float32_head
     from ampflow.components.train.runtime import Runtime
+    from ampflow.modeling.heads import float32_head
 
     keras.utils.set_random_seed(3)
     inputs = keras.Input((FEATURES,))

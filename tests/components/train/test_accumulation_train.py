@@ -32,7 +32,7 @@ def dense_digits(input_shape, num_classes, image_size=None):
     """Flatten -> Dense(16, relu) -> the float32 head: nothing that depends on the batch."""
     import keras
 
-    from ampflow.components.train.heads import float32_head
+    from ampflow.modeling.heads import float32_head
 
     inputs = keras.Input(shape=input_shape, name="images")
     x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from ampflow.components.train import TrainConfig, autotune, load_trained_model, run_train
+from ampflow.artifacts.model_dir import load_trained_model
+from ampflow.components.train import TrainConfig, autotune, run_train
 from ampflow.components.train.autotune import choose, search, spawn_child
 from ampflow.components.train.autotune_rules import (
     DROP_AFTER_STEPS,

@@ -21,9 +21,9 @@ def _allocator_reports() -> bool:
 @pytest.mark.slow
 def test_batch_size_auto_under_injected_limit_picks_the_largest_batch_whose_peak_fits(
         tmp_path, prepared_digits):
-    from ampflow.components.prepare_data import load_dataset_info
     from ampflow.components.train.memory import train_step_probe
-    from ampflow.components.train.models import build_model
+    from ampflow.data import load_dataset_info
+    from ampflow.modeling.models import build_model
 
     config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "m",
                          precision="float32", batch_size="auto", epochs=1, steps_per_epoch=2)

@@ -14,7 +14,7 @@ import pytest
 
 from ampflow.components.train import TrainConfig
 from ampflow.components.train.build import text_tokenizer
-from ampflow.components.train.tokenizer import TokenizerConfig, fit_tokenizer
+from ampflow.modeling.tokenizer import TokenizerConfig, fit_tokenizer
 
 TEXT = {"modality": "text"}
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from ampflow.components.train.layers import FusedBatchNormalization, MatmulGradientConv2D
-from ampflow.components.train.models import build_model
+from ampflow.modeling.layers import FusedBatchNormalization, MatmulGradientConv2D
+from ampflow.modeling.models import build_model
 
 SHAPE = (4, 5, 6, 8)  # NHWC, tiny
 # float32 differs by summation order only; half precision outputs by one rounding of the
@@ -159,7 +159,7 @@ def test_mobilenet_v2_batch_norm_averages_fast_enough_for_a_from_scratch_run():
     """
     import keras
 
-    from ampflow.components.train.models import BATCH_NORM_MAX_MOMENTUM
+    from ampflow.modeling.models import BATCH_NORM_MAX_MOMENTUM
 
     model = build_model("mobilenet_v2", (8, 8, 1), 3, image_size=32, policy="float32")
     backbone = next(layer for layer in model.layers if isinstance(layer, keras.Model))
@@ -186,7 +186,7 @@ def test_fresh_process_loads_the_model_with_the_train_loader_or_the_layers_modul
     for code in (
         f"from ampflow.components.train import load_trained_model; "
         f"load_trained_model({str(tmp_path)!r})",
-        f"import keras, ampflow.components.train.layers; "
+        f"import keras, ampflow.modeling.layers; "
         f"keras.saving.load_model({str(tmp_path / 'model.keras')!r}, compile=False)",
     ):
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -8,7 +8,7 @@ These tests pin what it computes and which ops it runs, never how fast.
 import numpy as np
 import pytest
 
-from ampflow.components.train.layers import (
+from ampflow.modeling.layers import (
     MATMUL_FILTER_GRADIENT_MAX_AREA,
     MatmulGradientConv2D,
     matmul_filter_gradient,
@@ -20,7 +20,7 @@ def amx(monkeypatch):
     """This host as a CPU with AMX-BF16 (or without: `amx(False)`), whatever it really has."""
     import tensorflow as tf
 
-    from ampflow.components.train import layers
+    from ampflow.modeling import layers
 
     if tf.config.list_logical_devices("GPU"):
         pytest.skip("the matmul filter gradient is a CPU path; this host has a GPU")

@@ -13,7 +13,7 @@ import pytest
 @pytest.mark.slow
 def test_a_trained_model_names_its_architecture_and_old_models_still_load(trained_model,
                                                                            tmp_path):
-    from ampflow.components.train import load_trained_model
+    from ampflow.artifacts.model_dir import load_trained_model
 
     published = trained_model("float32", epochs=1)
     meta = json.loads((published / "metadata.json").read_text())

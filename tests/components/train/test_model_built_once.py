@@ -11,8 +11,9 @@ import zipfile
 
 import pytest
 
-from ampflow.components.prepare_data import load_dataset_info
-from ampflow.components.train import TrainConfig, amp_check, models, run_train
+from ampflow.components.train import TrainConfig, amp_check, run_train
+from ampflow.data import load_dataset_info
+from ampflow.modeling import models
 
 
 @pytest.mark.slow

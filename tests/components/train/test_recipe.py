@@ -65,8 +65,8 @@ def test_recipe_bad_values_are_config_errors(overrides, message):
 
 
 def test_augment_auto_is_on_for_imagenet_architectures_only():
-    from ampflow.components.train.models import model_names
     from ampflow.components.train.step import AUGMENTED_BY_DEFAULT
+    from ampflow.modeling.models import model_names
 
     assert len(AUGMENTED_BY_DEFAULT) == 2 and set(AUGMENTED_BY_DEFAULT) < set(model_names())
     for name in AUGMENTED_BY_DEFAULT:  # (a config only: no model is built here)

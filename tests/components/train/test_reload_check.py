@@ -143,7 +143,7 @@ def test_a_layer_that_reloads_passes_and_leaves_no_file_behind(user_code, tmp_pa
     import tempfile
 
     from ampflow.components.train.reload_check import check_reloads
-    from ampflow.components.train.user_model import ModelSpec, import_user_module
+    from ampflow.modeling.user_model import ModelSpec, import_user_module
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     module = import_user_module("reloadmodels", user_code)
@@ -161,9 +161,9 @@ def test_a_model_keras_cannot_rebuild_is_not_called_corrupt(user_code, tmp_path)
     # custom layer does not rebuild; corrupt is now said only of an unreadable archive
     import json
 
-    from ampflow.components.train.artifacts import REQUIRED_METADATA, load_trained_model
-    from ampflow.components.train.user_model import import_user_module
+    from ampflow.artifacts.model_dir import REQUIRED_METADATA, load_trained_model
     from ampflow.errors import ModelLoadError
+    from ampflow.modeling.user_model import import_user_module
 
     module = import_user_module("reloadmodels", user_code)
     module.no_kwargs((8, 8, 1), 3).save(tmp_path / "model.keras")

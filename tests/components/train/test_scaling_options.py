@@ -50,7 +50,7 @@ def _dense_model(input_shape, num_classes, image_size):
     """Tiny and deterministic: no dropout, so every case sees the same forward pass."""
     import keras
 
-    from ampflow.components.train.models import float32_head
+    from ampflow.modeling.models import float32_head
 
     inputs = keras.Input(shape=input_shape, name="images")
     x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
@@ -62,10 +62,10 @@ def _one_step(runtime, data_dir: Path, out: Path, model: str, policy: str, mode:
     """Build the seeded model, take one train step under `mode`; weights before and after."""
     import keras
 
-    from ampflow.components.prepare_data import load_dataset_info
     from ampflow.components.train.build import build_compiled_model, training_data
     from ampflow.components.train.loop import LoopConfig, TrainLoop, distribute_datasets
     from ampflow.components.train.precision import configure_precision
+    from ampflow.data import load_dataset_info
 
     config = TrainConfig(data_dir=data_dir, output_dir=out, model=model, precision=policy,
                          optimizer="sgd", learning_rate=LEARNING_RATE,
@@ -103,8 +103,8 @@ def _one_step(runtime, data_dir: Path, out: Path, model: str, policy: str, mode:
 
 
 def _worker(data_dir: str, out_dir: str) -> None:
-    from ampflow.components.train.models import register_model
     from ampflow.components.train.step import make_runtime
+    from ampflow.modeling.models import register_model
 
     register_model("test_scaling_dense", _dense_model)
     # worker_driver.py (this file's folder: the script's sys.path[0]) has the model whose

@@ -17,7 +17,7 @@ import tensorflow as tf
 import text_builders
 
 from ampflow.components.train.amp_check import text_amp_check_of
-from ampflow.components.train.models import make_text_model
+from ampflow.modeling.models import make_text_model
 
 SEQ, VOCAB, CLASSES = 16, 50, 3
 MIXED = ("mixed_float16", "mixed_bfloat16")
@@ -44,7 +44,7 @@ def test_keras_attention_with_dropout_runs_its_softmax_in_half_precision(policy)
     """What Keras does (multi_head_attention.py builds Softmax(dtype=self.dtype_policy))."""
     import keras
 
-    from ampflow.components.train.text_layers import Float32SoftmaxAttention
+    from ampflow.modeling.text_layers import Float32SoftmaxAttention
 
     half = "float16" if policy == "mixed_float16" else "bfloat16"
     keras.mixed_precision.set_global_policy(policy)

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import text_builders
 
-from ampflow.components.train.models import (
+from ampflow.errors import ConfigError
+from ampflow.modeling.models import (
     image_model_names,
     make_model,
     make_text_model,
     model_names,
     text_model_names,
 )
-from ampflow.components.train.text_models import BERT_SHAPES
-from ampflow.components.train.user_model import HEAD_LAYERS
-from ampflow.errors import ConfigError
+from ampflow.modeling.text_models import BERT_SHAPES
+from ampflow.modeling.user_model import HEAD_LAYERS
 
 SEQ, VOCAB, CLASSES = 12, 40, 3
 
@@ -160,7 +160,7 @@ def test_the_int8_friendly_masks_compute_what_keras_masking_computes():
     the same weights, and the mean over the tokens, to float32 rounding."""
     import keras
 
-    from ampflow.components.train.text_layers import (
+    from ampflow.modeling.text_layers import (
         AttentionMaskFromIds,
         Float32SoftmaxAttention,
         MaskedMeanPooling,
@@ -193,7 +193,7 @@ def test_bert_tiny_in_full_int8_keeps_its_attention_scores_and_divides_nothing()
     input must now span the scores and the penalty, not the mask's 1e9."""
     import tensorflow as tf
 
-    from ampflow.components.train.text_layers import MASK_PENALTY
+    from ampflow.modeling.text_layers import MASK_PENALTY
 
     model = make_text_model("bert_tiny", SEQ, VOCAB, CLASSES, policy="float32").model
     ids = _padded_ids(np.random.default_rng(4), batch=32)

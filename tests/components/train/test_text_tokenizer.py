@@ -1,4 +1,4 @@
-"""The text tokenizer (components/train/tokenizer.py): Keras TextVectorization, fitted on the
+"""The text tokenizer (src/ampflow/modeling/tokenizer.py): Keras TextVectorization, fitted on the
 training split only, giving int32 ids [batch, L] with 0 = padding, the same ids eagerly, in
 tf.data.map and in a traced signature, and the same ids again from its saved vocab.txt."""
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ampflow.components.train.tokenizer import (
+from ampflow.errors import ConfigError
+from ampflow.modeling.tokenizer import (
     OOV_ID,
     TOKENIZER_FILE,
     VOCAB_FILE,
@@ -17,7 +18,6 @@ from ampflow.components.train.tokenizer import (
     load_tokenizer,
     padding_mask,
 )
-from ampflow.errors import ConfigError
 
 TRAIN = ["the film is great, great fun!", "A dull film.", "great acting; dull plot",
          "Café crème: the best film", "the the the"]

@@ -79,10 +79,10 @@ def test_bert_tiny_learns_under_float16_at_the_encoders_default_learning_rate(
     float16 case of test_text_training.py, merged here onto the run every text test shares)."""
     import keras
 
-    from ampflow.components.prepare_data import load_texts
-    from ampflow.components.train.artifacts import load_trained
-    from ampflow.components.train.models import make_text_model
-    from ampflow.components.train.text_models import ENCODER_LEARNING_RATE
+    from ampflow.artifacts.model_dir import load_trained
+    from ampflow.data import load_texts
+    from ampflow.modeling.models import make_text_model
+    from ampflow.modeling.text_models import ENCODER_LEARNING_RATE
 
     model_dir = trained_text_model[0]
     meta = _metadata(model_dir)
@@ -121,8 +121,8 @@ def test_the_vocabulary_is_the_training_splits_only(trained_text_model):
 @pytest.mark.slow
 def test_load_trained_gives_the_model_with_the_tokenizer_it_trained_with(trained_text_model,
                                                                         prepared_texts):
-    from ampflow.components.prepare_data import load_texts
-    from ampflow.components.train.artifacts import load_trained
+    from ampflow.artifacts.model_dir import load_trained
+    from ampflow.data import load_texts
 
     model_dir = trained_text_model[0]
     trained = load_trained(model_dir)
@@ -140,8 +140,8 @@ def test_load_trained_gives_the_model_with_the_tokenizer_it_trained_with(trained
 @pytest.mark.slow
 def test_a_text_model_without_its_tokenizer_is_refused(trained_text_model, tmp_path,
                                                        prepared_texts):
+    from ampflow.artifacts.model_dir import load_trained
     from ampflow.components.train import TrainConfig, run_train
-    from ampflow.components.train.artifacts import load_trained
 
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -270,7 +270,7 @@ def test_the_default_learning_rate_is_the_model_kinds_own(tmp_path):
     default (text_models.py) is what an unset --learning-rate gives them; the CNNs and a user's
     builder or .keras file keep 3e-3; a rate given is kept; 0 is still refused."""
     from ampflow.components.train.config import DEFAULT_LEARNING_RATE, TrainConfig
-    from ampflow.components.train.text_models import BERT_SHAPES, ENCODER_LEARNING_RATE
+    from ampflow.modeling.text_models import BERT_SHAPES, ENCODER_LEARNING_RATE
 
     def rate(model: str, **given) -> float:
         return TrainConfig(data_dir=tmp_path, output_dir=tmp_path / "o", model=model,

@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 
 from ampflow.components.train.loop import LoopConfig, Runtime, TrainLoop
-from ampflow.components.train.models import make_text_model
-from ampflow.components.train.text_models import ENCODER_LEARNING_RATE
-from ampflow.components.train.tokenizer import TokenizerConfig, fit_tokenizer
+from ampflow.modeling.models import make_text_model
+from ampflow.modeling.text_models import ENCODER_LEARNING_RATE
+from ampflow.modeling.tokenizer import TokenizerConfig, fit_tokenizer
 
 SEQ, BATCH, CLASSES = 24, 32, 3
 KEYWORDS = (("great", "wonderful", "superb", "moving"), ("awful", "boring", "dreadful", "dull"),

@@ -5,9 +5,10 @@ import time
 import numpy as np
 import pytest
 
-from ampflow.components.train import TrainConfig, load_trained_model, run_train
-from ampflow.components.train.models import build_model, register_model
+from ampflow.artifacts.model_dir import load_trained_model
+from ampflow.components.train import TrainConfig, run_train
 from ampflow.errors import ConfigError, DatasetError, ModelLoadError, TrainingDivergedError
+from ampflow.modeling.models import build_model, register_model
 
 
 @pytest.mark.slow
@@ -40,7 +41,7 @@ def test_train_mixed_float16_on_cpu_has_loss_scaling_and_float32_output(trained_
 @pytest.mark.slow
 def test_train_default_model_learns_the_offline_digits(trained_model, prepared_digits):
     """Chance is 10 %; 6 epochs of the small CNN reach ~95 %, so 90 % leaves room for noise."""
-    from ampflow.components.prepare_data import load_arrays
+    from ampflow.data import load_arrays
 
     model, meta = load_trained_model(trained_model("mixed_float16"))
     images, labels = load_arrays(prepared_digits, "test")
@@ -67,7 +68,7 @@ def _inf_gradient_cnn(input_shape, num_classes, image_size):
     import keras
     import tensorflow as tf
 
-    from ampflow.components.train.models import float32_head
+    from ampflow.modeling.models import float32_head
 
     class InfGradient(keras.layers.Layer):
         def call(self, x):

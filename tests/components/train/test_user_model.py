@@ -14,9 +14,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from ampflow.components.train import TrainConfig, load_trained_model, run_train
-from ampflow.components.train.models import make_model
+from ampflow.artifacts.model_dir import load_trained_model
+from ampflow.components.train import TrainConfig, run_train
 from ampflow.errors import ConfigError
+from ampflow.modeling.models import make_model
 
 BUILDER = textwrap.dedent('''
     import keras
@@ -181,7 +182,7 @@ def test_keras_file_fine_tunes_under_mixed_float16_from_where_float32_left_off(
 def test_rebuild_with_policy_keeps_weights_and_float32_head():
     import keras
 
-    from ampflow.components.train.user_model import rebuild_with_policy
+    from ampflow.modeling.user_model import rebuild_with_policy
 
     model = make_model("small_cnn", (8, 8, 1), 10, policy="float32").model
     rebuilt = rebuild_with_policy(model, "mixed_bfloat16")
@@ -200,7 +201,7 @@ def test_rebuild_with_policy_keeps_weights_and_float32_head():
 def test_standard_head_gives_float32_logits_and_same_probabilities(last):
     import keras
 
-    from ampflow.components.train.user_model import standard_head
+    from ampflow.modeling.user_model import standard_head
 
     inputs = keras.Input((6,))
     x = keras.layers.Dense(8, activation="relu")(inputs)
@@ -293,7 +294,7 @@ def test_metadata_records_the_model_block(tmp_path, prepared_digits, user_code):
 def test_standard_head_reads_the_softmax_wherever_it_is(last):
     import keras
 
-    from ampflow.components.train.user_model import standard_head
+    from ampflow.modeling.user_model import standard_head
 
     inputs = keras.Input((6,))
     x = keras.layers.Dense(8, activation="relu")(inputs)
@@ -322,7 +323,7 @@ def test_rebuild_under_a_policy_reaches_nested_models_and_custom_sublayers(user_
     import keras
 
     from ampflow.components.train.amp_check import walk_layers
-    from ampflow.components.train.user_model import rebuild_with_policy
+    from ampflow.modeling.user_model import rebuild_with_policy
 
     model = make_model("usermodels.net:nested", (8, 8, 1), 10, policy="float32",
                        model_path=str(user_code)).model

@@ -27,7 +27,7 @@ def _inf_gradient_on_replica_1(input_shape, num_classes, image_size):
     import keras
     import tensorflow as tf
 
-    from ampflow.components.train.models import float32_head
+    from ampflow.modeling.models import float32_head
 
     class InfGradientOnReplica1(keras.layers.Layer):
         def call(self, x):
@@ -57,8 +57,8 @@ def batch_norm_cnn(input_shape, num_classes, image_size=None):
     local launcher's workers run `python -m ampflow.cli`, which knows no test model by name."""
     import keras
 
-    from ampflow.components.train.layers import FusedBatchNormalization
-    from ampflow.components.train.models import float32_head
+    from ampflow.modeling.layers import FusedBatchNormalization
+    from ampflow.modeling.models import float32_head
 
     inputs = keras.Input(shape=input_shape, name="images")
     x = keras.layers.Rescaling(1 / 255)(inputs)
@@ -103,7 +103,7 @@ def _fresh_tensorflow_context() -> None:
 def main() -> int:
     _split_cpu()
     from ampflow.cli import main as ampflow_main
-    from ampflow.components.train.models import register_model
+    from ampflow.modeling.models import register_model
 
     register_model("test_inf_gradient_on_replica_1", _inf_gradient_on_replica_1)
     register_model("test_batch_norm_cnn", batch_norm_cnn)

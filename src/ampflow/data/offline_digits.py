@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from ampflow.components.prepare_data.config import DIGITS_NAME
+from ampflow.data.catalog import DIGITS_NAME
 
 NAME = DIGITS_NAME
 IMAGE_SHAPE = (8, 8, 1)

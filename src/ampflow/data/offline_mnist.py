@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow_datasets as tfds
 
-from ampflow.components.prepare_data.config import MNIST_NAME
-from ampflow.components.prepare_data.offline_digits import OfflineBuilder, stratified_split
+from ampflow.data.catalog import MNIST_NAME
+from ampflow.data.offline_digits import OfflineBuilder, stratified_split
 from ampflow.errors import DatasetError
 
 NAME = MNIST_NAME

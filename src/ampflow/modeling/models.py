@@ -2,7 +2,7 @@
 
 Rescaling (and resizing for the ImageNet architectures) is the model's first layer, so the
 served model takes what a client sends. The text models (`bert_tiny` … `bert_base`,
-text_models.py) take the ids of components/train/tokenizer.py, 0 = padding. The `logits` Dense
+text_models.py) take the ids of src/ampflow/modeling/tokenizer.py, 0 = padding. The `logits` Dense
 layer and the `probabilities` softmax are pinned to float32 whatever the global policy:
 softmax/cross-entropy in float16 overflows and loses the small probabilities the loss needs.
 """
@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ampflow.components.train.heads import float32_head
-from ampflow.components.train.text_models import BERT_SHAPES, bert_builder
+from ampflow.modeling.heads import float32_head
+from ampflow.modeling.text_models import BERT_SHAPES, bert_builder
 
 # Set the Keras global dtype policy for a block (one home: user_model.py, which rebuilds under it)
-from ampflow.components.train.user_model import policy_scope
+from ampflow.modeling.user_model import policy_scope
 from ampflow.serving.model_format import IMAGES_INPUT  # the served signature's input name
 
 ModelBuilder = Callable[[tuple[int, int, int], int, "int | None"], Any]
@@ -103,7 +103,7 @@ def make_model(
     global policy is restored afterwards. A `.keras` file is loaded and rebuilt under the
     policy with its weights, since its layers keep the dtype they were saved with.
     """
-    from ampflow.components.train import user_model
+    from ampflow.modeling import user_model
 
     spec = model_spec_of(name)
     name = spec.text
@@ -140,7 +140,7 @@ def make_text_model(
     vocabulary_size, num_classes)`) or a `.keras` text model to fine-tune (rebuilt under the
     policy, weights copied; it must be tokenized with the vocabulary it was trained with).
     """
-    from ampflow.components.train import user_model
+    from ampflow.modeling import user_model
 
     spec = model_spec_of(name)
     name = spec.text
@@ -169,7 +169,7 @@ def model_spec_of(model):
 
     Callers that hold a TrainConfig or CheckModelConfig pass its `model_spec` (parsed once).
     """
-    from ampflow.components.train import user_model
+    from ampflow.modeling import user_model
 
     if isinstance(model, user_model.ModelSpec):
         return model
@@ -178,7 +178,7 @@ def model_spec_of(model):
 
 def _user_model(spec, model_path, target: str, call, task: str):
     """A user's model (builder or `.keras` file) under the `target` policy, and what was fixed."""
-    from ampflow.components.train import user_model
+    from ampflow.modeling import user_model
 
     if spec.kind == "builder":
         return call(user_model.import_builder(spec, model_path, task=task)), []
@@ -258,7 +258,7 @@ def _with_fused_batch_norm(backbone):
     MatmulGradientConv2D.
     Keras 3 runs BatchNormalization unfused in float32, which caps the mixed-precision gain of
     these BN-heavy nets at 1.2× on a bf16 CPU; the fused layer gives the same numbers faster
-    (components/train/layers.py). MatmulGradientConv2D is Conv2D except for its bfloat16 filter
+    (src/ampflow/modeling/layers.py). MatmulGradientConv2D is Conv2D except for its bfloat16 filter
     gradient on small maps, where oneDNN's AMX kernel was the slowest op of the bf16 step
     (benchmarks/results/train_bf16_gap_amx.md). The applications build plain layers, so the
     backbone is cloned; its weights are fresh initializations either way (weights=None), so
@@ -267,7 +267,7 @@ def _with_fused_batch_norm(backbone):
     """
     import keras
 
-    from ampflow.components.train.layers import FusedBatchNormalization, MatmulGradientConv2D
+    from ampflow.modeling.layers import FusedBatchNormalization, MatmulGradientConv2D
 
     def convert(layer):
         config = layer.get_config()

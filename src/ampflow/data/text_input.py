@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ampflow.components.prepare_data.input_pipeline import read_examples
-from ampflow.components.prepare_data.step import load_dataset_info
-from ampflow.components.prepare_data.text import MODALITY_IMAGE, is_text
+from ampflow.data.dataset_info import load_dataset_info
+from ampflow.data.input_pipeline import read_examples
+from ampflow.data.modality import MODALITY_IMAGE, is_text
 from ampflow.errors import ConfigError, DatasetError
 
 

@@ -12,20 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from ampflow.components.train.user_model import LOGITS_LAYER
 from ampflow.errors import ModelLoadError
+from ampflow.modeling.user_model import LOGITS_LAYER
 
 
 def build_float32_twin(model, metadata: dict[str, Any] | None = None):
     """`model`'s architecture rebuilt under the float32 policy, with its trained weights.
 
     Every layer is re-created from its own config with the dtype replaced
-    (`train.user_model.rebuild_with_policy`), so this works for the built-ins, a user's builder
-    and a fine-tuned `.keras` file alike, without calling the builder again. `metadata` (the
+    (`user_model.rebuild_with_policy`), so this works for the built-ins, a user's builder and a
+    fine-tuned `.keras` file alike, without calling the builder again. `metadata` (the
     train step's) only names the model in errors. ModelLoadError when the copy cannot be made.
     """
-    from ampflow.components.train.user_model import rebuild_with_policy
     from ampflow.errors import ConfigError
+    from ampflow.modeling.user_model import rebuild_with_policy
 
     try:
         return rebuild_with_policy(model, "float32")

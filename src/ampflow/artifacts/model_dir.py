@@ -3,7 +3,7 @@
 docs/ARTIFACTS.md ("train → a model dir") is the prose of this module. A published dir holds
 `model.keras`, `metadata.json` (written LAST: its presence publishes the model), `config.json`,
 `loss_scale_history.json`, `amp_report.json`, `tensorboard/`; a model trained on text also holds
-its tokenizer, `vocab.txt` and `tokenizer.json` (components/train/tokenizer.py), because the
+its tokenizer, `vocab.txt` and `tokenizer.json` (src/ampflow/modeling/tokenizer.py), because the
 model takes token ids and every later step must turn text into the same ids.
 
 Later steps load a model dir with ONE call, `load_trained(model_dir)`: the Keras model, its
@@ -18,16 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ampflow.components.prepare_data.text import MODALITY_IMAGE, MODALITY_TEXT
-from ampflow.components.train.tokenizer import TOKENIZER_FILE, VOCAB_FILE
+from ampflow.data.modality import MODALITY_IMAGE, MODALITY_TEXT
 from ampflow.errors import ConfigError, ModelLoadError
 from ampflow.files import read_json
+from ampflow.modeling.tokenizer import TOKENIZER_FILE, VOCAB_FILE
 
 METADATA_FILE = "metadata.json"
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.keras"
 HISTORY_FILE = "loss_scale_history.json"
 EPOCH_LOG_FILE = "epochs.jsonl"
+AMP_REPORT_FILE = "amp_report.json"  # the AMP pre-flight's findings (train/amp_report.py)
 # A text model's tokenizer, beside its model.keras (tokenizer.py writes and reads them).
 TOKENIZER_FILES = (VOCAB_FILE, TOKENIZER_FILE)
 # What later steps read from metadata.json to rebuild, evaluate and export the model.
@@ -77,7 +78,7 @@ def load_trained(model_dir: str | os.PathLike) -> TrainedModel:
     model, metadata = load_trained_model(model_dir)
     tokenizer = None
     if model_modality(metadata) == MODALITY_TEXT:
-        from ampflow.components.train.tokenizer import load_tokenizer
+        from ampflow.modeling.tokenizer import load_tokenizer
 
         try:
             tokenizer = load_tokenizer(model_dir)
@@ -94,8 +95,8 @@ def load_trained_model(model_dir: str | os.PathLike):
     """
     import keras
 
-    import ampflow.components.train.layers  # noqa: F401  (registers FusedBatchNormalization)
-    import ampflow.components.train.text_layers  # noqa: F401  (the text models' layers)
+    import ampflow.modeling.layers  # noqa: F401  (registers FusedBatchNormalization)
+    import ampflow.modeling.text_layers  # noqa: F401  (the text models' layers)
 
     model_dir = Path(model_dir)
     metadata_path, model_path = model_dir / METADATA_FILE, model_dir / MODEL_FILE
@@ -123,7 +124,7 @@ def load_trained_model(model_dir: str | os.PathLike):
     try:
         model = keras.saving.load_model(model_path, compile=False, custom_objects=custom_objects)
     except Exception as e:  # the archive is intact (checked above): Keras cannot rebuild it
-        from ampflow.components.train.user_model import last_line
+        from ampflow.modeling.user_model import last_line
 
         raise ModelLoadError(
             f"{model_path} is intact but Keras cannot rebuild the model from it (a custom layer "
@@ -134,7 +135,7 @@ def load_trained_model(model_dir: str | os.PathLike):
 
 def _user_custom_objects(model_path: Path, metadata: dict) -> dict:
     """The user's custom layers in `model.keras`, imported from the run's --model-path."""
-    from ampflow.components.train.user_model import custom_objects_in
+    from ampflow.modeling.user_model import custom_objects_in
 
     user_path = (metadata.get("config") or {}).get("model_path")
     try:

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ampflow.errors import ConfigError
 
 VOCAB_FILE = "vocab.txt"
@@ -197,3 +199,8 @@ def load_tokenizer(directory: str | os.PathLike) -> TextTokenizer:
     config = TokenizerConfig(max_sequence_length=settings["max_sequence_length"],
                              vocabulary_size=settings["vocabulary_size"])
     return TextTokenizer(_vectorizer(config, vocabulary), config)
+
+
+def token_ids(tokenizer, texts: list[str]) -> np.ndarray:
+    """int32 ids [N, L] of `texts`, by the tokenizer's own ops (the vocabulary's rule)."""
+    return np.asarray(tokenizer.tokenize(np.asarray(texts, dtype=object)), dtype=np.int32)

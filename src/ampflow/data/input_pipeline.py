@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ampflow.components.prepare_data import (  # noqa: F401  (register the builders)
+from ampflow.data import (  # noqa: F401  (register the builders)
     offline_digits,
     offline_mnist,
 )
-from ampflow.components.prepare_data.holdout import holdout_mask
-from ampflow.components.prepare_data.images import RESIZE_METHOD, to_model_input
-from ampflow.components.prepare_data.step import load_dataset_info
+from ampflow.data.dataset_info import load_dataset_info
+from ampflow.data.holdout import holdout_mask
+from ampflow.data.images import RESIZE_METHOD, to_model_input
 from ampflow.errors import ConfigError, DatasetError
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def load_split(prepared_dir: str | os.PathLike, split: str) -> tf.data.Dataset:
     if info.get("modality", "image") != "image":
         raise DatasetError(
             f"{prepared_dir} holds {info['modality']} data, not images: read it with "
-            "ampflow.components.prepare_data.load_text_split (text_input.py)")
+            "ampflow.data.load_text_split (text_input.py)")
     ds = read_examples(info, split)
     image_key, label_key = info["image_key"], info["label_key"]
     image_shape = tuple(int(d) for d in info["image_shape"])

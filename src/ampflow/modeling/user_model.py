@@ -192,7 +192,7 @@ def load_model_file(path: str | Path, model_path: str | Path | None = None):
     """Load a `.keras` file given as `--model`; a missing, corrupt or foreign file is one line."""
     import keras
 
-    import ampflow.components.train.layers  # noqa: F401  (registers FusedBatchNormalization)
+    import ampflow.modeling.layers  # noqa: F401  (registers FusedBatchNormalization)
 
     path = Path(path)
     if not path.is_file():

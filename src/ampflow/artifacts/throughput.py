@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ampflow.components.prepare_data.text import MODALITY_IMAGE, MODALITY_TEXT
+from ampflow.data.modality import MODALITY_IMAGE, MODALITY_TEXT
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ a wrong `--eval-dir`): export compares the hash before it exports anything.
 from __future__ import annotations
 
 import hashlib
+import math
+import operator
 import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +21,12 @@ from ampflow.files import read_artifact_json
 
 VERDICT_FILE = "verdict.json"
 HASH_KEY = "model_sha256"
+_OPS = {"<=": operator.le, ">=": operator.ge}
 
 
 def model_sha256(model_dir: str | os.PathLike) -> str:
     """sha256 of the trained model file (`<model_dir>/model.keras`): the model's identity."""
-    from ampflow.components.train.artifacts import MODEL_FILE
+    from ampflow.artifacts.model_dir import MODEL_FILE
 
     path = Path(model_dir) / MODEL_FILE
     digest = hashlib.sha256()
@@ -89,10 +93,48 @@ def require_same_model(verdict: dict[str, Any], model_dir: str | os.PathLike) ->
 
 def explain_check(check: Any) -> str:
     """`name: measured X vs threshold op Y`, as the evaluate step printed it."""
-    from ampflow.components.evaluate_parity.gate import Check
-
     try:
         return Check(str(check["name"]), float(check["value"]), str(check["op"]),
                      float(check["threshold"]), reason=str(check.get("reason") or "")).explain()
     except (TypeError, KeyError, ValueError):
         return str(check)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One gate check: `value op threshold` must hold; a non-finite value always fails."""
+
+    name: str
+    value: float
+    op: str
+    threshold: float
+    description: str = ""
+    reason: str = ""  # the outcome in words with its numbers, where a sentence says more
+
+
+    @property
+    def passed(self) -> bool:
+        """Whether the measured value satisfies the threshold (NaN/inf never pass)."""
+        return math.isfinite(self.value) and _OPS[self.op](self.value, self.threshold)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form, as written into metrics.json and verdict.json."""
+        out = asdict(self)
+        out["value"] = self.value if math.isfinite(self.value) else str(self.value)
+        out["passed"] = self.passed
+        return out
+
+    def explain(self) -> str:
+        """`name: reason`, else `name: measured X vs threshold op Y`: what a failed gate prints."""
+        if self.reason:
+            return f"{self.name}: {self.reason}"
+        measured, bound = _fmt(self.value), _fmt(self.threshold)
+        return f"{self.name}: measured {measured} vs threshold {self.op} {bound}"
+
+
+def _fmt(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0 or 1e-3 <= abs(value) < 1e4:
+        return f"{value:.4g}"
+    return f"{value:.3e}"
