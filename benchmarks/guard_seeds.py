@@ -35,7 +35,7 @@ BUILDER = "example_models.net:build"
 SEEDS = (1, 2, 3, 4)
 EPOCHS = 6
 BATCH_SIZE = 32
-# The rule train used before issue 37 (components/train/telemetry.py at 64de209^, `_check`):
+# The rule train used before issue 37 (components/train/run/telemetry.py at 64de209^, `_check`):
 # stop when more than 5 % of the steps after a 50-step warm-up were skipped, judged from 20.
 OLD_RULE = {"floor": 1.0, "max_skipped_fraction": 0.05, "warmup_steps": 50, "min_window": 20}
 
@@ -78,7 +78,7 @@ def skipped_at(history: list[dict]) -> list[int]:
 
 
 def stopping_rule(message: str | None) -> str | None:
-    """Which rule of components/train/guard.py a `TrainingDivergedError` line names."""
+    """Which rule of components/train/run/guard.py a `TrainingDivergedError` line names."""
     if not message:
         return None
     for needle, rule in (("non-finite (", "non_finite_loss"), ("below the floor", "floor"),

@@ -18,7 +18,7 @@ interleaved over `--repeats` sweeps:
   images/s;
 - **the training step fed by the pipeline** (decode each epoch, augment: the worst case the
   pipeline can be) with the share of time the loop waited on the iterator, which is what the
-  trainer's per-epoch log reports (`input wait`, components/train/loop.py).
+  trainer's per-epoch log reports (`input wait`, components/train/run/loop.py).
 
 It prints the ratios pipeline/step (the goal: >= 2x for ResNet-50) and fed/alone, and writes
 JSON + Markdown to benchmarks/results/ with the host's CPU flags. The machine may be shared:
@@ -166,7 +166,7 @@ class _StepBench:
         import keras
         import tensorflow as tf
 
-        from ampflow.components.train.loop import LoopConfig, Runtime, TrainLoop
+        from ampflow.components.train.run.loop import LoopConfig, Runtime, TrainLoop
         from ampflow.modeling.models import build_model
 
         keras.mixed_precision.set_global_policy(args.policy)

@@ -1,6 +1,6 @@
 r"""Which half-precision formats this machine computes natively, measured: TF's conv and matmul.
 
-The native-format rule (`components/train/precision.py: native_formats`) is one table per
+The native-format rule (`components/train/precision/policy.py: native_formats`) is one table per
 hardware kind; this is the measurement behind its CPU rows. A format is native where TF's own
 kernels run it at least as fast as float32 (bfloat16 on oneDNN with AVX512_BF16/AMX runs
 ~1.5-2x); an emulated one runs slower (bfloat16 on an AVX2-only CPU, float16 convolutions on
@@ -33,7 +33,7 @@ def main() -> int:
 
     import tensorflow as tf
 
-    from ampflow.components.train.precision import detect_hardware, native_formats
+    from ampflow.components.train.precision.policy import detect_hardware, native_formats
 
     hardware = detect_hardware()
     ops = {  # (GFLOP per call, function)

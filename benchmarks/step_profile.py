@@ -124,9 +124,9 @@ class Session:
     """The data, runtime and tokenizer of one run, shared by every policy's loop."""
 
     def __init__(self, config) -> None:
-        from ampflow.components.train.build import text_tokenizer, training_data
-        from ampflow.components.train.precision import detect_hardware
-        from ampflow.components.train.runtime import distribute_datasets, make_runtime
+        from ampflow.components.train.precision.policy import detect_hardware
+        from ampflow.components.train.run.build import text_tokenizer, training_data
+        from ampflow.components.train.run.strategy import distribute_datasets, make_runtime
         from ampflow.data import load_dataset_info
 
         self.config = config
@@ -140,7 +140,7 @@ class Session:
     def float32_model(self):
         import keras
 
-        from ampflow.components.train.build import build_uncompiled_model
+        from ampflow.components.train.run.build import build_uncompiled_model
 
         keras.mixed_precision.set_global_policy("float32")
         return build_uncompiled_model(self.config, self.info, self.runtime, self.tokenizer)
@@ -149,9 +149,9 @@ class Session:
         """The model, optimizer and TrainLoop `ampflow train` makes, warmed up: (loop, iterator)."""
         import keras
 
-        from ampflow.components.train.build import build_compiled_model
-        from ampflow.components.train.loop import LoopConfig, TrainLoop
-        from ampflow.components.train.precision import PrecisionSetup
+        from ampflow.components.train.precision.policy import PrecisionSetup
+        from ampflow.components.train.run.build import build_compiled_model
+        from ampflow.components.train.run.loop import LoopConfig, TrainLoop
 
         keras.mixed_precision.set_global_policy(policy)
         keras.utils.set_random_seed(self.config.seed)
@@ -182,7 +182,7 @@ def op_shapes(args, session: Session) -> list[op_ceiling.OpShape]:
 
 def policies(args, hardware) -> tuple[list[str], dict[str, str]]:
     """The policies to measure, and those left out with the native-format rule's reason."""
-    from ampflow.components.train.precision import native_formats
+    from ampflow.components.train.precision.policy import native_formats
 
     if args.policies:
         return list(args.policies), {}

@@ -10,7 +10,7 @@ mixed_bfloat16 and mixed_float16, side by side in one run:
    `--batches` (ascending) it clears the Keras session, builds the model, and runs `--steps`
    steps of ampflow's own train step (`TrainLoop`, Adam; a dynamic LossScaleOptimizer under
    mixed_float16, which runs on until one update was applied, as train's batch probe does) on
-   random token ids, inside one `PeakMemory` region (components/train/memory.py): the TF
+   random token ids, inside one `PeakMemory` region (components/train/run/memory.py): the TF
    allocator's peak (on a CPU every tensor TF allocates; on a GPU the device memory its
    capacity bounds) above what the process held before the model was built, with the
    process's RSS growth beside it. XLA off for every policy, so each policy's peak is the same
@@ -254,7 +254,7 @@ def _worker(args) -> None:
     import keras
     import tensorflow as tf
 
-    from ampflow.components.train.memory import PeakMemory, is_out_of_memory
+    from ampflow.components.train.run.memory import PeakMemory, is_out_of_memory
     from ampflow.modeling.text_models import bert_builder
 
     points: list[dict] = []
@@ -309,8 +309,8 @@ def _return_freed_memory() -> None:
 
 def _train_steps(tf, keras, model, args, batch: int) -> tuple[int, int]:
     """`--steps` steps of train's own step (more under float16 until one update applied)."""
-    from ampflow.components.train.loop import LoopConfig, TrainLoop
-    from ampflow.components.train.runtime import Runtime
+    from ampflow.components.train.run.loop import LoopConfig, TrainLoop
+    from ampflow.components.train.run.strategy import Runtime
 
     optimizer = keras.optimizers.Adam(1e-4)
     if args.policy == "mixed_float16":

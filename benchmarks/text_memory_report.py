@@ -69,7 +69,7 @@ def _markdown(report: dict) -> list[str]:
              f"{'on' if report['xla'] else 'off'} for every policy; {report['steps']} steps per "
              "batch, each batch in its own region of one fresh subprocess per (model, sequence, "
              "policy). Peak = the TF allocator's peak above what the process held before the "
-             "model was built (`PeakMemory`, components/train/memory.py).", "",
+             "model was built (`PeakMemory`, components/train/run/memory.py).", "",
              "## Peak per batch, and the fit `peak = fixed + per_example × batch`", "",
              "| model | seq | policy | measured peaks MiB (batch: peak) | fixed MiB | weights+grads"
              "+Adam MiB | per example MiB | × float32 | max residual | leave-one-out error "

@@ -162,7 +162,7 @@ def _batch(args, model: str) -> int:
 
 def _configs(args) -> tuple[list[tuple[str, str, bool]], list[dict]]:
     """(model, policy, forced XLA) to run, in sweep order; rows for what is skipped and why."""
-    from ampflow.components.train.precision import choose_jit, detect_hardware
+    from ampflow.components.train.precision.policy import choose_jit, detect_hardware
 
     hardware = detect_hardware()
     configs, skipped = [], []
@@ -203,9 +203,9 @@ def _worker(args) -> dict:
     import keras
     import tensorflow as tf
 
-    from ampflow.components.train.loop import LoopConfig, Runtime, TrainLoop
-    from ampflow.components.train.memory import PeakMemory
-    from ampflow.components.train.precision import choose_jit, detect_hardware
+    from ampflow.components.train.precision.policy import choose_jit, detect_hardware
+    from ampflow.components.train.run.loop import LoopConfig, Runtime, TrainLoop
+    from ampflow.components.train.run.memory import PeakMemory
     from ampflow.modeling.models import build_model
 
     spec, image_size, _ = MODELS[args.model]

@@ -19,11 +19,11 @@ def telemetry_epochs(args) -> dict:
     """mixed_float16 run_train pieces; odd epochs record every step, even epochs never."""
     import keras
 
-    from ampflow.components.train.build import build_compiled_model, training_data
-    from ampflow.components.train.loop import LoopConfig, TrainLoop, distribute_datasets
-    from ampflow.components.train.precision import configure_precision
+    from ampflow.components.train.precision.policy import configure_precision
+    from ampflow.components.train.run.build import build_compiled_model, training_data
+    from ampflow.components.train.run.loop import LoopConfig, TrainLoop, distribute_datasets
+    from ampflow.components.train.run.telemetry import EpochLog, GuardLimits, LossScaleTelemetry
     from ampflow.components.train.step import TrainConfig, make_runtime
-    from ampflow.components.train.telemetry import EpochLog, GuardLimits, LossScaleTelemetry
     from ampflow.data import load_dataset_info
 
     out = Path(tempfile.mkdtemp())
@@ -54,7 +54,7 @@ def telemetry_epochs(args) -> dict:
     # The host-side cost of one recorded step, timed alone (not buried in the epoch noise).
     import time as clock
 
-    from ampflow.components.train.loop import TELEMETRY_KEY
+    from ampflow.components.train.run.loop import TELEMETRY_KEY
 
     iterator = iter(train)
     packed = loop._train_step(iterator)
@@ -87,15 +87,15 @@ def fit_path(args) -> dict:
     """
     import keras
 
-    from ampflow.components.train.build import make_optimizer, training_data
-    from ampflow.components.train.precision import configure_precision
-    from ampflow.components.train.step import TrainConfig
-    from ampflow.components.train.telemetry import (
+    from ampflow.components.train.precision.policy import configure_precision
+    from ampflow.components.train.run.build import make_optimizer, training_data
+    from ampflow.components.train.run.telemetry import (
         EpochLog,
         GuardLimits,
         LossScaleTelemetry,
         read_epoch_log,
     )
+    from ampflow.components.train.step import TrainConfig
     from ampflow.data import load_dataset_info
 
     out = Path(args.output_dir)
@@ -137,11 +137,16 @@ def loop_vs_fit_paired(args, data_dir: str) -> dict:
     import keras
     import tensorflow as tf
 
-    from ampflow.components.train.build import build_compiled_model, training_data
-    from ampflow.components.train.loop import LoopConfig, Runtime, TrainLoop, distribute_datasets
-    from ampflow.components.train.precision import configure_precision
+    from ampflow.components.train.precision.policy import configure_precision
+    from ampflow.components.train.run.build import build_compiled_model, training_data
+    from ampflow.components.train.run.loop import (
+        LoopConfig,
+        Runtime,
+        TrainLoop,
+        distribute_datasets,
+    )
+    from ampflow.components.train.run.telemetry import EpochLog, GuardLimits, LossScaleTelemetry
     from ampflow.components.train.step import TrainConfig
-    from ampflow.components.train.telemetry import EpochLog, GuardLimits, LossScaleTelemetry
     from ampflow.data import load_dataset_info
 
     tmp = Path(tempfile.mkdtemp(prefix="ampflow-loop-vs-fit-"))

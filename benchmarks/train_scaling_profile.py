@@ -25,7 +25,7 @@ def profile_step(args, data_dir: str) -> dict:
     import io
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from ampflow.components.train.launcher import local_ports, run_workers, tf_configs
+    from ampflow.components.train.clusters.launcher import local_ports, run_workers, tf_configs
 
     argv = [sys.executable, SCRIPT, "--profile-worker", "--data-dir", data_dir,
             "--model", args.model, "--batch-size", str(args.batch_size), "--policy",
@@ -69,9 +69,9 @@ def profile_pieces(args) -> dict:
     """
     import tensorflow as tf
 
-    from ampflow.components.train.build import build_compiled_model, training_data
-    from ampflow.components.train.loop import LoopConfig, TrainLoop, distribute_datasets
-    from ampflow.components.train.precision import configure_precision
+    from ampflow.components.train.precision.policy import configure_precision
+    from ampflow.components.train.run.build import build_compiled_model, training_data
+    from ampflow.components.train.run.loop import LoopConfig, TrainLoop, distribute_datasets
     from ampflow.components.train.step import TrainConfig, make_runtime
     from ampflow.data import load_dataset_info
 

@@ -94,7 +94,7 @@ def run_demo(config: DemoConfig, *, verbose: bool = False) -> dict:
 
 
 def _say_policy(requested: str) -> None:
-    from ampflow.components.train.precision import choose_policy, detect_hardware
+    from ampflow.components.train.precision.policy import choose_policy, detect_hardware
 
     auto, reason = choose_policy("auto", detect_hardware())
     if requested != auto:

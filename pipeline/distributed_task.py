@@ -21,7 +21,7 @@ def train_workers_arguments(options) -> dict[str, Any]:
         return {}
     from kfp import dsl
 
-    from ampflow.components.train.kubeflow_job import TFJobSettings
+    from ampflow.components.train.clusters.kubeflow_job import TFJobSettings
 
     resources = options.train_resources
     settings = TFJobSettings(

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 
 from ampflow.cliutil import invalid_choice
 from ampflow.components.deploy_serving.config import MODEL_STORE_MOUNT
-from ampflow.components.train.config import TrainConfig, check_allreduce_options
-from ampflow.components.train.kubeflow_job import (
+from ampflow.components.train.clusters.kubeflow_job import (
     GPU_NODE_LABEL,
     GPU_RESOURCE,
     GPU_TOLERATION,
     TRAIN_CPU,
     TRAIN_MEMORY,
 )
+from ampflow.components.train.config import TrainConfig, check_allreduce_options
 from ampflow.errors import ConfigError
 from ampflow.pipeline.settings import LOCAL_IMAGE
 

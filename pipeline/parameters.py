@@ -131,7 +131,7 @@ DEPRECATED: dict[str, tuple[str, dict[str, str]]] = {
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
-    from ampflow.components.train.precision import POLICIES
+    from ampflow.components.train.precision.policy import POLICIES
 
     return {**CHOICES, "precision": tuple(POLICIES)}
 

@@ -26,7 +26,7 @@ from ampflow.components.deploy_serving.config import (
 )
 from ampflow.components.prepare_data.config import PrepareDataConfig
 from ampflow.components.train.config import DEFAULT_LEARNING_RATE, TrainConfig
-from ampflow.components.train.precision import POLICIES
+from ampflow.components.train.precision.policy import POLICIES
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.files import ensure_writable_dir
 from ampflow.modeling.text_models import ENCODER_LEARNING_RATE

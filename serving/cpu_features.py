@@ -1,6 +1,6 @@
 """Which bfloat16 instructions this CPU has: the one probe training and serving both read.
 
-Training's precision rule (components/train/precision.py: `native_formats`, `auto`,
+Training's precision rule (components/train/precision/policy.py: `native_formats`, `auto`,
 `--autotune`) and `ampflow serve --compute-precision bfloat16` ask the same question of the
 same flags, so the flags and the probe live here, in a module with no imports beyond the
 standard library: serving may not import the step layer, and `preflight` runs this before

@@ -95,7 +95,7 @@ def test_no_flag_shows_its_default_twice(cli):
 
 
 def test_train_help_states_the_xla_rule_that_training_applies(cli):
-    from ampflow.components.train.precision import HardwareInfo, choose_jit
+    from ampflow.components.train.precision.policy import HardwareInfo, choose_jit
 
     text = next(b for b in _option_blocks(cli["help"]["train"]) if b.startswith("--xla"))
     on, off = re.search(r"on a CPU on for ([\w/]+) .* off for ([\w/]+)", text).groups()

@@ -224,10 +224,10 @@ def test_ampflow_client_metadata_into_a_closed_pipe_ends_quietly():
 
 @pytest.mark.parametrize("xla", [None, "on"])
 def test_check_model_reports_xla_as_train_will_decide_it(xla, prepared_digits, caplog, capsys):
-    from ampflow.components.train.precision import choose_jit, detect_hardware
+    from ampflow.components.train.precision.policy import choose_jit, detect_hardware
 
     extra = ["--xla", xla] if xla else []
-    with caplog.at_level(logging.INFO, logger="ampflow.components.train.precision"):
+    with caplog.at_level(logging.INFO, logger="ampflow.components.train.precision.policy"):
         code = main(["check-model", "--data-dir", str(prepared_digits), "--precision",
                      "float32", *extra])
     assert code == 0, capsys.readouterr().err

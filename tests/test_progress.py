@@ -328,9 +328,9 @@ def test_train_display_shows_what_telemetry_read_and_reads_nothing_itself(monkey
     import keras
     import numpy as np
 
-    from ampflow.components.train import telemetry as telemetry_module
-    from ampflow.components.train.loop import TELEMETRY_KEY, progress_values
-    from ampflow.components.train.telemetry import GuardLimits, LossScaleTelemetry
+    from ampflow.components.train.run import telemetry as telemetry_module
+    from ampflow.components.train.run.loop import TELEMETRY_KEY, progress_values
+    from ampflow.components.train.run.telemetry import GuardLimits, LossScaleTelemetry
 
     reads = []
     real = keras.ops.convert_to_numpy

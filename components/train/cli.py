@@ -44,7 +44,7 @@ def _summary(result) -> dict:
 
 def register(subparsers) -> None:
     """Add the `train` and `check-model` subcommands."""
-    from ampflow.components.train.check_model import CheckModelConfig, run_check_model
+    from ampflow.components.train.preflight.check_model import CheckModelConfig, run_check_model
     from ampflow.components.train.step import TrainConfig, run_train
 
     add_step_command(

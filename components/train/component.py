@@ -69,7 +69,7 @@ def train(
         allreduce_bytes_per_pack=allreduce_bytes_per_pack, allreduce_dtype=allreduce_dtype,
         max_sequence_length=max_sequence_length, vocabulary_size=vocabulary_size)
     if workers > 1 and tfjob_settings and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        from ampflow.components.train.kubeflow_job import TFJobSettings, run_training_job
+        from ampflow.components.train.clusters.kubeflow_job import TFJobSettings, run_training_job
 
         result = run_training_job(config, TFJobSettings.from_json(tfjob_settings), run_key)
     else:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ampflow.cliutil import invalid_choice
-from ampflow.components.train.allreduce import ALLREDUCE_DTYPES
-from ampflow.components.train.cluster import STRATEGIES
-from ampflow.components.train.guard import GuardLimits
-from ampflow.components.train.precision import POLICIES
+from ampflow.components.train.clusters.tf_config import STRATEGIES
+from ampflow.components.train.precision.policy import POLICIES
+from ampflow.components.train.run.allreduce import ALLREDUCE_DTYPES
+from ampflow.components.train.run.guard import GuardLimits
 from ampflow.errors import ConfigError
 from ampflow.modeling.text_models import BERT_SHAPES, ENCODER_LEARNING_RATE
 from ampflow.modeling.tokenizer import TokenizerConfig
@@ -147,7 +147,7 @@ class TrainConfig:
     seed: int = field(default=42, metadata={"help": "Seed for weights, shuffling and dropout."})
     steps_per_epoch: int | None = field(default=None, metadata={
         "help": "Cap the steps of each epoch (default: the whole training split)."})
-    # The loss-scale guard (components/train/guard.py has the rule and why; docs/explanation/
+    # The loss-scale guard (components/train/run/guard.py has the rule and why; docs/explanation/
     # amp-checks.md): the defaults are GuardLimits's.
     loss_scale_floor: float = field(default=_GUARD.floor, metadata={
         "help": "Stop the run if the dynamic loss scale falls below this (from 32768 that takes "

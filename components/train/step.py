@@ -42,7 +42,7 @@ from ampflow.artifacts.model_dir import (  # noqa: F401
     load_trained_model,
 )
 from ampflow.artifacts.throughput import throughput_unit
-from ampflow.components.train.cluster import PEER_LOST_EXIT_CODE
+from ampflow.components.train.clusters.tf_config import PEER_LOST_EXIT_CODE
 
 # The config and the runtime live in config.py and runtime.py; re-exported here, where the
 # CLI, the pipeline, benchmarks and tests import them from.
@@ -54,8 +54,8 @@ from ampflow.components.train.config import (  # noqa: F401
     TrainConfig,
     check_allreduce_options,
 )
-from ampflow.components.train.precision import HardwareInfo, PrecisionSetup
-from ampflow.components.train.runtime import make_runtime
+from ampflow.components.train.precision.policy import HardwareInfo, PrecisionSetup
+from ampflow.components.train.run.strategy import make_runtime
 from ampflow.errors import AmpflowError, ConfigError, TrainingDivergedError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
@@ -79,7 +79,7 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     """Train `config.model` on the prepared data; publish the model only if training is healthy.
 
     With `workers > 1` (and no TF_CONFIG) this only starts the local workers
-    (components/train/launcher.py) and returns the chief's result. Under a multi-worker
+    (components/train/clusters/launcher.py) and returns the chief's result. Under a multi-worker
     TF_CONFIG every worker trains, and only the chief writes into `output_dir`.
     """
     from ampflow.data import load_dataset_info
@@ -91,12 +91,12 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     refuse_before_tensorflow(config)
     searched = None
     if config.autotune:  # in a child process, before this one touches TF (autotune.py says why)
-        from ampflow.components.train.autotune import search
+        from ampflow.components.train.precision.autotune import search
 
         searched = search(config, hardware)
     import keras
 
-    from ampflow.components.train.precision import configure_precision
+    from ampflow.components.train.precision.policy import configure_precision
 
     runtime = make_runtime(config)  # first TF call: MultiWorkerMirroredStrategy requires it
     if config.batch_size != AUTO_BATCH:
@@ -110,15 +110,15 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     try:
         autotune_report = None
         if config.autotune:
-            from ampflow.components.train.autotune import choose
-            from ampflow.components.train.precision import detect_hardware
+            from ampflow.components.train.precision.autotune import choose
+            from ampflow.components.train.precision.policy import detect_hardware
 
             setup, autotune_report = choose(searched, runtime, hardware or detect_hardware(),
                                             config)
         else:
             setup = configure_precision(config.precision, config.jit_compile, hardware,
                                         modality=info.get("modality"))
-        from ampflow.components.train.build import text_tokenizer
+        from ampflow.components.train.run.build import text_tokenizer
 
         tokenizer = text_tokenizer(config, info)  # text: the training split's vocabulary
         model_block, amp_report, checked = preflight_model(config, info, tokenizer,
@@ -180,9 +180,9 @@ def _check_batch_fits_split(config: TrainConfig, info: dict, runtime) -> None:
 
 def _resolve_auto_batch(config: TrainConfig, info: dict, setup: PrecisionSetup,
                         runtime) -> tuple[TrainConfig, dict]:
-    """`--batch-size auto`: trial train steps of the real model (components/train/memory.py)."""
-    from ampflow.components.train.build import make_optimizer
-    from ampflow.components.train.memory import (
+    """`--batch-size auto`: trial train steps of the real model (components/train/run/memory.py)."""
+    from ampflow.components.train.run.build import make_optimizer
+    from ampflow.components.train.run.memory import (
         auto_batch_size,
         train_step_probe,
         with_accumulation,
@@ -219,7 +219,7 @@ def preflight_model(config: TrainConfig, info: dict, tokenizer=None,
     """Build the model once under the current policy and check it, before any compute.
 
     A builder that does not import, a file that does not load, a model whose input or output
-    does not fit the data, a model the AMP check refuses (components/train/amp_check.py): each
+    does not fit the data, a model the AMP check refuses (components/train/preflight/rules.py): each
     is one ConfigError line here, before the output dir holds anything. Returns the `model`
     block of metadata.json (what `--model` was, what ampflow changed, each layer's compute and
     variable dtype) and the AMP report (`amp_report.json`). A text model is checked on the
@@ -230,7 +230,7 @@ def preflight_model(config: TrainConfig, info: dict, tokenizer=None,
     would build it, so its initial weights are the same, and a ResNet-50 is built once, not
     twice (~4.8 CPU-s saved).
     """
-    from ampflow.components.train.amp_check import check_built, model_to_check
+    from ampflow.components.train.preflight.rules import check_built, model_to_check
 
     shapes = {} if tokenizer is None else {"sequence_length": tokenizer.sequence_length,
                                            "vocabulary_size": tokenizer.vocabulary_size}
@@ -249,7 +249,7 @@ def preflight_model(config: TrainConfig, info: dict, tokenizer=None,
     if report.errors:
         raise ConfigError(f"model {config.model!r} cannot train under {report.policy}: "
                           + "; ".join(report.errors))
-    from ampflow.components.train.reload_check import check_reloads
+    from ampflow.components.train.preflight.reload_check import check_reloads
     from ampflow.modeling.user_model import layer_dtypes
 
     spec = config.model_spec
@@ -293,7 +293,7 @@ def _restore_host_random_state(state: tuple) -> None:
 
 def _run_local_workers(config: TrainConfig) -> TrainResult:
     """`config.workers` local processes (launcher.py); what their chief published."""
-    from ampflow.components.train.launcher import WorkerFailedError, launch_local_workers
+    from ampflow.components.train.clusters.launcher import WorkerFailedError, launch_local_workers
 
     output_dir = launch_local_workers(config)
     metadata_path = output_dir / METADATA_FILE
@@ -326,7 +326,7 @@ def refuse_before_tensorflow(config: TrainConfig) -> None:
     at once, not after the ~3-4 CPU-seconds of TensorFlow's start-up (on a cluster, every
     restart of a bad worker paid it). The same checks run again where they are used.
     """
-    from ampflow.components.train.cluster import check_own_port_free, read_tf_config
+    from ampflow.components.train.clusters.tf_config import check_own_port_free, read_tf_config
     from ampflow.modeling.user_model import import_builder
 
     cluster = read_tf_config()
@@ -344,10 +344,10 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     import keras
     import tensorflow as tf
 
-    from ampflow.components.train.build import build_compiled_model, training_data
-    from ampflow.components.train.loop import LoopConfig, TrainLoop, backup_dir
-    from ampflow.components.train.memory import PeakMemory
-    from ampflow.components.train.telemetry import EpochLog, LossScaleTelemetry, read_epoch_log
+    from ampflow.components.train.run.build import build_compiled_model, training_data
+    from ampflow.components.train.run.loop import LoopConfig, TrainLoop, backup_dir
+    from ampflow.components.train.run.memory import PeakMemory
+    from ampflow.components.train.run.telemetry import EpochLog, LossScaleTelemetry, read_epoch_log
 
     keras.utils.set_random_seed(config.seed)  # the same on every worker
     # The batch of one applied step: K micro-batches of batch_size on every replica.
@@ -472,7 +472,7 @@ def _recipe(config: TrainConfig, learning_rate: float, steps: int) -> dict:
 
 
 def _distribute(runtime, train_ds, test_ds):
-    from ampflow.components.train.runtime import distribute_datasets
+    from ampflow.components.train.run.strategy import distribute_datasets
 
     return distribute_datasets(runtime, train_ds, test_ds)
 
@@ -485,7 +485,7 @@ def _publish(model, telemetry, epochs, metadata, output_dir: Path, checkpoint_di
     text model always has the vocabulary its ids mean.
     """
     from ampflow.artifacts.model_dir import AMP_REPORT_FILE
-    from ampflow.components.train.telemetry import write_json_lines
+    from ampflow.components.train.run.telemetry import write_json_lines
 
     if checkpoint_dir:  # keep the epoch log with the model it describes
         write_json_lines(output_dir / EPOCH_LOG_FILE, epochs)
@@ -539,7 +539,7 @@ def _dataset_block(info: dict) -> dict:
 def _text_metadata(config: TrainConfig, tokenizer) -> dict:
     """What a text model's metadata.json adds: its input and its tokenizer (artifacts.py)."""
     from ampflow.artifacts.model_dir import TOKENIZER_FILES
-    from ampflow.components.train.build import saved_tokenizer_dir
+    from ampflow.components.train.run.build import saved_tokenizer_dir
     from ampflow.data.modality import MODALITY_TEXT
     from ampflow.modeling.text_models import TOKEN_IDS_INPUT
 

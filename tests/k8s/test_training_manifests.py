@@ -148,7 +148,7 @@ def test_trainer_v2_pods_build_the_tf_config_of_their_jobset(render):
     builds the same cluster, names itself in it, and runs flags `ampflow train` accepts."""
     import json
 
-    from ampflow.components.train.cluster import read_tf_config
+    from ampflow.components.train.clusters.tf_config import read_tf_config
 
     objects = render("training/trainer-v2")[1]
     trainjob = one(objects, "TrainJob")
@@ -170,8 +170,8 @@ def test_trainer_v2_pods_build_the_tf_config_of_their_jobset(render):
 
 
 def test_python_built_tfjob_validates_and_keeps_the_manifests_policies(render):
-    """The TFJob a distributed pipeline task creates (components/train/kubeflow_job.py)."""
-    from ampflow.components.train.kubeflow_job import TFJobSettings, build_tfjob
+    """The TFJob a distributed pipeline task creates (components/train/clusters/kubeflow_job.py)."""
+    from ampflow.components.train.clusters.kubeflow_job import TFJobSettings, build_tfjob
 
     template = one(render("training/tfjob")[1], "TFJob")
     for gpu in (True, False):

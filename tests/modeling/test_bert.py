@@ -180,8 +180,8 @@ def test_softmax_and_layer_norm_run_in_float32_the_products_in_half(checkpoint_d
 @pytest.mark.parametrize("policy", ("mixed_bfloat16", "mixed_float16"))
 def test_a_classifier_on_the_encoder_passes_the_amp_check_with_no_warning(checkpoint_dir,
                                                                            policy):
-    """The train step's AMP pre-flight (components/train/amp_check.py) on [CLS] → 3 classes."""
-    from ampflow.components.train.amp_check import check_amp
+    """The train step's AMP pre-flight (train/preflight/rules.py) on [CLS] → 3 classes."""
+    from ampflow.components.train.preflight.rules import check_amp
 
     directory, _ = checkpoint_dir
     keras.mixed_precision.set_global_policy(policy)

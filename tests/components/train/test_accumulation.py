@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ampflow.components.train.loop import LoopConfig, TrainLoop
+from ampflow.components.train.run.loop import LoopConfig, TrainLoop
 from ampflow.errors import ConfigError
 
 BATCH, FEATURES, CLASSES = 32, 4, 3
@@ -72,7 +72,7 @@ def _model(policy: str, l2: float = 0.0):
 def _loop(policy: str, accumulation_steps: int, jit_compile: bool = False, l2: float = 0.0):
     import tensorflow as tf
 
-    from ampflow.components.train.runtime import Runtime
+    from ampflow.components.train.run.strategy import Runtime
 
     model = _model(policy, l2)
     runtime = Runtime(tf.distribute.get_strategy(), "default", "test")
@@ -168,7 +168,7 @@ def test_accumulators_are_float32_under_a_bfloat16_policy():
 
 
 def test_a_batch_that_k_does_not_divide_is_a_clear_error():
-    from ampflow.components.train.accumulation import split_micro_batches
+    from ampflow.components.train.run.accumulation import split_micro_batches
 
     with pytest.raises(ConfigError, match="cannot be split into accumulation_steps=3"):
         split_micro_batches(np.zeros((32, 2), "float32"), 3)
@@ -178,9 +178,9 @@ _WORKER = """
 import json, os, sys
 sys.path.insert(0, {here!r})
 import numpy as np, tensorflow as tf
-from ampflow.components.train.cluster import make_strategy, read_tf_config
-from ampflow.components.train.loop import LoopConfig, TrainLoop
-from ampflow.components.train.runtime import Runtime, distribute_datasets
+from ampflow.components.train.clusters.tf_config import make_strategy, read_tf_config
+from ampflow.components.train.run.loop import LoopConfig, TrainLoop
+from ampflow.components.train.run.strategy import Runtime, distribute_datasets
 from test_accumulation import BATCH, _data, _model
 cluster = read_tf_config()
 runtime = Runtime(make_strategy("multi_worker", cluster), "multi_worker", "test", cluster)
@@ -209,7 +209,7 @@ def test_two_workers_accumulating_make_the_step_of_one_process_on_the_larger_bat
     steps ran (the sum of its micro-batches, not each one)."""
     import sys
 
-    from ampflow.components.train.launcher import local_ports, run_workers, tf_configs
+    from ampflow.components.train.clusters.launcher import local_ports, run_workers, tf_configs
 
     sink = io.StringIO()  # the launcher's stream: each worker prints its RESULT line
     script = _WORKER.format(here=str(Path(__file__).parent), policies=POLICIES,
@@ -242,9 +242,9 @@ def test_telemetry_and_the_guard_count_applied_steps(tmp_path):
     one skipped step at a time."""
     import tensorflow as tf
 
-    from ampflow.components.train.guard import GuardLimits
-    from ampflow.components.train.runtime import Runtime
-    from ampflow.components.train.telemetry import LossScaleTelemetry
+    from ampflow.components.train.run.guard import GuardLimits
+    from ampflow.components.train.run.strategy import Runtime
+    from ampflow.components.train.run.telemetry import LossScaleTelemetry
 
     batches = [_data(poison_micro_batch=1), _data()]
     dataset = tf.data.Dataset.from_tensor_slices(
@@ -267,7 +267,7 @@ def test_batch_normalization_uses_each_micro_batchs_statistics():
     import keras
     import tensorflow as tf
 
-    from ampflow.components.train.runtime import Runtime
+    from ampflow.components.train.run.strategy import Runtime
     from ampflow.modeling.heads import float32_head
 
     keras.utils.set_random_seed(3)

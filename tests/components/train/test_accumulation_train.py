@@ -97,7 +97,7 @@ def test_accumulated_batch_larger_than_the_split_is_one_line(prepared_digits, tm
 
 def test_auto_batch_answers_with_accumulation_when_the_wanted_batch_does_not_fit():
     """The rule: K = ceil(wanted / fits), micro-batch wanted // K."""
-    from ampflow.components.train.memory import BatchChoice, accumulation_for, with_accumulation
+    from ampflow.components.train.run.memory import BatchChoice, accumulation_for, with_accumulation
 
     assert accumulation_for(256, 100) == (85, 3)  # 255: the nearest below, by less than K
     assert accumulation_for(256, 64) == (64, 4)
@@ -133,7 +133,7 @@ def test_one_process_accumulating_equals_the_larger_batch_and_says_so(prepared_d
 
 def test_local_workers_are_started_with_the_accumulation_steps(tmp_path):
     """--workers N hands K to every worker (the 2-worker run is test_accumulation.py's)."""
-    from ampflow.components.train.launcher import config_to_argv
+    from ampflow.components.train.clusters.launcher import config_to_argv
 
     argv = config_to_argv(_config(tmp_path, tmp_path, batch_size=8, accumulation_steps=2,
                                   workers=2))

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from ampflow.components.train.amp_check import (
+from ampflow.components.train.preflight.rules import (
     AMP_REPORT_FILE,
     check_amp,
     ensure_float32_output,

@@ -16,9 +16,10 @@ import time
 import pytest
 
 from ampflow.artifacts.model_dir import load_trained_model
-from ampflow.components.train import TrainConfig, autotune, run_train
-from ampflow.components.train.autotune import choose, search, spawn_child
-from ampflow.components.train.autotune_rules import (
+from ampflow.components.train import TrainConfig, run_train
+from ampflow.components.train.precision import autotune
+from ampflow.components.train.precision.autotune import choose, search, spawn_child
+from ampflow.components.train.precision.autotune_rules import (
     DROP_AFTER_STEPS,
     LARGE_CONV_MODEL,
     candidates,
@@ -26,7 +27,7 @@ from ampflow.components.train.autotune_rules import (
     eta_s,
     stall_limit_s,
 )
-from ampflow.components.train.precision import GpuInfo, HardwareInfo
+from ampflow.components.train.precision.policy import GpuInfo, HardwareInfo
 from ampflow.errors import ConfigError
 
 BF16_CPU = HardwareInfo(cpu_flags=frozenset({"avx512f", "avx512_bf16", "amx_bf16"}))
@@ -133,7 +134,7 @@ def test_eta_comes_from_measured_time_per_xla_setting_and_never_passes_the_budge
 
 FAKE_CHILD = textwrap.dedent('''
     import json, os, sys, time
-    from ampflow.components.train import autotune
+    from ampflow.components.train.precision import autotune
     request = json.load(open(sys.argv[1]))
     scenario = json.loads(SCENARIO)
     out = os.fdopen(int(sys.argv[2]), "w", buffering=1)

@@ -17,8 +17,8 @@ import tiny_text_model as shared
 
 from ampflow.artifacts.throughput import throughput_unit
 from ampflow.components.train import TrainConfig
-from ampflow.components.train.autotune_rules import config_to_dict, hardware_to_dict
-from ampflow.components.train.precision import HardwareInfo
+from ampflow.components.train.precision.autotune_rules import config_to_dict, hardware_to_dict
+from ampflow.components.train.precision.policy import HardwareInfo
 
 BF16_CPU = HardwareInfo(cpu_flags=frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}))
 
@@ -32,7 +32,7 @@ def test_the_search_fits_the_text_tokenizer_once_and_measures_xla_for_an_encoder
         prepared_texts, tmp_path, monkeypatch):
     import keras
 
-    from ampflow.components.train.autotune_child import _ChildRun
+    from ampflow.components.train.precision.autotune_child import _ChildRun
     from ampflow.modeling import tokenizer as tokenizer_module
 
     fits = []

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from ampflow.components.train import TrainConfig, run_train
-from ampflow.components.train.memory import PeakMemory
+from ampflow.components.train.run.memory import PeakMemory
 from ampflow.errors import ConfigError
 
 
@@ -21,7 +21,7 @@ def _allocator_reports() -> bool:
 @pytest.mark.slow
 def test_batch_size_auto_under_injected_limit_picks_the_largest_batch_whose_peak_fits(
         tmp_path, prepared_digits):
-    from ampflow.components.train.memory import train_step_probe
+    from ampflow.components.train.run.memory import train_step_probe
     from ampflow.data import load_dataset_info
     from ampflow.modeling.models import build_model
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from full_disk import file_size_limited
 
-from ampflow.components.train import checkpoints
+from ampflow.components.train.run import checkpoints
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -109,7 +109,7 @@ def test_checkpoint_write_on_a_full_disk_fails_clearly_and_keeps_the_previous_on
         import resource, signal, sys
         sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[2])!r}]
         import numpy as np, tensorflow as tf
-        from ampflow.components.train import checkpoints
+        from ampflow.components.train.run import checkpoints
         from test_checkpoint_faults import _state
         checkpoint, model, step = _state(1)
         manager = tf.train.CheckpointManager(checkpoint, {str(tmp_path)!r}, max_to_keep=2,

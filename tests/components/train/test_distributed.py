@@ -24,19 +24,19 @@ from pathlib import Path
 import pytest
 
 from ampflow.components.train import TrainConfig, run_train
-from ampflow.components.train.cluster import (
-    PEER_LOST_EXIT_CODE,
-    choose_strategy,
-    parse_tf_config,
-    read_tf_config,
-)
-from ampflow.components.train.launcher import (
+from ampflow.components.train.clusters.launcher import (
     WorkerFailedError,
     _wait,
     config_to_argv,
     local_ports,
     run_workers,
     tf_configs,
+)
+from ampflow.components.train.clusters.tf_config import (
+    PEER_LOST_EXIT_CODE,
+    choose_strategy,
+    parse_tf_config,
+    read_tf_config,
 )
 from ampflow.errors import ConfigError
 

@@ -13,7 +13,7 @@ import logging
 import pytest
 
 from ampflow.components.train import TrainConfig
-from ampflow.components.train.build import text_tokenizer
+from ampflow.components.train.run.build import text_tokenizer
 from ampflow.modeling.tokenizer import TokenizerConfig, fit_tokenizer
 
 TEXT = {"modality": "text"}
@@ -31,7 +31,7 @@ def saved_model_dir(tmp_path_factory):
 def _reused(saved_model_dir, tmp_path, caplog, **flags):
     config = TrainConfig(data_dir=tmp_path, output_dir=tmp_path / "out",
                          model=str(saved_model_dir / "model.keras"), **flags)
-    with caplog.at_level(logging.INFO, logger="ampflow.components.train.build"):
+    with caplog.at_level(logging.INFO, logger="ampflow.components.train.run.build"):
         tokenizer = text_tokenizer(config, TEXT)
     assert tokenizer.sequence_length == 16  # the model's own, whatever the flags say
     return [r for r in caplog.records if "its own tokenizer" in r.getMessage()]

@@ -184,7 +184,7 @@ def test_fresh_process_loads_the_model_with_the_train_loader_or_the_layers_modul
         {"model_name": "x", "input_shape": list(SHAPE[1:]), "num_classes": 3,
          "precision": {"policy": "float32"}}))
     for code in (
-        f"from ampflow.components.train import load_trained_model; "
+        f"from ampflow.artifacts.model_dir import load_trained_model; "
         f"load_trained_model({str(tmp_path)!r})",
         f"import keras, ampflow.modeling.layers; "
         f"keras.saving.load_model({str(tmp_path / 'model.keras')!r}, compile=False)",

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ampflow.components.train.loop import (
+from ampflow.components.train.run.loop import (
     INPUT_BOUND_FRACTION,
     LoopConfig,
     Runtime,
@@ -80,7 +80,7 @@ def _fit(model, dataset, steps: int, tmp_path, batch: int):
 
 
 def test_a_much_slower_input_is_reported_as_input_bound(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="ampflow.components.train.loop")
+    caplog.set_level(logging.INFO, logger="ampflow.components.train.run.loop")
     loop, logs = _fit(_model(8, 1), _slowed(_batches(BATCH), 0.25), 5, tmp_path, BATCH)
 
     assert is_input_bound(logs["input_wait_fraction"])
@@ -90,7 +90,7 @@ def test_a_much_slower_input_is_reported_as_input_bound(tmp_path, caplog):
 
 
 def test_an_input_already_in_memory_is_not_input_bound(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="ampflow.components.train.loop")
+    caplog.set_level(logging.INFO, logger="ampflow.components.train.run.loop")
     batch = 512  # heavy steps (4 layers of 1024x1024 products) against a batch in memory
     _, logs = _fit(_model(1024, 4), _batches(batch).prefetch(2), 6, tmp_path, batch)
 
@@ -112,7 +112,7 @@ def test_the_threshold_is_the_documented_one():
 
 
 def test_the_epoch_log_records_the_input_wait(tmp_path):
-    from ampflow.components.train.telemetry import EpochLog, read_epoch_log
+    from ampflow.components.train.run.telemetry import EpochLog, read_epoch_log
 
     runtime = Runtime(tf.distribute.get_strategy(), "default", "test")
     loop = TrainLoop(runtime, _model(8, 1), LoopConfig(

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from ampflow.components.train import TrainConfig
-from ampflow.components.train import kubeflow_job as kj
+from ampflow.components.train.clusters import kubeflow_job as kj
 
 TFJOBS = "/apis/kubeflow.org/v1/namespaces/ns/tfjobs"
 

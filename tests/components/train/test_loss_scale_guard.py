@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ampflow.components.train.guard import GuardLimits, LossScaleGuard
+from ampflow.components.train.run.guard import GuardLimits, LossScaleGuard
 from ampflow.errors import TrainingDivergedError
 
 KERAS_INITIAL_SCALE = 2.0**15
@@ -77,8 +77,8 @@ def test_the_issues_healthy_runs_with_a_few_early_skips_train_to_the_end(name):
     import keras
     import numpy as np
 
-    from ampflow.components.train import telemetry as telemetry_module
-    from ampflow.components.train.loop import TELEMETRY_KEY
+    from ampflow.components.train.run import telemetry as telemetry_module
+    from ampflow.components.train.run.loop import TELEMETRY_KEY
 
     # the callback's own default limits, as train builds them (before and after the fix)
     telemetry = telemetry_module.LossScaleTelemetry(telemetry_module.GuardLimits())
@@ -244,8 +244,8 @@ def test_a_float16_softmax_head_with_a_huge_learning_rate_is_stopped(tmp_path):
     import numpy as np
     import tensorflow as tf
 
-    from ampflow.components.train.loop import LoopConfig, Runtime, TrainLoop
-    from ampflow.components.train.telemetry import LossScaleTelemetry
+    from ampflow.components.train.run.loop import LoopConfig, Runtime, TrainLoop
+    from ampflow.components.train.run.telemetry import LossScaleTelemetry
 
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy("mixed_float16")

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from ampflow.components.train.memory import (
+from ampflow.components.train.run.memory import (
     ALLOCATOR_SOURCES,
     CPU_AUTO_BATCH_SIZE,
     SOURCES,
@@ -54,7 +54,7 @@ def _allocator_reports() -> bool:
 _REGIONS_IN_A_FRESH_PROCESS = """
 import json, logging, sys
 import numpy as np
-from ampflow.components.train.memory import PeakMemory
+from ampflow.components.train.run.memory import PeakMemory
 MIB = 2**20
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 if sys.argv[1] == "tf":
@@ -112,7 +112,7 @@ def test_peak_memory_a_peak_read_below_its_baseline_is_no_negative_region(monkey
     """The kernel's RSS counters are approximate (per-CPU batches of pages): VmHWM read at the
     end of a region can come out below the VmRSS read at its start (seen: -136 KiB for a train
     step probe). A region's peak holds what was in use when it began, so it reads as that."""
-    from ampflow.components.train import memory
+    from ampflow.components.train.run import memory
 
     with PeakMemory(source="process") as region:
         monkeypatch.setattr(memory, "_process_peak",

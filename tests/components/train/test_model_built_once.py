@@ -11,7 +11,8 @@ import zipfile
 
 import pytest
 
-from ampflow.components.train import TrainConfig, amp_check, run_train
+from ampflow.components.train import TrainConfig, run_train
+from ampflow.components.train.preflight import rules as amp_check
 from ampflow.data import load_dataset_info
 from ampflow.modeling import models
 

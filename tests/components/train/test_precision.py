@@ -1,6 +1,6 @@
 import pytest
 
-from ampflow.components.train.precision import (
+from ampflow.components.train.precision.policy import (
     GpuInfo,
     HardwareInfo,
     choose_jit,
@@ -101,8 +101,8 @@ KINDS = [  # hardware, (float16 native, bfloat16 native), auto's policy
 
 @pytest.mark.parametrize(("hardware", "native", "auto"), KINDS)
 def test_auto_autotune_and_check_model_follow_one_native_format_rule(hardware, native, auto):
-    from ampflow.components.train.autotune_rules import candidates
-    from ampflow.components.train.precision import native_format_notes, native_formats
+    from ampflow.components.train.precision.autotune_rules import candidates
+    from ampflow.components.train.precision.policy import native_format_notes, native_formats
 
     formats = native_formats(hardware)
     assert (formats.float16.native, formats.bfloat16.native) == native
@@ -120,7 +120,7 @@ def test_auto_autotune_and_check_model_follow_one_native_format_rule(hardware, n
 
 
 def test_avx512_fp16_on_a_cpu_does_not_make_float16_native_and_says_why():
-    from ampflow.components.train.precision import native_formats
+    from ampflow.components.train.precision.policy import native_formats
 
     formats = native_formats(SAPPHIRE_RAPIDS)
     assert formats.kind == "CPU with AMX and AVX512_FP16"
@@ -129,7 +129,7 @@ def test_avx512_fp16_on_a_cpu_does_not_make_float16_native_and_says_why():
 
 
 def test_an_explicit_policy_that_is_not_native_is_warned_of(caplog):
-    with caplog.at_level("WARNING", logger="ampflow.components.train.precision"):
+    with caplog.at_level("WARNING", logger="ampflow.components.train.precision.policy"):
         configure_precision("mixed_float16", None, SAPPHIRE_RAPIDS)
         configure_precision("mixed_bfloat16", None, SAPPHIRE_RAPIDS)
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
@@ -149,7 +149,7 @@ def test_the_native_formats_are_recorded_with_the_policy():
 def test_check_model_notes_a_policy_that_is_not_native_here(prepared_digits, capsys):
     import keras
 
-    from ampflow.components.train.check_model import CheckModelConfig, run_check_model
+    from ampflow.components.train.preflight.check_model import CheckModelConfig, run_check_model
 
     report = run_check_model(CheckModelConfig(data_dir=prepared_digits, model="small_cnn",
                                               precision="mixed_float16"), SAPPHIRE_RAPIDS)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from ampflow.components.train import TrainConfig
-from ampflow.components.train.build import learning_schedule, make_optimizer
-from ampflow.components.train.precision import PrecisionSetup
+from ampflow.components.train.precision.policy import PrecisionSetup
+from ampflow.components.train.run.build import learning_schedule, make_optimizer
 from ampflow.errors import ConfigError
 
 FLOAT16 = PrecisionSetup("mixed_float16", "test", True, "test", "cpu")
@@ -40,7 +40,7 @@ def test_optimizer_carries_weight_decay_and_loss_scaling(name, cls):
 
 
 def test_label_smoothing_raises_the_loss_of_a_confident_right_answer():
-    from ampflow.components.train.loop import _train_loss
+    from ampflow.components.train.run.loop import _train_loss
 
     labels = np.array([0, 1])
     probabilities = np.array([[0.98, 0.01, 0.01], [0.01, 0.98, 0.01]], "float32")

@@ -128,7 +128,7 @@ def test_train_refuses_it_before_the_first_step(prepared_digits, user_code, tmp_
 
 def test_a_get_config_that_forgets_an_argument_is_named_with_its_fix(prepared_digits,
                                                                      user_code):
-    from ampflow.components.train.check_model import CheckModelConfig, run_check_model
+    from ampflow.components.train.preflight.check_model import CheckModelConfig, run_check_model
 
     with pytest.raises(ConfigError) as refused:
         run_check_model(CheckModelConfig(data_dir=prepared_digits,
@@ -142,7 +142,7 @@ def test_a_get_config_that_forgets_an_argument_is_named_with_its_fix(prepared_di
 def test_a_layer_that_reloads_passes_and_leaves_no_file_behind(user_code, tmp_path, monkeypatch):
     import tempfile
 
-    from ampflow.components.train.reload_check import check_reloads
+    from ampflow.components.train.preflight.reload_check import check_reloads
     from ampflow.modeling.user_model import ModelSpec, import_user_module
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

@@ -62,9 +62,9 @@ def _one_step(runtime, data_dir: Path, out: Path, model: str, policy: str, mode:
     """Build the seeded model, take one train step under `mode`; weights before and after."""
     import keras
 
-    from ampflow.components.train.build import build_compiled_model, training_data
-    from ampflow.components.train.loop import LoopConfig, TrainLoop, distribute_datasets
-    from ampflow.components.train.precision import configure_precision
+    from ampflow.components.train.precision.policy import configure_precision
+    from ampflow.components.train.run.build import build_compiled_model, training_data
+    from ampflow.components.train.run.loop import LoopConfig, TrainLoop, distribute_datasets
     from ampflow.data import load_dataset_info
 
     config = TrainConfig(data_dir=data_dir, output_dir=out, model=model, precision=policy,
@@ -130,7 +130,7 @@ def _worker(data_dir: str, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def two_workers(prepared_digits, tmp_path_factory) -> list[dict]:
     """Run every case on two real workers over loopback, once; what each worker saw."""
-    from ampflow.components.train.launcher import local_ports, run_workers, tf_configs
+    from ampflow.components.train.clusters.launcher import local_ports, run_workers, tf_configs
 
     out = tmp_path_factory.mktemp("scaling_options")
     log = io.StringIO()

@@ -6,8 +6,8 @@ import keras
 import numpy as np
 import pytest
 
-from ampflow.components.train import telemetry as telemetry_module
-from ampflow.components.train.telemetry import GuardLimits, LossScaleTelemetry
+from ampflow.components.train.run import telemetry as telemetry_module
+from ampflow.components.train.run.telemetry import GuardLimits, LossScaleTelemetry
 from ampflow.errors import TrainingDivergedError
 
 

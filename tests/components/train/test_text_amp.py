@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 import text_builders
 
-from ampflow.components.train.amp_check import text_amp_check_of
+from ampflow.components.train.preflight.rules import text_amp_check_of
 from ampflow.modeling.models import make_text_model
 
 SEQ, VOCAB, CLASSES = 16, 50, 3

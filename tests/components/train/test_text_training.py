@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ampflow.components.train.loop import LoopConfig, Runtime, TrainLoop
+from ampflow.components.train.run.loop import LoopConfig, Runtime, TrainLoop
 from ampflow.modeling.models import make_text_model
 from ampflow.modeling.text_models import ENCODER_LEARNING_RATE
 from ampflow.modeling.tokenizer import TokenizerConfig, fit_tokenizer

@@ -219,7 +219,7 @@ def test_build_application_models_take_raw_8x8_images_and_output_float32(name):
 
 
 def test_epoch_log_throughput_counts_training_steps_not_validation(tmp_path):
-    from ampflow.components.train.telemetry import EpochLog, read_epoch_log
+    from ampflow.components.train.run.telemetry import EpochLog, read_epoch_log
 
     epoch_log = EpochLog(tmp_path / "epochs.jsonl", batch_size=8)
     epoch_log.set_params({"steps": 4})

@@ -322,7 +322,7 @@ def test_sequential_builder_without_input_is_built_on_the_data_shape(user_code):
 def test_rebuild_under_a_policy_reaches_nested_models_and_custom_sublayers(user_code):
     import keras
 
-    from ampflow.components.train.amp_check import walk_layers
+    from ampflow.components.train.preflight.rules import walk_layers
     from ampflow.modeling.user_model import rebuild_with_policy
 
     model = make_model("usermodels.net:nested", (8, 8, 1), 10, policy="float32",
@@ -353,7 +353,7 @@ def test_user_keras_file_with_an_unregistered_custom_layer_loads_and_keeps_its_a
 
 
 def test_batch_size_auto_on_a_cpu_never_exceeds_the_training_split():
-    from ampflow.components.train.memory import auto_batch_size
+    from ampflow.components.train.run.memory import auto_batch_size
 
     choice = auto_batch_size(lambda batch: None, limit=10, gpu=False)
     assert choice.batch_size == 10

@@ -96,7 +96,7 @@ def _recording_scopes(layers) -> Iterator[dict[str, Any]]:
 
 
 def trace_step(model, input_shape: tuple[int, ...], batch_size: int, policy: str) -> Trace:
-    """Trace one train step as components/train/loop.py runs it (loss scaled under float16)."""
+    """Trace one train step as components/train/run/loop.py runs it (loss scaled under float16)."""
     import keras
     import tensorflow as tf
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ampflow.artifacts.throughput import ThroughputUnit, throughput_unit
-from ampflow.components.train.autotune_child import run_candidates  # noqa: F401 (tests' child)
-from ampflow.components.train.autotune_rules import (
+from ampflow.components.train.clusters.tf_config import read_tf_config
+from ampflow.components.train.precision.autotune_child import run_candidates  # noqa: F401 (tests' child)
+from ampflow.components.train.precision.autotune_rules import (
     ALL_PAIRS,
     DROP_AFTER_STEPS,
     DROP_MARGIN,
@@ -39,8 +40,7 @@ from ampflow.components.train.autotune_rules import (
     stall_limit_s,
     step_rates,
 )
-from ampflow.components.train.cluster import read_tf_config
-from ampflow.components.train.precision import (
+from ampflow.components.train.precision.policy import (
     HardwareInfo,
     PrecisionSetup,
     choose_jit,
@@ -63,7 +63,7 @@ class _Child:
     buffer: bytes = b""
 
 
-CHILD_COMMAND = (sys.executable, "-m", "ampflow.components.train.autotune_child")
+CHILD_COMMAND = (sys.executable, "-m", "ampflow.components.train.precision.autotune_child")
 
 
 def spawn_child(request: dict, command: tuple[str, ...] = CHILD_COMMAND) -> _Child:
@@ -370,7 +370,7 @@ def choose(result: SearchResult, runtime, hardware: HardwareInfo, config
     """
     import keras
 
-    from ampflow.components.train.precision import configure_precision
+    from ampflow.components.train.precision.policy import configure_precision
 
     rates = _agreed_rates(result.rows, runtime)
     ok = [r for r in result.rows if r["status"] == "measured" and (r["policy"], r["xla"]) in rates]

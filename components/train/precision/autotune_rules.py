@@ -13,7 +13,7 @@ import os
 import statistics
 from typing import Any
 
-from ampflow.components.train.precision import (
+from ampflow.components.train.precision.policy import (
     GpuInfo,
     HardwareInfo,
     choose_jit,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from ampflow.components.train.precision import PrecisionSetup
+from ampflow.components.train.precision.policy import PrecisionSetup
 
 log = logging.getLogger(__name__)
 

@@ -535,8 +535,8 @@ def train_step_probe(model_factory: Callable[[tuple[int, ...], int], Any],
         import keras
         import tensorflow as tf
 
-        from ampflow.components.train.loop import LoopConfig, TrainLoop
-        from ampflow.components.train.runtime import Runtime
+        from ampflow.components.train.run.loop import LoopConfig, TrainLoop
+        from ampflow.components.train.run.strategy import Runtime
 
         previous = keras.mixed_precision.global_policy().name
         keras.backend.clear_session()

@@ -1,9 +1,9 @@
 """`--autotune`'s measuring process: set up the run's data and model once, time each candidate.
 
 The parent's side (autotune.py: the budget, the stall rule, the choice) starts this module as
-`python -m ampflow.components.train.autotune_child REQUEST_FILE FD` and reads its events (one
-JSON line per start, warm-up, timed step and result) from the pipe FD. Split from autotune.py
-by role: this side imports TensorFlow, the parent must not before it has measured.
+`python -m ampflow.components.train.precision.autotune_child REQUEST_FILE FD` and reads its
+events (one JSON line per start, warm-up, timed step and result) from the pipe FD. Split from
+autotune.py by role: this side imports TensorFlow, the parent must not before it has measured.
 
 **Text models: the tokenizer is fitted once per process.** Fitting (TextVectorization `adapt`
 on the training split) was done once for the input pipeline, once for the planning model and
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ampflow.components.train.autotune_rules import (
+from ampflow.components.train.precision.autotune_rules import (
     DROP_MARGIN,
     WARMUP_STEPS,
     candidates,
@@ -32,7 +32,7 @@ from ampflow.components.train.autotune_rules import (
     parse_policies,
     step_rates,
 )
-from ampflow.components.train.precision import PrecisionSetup
+from ampflow.components.train.precision.policy import PrecisionSetup
 from ampflow.data.modality import MODALITY_IMAGE
 
 # ---- the child: measures candidates, streams events ---------------------------------------
@@ -105,10 +105,10 @@ class _ChildRun:
     """The real child's data, runtime and candidate factory (one per search process)."""
 
     def __init__(self, request: dict) -> None:
-        from ampflow.components.train.build import text_tokenizer, training_data
         from ampflow.components.train.config import TrainConfig
-        from ampflow.components.train.precision import detect_hardware
-        from ampflow.components.train.runtime import distribute_datasets, make_runtime
+        from ampflow.components.train.precision.policy import detect_hardware
+        from ampflow.components.train.run.build import text_tokenizer, training_data
+        from ampflow.components.train.run.strategy import distribute_datasets, make_runtime
         from ampflow.data import load_dataset_info
 
         self.config = TrainConfig(**request["config"])
@@ -129,7 +129,7 @@ class _ChildRun:
         """
         import keras
 
-        from ampflow.components.train.build import build_uncompiled_model
+        from ampflow.components.train.run.build import build_uncompiled_model
 
         keras.mixed_precision.set_global_policy("float32")
         keras.utils.set_random_seed(self.config.seed)
@@ -149,8 +149,8 @@ class _ChildRun:
 
         import keras
 
-        from ampflow.components.train.build import build_compiled_model
-        from ampflow.components.train.loop import LoopConfig, TrainLoop
+        from ampflow.components.train.run.build import build_compiled_model
+        from ampflow.components.train.run.loop import LoopConfig, TrainLoop
 
         self._loop = None
         gc.collect()

@@ -23,7 +23,11 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from ampflow.components.train.cluster import PEER_LOST_EXIT_CODE, TF_CONFIG, read_tf_config
+from ampflow.components.train.clusters.tf_config import (
+    PEER_LOST_EXIT_CODE,
+    TF_CONFIG,
+    read_tf_config,
+)
 from ampflow.errors import AmpflowError, ConfigError
 
 log = logging.getLogger(__name__)

@@ -153,7 +153,7 @@ def load_template() -> dict:
 def run_training_job(config, settings: TFJobSettings, run_key: str, api_client=None,
                      namespace: str | None = None):
     """Run `config` (a TrainConfig) as a TFJob and publish the chief's model in its output dir."""
-    from ampflow.components.train.launcher import config_to_argv
+    from ampflow.components.train.clusters.launcher import config_to_argv
     from ampflow.components.train.step import METADATA_FILE, TrainResult
     from ampflow.files import ensure_writable_dir, read_json
 

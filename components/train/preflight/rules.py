@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ampflow.components.train.amp_graph import (
+from ampflow.components.train.preflight.graph import (
     HALF_MAX,
     REDUCTION_OPS,
     Trace,
     is_model,
     trace_step,
 )
-from ampflow.components.train.amp_report import (  # noqa: F401  (AMP_REPORT_FILE, write_amp_report: re-exported)
+from ampflow.components.train.preflight.report import (  # noqa: F401  (AMP_REPORT_FILE, write_amp_report: re-exported)
     AMP_REPORT_FILE,
     SEVERITIES,
     AmpReport,

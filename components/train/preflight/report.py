@@ -11,7 +11,7 @@ from ampflow.artifacts.model_dir import AMP_REPORT_FILE
 from ampflow.modeling.user_model import compute_dtype
 
 if TYPE_CHECKING:
-    from ampflow.components.train.amp_graph import Trace
+    from ampflow.components.train.preflight.graph import Trace
 
 
 

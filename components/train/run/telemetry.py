@@ -17,8 +17,8 @@ from typing import Any
 
 import keras
 
-from ampflow.components.train.guard import GuardLimits, LossScaleGuard
-from ampflow.components.train.loop import TELEMETRY_KEY, unpack_step_telemetry
+from ampflow.components.train.run.guard import GuardLimits, LossScaleGuard
+from ampflow.components.train.run.loop import TELEMETRY_KEY, unpack_step_telemetry
 
 
 class LossScaleTelemetry(keras.callbacks.Callback):
@@ -26,7 +26,7 @@ class LossScaleTelemetry(keras.callbacks.Callback):
 
     The guard looks on the recorded steps and at each epoch's end. Under a distribution
     strategy the scale, the optimizer's iterations and the step loss are the same on every
-    worker (components/train/loop.py makes the replicas agree), so every worker's guard stops
+    worker (components/train/run/loop.py makes the replicas agree), so every worker's guard stops
     at the same step; only the chief is given a `tensorboard_dir`.
     """
 
@@ -42,7 +42,7 @@ class LossScaleTelemetry(keras.callbacks.Callback):
         self._tensorboard_dir = tensorboard_dir
         self.guard = LossScaleGuard(limits)
         # The packed values of the latest recorded step, named, with its epoch and step: the
-        # progress display shows them (components/train/loop.py), so it reads nothing itself.
+        # progress display shows them (components/train/run/loop.py), so it reads nothing itself.
         self.last_read: dict[str, float] | None = None
 
     def on_train_begin(self, logs=None):

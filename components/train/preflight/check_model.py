@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ampflow.components.train.precision import POLICIES
+from ampflow.components.train.precision.policy import POLICIES
 from ampflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,9 @@ def run_check_model(config: CheckModelConfig, hardware=None):
 
     import keras
 
-    from ampflow.components.train.amp_check import amp_check_of
-    from ampflow.components.train.amp_report import write_amp_report
-    from ampflow.components.train.precision import configure_precision, native_format_notes
+    from ampflow.components.train.precision.policy import configure_precision, native_format_notes
+    from ampflow.components.train.preflight.report import write_amp_report
+    from ampflow.components.train.preflight.rules import amp_check_of
     from ampflow.data import load_dataset_info
 
     info = load_dataset_info(config.data_dir)
@@ -86,7 +86,7 @@ def run_check_model(config: CheckModelConfig, hardware=None):
         setup.policy, setup.native))
     print(report.table())
     if not report.errors:  # what train checks next: the model reloads for evaluate and export
-        from ampflow.components.train.reload_check import check_reloads
+        from ampflow.components.train.preflight.reload_check import check_reloads
 
         check_reloads(report.model, config.model_spec, config.model_path)
     if config.output_dir is not None:

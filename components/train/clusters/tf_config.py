@@ -8,7 +8,7 @@ malformed TF_CONFIG or a port that is taken are a hang or a page of gRPC log.
 
 `auto` follows tf.distribute's own guidance: MultiWorkerMirroredStrategy when TF_CONFIG names
 more than one task, MirroredStrategy when one process sees more than one GPU, else the default
-(no-op) strategy. Every strategy runs the same training loop (components/train/loop.py).
+(no-op) strategy. Every strategy runs the same training loop (components/train/run/loop.py).
 
 Whether a cluster volume is writable by this pod's user is `ampflow.files.check_volume_writable`.
 """

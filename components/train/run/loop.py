@@ -19,13 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampflow.components.train import checkpoints
-from ampflow.components.train.accumulation import (  # noqa: F401 (split: tests import it here)
+from ampflow.components.train.run import checkpoints
+from ampflow.components.train.run.accumulation import (  # noqa: F401 (split: tests import it here)
     accumulate_gradients,
     check_accumulation_steps,
     split_micro_batches,
 )
-from ampflow.components.train.allreduce import (
+from ampflow.components.train.run.allreduce import (
     agree_on_finite,
     all_reduce_packed,
     calls_per_step,
@@ -37,14 +37,14 @@ from ampflow.components.train.allreduce import (
 
 # input_wait.py's helpers, runtime.py's Runtime and distribute_datasets: re-exported here, where
 # tests import them.
-from ampflow.components.train.input_wait import (  # noqa: F401
+from ampflow.components.train.run.input_wait import (  # noqa: F401
     INPUT_BOUND_ADVICE,
     INPUT_BOUND_FRACTION,
     input_wait_fraction,
     is_input_bound,
     log_input_wait,
 )
-from ampflow.components.train.runtime import Runtime, distribute_datasets  # noqa: F401
+from ampflow.components.train.run.strategy import Runtime, distribute_datasets  # noqa: F401
 from ampflow.errors import ConfigError
 from ampflow.progress import Progress
 

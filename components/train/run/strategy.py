@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ampflow.components.train.cluster import ClusterSpec
+from ampflow.components.train.clusters.tf_config import ClusterSpec
 
 if TYPE_CHECKING:
     from ampflow.components.train.config import TrainConfig
@@ -20,7 +20,11 @@ log = logging.getLogger(__name__)
 
 def make_runtime(config: TrainConfig):
     """Pick and create the tf.distribute strategy from `config.strategy` and TF_CONFIG."""
-    from ampflow.components.train.cluster import choose_strategy, make_strategy, read_tf_config
+    from ampflow.components.train.clusters.tf_config import (
+        choose_strategy,
+        make_strategy,
+        read_tf_config,
+    )
 
     cluster = read_tf_config()
     local_gpus = 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-log = logging.getLogger("ampflow.components.train.loop")  # the epoch's lines, as before
+log = logging.getLogger("ampflow.components.train.run.loop")  # the epoch's lines, as before
 
 # An epoch that spent this share of its training time waiting for batches is input-bound: the
 # accelerator (or the CPU's training threads) idled that long; a faster model would not help.
