@@ -6,7 +6,7 @@ run without a serving target needs no claim), so the comparison runs where the s
 mounted, in the serving branch before deploy: this step reads what evaluate recorded (the
 split, the labels and the model's answer to each example: predictions.json), scores the
 served version on the same examples through `serving_default` (images as pixels, texts as the
-raw texts: release.SplitRequest), and writes serving_verdict.json: the paired test of
+raw texts: ampflow.data.split_request), and writes serving_verdict.json: the paired test of
 release.py, its numbers and the version compared.
 No version serving yet is the first release: passed, and said so.
 """
@@ -28,6 +28,7 @@ from ampflow.components.evaluate_parity.config import EvaluateConfig, check_serv
 from ampflow.components.evaluate_parity.gate import Verdict
 from ampflow.components.evaluate_parity.outputs import PREDICTIONS_FILE, _json_safe
 from ampflow.components.evaluate_parity.parity import ModelScores
+from ampflow.data.split_request import split_request
 from ampflow.errors import ConfigError, GateFailedError, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ def _compare(config: ServingGateConfig, recorded: dict[str, Any],
     from ampflow.data import load_dataset_info
 
     info = load_dataset_info(config.data_dir)
-    request = release.split_request(config.data_dir, recorded["split"], recorded["limit"])
+    request = split_request(config.data_dir, recorded["split"], recorded["limit"])
     if not np.array_equal(request.labels, recorded["labels"]):
         raise ConfigError(f"data_dir must be the dataset evaluate scored: its {recorded['split']}"
                           f" split has other labels than {PREDICTIONS_FILE} in eval_dir. "

@@ -33,6 +33,7 @@ from ampflow.components.evaluate_parity.config import EvaluateConfig
 from ampflow.components.evaluate_parity.gate import Verdict, default_relative_logit_bound
 from ampflow.components.evaluate_parity.parity import LogitParity, ModelScores, logit_parity
 from ampflow.components.evaluate_parity.power import detectable_drop_points
+from ampflow.data.split_request import split_request
 from ampflow.errors import ConfigError, GateFailedError
 from ampflow.progress import Progress, keras_callback
 
@@ -73,7 +74,7 @@ def run_evaluate(config: EvaluateConfig) -> EvaluateResult:
     _require_writable_parent(config.output_dir)
 
     served = release.find_served_version(config.serving_base_path)
-    request = release.split_request(config.data_dir, config.split, config.limit)
+    request = split_request(config.data_dir, config.split, config.limit)
     served_scores = (release.score_served(served, request, release.class_names(info),
                                           config.batch_size) if served else None)
     inputs = np.asarray(trained.inputs(request.examples))  # text: its own tokenizer's ids

@@ -26,6 +26,7 @@ from ampflow.components.evaluate_parity.serving_gate import (
     run_serving_gate,
 )
 from ampflow.components.export_savedmodel.step import ExportConfig, run_export
+from ampflow.data.split_request import SplitRequest
 from ampflow.errors import ConfigError, GateFailedError
 
 pytestmark = pytest.mark.slow
@@ -165,7 +166,7 @@ def test_a_model_worse_than_the_one_serving_is_refused_and_a_better_one_passes(
     from ampflow.components.evaluate_parity import release
 
     served = release.find_served_version(serving_worse)
-    request = release.SplitRequest("images", np.zeros((2, 16, 16, 3), np.float32),
+    request = SplitRequest("images", np.zeros((2, 16, 16, 3), np.float32),
                                    np.zeros(2, int))
     with pytest.raises(ConfigError, match=r"cannot be compared with this model on the same "
                                           r"examples: it takes images \[8, 8, 1\], this split "

@@ -22,6 +22,7 @@ from tiny_text_model import export_text_model
 from ampflow.artifacts.verdict import load_verdict
 from ampflow.components.evaluate_parity import EvaluateConfig, release, run_evaluate
 from ampflow.components.evaluate_parity.serving_gate import ServingGateConfig, run_serving_gate
+from ampflow.data.split_request import SplitRequest, split_request
 from ampflow.errors import ConfigError, GateFailedError
 
 MODEL = "reviews"
@@ -34,7 +35,7 @@ def test_a_served_image_model_is_not_compared_on_a_text_split_in_one_line(tmp_pa
     labels = ("gloomy", "happy", "weird")
     write_model_version(tmp_path / MODEL, 1, labels=labels, warmup=False)
     served = release.find_served_version(tmp_path / MODEL)
-    texts = release.SplitRequest(TEXT_INPUT, np.array([b"a great film", b"odd"], dtype=object),
+    texts = SplitRequest(TEXT_INPUT, np.array([b"a great film", b"odd"], dtype=object),
                                  np.array([1, 2]))
     with pytest.raises(ConfigError) as refused:
         release.score_served(served, texts, list(labels), 32)
@@ -152,7 +153,7 @@ def test_a_served_image_model_and_a_text_split_are_one_line_each_way(text_run, t
                                     serving_base_path=str(image_base)))
     assert not (tmp_path / "eval").exists()
     # and the other way: a served text model on an image split
-    digits = release.split_request(prepared_digits, "test", limit=4)
+    digits = split_request(prepared_digits, "test", limit=4)
     with pytest.raises(ConfigError, match=r"it takes text, this split holds images \[8, 8, 1\]; "
                                           r"it answers 3 classes, this split has 10\. "):
         release.score_served(release.find_served_version(text_base), digits,

@@ -18,6 +18,7 @@ from kfp import dsl
 from ampflow.components.evaluate_parity import release
 from ampflow.components.evaluate_parity.component import compare_serving, serving_gate
 from ampflow.components.evaluate_parity.serving_gate import SERVING_VERDICT_FILE
+from ampflow.data.split_request import split_request
 from ampflow.errors import GateFailedError
 
 CLASSES = tuple(str(i) for i in range(10))  # the digits' class names
@@ -30,7 +31,7 @@ def one_worse(prepared_digits, tmp_path_factory):
 
     store = tmp_path_factory.mktemp("store")
     write_model_version(store / "ampflow", 1, labels=CLASSES, warmup=False)
-    full = release.split_request(prepared_digits, "test")
+    full = split_request(prepared_digits, "test")
     served = release.score_served(release.find_served_version(store / "ampflow"), full,
                                   list(CLASSES), 256)
     right = np.nonzero(served.predictions == full.labels)[0]
