@@ -119,7 +119,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_connection_limit_flags(p: argparse.ArgumentParser) -> None:
     """One flag per ConnectionLimits field, its default and help read from the field."""
-    from ampflow.serving.transport.connection_limits import ConnectionLimits, flag_name
+    from ampflow.serving.config import ConnectionLimits, flag_name
 
     group = p.add_argument_group("connection limits (slow clients, idle connections, floods)")
     for f in dataclasses.fields(ConnectionLimits):
@@ -129,7 +129,7 @@ def _add_connection_limit_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _connection_limits(args: argparse.Namespace):
-    from ampflow.serving.transport.connection_limits import ConnectionLimits
+    from ampflow.serving.config import ConnectionLimits
 
     return ConnectionLimits(**{f.name: getattr(args, f.name)
                                for f in dataclasses.fields(ConnectionLimits)})

@@ -18,9 +18,7 @@ from pathlib import Path
 
 from ampflow.errors import ConfigError
 from ampflow.serving.compute_precision import COMPUTE_PRECISIONS
-from ampflow.serving.model_format import MAX_VERSION, check_model_name
-from ampflow.serving.models.servable import MODEL_FORMATS
-from ampflow.serving.transport.connection_limits import ConnectionLimits
+from ampflow.serving.model_format import MAX_VERSION, MODEL_FORMATS, check_model_name
 
 VERSION_POLICIES = ("latest", "all", "specific")
 DEFAULT_MAX_REQUEST_BATCH = 1024  # rows per request when server-side batching is off
@@ -144,6 +142,54 @@ class TlsConfig:
             if not path.is_file():
                 raise ConfigError(f"{name} must be a readable PEM file. Received: {name}={value}")
             object.__setattr__(self, name, path)
+
+
+MAX_SECONDS = 2_000_000  # gRPC's channel arguments hold milliseconds in an int32
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionLimits:
+    """The connection bounds of `ampflow serve`; the defaults are nginx's where it has one.
+
+    transport/connection_limits.py holds them (uvicorn's h11 protocol, gRPC's channel arguments).
+    """
+
+    header_timeout_s: float = _field(20.0, "REST: seconds a request head may take from its "
+                                    "first byte (and a new connection to send one)")
+    body_timeout_s: float = _field(60.0, "REST: seconds a request body may pause between reads")
+    keepalive_timeout_s: float = _field(5.0, "REST: seconds an idle keep-alive connection is kept")
+    max_connections: int = _field(512, "REST: connections held at once, in all")
+    max_connections_per_address: int = _field(128, "REST: connections held at once per client "
+                                             "address (raise it behind a proxy or sidecar, "
+                                             "whose connections share one address)")
+    grpc_max_concurrent_streams: int = _field(100, "gRPC: calls at once on one connection")
+    grpc_max_connection_idle_s: float = _field(300.0, "gRPC: seconds a connection with no call "
+                                              "is kept before a GOAWAY")
+    grpc_min_ping_interval_s: float = _field(10.0, "gRPC: the fastest keepalive ping rate a "
+                                            "client may use (seconds between pings)")
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s",
+                     "grpc_max_connection_idle_s", "grpc_min_ping_interval_s"):
+            value = getattr(self, name)
+            if not 0 < value <= MAX_SECONDS:  # NaN and inf fail too; gRPC takes int32 ms
+                raise ConfigError(f"{name} must be > 0 and <= {MAX_SECONDS} seconds. "
+                                  f"Received: {name}={value}")
+        for name in ("max_connections", "max_connections_per_address",
+                     "grpc_max_concurrent_streams"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1. Received: {name}={getattr(self, name)}")
+        if self.max_connections_per_address > self.max_connections:
+            raise ConfigError(
+                "max_connections_per_address must be <= max_connections. Received: "
+                f"max_connections_per_address={self.max_connections_per_address}, "
+                f"max_connections={self.max_connections}")
+
+
+def flag_name(field_name: str) -> str:
+    """`ampflow serve`'s flag for a field: REST fields get a `rest-` prefix (`grpc_` has one)."""
+    name = field_name if field_name.startswith("grpc_") else f"rest_{field_name}"
+    return "--" + name.replace("_", "-")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,9 +23,8 @@ import tempfile
 from pathlib import Path
 
 from ampflow.errors import ConfigError
-from ampflow.serving.config import ServerConfig, to_model_server_config_text
+from ampflow.serving.config import ConnectionLimits, ServerConfig, to_model_server_config_text
 from ampflow.serving.model_format import DEFAULT_MODEL_NAME
-from ampflow.serving.transport.connection_limits import ConnectionLimits
 
 log = logging.getLogger(__name__)
 

@@ -329,6 +329,67 @@ def test_a_planted_late_import_cycle_fails_the_rule(tmp_path):
     assert _root_package_imports_above(modules)  # and it points up, as the rule says
 
 
+# Serving's own floors, bottom up (issue 47): the base modules every folder may read (the model
+# format, the configs, the status codes, compute precision), the models, the core over them,
+# the transports, the protocol doors over core and transports, and the assembly (server, workers,
+# the CLI, the clients) on top. A module imports only its own floor or those below it.
+SERVING_FLOORS = (
+    ("base", ("ampflow.serving.model_format", "ampflow.serving.config",
+              "ampflow.serving.status", "ampflow.serving.compute_precision",
+              "ampflow.serving.cpu_features")),
+    ("models", ("ampflow.serving.models",)),
+    ("core", ("ampflow.serving.core",)),
+    ("transport", ("ampflow.serving.transport",)),
+    ("protocols", ("ampflow.serving.protocols",)),
+    ("top", ("ampflow.serving",)),
+)
+
+
+def _serving_floor(module: str, floors=SERVING_FLOORS) -> int:
+    """The index in `floors` of a serving module's floor (the first prefix it matches)."""
+    return next(i for i, (_, prefixes) in enumerate(floors)
+                if any(module == p or module.startswith(f"{p}.") for p in prefixes))
+
+
+def _serving_back_arrows(modules: dict[str, Path], floors=SERVING_FLOORS) -> list[str]:
+    """Each import in serving of a module on a higher serving floor, as `file:line imports x`."""
+    found = []
+    for module, path in modules.items():
+        if not module.startswith("ampflow.serving."):
+            continue
+        for target, name, line in _imports(path, module):
+            imported = f"{target}.{name}" if name and f"{target}.{name}" in modules else target
+            if not imported.startswith("ampflow.serving."):
+                continue
+            low, high = _serving_floor(module, floors), _serving_floor(imported, floors)
+            if high > low:
+                where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                found.append(f"{where}:{line} imports {imported} "
+                             f"({floors[low][0]} -> {floors[high][0]})")
+    return list(dict.fromkeys(found))  # one line per import, however many names it takes
+
+
+def test_serving_floors_point_one_way():
+    assert _serving_back_arrows(_modules()) == []
+
+
+def test_a_planted_serving_back_arrow_fails_the_rule(tmp_path):
+    # the arrows issue 47 removed, planted again: a model module reaching up into the core
+    # (late, inside a function), and a base module reading the transport
+    source = "def later():\n    from ampflow.serving.core.inference import InferenceCore\n"
+    modules = _planted(tmp_path, "ampflow.serving.models.planted", source)
+    assert _serving_back_arrows(modules) == [
+        f"{tmp_path / 'ampflow.serving.models.planted.py'}:2 imports "
+        "ampflow.serving.core.inference (models -> core)"]
+    modules = _planted(tmp_path, "ampflow.serving.planted_base",
+                       "from ampflow.serving.transport import http\n")
+    floors = (("base", (*SERVING_FLOORS[0][1], "ampflow.serving.planted_base")),
+              *SERVING_FLOORS[1:])
+    assert _serving_back_arrows(modules, floors) == [
+        f"{tmp_path / 'ampflow.serving.planted_base.py'}:1 imports "
+        "ampflow.serving.transport.http (base -> transport)"]
+
+
 def test_no_module_imports_another_modules_private_name():
     # A `_name` is its module's own; sharing it means it belongs in a module both import.
     private = [

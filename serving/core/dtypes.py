@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 from tensorflow.core.framework import types_pb2
 
-from ampflow.serving.core.status import clip
-from ampflow.serving.core.status import invalid_argument as _invalid
+from ampflow.serving.status import clip
+from ampflow.serving.status import invalid_argument as _invalid
 
 # dtype enum -> (numpy dtype, TensorProto's typed repeated field)
 DTYPES: dict[int, tuple[type, str]] = {

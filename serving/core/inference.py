@@ -29,10 +29,10 @@ import grpc
 import numpy as np
 
 from ampflow.serving.core import dtypes
-from ampflow.serving.core.status import ServingStatusError, clip, scrub_paths
 from ampflow.serving.model_format import DEFAULT_SIGNATURE
 from ampflow.serving.models.registry import ModelRegistry
 from ampflow.serving.models.servable import Servable
+from ampflow.serving.status import ServingStatusError, clip, scrub_paths
 
 log = logging.getLogger(__name__)
 

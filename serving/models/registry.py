@@ -23,15 +23,6 @@ from pathlib import Path
 import grpc
 
 from ampflow.serving.config import ModelConfig
-from ampflow.serving.core.status import (
-    ServingStatusError,
-    VersionState,
-    VersionStatus,
-    clip,
-    load_error_code,
-    not_found,
-    scrub_paths,
-)
 from ampflow.serving.models.servable import Servable, load_servable
 from ampflow.serving.models.tflite import detect_format
 from ampflow.serving.models.version_source import (
@@ -40,6 +31,15 @@ from ampflow.serving.models.version_source import (
     discover_versions,
     meant_dir_hint,
     missing_entries,
+)
+from ampflow.serving.status import (
+    ServingStatusError,
+    VersionState,
+    VersionStatus,
+    clip,
+    load_error_code,
+    not_found,
+    scrub_paths,
 )
 
 log = logging.getLogger(__name__)

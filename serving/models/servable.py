@@ -33,8 +33,6 @@ from ampflow.serving.models.frozen import FrozenSignature
 log = logging.getLogger(__name__)
 
 INIT_OP_SIGNATURE = "__saved_model_init_op"
-# --model-format: what a version dir holds (auto: saved_model.pb, else one .tflite file)
-MODEL_FORMATS = ("auto", "saved_model", "tflite")
 
 
 class Servable(Protocol):
@@ -43,7 +41,7 @@ class Servable(Protocol):
     `signature_defs`: name -> SignatureDef proto (what metadata returns; a quantized TFLite
     tensor is described as float32); `run` takes and returns numpy arrays keyed by the
     signature's input and output names; `platform`: V2 metadata's name of the format;
-    `model_format`: one of `MODEL_FORMATS` but `auto`.
+    `model_format`: one of model_format.MODEL_FORMATS but `auto`.
     """
 
     model: str

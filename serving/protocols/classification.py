@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import grpc
 from tensorflow.core.framework import types_pb2
 
-from ampflow.serving.core.status import ServingStatusError
 from ampflow.serving.model_format import CLASSIFY_METHOD
+from ampflow.serving.status import ServingStatusError
 
 
 def classify_input_key(sig, sig_name: str, signature_defs: Mapping | None = None, *,

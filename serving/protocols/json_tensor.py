@@ -22,9 +22,9 @@ from tensorflow.core.framework import types_pb2
 
 from ampflow.serving.core import dtypes
 from ampflow.serving.core.inference import Declared, LazyInput
-from ampflow.serving.core.status import ServingStatusError, clip
-from ampflow.serving.core.status import invalid_argument as invalid
 from ampflow.serving.model_format import IMAGE_BYTES_SIGNATURE
+from ampflow.serving.status import ServingStatusError, clip
+from ampflow.serving.status import invalid_argument as invalid
 
 _INT_DTYPES = {types_pb2.DT_INT8, types_pb2.DT_UINT8, types_pb2.DT_INT16, types_pb2.DT_UINT16,
                types_pb2.DT_INT32, types_pb2.DT_INT64, types_pb2.DT_UINT32, types_pb2.DT_UINT64}

@@ -16,10 +16,10 @@ import grpc
 import numpy as np
 from tensorflow.core.framework import types_pb2
 
-from ampflow.serving.core.status import ServingStatusError, clip
-from ampflow.serving.core.status import invalid_argument as invalid
 from ampflow.serving.model_format import CLASSIFY_METHOD, DEFAULT_SIGNATURE
 from ampflow.serving.protocols import classification
+from ampflow.serving.status import ServingStatusError, clip
+from ampflow.serving.status import invalid_argument as invalid
 
 REGRESS_METHOD = "tensorflow/serving/regress"
 REGRESS_INPUTS = "inputs"

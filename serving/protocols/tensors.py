@@ -21,8 +21,8 @@ from ampflow.serving.core.dtypes import (
     OBJECT_ITEM_BYTES,
     dtype_name,
 )
-from ampflow.serving.core.status import ServingStatusError, clip
-from ampflow.serving.core.status import invalid_argument as _invalid
+from ampflow.serving.status import ServingStatusError, clip
+from ampflow.serving.status import invalid_argument as _invalid
 
 
 def declared_shape(name: str, proto: tensor_pb2.TensorProto) -> tuple[int, ...]:

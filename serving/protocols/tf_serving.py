@@ -36,10 +36,10 @@ from ampflow.serving.core.inference import (
     InferenceCore,
     InferRequest,
 )
-from ampflow.serving.core.status import ServingStatusError, clip
 from ampflow.serving.model_format import CLASSIFY_METHOD, read_warmup_records
 from ampflow.serving.models.servable import Servable
 from ampflow.serving.protocols import classification, regression, tensors
+from ampflow.serving.status import ServingStatusError, clip
 
 log = logging.getLogger(__name__)
 

@@ -38,11 +38,11 @@ from ampflow.serving.core.inference import (
     InferRequest,
     Observer,
 )
-from ampflow.serving.core.status import clip
-from ampflow.serving.core.status import invalid_argument as _invalid
 from ampflow.serving.model_format import DEFAULT_SIGNATURE, parse_version_name
 from ampflow.serving.protocols import json_tensor
 from ampflow.serving.protocols.tf_serving import TFServingAPI, answered_version, record_spec
+from ampflow.serving.status import clip
+from ampflow.serving.status import invalid_argument as _invalid
 from ampflow.serving.transport.http import REST_TIMEOUT_S, dumps, error_reply
 
 log = logging.getLogger(__name__)

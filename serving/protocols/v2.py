@@ -32,10 +32,10 @@ from ampflow.serving.core.inference import (
     InferenceCore,
     InferRequest,
 )
-from ampflow.serving.core.status import ServingStatusError, VersionState, clip, not_found
-from ampflow.serving.core.status import invalid_argument as invalid
 from ampflow.serving.model_format import DEFAULT_SIGNATURE, parse_version_name
 from ampflow.serving.models.servable import Servable
+from ampflow.serving.status import ServingStatusError, VersionState, clip, not_found
+from ampflow.serving.status import invalid_argument as invalid
 
 types = dtypes.types_pb2
 # The protocol's tensor datatypes and TensorFlow's (BF16 has no numpy dtype here: refused).

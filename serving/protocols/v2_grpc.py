@@ -19,11 +19,11 @@ import math
 import grpc
 
 from ampflow.serving.core.inference import CallObserver, Observer
-from ampflow.serving.core.status import clip
-from ampflow.serving.core.status import invalid_argument as invalid
 from ampflow.serving.protocols import grpc_predict_v2_pb2 as pb
 from ampflow.serving.protocols import v2 as v2_protocol
 from ampflow.serving.protocols.v2 import V2Core, V2Input
+from ampflow.serving.status import clip
+from ampflow.serving.status import invalid_argument as invalid
 from ampflow.serving.transport.grpc import abort_with, time_remaining
 
 log = logging.getLogger(__name__)

@@ -24,10 +24,10 @@ import urllib.parse
 import grpc
 
 from ampflow.serving.core.inference import CallObserver, CallRecord, Observer
-from ampflow.serving.core.status import ServingStatusError, clip, not_found
-from ampflow.serving.core.status import invalid_argument as invalid
 from ampflow.serving.protocols import v2 as v2_protocol
 from ampflow.serving.protocols.v2 import V2Core, V2Input
+from ampflow.serving.status import ServingStatusError, clip, not_found
+from ampflow.serving.status import invalid_argument as invalid
 from ampflow.serving.transport.http import REST_TIMEOUT_S, Reply, dumps, error_reply, json_reply
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import logging
 
 import grpc
 
-from ampflow.serving.core.status import ServingStatusError, clip
+from ampflow.serving.status import ServingStatusError, clip
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from ampflow.errors import ConfigError, ServingError
-from ampflow.serving.core.status import ServingStatusError, clip
+from ampflow.serving.config import ConnectionLimits
+from ampflow.serving.status import ServingStatusError, clip
 from ampflow.serving.transport.connection_limits import (
-    ConnectionLimits,
     guarded_h11_protocol,
     handshake_bounded_server,
 )

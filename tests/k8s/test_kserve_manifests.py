@@ -165,7 +165,7 @@ def test_runtime_serves_both_protocols_and_both_formats_and_is_never_auto_select
     formats = {f["name"]: f for f in runtime["spec"]["supportedModelFormats"]}
     # KServe's format names for what `ampflow serve --model-format auto` loads (a version dir
     # holding a SavedModel or a .tflite file): every format the server knows, and only those
-    from ampflow.serving.models.servable import MODEL_FORMATS
+    from ampflow.serving.model_format import MODEL_FORMATS
 
     kserve_names = {"saved_model": "tensorflow", "tflite": "tflite"}
     assert set(formats) == {kserve_names[f] for f in MODEL_FORMATS if f != "auto"}
@@ -204,7 +204,7 @@ def test_the_queue_proxy_on_loopback_is_not_capped_as_one_client(render):
     """In Serverless mode every REST connection reaches the container from Knative's
     queue-proxy on 127.0.0.1: one client address. The per-address cap (default 128) would
     refuse the 129th concurrent request long before the total cap; it must be the total."""
-    from ampflow.serving.transport.connection_limits import ConnectionLimits
+    from ampflow.serving.config import ConnectionLimits
 
     pod = predictor_pod(render(TARGET)[1])
     limits = serve_config(pod["spec"]["template"]["spec"]["containers"][0]).connection_limits

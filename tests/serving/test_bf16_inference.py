@@ -53,7 +53,7 @@ def _bf16_is_never_served_here(registry, base, capsys) -> None:
     in one line, the float32 one from the same dir answers, and serve refuses the flag."""
     import grpc
 
-    from ampflow.serving.core.status import ServingStatusError, VersionState
+    from ampflow.serving.status import ServingStatusError, VersionState
 
     out = registry.resolve("f32", None, None).run("serving_default",
                                                   {"images": sample_images(8)})

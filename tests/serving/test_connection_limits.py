@@ -20,8 +20,8 @@ from serving_helpers import MODEL, free_port, install_version
 from test_serving_server import pki  # noqa: F401 - the throwaway CA and certificates
 
 from ampflow.errors import ConfigError
+from ampflow.serving.config import ConnectionLimits
 from ampflow.serving.testing import sample_images
-from ampflow.serving.transport.connection_limits import ConnectionLimits
 
 pytestmark = pytest.mark.serving
 

@@ -29,10 +29,10 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from ampflow.serving.config import BatchingConfig
 from ampflow.serving.core.inference import InferenceCore
-from ampflow.serving.core.status import ServingStatusError
 from ampflow.serving.models.servable import SavedModelServable
 from ampflow.serving.protocols import tensors
 from ampflow.serving.protocols.tf_serving import TFServingAPI
+from ampflow.serving.status import ServingStatusError
 from ampflow.serving.testing import sample_images
 
 NUMERIC = (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8,

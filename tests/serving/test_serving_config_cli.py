@@ -19,8 +19,8 @@ from ampflow.serving.config import (
     parse_model_server_config,
     to_model_server_config_text,
 )
-from ampflow.serving.core.status import ServingStatusError
 from ampflow.serving.protocols import tensors
+from ampflow.serving.status import ServingStatusError
 from ampflow.serving.testing import sample_images
 from ampflow.serving.tf_serving_binary import build_argv
 

@@ -106,8 +106,8 @@ def test_declared_bytes_over_the_limit_with_short_value_list_is_resource_exhaust
 
 
 def test_decoded_size_over_limit_is_resource_exhausted_before_decoding():
-    from ampflow.serving.core.status import ServingStatusError
     from ampflow.serving.protocols import tensors
+    from ampflow.serving.status import ServingStatusError
 
     proto = raw_tensor_proto((600, 1000), float_val=[1.0])
     with pytest.raises(ServingStatusError) as info:
@@ -121,8 +121,8 @@ def test_decoded_size_over_limit_is_resource_exhausted_before_decoding():
 
 
 def test_overflowing_dimensions_are_invalid_argument_not_internal():
-    from ampflow.serving.core.status import ServingStatusError
     from ampflow.serving.protocols import tensors
+    from ampflow.serving.status import ServingStatusError
 
     # (2**62 + 1) * 4 wraps to 4 in int64 arithmetic: the old code filled 4 values, then
     # failed to reshape them (INTERNAL with a traceback).

@@ -450,7 +450,7 @@ def test_the_core_refuses_an_oversized_string_before_building_any_array(server):
         LazyInput,
         RequestLimits,
     )
-    from ampflow.serving.core.status import ServingStatusError
+    from ampflow.serving.status import ServingStatusError
 
     built = []
     core = InferenceCore(server.registry, limits=RequestLimits(max_string_bytes=STRING_LIMIT,

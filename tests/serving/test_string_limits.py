@@ -29,7 +29,6 @@ from tensorflow_serving.apis import classification_pb2, predict_pb2
 
 from ampflow.serving.config import ModelConfig, ServerConfig
 from ampflow.serving.core.inference import InferenceCore, RequestLimits
-from ampflow.serving.core.status import ServingStatusError
 from ampflow.serving.models.registry import ModelRegistry
 from ampflow.serving.protocols import grpc_predict_v2_pb2 as pb
 from ampflow.serving.protocols.tf_serving import TFServingAPI
@@ -37,6 +36,7 @@ from ampflow.serving.protocols.tf_serving_rest import RestHandler
 from ampflow.serving.protocols.v2 import V2Core
 from ampflow.serving.protocols.v2_grpc import V2Servicer
 from ampflow.serving.protocols.v2_rest import HEADER_LENGTH, V2RestHandler
+from ampflow.serving.status import ServingStatusError
 
 MODEL = "lengths"
 STRING_LIMIT = 64  # bytes per string (--max-string-bytes)
