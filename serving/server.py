@@ -31,9 +31,9 @@ from ampflow.serving.core.batching import Batcher
 from ampflow.serving.core.inference import InferenceCore, ReloadPolicy, RequestLimits
 from ampflow.serving.listening import announce, client_host
 from ampflow.serving.models import registry as model_registry
-from ampflow.serving.protocols.tf_serving import TFServingAPI
+from ampflow.serving.protocols.tf_serving import TFServingProtocol
 from ampflow.serving.protocols.tf_serving_grpc import ModelServicer, PredictionServicer
-from ampflow.serving.protocols.v2 import V2Core
+from ampflow.serving.protocols.v2 import V2Protocol
 from ampflow.serving.protocols.v2_grpc import SERVICE as V2_SERVICE
 from ampflow.serving.protocols.v2_grpc import V2Servicer
 from ampflow.serving.transport.connection_limits import grpc_server_options
@@ -165,7 +165,7 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
         ReloadPolicy(config.allow_reload_config, config.reload_config_roots),
         method_name_check=config.enable_signature_method_name_check)
     if config.enable_warmup:
-        registry.set_warmup(TFServingAPI(core).warmup)
+        registry.set_warmup(TFServingProtocol(core).warmup)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers,
                                    thread_name_prefix="ampflow-grpc"),
@@ -174,7 +174,7 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
         interceptors=(UndecodableRequestInterceptor(),),
     )
     prediction_service_pb2_grpc_add(server, core, observe)
-    v2 = V2Core(core)
+    v2 = V2Protocol(core)
     server.add_generic_rpc_handlers((V2Servicer(v2, observe).handler(),))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -247,7 +247,7 @@ def server_options(config: ServerConfig, reuse_port: bool = False) -> list[tuple
     ]
 
 
-def _start_rest(config: ServerConfig, v2: V2Core, metrics: _Metrics | None,
+def _start_rest(config: ServerConfig, v2: V2Protocol, metrics: _Metrics | None,
                 reuse_port: bool = False):
     """TF Serving's REST API and the V2 REST API on --rest-api-port (gRPC's host and TLS).
 
@@ -260,7 +260,7 @@ def _start_rest(config: ServerConfig, v2: V2Core, metrics: _Metrics | None,
 
     shared = metrics is not None and config.metrics_port == config.rest_api_port
     observe = metrics.observe if metrics else None
-    handler = tf_serving_rest.RestHandler(v2.core, observe)
+    handler = tf_serving_rest.TFServingRestHandler(v2.core, observe)
     app = http.RestApp(handler, config.max_message_bytes, workers=min(8, config.max_workers),
                        metrics=metrics.exposed if shared else None,
                        v2=v2_rest.V2RestHandler(v2, observe))

@@ -171,7 +171,7 @@ class InferRequest:
 
 
 @dataclasses.dataclass(frozen=True)
-class InferAnswer:
+class InferResponse:
     """The version that ran, its signature's name, and the outputs asked for, in order."""
 
     servable: Servable
@@ -205,7 +205,7 @@ class InferenceCore:
         return servable.signature_defs[name]
 
     def infer(self, request: InferRequest, timeout_s: float | None = None,
-              dialect: Dialect = TF_SERVING) -> InferAnswer:
+              dialect: Dialect = TF_SERVING) -> InferResponse:
         """Resolve, check every declared input once, build the arrays, run, return outputs."""
         servable = request.servable or self.registry.resolve(
             request.model, request.version, request.label)
@@ -214,7 +214,7 @@ class InferenceCore:
         aliases = _output_aliases(request.outputs, sig)
         arrays = self._checked_inputs(request.inputs, sig, dialect)
         outputs = self.run(servable, sig_name, arrays, timeout_s)
-        return InferAnswer(servable, sig_name, {alias: outputs[alias] for alias in aliases})
+        return InferResponse(servable, sig_name, {alias: outputs[alias] for alias in aliases})
 
     def _checked_inputs(self, inputs: Sequence[InferInput], sig,
                         dialect: Dialect) -> dict[str, np.ndarray]:

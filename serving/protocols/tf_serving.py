@@ -101,7 +101,7 @@ def answered_version(response) -> str:
     return str(spec.version.value) if spec is not None and spec.HasField("version") else ""
 
 
-class TFServingAPI:
+class TFServingProtocol:
     """TF Serving's calls over an `InferenceCore`."""
 
     def __init__(self, core: InferenceCore) -> None:

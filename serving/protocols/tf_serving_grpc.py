@@ -1,4 +1,4 @@
-"""TF Serving's gRPC services, PredictionService and ModelService, over `TFServingAPI`.
+"""TF Serving's gRPC services, PredictionService and ModelService, over `TFServingProtocol`.
 
 Each call goes to the API (tf_serving.py) with the deadline the client set; its error becomes
 a status through the gRPC transport's one envelope (transport/grpc.py).
@@ -10,7 +10,7 @@ from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_p
 
 from ampflow.serving.core.inference import CallObserver, InferenceCore, Observer
 from ampflow.serving.protocols.tf_serving import (
-    TFServingAPI,
+    TFServingProtocol,
     answered_version,
     record_spec,
     request_spec,
@@ -22,7 +22,7 @@ class _Handler:
     """One call: metrics recorded, the API called, any error turned into a status."""
 
     def __init__(self, core: InferenceCore, observe: Observer | None) -> None:
-        self.api = TFServingAPI(core)
+        self.api = TFServingProtocol(core)
         self.calls = CallObserver(core, observe)
 
     def call(self, method: str, request, context, fn):

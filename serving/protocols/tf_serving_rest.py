@@ -12,7 +12,7 @@ The behaviour follows TF Serving's `http_rest_api_handler.cc`, `http_rest_api_ut
 - every error is `{"error": "..."}` with TF Serving's HTTP code for the gRPC code.
 A predict's JSON becomes declared inputs of `InferenceCore.infer` (json_tensor.py: the shape
 and types read from the JSON, the arrays built only after the core's checks) and the core's
-arrays become JSON; the other calls go through `TFServingAPI` as gRPC's do. REST and gRPC thus
+arrays become JSON; the other calls go through `TFServingProtocol` as gRPC's do. REST and gRPC thus
 run the same validation and limits and give the same answers. HTTP is transport/http.py's.
 """
 
@@ -40,7 +40,7 @@ from ampflow.serving.core.inference import (
 )
 from ampflow.serving.model_format import DEFAULT_SIGNATURE, parse_version_name
 from ampflow.serving.protocols import json_tensor
-from ampflow.serving.protocols.tf_serving import TFServingAPI, answered_version, record_spec
+from ampflow.serving.protocols.tf_serving import TFServingProtocol, answered_version, record_spec
 from ampflow.serving.status import clip
 from ampflow.serving.status import invalid_argument as _invalid
 from ampflow.serving.transport.http import REST_TIMEOUT_S, dumps, error_reply
@@ -57,12 +57,12 @@ _STATUS_PATH = re.compile(
 
 # ---- the request handler (plain Python: method, path, body -> status, JSON) ------------------
 
-class RestHandler:
+class TFServingRestHandler:
     """Turns one HTTP request into an InferenceCore call and its answer into JSON."""
 
     def __init__(self, core: InferenceCore, observe: Observer | None = None) -> None:
         self.core = core
-        self.api = TFServingAPI(core)
+        self.api = TFServingProtocol(core)
         self.calls = CallObserver(core, observe)
 
     def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, bytes]:

@@ -2,7 +2,7 @@
 
 A V2 call names a model and an optional version *string*, and sends typed tensors
 (`name`, `datatype` such as FP32/INT64/BYTES, `shape`, then the values in one of three
-encodings: JSON `data`, gRPC typed `contents`, or raw little-endian bytes). `V2Core`:
+encodings: JSON `data`, gRPC typed `contents`, or raw little-endian bytes). `V2Protocol`:
 - resolves the model and version (a number, or one of the model's version labels; anything
   unknown is NOT_FOUND, as the protocol says);
 - hands each input to `InferenceCore.infer` as a `V2Input`: its datatype and shape checked as
@@ -10,8 +10,8 @@ encodings: JSON `data`, gRPC typed `contents`, or raw little-endian bytes). `V2C
   its array built only after the core has checked everything against the signature and the
   limits. Raw bytes become a numpy view of the request's own buffer (no copy); typed values
   are converted once. The core's output arrays are what the transports write back.
-Transports (v2_rest.py, v2_grpc.py) turn their wire format into `V2Input`s and the answer
-(`InferResult`) back; nothing here knows a tensor name.
+Transports (v2_rest.py, v2_grpc.py) turn their wire format into `V2Input`s and the core's
+`InferResponse` back; nothing here knows a tensor name.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ampflow.serving.core.inference import (
     Dialect,
     InferenceCore,
     InferRequest,
+    InferResponse,
 )
 from ampflow.serving.model_format import DEFAULT_SIGNATURE, parse_version_name
 from ampflow.serving.models.servable import Servable
@@ -100,16 +101,7 @@ class V2Input:
         return self.make(DATATYPES[self.datatype], self.shape)
 
 
-@dataclasses.dataclass
-class InferResult:
-    """What a V2 infer answers: the version that ran and the outputs in answer order."""
-
-    model: str
-    version: str
-    outputs: dict[str, np.ndarray]
-
-
-class V2Core:
+class V2Protocol:
     """Readiness, metadata and inference of the V2 protocol, over an `InferenceCore`."""
 
     def __init__(self, core: InferenceCore) -> None:
@@ -168,16 +160,15 @@ class V2Core:
 
     def infer(self, name: str, version: str, inputs: Sequence[V2Input],
               output_names: Sequence[str], signature: str = "",
-              timeout_s: float | None = None) -> InferResult:
+              timeout_s: float | None = None) -> InferResponse:
         """Run the core on the declared inputs; the outputs asked for, as arrays."""
         sent = [spec.name for spec in inputs]
         if len(set(sent)) != len(sent):
             raise invalid(f"input names must be unique. Received: {clip(sent, 300)}")
         servable = self.resolve(name, version)
-        answer = self.core.infer(InferRequest(name, signature=signature, inputs=inputs,
-                                              outputs=output_names, servable=servable),
-                                 timeout_s, V2_DIALECT)
-        return InferResult(servable.model, str(servable.version), answer.outputs)
+        return self.core.infer(InferRequest(name, signature=signature, inputs=inputs,
+                                            outputs=output_names, servable=servable),
+                               timeout_s, V2_DIALECT)
 
 
 def record_names(record: CallRecord, name: str, version: str) -> None:

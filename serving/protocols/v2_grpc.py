@@ -21,7 +21,7 @@ import grpc
 from ampflow.serving.core.inference import CallObserver, Observer
 from ampflow.serving.protocols import grpc_predict_v2_pb2 as pb
 from ampflow.serving.protocols import v2 as v2_protocol
-from ampflow.serving.protocols.v2 import V2Core, V2Input
+from ampflow.serving.protocols.v2 import V2Input, V2Protocol
 from ampflow.serving.status import clip
 from ampflow.serving.status import invalid_argument as invalid
 from ampflow.serving.transport.grpc import abort_with, time_remaining
@@ -39,9 +39,9 @@ CONTENTS_FIELD = {
 
 
 class V2Servicer:
-    """The six V2 methods over `V2Core`; errors become the protocol's gRPC status codes."""
+    """The six V2 methods over `V2Protocol`; errors become the protocol's gRPC status codes."""
 
-    def __init__(self, v2: V2Core, observe: Observer | None = None) -> None:
+    def __init__(self, v2: V2Protocol, observe: Observer | None = None) -> None:
         self.v2 = v2
         self.calls = CallObserver(v2.core, observe)
 
@@ -99,9 +99,9 @@ class V2Servicer:
             signature, names = _options(request)
             result = self.v2.infer(request.model_name, request.model_version,
                                    _inputs(request), names, signature, time_remaining(context))
-            record.answered = result.version
-            response = pb.ModelInferResponse(model_name=result.model,
-                                             model_version=result.version, id=request.id)
+            record.answered = str(result.servable.version)
+            response = pb.ModelInferResponse(model_name=result.servable.model,
+                                             model_version=record.answered, id=request.id)
             for name, array in result.outputs.items():
                 response.outputs.add(name=name, datatype=v2_protocol.output_datatype(array),
                                      shape=list(array.shape))

@@ -25,7 +25,7 @@ import grpc
 
 from ampflow.serving.core.inference import CallObserver, CallRecord, Observer
 from ampflow.serving.protocols import v2 as v2_protocol
-from ampflow.serving.protocols.v2 import V2Core, V2Input
+from ampflow.serving.protocols.v2 import V2Input, V2Protocol
 from ampflow.serving.status import ServingStatusError, clip, not_found
 from ampflow.serving.status import invalid_argument as invalid
 from ampflow.serving.transport.http import REST_TIMEOUT_S, Reply, dumps, error_reply, json_reply
@@ -39,7 +39,7 @@ _MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infe
 class V2RestHandler:
     """One V2 HTTP request in, (status, body, headers) out; never raises."""
 
-    def __init__(self, v2: V2Core, observe: Observer | None = None) -> None:
+    def __init__(self, v2: V2Protocol, observe: Observer | None = None) -> None:
         self.v2 = v2
         self.calls = CallObserver(v2.core, observe)
 
@@ -93,10 +93,10 @@ class V2RestHandler:
         result = self.v2.infer(name, version, inputs, [n for n, _ in outputs],
                                _string_param(params, v2_protocol.SIGNATURE_PARAMETER),
                                REST_TIMEOUT_S)
-        record.answered = result.version
+        record.answered = str(result.servable.version)
         all_binary = _bool_param(params, "binary_data_output")
         wants = {n: b for n, b in outputs}
-        reply: dict = {"model_name": result.model, "model_version": result.version}
+        reply: dict = {"model_name": result.servable.model, "model_version": record.answered}
         if "id" in doc:
             reply["id"] = doc["id"]
         tensors, tail = [], []

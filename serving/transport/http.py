@@ -71,7 +71,7 @@ class RestApp:
 
     def __init__(self, handler, max_body_bytes: int, workers: int, metrics=None,
                  v2=None) -> None:
-        self.handler = handler  # TF Serving's API (tf_serving_rest.RestHandler): /v1/...
+        self.handler = handler  # TF Serving's API (tf_serving_rest.TFServingRestHandler): /v1/...
         self.v2 = v2  # KServe V2's (v2_rest.V2RestHandler) answering /v2/..., or None
         self.max_body_bytes = max_body_bytes
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ampflow-rest")

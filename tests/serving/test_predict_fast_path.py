@@ -31,7 +31,7 @@ from ampflow.serving.config import BatchingConfig
 from ampflow.serving.core.inference import InferenceCore
 from ampflow.serving.models.servable import SavedModelServable
 from ampflow.serving.protocols import tensors
-from ampflow.serving.protocols.tf_serving import TFServingAPI
+from ampflow.serving.protocols.tf_serving import TFServingProtocol
 from ampflow.serving.status import ServingStatusError
 from ampflow.serving.testing import sample_images
 
@@ -315,7 +315,7 @@ def test_malformed_tensor_content_is_invalid_argument_naming_the_input(dtype, de
 
 
 def test_core_refuses_malformed_content_before_running_anything(servable):
-    api = TFServingAPI(InferenceCore(_OneModel(servable)))
+    api = TFServingProtocol(InferenceCore(_OneModel(servable)))
     request = predict_request(MODEL, sample_images(2))
     request.inputs["images"].tensor_content = request.inputs["images"].tensor_content[:-4]
     with pytest.raises(ServingStatusError) as info:
@@ -350,7 +350,7 @@ def _encoded(encode, array):
 
 
 def test_core_response_is_what_the_public_path_encodes(servable):
-    api = TFServingAPI(InferenceCore(_OneModel(servable)))
+    api = TFServingProtocol(InferenceCore(_OneModel(servable)))
     for rows in (1, 4):
         images = sample_images(rows, seed=rows)
         response = api.predict(predict_request(MODEL, images))

@@ -31,9 +31,9 @@ from ampflow.serving.config import ModelConfig, ServerConfig
 from ampflow.serving.core.inference import InferenceCore, RequestLimits
 from ampflow.serving.models.registry import ModelRegistry
 from ampflow.serving.protocols import grpc_predict_v2_pb2 as pb
-from ampflow.serving.protocols.tf_serving import TFServingAPI
-from ampflow.serving.protocols.tf_serving_rest import RestHandler
-from ampflow.serving.protocols.v2 import V2Core
+from ampflow.serving.protocols.tf_serving import TFServingProtocol
+from ampflow.serving.protocols.tf_serving_rest import TFServingRestHandler
+from ampflow.serving.protocols.v2 import V2Protocol
 from ampflow.serving.protocols.v2_grpc import V2Servicer
 from ampflow.serving.protocols.v2_rest import HEADER_LENGTH, V2RestHandler
 from ampflow.serving.status import ServingStatusError
@@ -138,11 +138,11 @@ def _tf_grpc(core, texts: list[bytes]) -> Outcome:
     request.model_spec.name = MODEL
     request.inputs["text"].CopyFrom(tf.make_tensor_proto(texts, tf.string, [len(texts)]))
     return _grpc(lambda: tf.make_ndarray(
-        TFServingAPI(core).predict(request).outputs["lengths"]))
+        TFServingProtocol(core).predict(request).outputs["lengths"]))
 
 
 def _tf_rest(core, payload: dict) -> Outcome:
-    status, body = RestHandler(core).handle("POST", f"/v1/models/{MODEL}:predict",
+    status, body = TFServingRestHandler(core).handle("POST", f"/v1/models/{MODEL}:predict",
                                             json.dumps(payload).encode())
     return _rest(status, body, lambda doc: doc.get("predictions", doc.get("outputs")))
 
@@ -165,7 +165,7 @@ def _v2_grpc(core, texts: list[bytes], raw: bool) -> Outcome:
         request.raw_input_contents.append(b"".join(struct.pack("<I", len(t)) + t for t in texts))
     else:
         tensor.contents.bytes_contents.extend(texts)
-    servicer = V2Servicer(V2Core(core))
+    servicer = V2Servicer(V2Protocol(core))
 
     def lengths():
         response = servicer.model_infer(request, _NoDeadline())
@@ -183,7 +183,7 @@ def _v2_rest(core, texts: list[bytes], binary: bool) -> Outcome:
     else:
         item["data"] = [t.decode() for t in texts]
     head = json.dumps({"inputs": [item]}).encode()
-    status, body, _ = V2RestHandler(V2Core(core)).handle(
+    status, body, _ = V2RestHandler(V2Protocol(core)).handle(
         "POST", f"/v2/models/{MODEL}/infer", {HEADER_LENGTH: str(len(head))}, head + tail)
     return _rest(status, body, lambda doc: doc["outputs"][0]["data"])
 
@@ -236,7 +236,7 @@ def test_the_string_count_adds_up_every_string_input_of_a_request(core):
         request.model_spec.name, request.model_spec.signature_name = MODEL, "pair"
         for name, count in (("a", a), ("b", b)):
             request.inputs[name].CopyFrom(tf.make_tensor_proto([b"s"] * count, tf.string))
-        return _grpc(lambda: [len(tf.make_ndarray(TFServingAPI(core).predict(request)
+        return _grpc(lambda: [len(tf.make_ndarray(TFServingProtocol(core).predict(request)
                                                   .outputs[name])) for name in ("a", "b")])
 
     assert send(STRINGS_LIMIT - 1, 1) == Outcome("OK", (STRINGS_LIMIT - 1, 1))
@@ -262,7 +262,7 @@ def _classify(core, texts: list[str], context: dict | None = None, rest: bool = 
         doc: dict = {"signature_name": "classify", "examples": [{"text": t} for t in texts]}
         if context is not None:
             doc["context"] = context
-        status, body = RestHandler(core).handle("POST", f"/v1/models/{MODEL}:classify",
+        status, body = TFServingRestHandler(core).handle("POST", f"/v1/models/{MODEL}:classify",
                                                 json.dumps(doc).encode())
         return _rest(status, body, lambda d: [int(row[0][1]) for row in d["results"]])
     request = classification_pb2.ClassificationRequest()
@@ -277,7 +277,7 @@ def _classify(core, texts: list[str], context: dict | None = None, rest: bool = 
     for text in texts:
         examples.add().features.feature["text"].bytes_list.value.append(text.encode())
     return _grpc(lambda: [int(c.classes[0].score) for c in
-                          TFServingAPI(core).classify(request).result.classifications])
+                          TFServingProtocol(core).classify(request).result.classifications])
 
 
 @pytest.mark.parametrize("rest", [False, True], ids=["grpc", "rest"])

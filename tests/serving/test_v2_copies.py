@@ -25,7 +25,7 @@ from ampflow.serving.config import ModelConfig
 from ampflow.serving.core.inference import InferenceCore, RequestLimits
 from ampflow.serving.models.registry import ModelRegistry
 from ampflow.serving.protocols import grpc_predict_v2_pb2 as pb
-from ampflow.serving.protocols.v2 import V2Core
+from ampflow.serving.protocols.v2 import V2Protocol
 from ampflow.serving.protocols.v2_rest import HEADER_LENGTH, V2RestHandler
 from ampflow.serving.testing import sample_images
 
@@ -46,7 +46,7 @@ def recorded(model_store, tmp_path_factory):
         return servable.run(signature, inputs)
 
     core = InferenceCore(registry, runner, RequestLimits(max_rows=ROWS))
-    yield V2Core(core), seen
+    yield V2Protocol(core), seen
     registry.stop()
 
 
