@@ -159,11 +159,14 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
     batcher = Batcher(config.batching, metrics.observe_batch if metrics else None) \
         if config.batching.enabled else None
     runner = (lambda s, sig, inputs, t: batcher.run(s, sig, inputs, t)) if batcher else None
-    core = InferenceCore(
-        registry, runner, RequestLimits(config.max_message_bytes, config.request_batch_cap,
-                                        config.max_string_bytes, config.strings_cap),
-        ReloadPolicy(config.allow_reload_config, config.reload_config_roots),
-        method_name_check=config.enable_signature_method_name_check)
+    limits = RequestLimits(max_bytes=config.max_message_bytes,
+                           max_rows=config.request_batch_cap,
+                           max_string_bytes=config.max_string_bytes,
+                           max_strings=config.strings_cap)
+    reload_policy = ReloadPolicy(allowed=config.allow_reload_config,
+                                 roots=config.reload_config_roots)
+    core = InferenceCore(registry, runner, limits, reload_policy,
+                         method_name_check=config.enable_signature_method_name_check)
     if config.enable_warmup:
         registry.set_warmup(TFServingProtocol(core).warmup)
     server = grpc.server(

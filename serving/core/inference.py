@@ -47,9 +47,11 @@ def _direct_run(servable: Servable, signature: str, inputs: dict, _timeout) -> d
     return servable.run(signature, inputs)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RequestLimits:
     """What one request may cost, checked before anything is decoded or run.
+
+    Built by keyword only: four ints in a row are too easy to pass in the wrong order.
 
     `max_bytes`: decoded input tensors (all inputs together; a string tensor counts its strings'
     bytes, e.g. the encoded images of `image_bytes`), and Classify examples with their context
@@ -66,7 +68,7 @@ class RequestLimits:
     max_strings: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ReloadPolicy:
     """Who may use HandleReloadConfigRequest.
 

@@ -28,7 +28,7 @@ from serving_helpers import running_server
 from tensorflow_serving.apis import classification_pb2, predict_pb2
 
 from ampflow.serving.config import ModelConfig, ServerConfig
-from ampflow.serving.core.inference import InferenceCore, RequestLimits
+from ampflow.serving.core.inference import InferenceCore, ReloadPolicy, RequestLimits
 from ampflow.serving.models.registry import ModelRegistry
 from ampflow.serving.protocols import grpc_predict_v2_pb2 as pb
 from ampflow.serving.protocols.tf_serving import TFServingProtocol
@@ -313,6 +313,17 @@ def test_classify_takes_the_limits_number_of_examples_and_refuses_one_more(core,
 
 
 # ---- the server's flags reach its core -------------------------------------------------------
+
+def test_request_limits_and_reload_policy_are_built_by_keyword_only():
+    # four ints in a row (bytes, rows, string bytes, strings) are one swap away from a wrong
+    # limit that no type checker sees: the limits take each by its name
+    with pytest.raises(TypeError):
+        RequestLimits(64, 0, 0, 0)
+    with pytest.raises(TypeError):
+        ReloadPolicy(True, ())
+    assert RequestLimits(max_rows=3).max_rows == 3
+
+
 
 def test_a_running_servers_flags_are_the_limits_its_core_checks(base_path):
     """`ServerConfig` -> `RequestLimits` in start_local_server (in process, gRPC on loopback)."""
