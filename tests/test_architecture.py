@@ -390,6 +390,26 @@ def test_a_planted_serving_back_arrow_fails_the_rule(tmp_path):
         "ampflow.serving.transport.http (base -> transport)"]
 
 
+def _registry_reaches(paths: list[Path]) -> list[str]:
+    """`file:line` of each `.registry` attribute read in `paths` (`core.registry.resolve`)."""
+    return [f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{node.lineno}"
+            for path in paths for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, ast.Attribute) and node.attr == "registry"]
+
+
+def test_the_protocol_doors_ask_the_core_never_its_registry():
+    # Readiness, metadata, status and reloads are the core's answers (InferenceCore.ready,
+    # resolve, version_states, ...): a door reaching past it to the registry decides anew, per
+    # protocol, what "ready" or "known" means.
+    assert _registry_reaches(sorted((ROOT / "serving" / "protocols").rglob("*.py"))) == []
+
+
+def test_a_planted_reach_through_the_core_to_its_registry_is_listed(tmp_path):
+    door = tmp_path / "door.py"
+    door.write_text("def ready(core):\n    return core.registry.any_available()\n")
+    assert _registry_reaches([door]) == [f"{door}:2"]
+
+
 def test_no_module_imports_another_modules_private_name():
     # A `_name` is its module's own; sharing it means it belongs in a module both import.
     private = [

@@ -32,7 +32,7 @@ from ampflow.serving.core import dtypes
 from ampflow.serving.model_format import DEFAULT_SIGNATURE
 from ampflow.serving.models.registry import ModelRegistry
 from ampflow.serving.models.servable import Servable
-from ampflow.serving.status import ServingStatusError, clip, scrub_paths
+from ampflow.serving.status import ServingStatusError, VersionState, clip, scrub_paths
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +195,44 @@ class InferenceCore:
         # TF Serving's --enable_signature_method_name_check: Classify/Regress check method names
         self.method_name_check = method_name_check
 
+    # ---- the models' state: what readiness, metadata, status and reloads ask -------------
+    # Every protocol door asks the core, never the registry behind it, so what "ready" or
+    # "known" means is decided once for TF Serving's and V2's gRPC and REST alike.
+
+    def resolve(self, model: str, version: int | None, label: str | None) -> Servable:
+        """The served version a request names (NOT_FOUND / INVALID_ARGUMENT as TF Serving)."""
+        return self.registry.resolve(model, version, label)
+
+    def ready(self) -> bool:
+        """Whether every configured model has a version loaded (grpc.health's SERVING)."""
+        return self.registry.any_available()
+
+    def knows_model(self, model: str) -> bool:
+        """Whether `model` is a configured model, loaded or not."""
+        return model in self.registry.model_names()
+
+    def version_states(self, model: str, version: int | None = None) -> list:
+        """(version, VersionStatus) of each known version of `model` (or one), newest first.
+
+        NOT_FOUND for an unknown model or version, as TF Serving's GetModelStatus.
+        """
+        return self.registry.status(model, version)
+
+    def available_versions(self, model: str) -> list[int]:
+        """The versions of `model` that answer requests now, newest first."""
+        return [number for number, status in self.version_states(model)
+                if status.state == VersionState.AVAILABLE]
+
+    def configured_base_paths(self) -> set[Path]:
+        """The base paths of the models configured now, resolved (reload's default roots)."""
+        return {Path(m.base_path).resolve() for m in self.registry.configs()}
+
+    def reload_models(self, models) -> None:
+        """Serve `models` (ModelConfigs) instead of the configured ones, without a restart."""
+        self.registry.reload_config(models)
+
+    # ---- inference ------------------------------------------------------------------------
+
     def signature(self, servable: Servable, name: str):
         """The named SignatureDef, FAILED_PRECONDITION when it does not exist (as TF Serving)."""
         name = name or DEFAULT_SIGNATURE
@@ -209,8 +247,8 @@ class InferenceCore:
     def infer(self, request: InferRequest, timeout_s: float | None = None,
               dialect: Dialect = TF_SERVING) -> InferResponse:
         """Resolve, check every declared input once, build the arrays, run, return outputs."""
-        servable = request.servable or self.registry.resolve(
-            request.model, request.version, request.label)
+        servable = request.servable or self.resolve(request.model, request.version,
+                                                    request.label)
         sig_name = request.signature or DEFAULT_SIGNATURE
         sig = self.signature(servable, sig_name)
         aliases = _output_aliases(request.outputs, sig)
@@ -289,7 +327,7 @@ class InferenceCore:
         """
         if record.model is None:
             return "", ""
-        if record.model not in self.registry.model_names():
+        if not self.knows_model(record.model):
             return (UNKNOWN_LABEL if record.model else ""), ""
         if record.answered:
             return record.model, record.answered

@@ -106,12 +106,11 @@ class TFServingProtocol:
 
     def __init__(self, core: InferenceCore) -> None:
         self.core = core
-        self._started_base_paths = {Path(m.base_path).resolve()
-                                    for m in core.registry.configs()}
+        self._started_base_paths = core.configured_base_paths()
 
     def resolve(self, request) -> Servable:
         """The servable a request's ModelSpec names."""
-        return self.core.registry.resolve(*spec_of(request))
+        return self.core.resolve(*spec_of(request))
 
     # ---- Predict ------------------------------------------------------------------------
 
@@ -178,8 +177,7 @@ class TFServingProtocol:
                         timeout_s: float | None = None) -> inference_pb2.MultiInferenceResponse:
         """Classify and Regress tasks of one model on the same examples, one result each."""
         plan = regression.multi_inference_tasks(request.tasks)
-        servable = self.core.registry.resolve(
-            *spec_of(request.tasks[0]) if plan else ("", None, None))
+        servable = self.core.resolve(*spec_of(request.tasks[0]) if plan else ("", None, None))
         checked = []
         for method, name in plan:
             _, sig = regression.signature_def(
@@ -235,12 +233,11 @@ class TFServingProtocol:
         if not request.HasField("model_spec"):
             raise ServingStatusError(grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
         spec = request.model_spec
-        registry = self.core.registry
         version = spec.version.value if spec.HasField("version") else None
         if spec.WhichOneof("version_choice") == "version_label":
-            version = registry.resolve(spec.name, None, spec.version_label).version
+            version = self.core.resolve(spec.name, None, spec.version_label).version
         response = get_model_status_pb2.GetModelStatusResponse()
-        for number, status in registry.status(spec.name, version):
+        for number, status in self.core.version_states(spec.name, version):
             entry = response.model_version_status.add()
             entry.version = number
             entry.state = int(status.state)
@@ -274,7 +271,7 @@ class TFServingProtocol:
                     f"{clip(model.name)} is not under a root the operator allowed "
                     "(--reload-config-root)",
                 )
-        self.core.registry.reload_config(models)
+        self.core.reload_models(models)
         log.info("model config reloaded: %s", [m.name for m in models])
         return model_management_pb2.ReloadConfigResponse()
 

@@ -113,7 +113,7 @@ class TFServingRestHandler:
         record_spec(record, spec)
         doc = json_tensor.parse_object(body)
         sig_name = json_tensor.signature_name(doc) or DEFAULT_SIGNATURE
-        servable = self.core.registry.resolve(*_spec_parts(spec))
+        servable = self.core.resolve(*_spec_parts(spec))
         if sig_name not in servable.signature_defs or not servable.can_run(sig_name):
             raise _invalid(f'Serving signature name: "{clip(sig_name)}" not found in '
                            "signature def")

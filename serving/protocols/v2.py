@@ -35,7 +35,7 @@ from ampflow.serving.core.inference import (
 )
 from ampflow.serving.model_format import DEFAULT_SIGNATURE, parse_version_name
 from ampflow.serving.models.servable import Servable
-from ampflow.serving.status import ServingStatusError, VersionState, clip, not_found
+from ampflow.serving.status import ServingStatusError, clip, not_found
 from ampflow.serving.status import invalid_argument as invalid
 
 types = dtypes.types_pb2
@@ -118,7 +118,7 @@ class V2Protocol:
 
     def server_ready(self) -> bool:
         """Ready once every configured model has a version loaded (as grpc.health)."""
-        return self.core.registry.any_available()
+        return self.core.ready()
 
     def resolve(self, name: str, version: str) -> Servable:
         """The version a V2 (name, version) names; unknown model or version is NOT_FOUND."""
@@ -126,7 +126,7 @@ class V2Protocol:
             raise invalid("a model name is required")
         number, label = parse_version(version)
         try:
-            return self.core.registry.resolve(name, number, label)
+            return self.core.resolve(name, number, label)
         except ServingStatusError as e:
             if label is not None and e.code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise not_found(f"model {clip(name)} has no version {clip(version)}") from e
@@ -134,7 +134,7 @@ class V2Protocol:
 
     def knows_model(self, name: str) -> bool:
         """Whether `name` is a configured model (loaded or not)."""
-        return name in self.core.registry.model_names()
+        return self.core.knows_model(name)
 
     def model_ready(self, name: str, version: str) -> bool:
         """Whether the model (version) can answer now: False for anything unknown (as Triton)."""
@@ -151,8 +151,7 @@ class V2Protocol:
         if version:
             versions = [str(servable.version)]
         else:
-            versions = [str(v) for v, status in self.core.registry.status(name, None)
-                        if status.state == VersionState.AVAILABLE]
+            versions = [str(v) for v in self.core.available_versions(name)]
         return {"name": servable.model, "versions": versions, "platform": servable.platform,
                 "inputs": _tensor_metadata(sig.inputs), "outputs": _tensor_metadata(sig.outputs)}
 
