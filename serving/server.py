@@ -263,10 +263,10 @@ def _start_rest(config: ServerConfig, v2: V2Protocol, metrics: _Metrics | None,
 
     shared = metrics is not None and config.metrics_port == config.rest_api_port
     observe = metrics.observe if metrics else None
-    handler = tf_serving_rest.TFServingRestHandler(v2.core, observe)
-    app = http.RestApp(handler, config.max_message_bytes, workers=min(8, config.max_workers),
-                       metrics=metrics.exposed if shared else None,
-                       v2=v2_rest.V2RestHandler(v2, observe))
+    doors = (v2_rest.V2RestHandler(v2, observe),  # /v2 first: TF Serving answers any path
+             tf_serving_rest.TFServingRestHandler(TFServingProtocol(v2.core), observe))
+    app = http.RestApp(doors, config.max_message_bytes, workers=min(8, config.max_workers),
+                       metrics=metrics.exposed if shared else None)
     return http.RestServer(app, config.host, config.rest_api_port, config.tls,
                            config.connection_limits, reuse_port=reuse_port)
 

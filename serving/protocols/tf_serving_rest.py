@@ -31,19 +31,14 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from ampflow.serving.core.inference import (
-    CallObserver,
-    CallRecord,
-    InferenceCore,
-    InferRequest,
-    Observer,
-)
+from ampflow.serving.core.inference import CallRecord, InferRequest, Observer
 from ampflow.serving.model_format import DEFAULT_SIGNATURE, parse_version_name
 from ampflow.serving.protocols import json_tensor
+from ampflow.serving.protocols.rest import RestDoor
 from ampflow.serving.protocols.tf_serving import TFServingProtocol, answered_version, record_spec
 from ampflow.serving.status import clip
 from ampflow.serving.status import invalid_argument as _invalid
-from ampflow.serving.transport.http import REST_TIMEOUT_S, dumps, error_reply
+from ampflow.serving.transport.http import REST_TIMEOUT_S, Reply, json_reply
 
 log = logging.getLogger(__name__)
 
@@ -57,26 +52,24 @@ _STATUS_PATH = re.compile(
 
 # ---- the request handler (plain Python: method, path, body -> status, JSON) ------------------
 
-class TFServingRestHandler:
+class TFServingRestHandler(RestDoor):
     """Turns one HTTP request into an InferenceCore call and its answer into JSON."""
 
-    def __init__(self, core: InferenceCore, observe: Observer | None = None) -> None:
-        self.core = core
-        self.api = TFServingProtocol(core)
-        self.calls = CallObserver(core, observe)
+    def __init__(self, api: TFServingProtocol, observe: Observer | None = None) -> None:
+        super().__init__(api.core, observe)
+        self.api = api
 
-    def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, bytes]:
-        """Answer one request: (HTTP status, JSON body). Never raises."""
-        try:
-            with self.calls.call() as record:
-                return 200, dumps(self._dispatch(method, raw_path, body, record))
-        except Exception as e:  # noqa: BLE001 - every error becomes the one HTTP envelope
-            status, payload, _headers = error_reply(e, method, raw_path)
-            return status, payload
+    def answers(self, path: str) -> bool:  # noqa: ARG002 - the door's shape
+        """Every path the other doors leave: TF Serving answers an unknown one with its 400."""
+        return True
 
-    def _dispatch(self, method: str, raw_path: str, body: bytes, record: CallRecord):
+    def route(self, method: str, path: str, headers: dict[str, str], body: bytes,
+              record: CallRecord) -> Reply:  # noqa: ARG002 - /v1 reads no header
+        """One /v1 request: 200 and its JSON, or the error envelope (RestDoor.handle)."""
+        return json_reply(200, self._dispatch(method, path, body, record))
+
+    def _dispatch(self, method: str, path: str, body: bytes, record: CallRecord):
         """Route one request; `record` learns the API, the request and the version that ran."""
-        path = raw_path.split("?", 1)[0]
         malformed = _invalid(f"Malformed request: {method} {clip(path, 200)}")
         if method == "POST":
             match = _PREDICT_PATH.fullmatch(path)

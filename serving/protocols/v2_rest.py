@@ -23,12 +23,13 @@ import urllib.parse
 
 import grpc
 
-from ampflow.serving.core.inference import CallObserver, CallRecord, Observer
+from ampflow.serving.core.inference import CallRecord, Observer
 from ampflow.serving.protocols import v2 as v2_protocol
+from ampflow.serving.protocols.rest import RestDoor
 from ampflow.serving.protocols.v2 import V2Input, V2Protocol
 from ampflow.serving.status import ServingStatusError, clip, not_found
 from ampflow.serving.status import invalid_argument as invalid
-from ampflow.serving.transport.http import REST_TIMEOUT_S, Reply, dumps, error_reply, json_reply
+from ampflow.serving.transport.http import REST_TIMEOUT_S, Reply, dumps, json_reply
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +37,20 @@ HEADER_LENGTH = "inference-header-content-length"
 _MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer)?")
 
 
-class V2RestHandler:
-    """One V2 HTTP request in, (status, body, headers) out; never raises."""
+class V2RestHandler(RestDoor):
+    """One V2 HTTP request in, (status, body, headers) out; never raises (RestDoor.handle)."""
 
     def __init__(self, v2: V2Protocol, observe: Observer | None = None) -> None:
+        super().__init__(v2.core, observe)
         self.v2 = v2
-        self.calls = CallObserver(v2.core, observe)
 
-    def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> Reply:
-        """Answer one request under /v2."""
-        try:
-            with self.calls.call() as record:
-                return self._dispatch(method, raw_path.split("?", 1)[0], headers, body, record)
-        except Exception as e:  # noqa: BLE001 - every error becomes the one HTTP envelope
-            return error_reply(e, method, raw_path)
+    def answers(self, path: str) -> bool:
+        """`/v2` and everything under it."""
+        return path == "/v2" or path.startswith("/v2/")
 
-    def _dispatch(self, method, path, headers, body, record: CallRecord) -> Reply:
+    def route(self, method: str, path: str, headers: dict[str, str], body: bytes,
+              record: CallRecord) -> Reply:
+        """One request under /v2."""
         if path in ("/v2", "/v2/"):
             _need(method, "GET", path)
             return json_reply(200, self.v2.server_metadata())

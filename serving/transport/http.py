@@ -1,11 +1,11 @@
 """The HTTP transport of both REST protocols (TF Serving's /v1, KServe V2's /v2) on one port.
 
 uvicorn (h11) parses HTTP; `RestApp` bounds each body by `--max-message-bytes` before anything
-parses it, runs the protocol handler in a worker thread, and serves Prometheus metrics when
-asked to; `RestServer` runs it on its own thread with the connection limits. Both protocols
-answer an error with the one envelope here (`error_reply`): `{"error": "..."}` with TF
-Serving's HTTP status for the gRPC code (http_server.cc), a bounded message, and INTERNAL
-without details for a server bug.
+parses it, runs the REST door (protocols/rest.py: V2's /v2, TF Serving's any other path) that
+answers the path in a worker thread, and serves Prometheus metrics when asked to; `RestServer`
+runs it on its own thread with the connection limits. Both protocols answer an error with the
+one envelope here (`error_reply`): `{"error": "..."}` with TF Serving's HTTP status for the
+gRPC code (http_server.cc), a bounded message, and INTERNAL without details for a server bug.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import grpc
 
@@ -66,13 +68,28 @@ def error_reply(error: Exception, method: str, raw_path: str) -> Reply:
                       {"error": f"internal error ({type(error).__name__}); see the server log"})
 
 
-class RestApp:
-    """A minimal ASGI app: bounded body, one worker thread per request, JSON out."""
+class RestDoor(Protocol):
+    """What the port asks of a REST protocol (protocols/rest.py's `RestDoor` is the shape)."""
 
-    def __init__(self, handler, max_body_bytes: int, workers: int, metrics=None,
-                 v2=None) -> None:
-        self.handler = handler  # TF Serving's API (tf_serving_rest.TFServingRestHandler): /v1/...
-        self.v2 = v2  # KServe V2's (v2_rest.V2RestHandler) answering /v2/..., or None
+    def answers(self, path: str) -> bool:
+        """Whether a request for `path` (without its query) is this protocol's."""
+        ...
+
+    def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> Reply:
+        """(HTTP status, body, headers) of one request; never raises."""
+        ...
+
+
+class RestApp:
+    """A minimal ASGI app: bounded body, one worker thread per request, the doors' replies out.
+
+    `doors`: the REST protocols on the port, asked in order; the first that answers a path
+    handles it (V2's /v2 before TF Serving's, which answers every other path).
+    """
+
+    def __init__(self, doors: Sequence[RestDoor], max_body_bytes: int, workers: int,
+                 metrics=None) -> None:
+        self.doors = tuple(doors)
         self.max_body_bytes = max_body_bytes
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ampflow-rest")
         self.metrics = metrics  # a prometheus CollectorRegistry served at /metrics, or None
@@ -92,19 +109,16 @@ class RestApp:
                                 "(--max-message-bytes)"}
             await _reply(send, 429, dumps(payload))
             return
-        raw_path = scope.get("raw_path") or scope["path"].encode()
-        loop = asyncio.get_running_loop()
-        if self.v2 is not None and (scope["path"] == "/v2" or scope["path"].startswith("/v2/")):
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                       for k, v in scope.get("headers", [])}
-            status, payload, extra = await loop.run_in_executor(
-                self.pool, self.v2.handle, scope["method"], raw_path.decode("latin-1"), headers,
-                body)
-            await _send(send, status, payload, extra)
+        door = next((d for d in self.doors if d.answers(scope["path"])), None)
+        if door is None:
+            await _reply(send, 404, dumps({"error": f"no API answers {clip(scope['path'], 200)}"}))
             return
-        status, payload = await loop.run_in_executor(
-            self.pool, self.handler.handle, scope["method"], raw_path.decode("latin-1"), body)
-        await _reply(send, status, payload)
+        raw_path = scope.get("raw_path") or scope["path"].encode()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        status, payload, extra = await asyncio.get_running_loop().run_in_executor(
+            self.pool, door.handle, scope["method"], raw_path.decode("latin-1"), headers, body)
+        await _send(send, status, payload, extra)
 
     async def _read_body(self, scope, receive) -> bytes | None:
         """The request body, or None when it is over the limit (then nothing of it is kept).

@@ -142,8 +142,8 @@ def _tf_grpc(core, texts: list[bytes]) -> Outcome:
 
 
 def _tf_rest(core, payload: dict) -> Outcome:
-    status, body = TFServingRestHandler(core).handle("POST", f"/v1/models/{MODEL}:predict",
-                                            json.dumps(payload).encode())
+    status, body, _ = TFServingRestHandler(TFServingProtocol(core)).handle(
+        "POST", f"/v1/models/{MODEL}:predict", {}, json.dumps(payload).encode())
     return _rest(status, body, lambda doc: doc.get("predictions", doc.get("outputs")))
 
 
@@ -262,8 +262,8 @@ def _classify(core, texts: list[str], context: dict | None = None, rest: bool = 
         doc: dict = {"signature_name": "classify", "examples": [{"text": t} for t in texts]}
         if context is not None:
             doc["context"] = context
-        status, body = TFServingRestHandler(core).handle("POST", f"/v1/models/{MODEL}:classify",
-                                                json.dumps(doc).encode())
+        status, body, _ = TFServingRestHandler(TFServingProtocol(core)).handle(
+            "POST", f"/v1/models/{MODEL}:classify", {}, json.dumps(doc).encode())
         return _rest(status, body, lambda d: [int(row[0][1]) for row in d["results"]])
     request = classification_pb2.ClassificationRequest()
     request.model_spec.name, request.model_spec.signature_name = MODEL, "classify"

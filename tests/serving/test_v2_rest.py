@@ -390,3 +390,34 @@ def test_v2_infer_is_counted_as_model_infer_with_the_answering_version(server, b
     http(base_url, "POST", f"/v2/models/{MODEL}/versions/stable/infer",
          _infer_json(sample_images(1)))
     assert _count(_metrics(server), "ampflow_serving_requests_total", **labels) - before == 1
+
+
+# ---- one port, two doors: which protocol answers which path ---------------------------------
+
+@pytest.mark.parametrize(("path", "status", "error"), [
+    ("/v2", 200, None), ("/v2/", 200, None),
+    ("/v2/unknown", 404, "no V2 endpoint /v2/unknown"),
+    ("/v2x", 400, "Malformed request: GET /v2x"),  # not under /v2: TF Serving's
+    (f"/v1/models/{MODEL}/versions/1?verbose=1", 200, None),
+    ("/nothing", 400, "Malformed request: GET /nothing"),
+])
+def test_each_path_is_answered_by_its_protocols_door(base_url, path, status, error):
+    got, headers, body = http(base_url, "GET", path)
+    assert (got, headers["content-type"]) == (status, "application/json")
+    doc = json.loads(body)
+    if error is not None:
+        assert doc == {"error": error}
+    elif path.startswith("/v2"):
+        assert doc["name"] == "ampflow"
+    else:
+        assert doc["model_version_status"][0]["version"] == "1"
+
+
+def test_both_rest_protocols_answer_through_one_door_shape():
+    # one way a REST request is counted and an error enveloped, for /v1 and /v2 alike
+    from ampflow.serving.protocols.rest import RestDoor
+    from ampflow.serving.protocols.tf_serving_rest import TFServingRestHandler
+    from ampflow.serving.protocols.v2_rest import V2RestHandler
+
+    assert issubclass(TFServingRestHandler, RestDoor) and issubclass(V2RestHandler, RestDoor)
+    assert TFServingRestHandler.handle is V2RestHandler.handle is RestDoor.handle
