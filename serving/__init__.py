@@ -1,12 +1,14 @@
 """The serving side: TF Serving's and KServe V2's gRPC and REST APIs over SavedModels and TFLite.
 
-One data plane, thin protocol adapters (the shape of KServe's model server). By role:
-`model_format` (what a served model is, shared with export and deploy), `config`, `preflight`,
-`compute_precision`; `models/` (the `Servable` interface, SavedModel, TFLite, versions,
-registry); `core/` (`InferenceCore.infer`, batching, dtypes, status codes); `protocols/` (TF
-Serving and V2 over the core, with their gRPC and REST doors); `transport/` (one error envelope
-per port, connection limits); `server` and `workers` (assembly, `--workers N`); `client`,
-`rest_client`, `cli`, `testing`. Each module's role: docs/explanation/design-notes.md,
+One data plane, thin protocol adapters (the shape of KServe's model server). By floor, each
+importing only its own or those below (tests/test_architecture.py): the base (`model_format`,
+what a served model is, shared with export and deploy; `config`; `status`, TF Serving's codes;
+`compute_precision`); `models/` (the `Servable` interface, SavedModel, TFLite, versions,
+registry); `core/` (`InferenceCore`: infer, readiness, metadata, status; batching, dtypes);
+`transport/` (one error envelope per port, connection limits); `protocols/`
+(`TFServingProtocol` and `V2Protocol` over the core, their gRPC servicers and `RestDoor`s); on
+top `server` and `workers` (assembly, `--workers N`), `client`, `rest_client`, `cli`,
+`preflight`, `testing`. Each module's role: docs/explanation/design-notes.md,
 "serving/__init__.py".
 """
 
