@@ -167,8 +167,9 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
                                  roots=config.reload_config_roots)
     core = InferenceCore(registry, runner, limits, reload_policy,
                          method_name_check=config.enable_signature_method_name_check)
+    tf_serving, v2 = TFServingProtocol(core), V2Protocol(core)  # each door takes its protocol
     if config.enable_warmup:
-        registry.set_warmup(TFServingProtocol(core).warmup)
+        registry.set_warmup(tf_serving.warmup)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers,
                                    thread_name_prefix="ampflow-grpc"),
@@ -176,8 +177,7 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
         maximum_concurrent_rpcs=config.max_workers * 8,
         interceptors=(UndecodableRequestInterceptor(),),
     )
-    prediction_service_pb2_grpc_add(server, core, observe)
-    v2 = V2Protocol(core)
+    prediction_service_pb2_grpc_add(server, tf_serving, observe)
     server.add_generic_rpc_handlers((V2Servicer(v2, observe).handler(),))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -198,7 +198,7 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
     _on_change(registry, health_servicer, batcher)
     server.start()
     try:
-        rest = _start_rest(config, v2, metrics, reuse_port=as_worker)
+        rest = _start_rest(config, tf_serving, v2, metrics, reuse_port=as_worker)
         metrics_http, metrics_port = (None, config.metrics_port) if as_worker else \
             _start_metrics(config, metrics)
     except Exception:
@@ -250,8 +250,8 @@ def server_options(config: ServerConfig, reuse_port: bool = False) -> list[tuple
     ]
 
 
-def _start_rest(config: ServerConfig, v2: V2Protocol, metrics: _Metrics | None,
-                reuse_port: bool = False):
+def _start_rest(config: ServerConfig, tf_serving: TFServingProtocol, v2: V2Protocol,
+                metrics: _Metrics | None, reuse_port: bool = False):
     """TF Serving's REST API and the V2 REST API on --rest-api-port (gRPC's host and TLS).
 
     Metrics are served there too when --metrics-port names the same port (as the binary does).
@@ -264,20 +264,21 @@ def _start_rest(config: ServerConfig, v2: V2Protocol, metrics: _Metrics | None,
     shared = metrics is not None and config.metrics_port == config.rest_api_port
     observe = metrics.observe if metrics else None
     doors = (v2_rest.V2RestHandler(v2, observe),  # /v2 first: TF Serving answers any path
-             tf_serving_rest.TFServingRestHandler(TFServingProtocol(v2.core), observe))
+             tf_serving_rest.TFServingRestHandler(tf_serving, observe))
     app = http.RestApp(doors, config.max_message_bytes, workers=min(8, config.max_workers),
                        metrics=metrics.exposed if shared else None)
     return http.RestServer(app, config.host, config.rest_api_port, config.tls,
                            config.connection_limits, reuse_port=reuse_port)
 
 
-def prediction_service_pb2_grpc_add(server: grpc.Server, core: InferenceCore, observe) -> None:
+def prediction_service_pb2_grpc_add(server: grpc.Server, api: TFServingProtocol,
+                                    observe) -> None:
     """Register PredictionService and ModelService on `server`."""
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        PredictionServicer(core, observe), server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(core, observe), server)
+        PredictionServicer(api, observe), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(api, observe), server)
 
 
 def _bind(server: grpc.Server, config: ServerConfig, credentials) -> int:

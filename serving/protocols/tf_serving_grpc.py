@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-from ampflow.serving.core.inference import CallObserver, InferenceCore, Observer
+from ampflow.serving.core.inference import CallObserver, Observer
 from ampflow.serving.protocols.tf_serving import (
     TFServingProtocol,
     answered_version,
@@ -21,9 +21,9 @@ from ampflow.serving.transport.grpc import abort_with, time_remaining
 class _Handler:
     """One call: metrics recorded, the API called, any error turned into a status."""
 
-    def __init__(self, core: InferenceCore, observe: Observer | None) -> None:
-        self.api = TFServingProtocol(core)
-        self.calls = CallObserver(core, observe)
+    def __init__(self, api: TFServingProtocol, observe: Observer | None) -> None:
+        self.api = api
+        self.calls = CallObserver(api.core, observe)
 
     def call(self, method: str, request, context, fn):
         try:
@@ -39,8 +39,8 @@ class _Handler:
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     """tensorflow.serving.PredictionService: all five calls (Regress, MultiInference included)."""
 
-    def __init__(self, core: InferenceCore, observe: Observer | None = None) -> None:
-        self._h = _Handler(core, observe)
+    def __init__(self, api: TFServingProtocol, observe: Observer | None = None) -> None:
+        self._h = _Handler(api, observe)
 
     def Predict(self, request, context):  # noqa: D102 - gRPC method names are fixed
         return self._h.call("Predict", request, context, self._h.api.predict)
@@ -62,8 +62,8 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
     """tensorflow.serving.ModelService: GetModelStatus, HandleReloadConfigRequest."""
 
-    def __init__(self, core: InferenceCore, observe: Observer | None = None) -> None:
-        self._h = _Handler(core, observe)
+    def __init__(self, api: TFServingProtocol, observe: Observer | None = None) -> None:
+        self._h = _Handler(api, observe)
 
     def GetModelStatus(self, request, context):  # noqa: D102
         return self._h.call("GetModelStatus", request, context,
