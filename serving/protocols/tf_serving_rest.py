@@ -12,8 +12,9 @@ The behaviour follows TF Serving's `http_rest_api_handler.cc`, `http_rest_api_ut
 - every error is `{"error": "..."}` with TF Serving's HTTP code for the gRPC code.
 A predict's JSON becomes declared inputs of `InferenceCore.infer` (json_tensor.py: the shape
 and types read from the JSON, the arrays built only after the core's checks) and the core's
-arrays become JSON; the other calls go through `TFServingProtocol` as gRPC's do. REST and gRPC thus
-run the same validation and limits and give the same answers. HTTP is transport/http.py's.
+arrays become JSON; the other calls go through `TFServingProtocol` as gRPC's do. REST and gRPC
+thus run the same validation and limits and give the same answers. HTTP is transport/http.py's;
+this is one `RestDoor` on its port (protocols/rest.py), V2's /v2 the other.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ _STATUS_PATH = re.compile(
     re.IGNORECASE)
 
 
-# ---- the request handler (plain Python: method, path, body -> status, JSON) ------------------
+# ---- the request handler (a RestDoor: method, path, body -> status, JSON) --------------------
 
 class TFServingRestHandler(RestDoor):
     """Turns one HTTP request into an InferenceCore call and its answer into JSON."""
