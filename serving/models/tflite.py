@@ -3,12 +3,13 @@
 A version dir holding one `.tflite` file (any of the converter's variants: float32, float16,
 dynamic_range, full_int8, with float or int8 input/output) is run by LiteRT's interpreter
 (`ai_edge_litert`, else `tf.lite`), through the signatures the converter kept
-(`serving_default`). Clients see the SavedModel's contract: a quantized input or output (int8,
-uint8, int16 with a scale) is described as float32 in the SignatureDefs that metadata returns,
-requests are quantized with the model's own scale and zero point (q = round(x / scale) + zp,
-clipped), and outputs dequantized ((q - zp) * scale), so Predict, V2 infer, REST and warm-up go
-through `InferenceCore` exactly as for a SavedModel. An interpreter is not thread-safe: calls
-are serialized per version (server-side batching still merges concurrent requests first).
+(`serving_default`); a model with none gets those TF Serving builds (tflite_tensors.py).
+Clients see the SavedModel's contract: a quantized input or output (int8, uint8, int16 with a
+scale) is described as float32 in the SignatureDefs that metadata returns, requests are
+quantized with the model's own scale and zero point (q = round(x / scale) + zp, clipped), and
+outputs dequantized ((q - zp) * scale), so Predict, V2 infer, REST and warm-up go through
+`InferenceCore` exactly as for a SavedModel. An interpreter is not thread-safe: calls are
+serialized per version (server-side batching still merges concurrent requests first).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from ampflow.errors import ModelLoadError
 from ampflow.serving.model_format import PREDICT_METHOD, SAVED_MODEL_PB
+from ampflow.serving.models.tflite_tensors import TensorRunner, tensor_signatures
 
 TFLITE_SUFFIX = ".tflite"
 _QUANTIZED = (np.int8, np.uint8, np.int16)
@@ -74,9 +76,11 @@ class TFLiteServable:
             self._runners[key] = runner
             self._details[key] = (inputs, outputs)
             self.signature_defs[key] = _signature_def(inputs, outputs)
-        if not self._runners:
-            raise ModelLoadError(f"{file.name} has no signatures (convert from a SavedModel "
-                                 "signature, as ampflow convert does)")
+        if not self._runners:  # a TF1-session conversion: TF Serving's signatures instead
+            for key, (inputs, outputs, sig) in tensor_signatures(self._interpreter, file).items():
+                self._runners[key] = TensorRunner(self._interpreter, inputs, outputs)
+                self._details[key] = (inputs, outputs)
+                self.signature_defs[key] = sig or _signature_def(inputs, outputs)
 
     def can_run(self, signature: str) -> bool:
         """Whether the flatbuffer carries `signature`."""

@@ -73,3 +73,75 @@ def write_complex_output(export_dir: Path) -> Path:
     model = ComplexOut()
     tf.saved_model.save(model, str(export_dir), signatures={"serving_default": model.serve})
     return export_dir
+
+
+def half_plus_two_tflite(with_signature_def: bool = False) -> bytes:
+    """half_plus_two as TF Serving's export script writes `saved_model_half_plus_two_tflite`.
+
+    The TF1 branch of its script: a session graph parsing tf.Examples, `x` pinned to (1, 1) by
+    `ensure_shape` (the v1 converter takes no unknown shape), y = 0.5 * x + 2, converted by
+    the real `TFLiteConverter.from_session`: a flatbuffer with no SignatureDefs, tensors named
+    `x` and `y`. `with_signature_def`: the `_with_sigdef` variant, its input tensor named
+    `tflite_input` and a Predict SignatureDef (`x` -> `tflite_input:0`, `y` -> `y:0`) stored in
+    the model's `signature_defs_metadata`, as TFLite's `signature_def_utils` stores it.
+    """
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default(), v1.Session(graph=graph) as sess:
+        a, b = v1.Variable(0.5, name="a"), v1.Variable(2.0, name="b")
+        serialized = v1.placeholder(tf.string, name="tf_example", shape=[None])
+        x = v1.parse_example(serialized, _feature_spec())["x"]
+        x = tf.ensure_shape(x, (1, 1), name="tflite_input" if with_signature_def else "x")
+        y = tf.identity(tf.add(tf.multiply(a, x), b), name="y")
+        sess.run(v1.global_variables_initializer())
+        model = v1.lite.TFLiteConverter.from_session(sess, [x], [y]).convert()
+        signature = v1.saved_model.predict_signature_def({"x": x}, {"y": y})
+    if with_signature_def:
+        model = with_signature_defs_metadata(model, {"serving_default": signature})
+    return model
+
+
+def with_signature_defs_metadata(model: bytes, signature_defs: dict) -> bytes:
+    """`model` with `signature_defs` in its `signature_defs_metadata` entry.
+
+    What TFLite's C++ `SetSignatureDefMap` writes: a metadata entry of that name whose buffer
+    is a FlexBuffer map of signature key -> serialized SignatureDef (a FlexBuffer string).
+    """
+    from flatbuffers import flexbuffers
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    builder = flexbuffers.Builder()
+    with builder.Map():
+        for key, signature in signature_defs.items():
+            builder.Key(key)
+            # these protos are ASCII (names, small sizes), so a FlexBuffer string holds them
+            builder.String(signature.SerializeToString().decode("ascii"))
+    buffer = schema.BufferT()
+    buffer.data = list(builder.Finish())
+    model_t = flatbuffer_utils.read_model_from_bytearray(model)
+    model_t.buffers.append(buffer)
+    entry = schema.MetadataT()
+    entry.name, entry.buffer = "signature_defs_metadata", len(model_t.buffers) - 1
+    model_t.metadata = [*(model_t.metadata or []), entry]
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model_t))
+
+
+def matmul_tflite() -> bytes:
+    """A TF1-session TFLite model with no SignatureDefs whose graph takes one shape only.
+
+    y = x @ w with x (1, 4) and w (4, 2): an `x` of 3 columns cannot be multiplied.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default(), v1.Session(graph=graph) as sess:
+        x = v1.placeholder(tf.float32, name="x", shape=[1, 4])
+        w = v1.Variable(np.arange(8, dtype=np.float32).reshape(4, 2), name="w")
+        y = tf.identity(tf.matmul(x, w), name="y")
+        sess.run(v1.global_variables_initializer())
+        return v1.lite.TFLiteConverter.from_session(sess, [x], [y]).convert()
