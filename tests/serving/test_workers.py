@@ -28,6 +28,7 @@ from pathlib import Path
 import prometheus_client
 import pytest
 from serving_helpers import MODEL, free_port, install_version, local_only
+from workers_helpers import own_channel, per_pid, predicts, wait_for, worker_pids
 
 from ampflow.serving.cli import main as serving_main
 
@@ -104,28 +105,6 @@ def test_supervise_in_a_callers_process_leaves_its_metrics_in_process(tmp_path):
 
 # ---- real workers ----------------------------------------------------------------------------
 
-def per_pid(metrics_dir: Path, name: str = "ampflow_serving_requests_total") -> dict:
-    """{pid: {(method, version): count}} from each worker's own counter file."""
-    from prometheus_client.multiprocess import MultiProcessCollector
-
-    counts: dict[int, dict] = {}
-    for path in metrics_dir.glob("counter_*.db"):
-        pid = int(path.stem.split("_")[1])
-        for metric in MultiProcessCollector.merge([str(path)], accumulate=False):
-            for sample in metric.samples:
-                if sample.name == name:
-                    key = (sample.labels["method"], sample.labels["version"])
-                    counts.setdefault(pid, {})[key] = sample.value
-    return counts
-
-
-def predicts(counts: dict, version: str | None = None) -> dict[int, float]:
-    """Predict requests per pid (of one version, or all)."""
-    return {pid: sum(v for (method, ver), v in rows.items()
-                     if method == "Predict" and version in (None, ver))
-            for pid, rows in counts.items()}
-
-
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         return response.read().decode()
@@ -135,13 +114,6 @@ def scraped_predicts(port: int) -> float:
     return sum(float(value) for value in re.findall(
         r'^ampflow_serving_requests_total\{method="Predict"[^}]*\} (\S+)$', scrape(port),
         re.MULTILINE))
-
-
-def own_channel(address: str):
-    """A channel on a TCP connection of its own (not the process's shared one)."""
-    import grpc
-
-    return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
 
 
 def predict_on(channel, seed: int) -> int:
@@ -164,22 +136,6 @@ def fresh_round(address: str, seed: int) -> list[int]:
 
     with ThreadPoolExecutor(ROUND) as pool:
         return list(pool.map(one, range(ROUND)))
-
-
-def worker_pids(log: Path) -> dict[int, int]:
-    """{worker index: pid} of the workers the supervisor last said were ready."""
-    found = re.findall(r"worker (\d+) (?:restarted and )?ready \(pid (\d+)\)", log.read_text())
-    return {int(index): int(pid) for index, pid in found}
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s:g}s: {what}")
 
 
 @pytest.mark.slow
