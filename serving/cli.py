@@ -99,7 +99,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version-label", action="append", default=[], metavar="LABEL=VERSION",
                    help="version label, e.g. stable=1 (repeatable)")
     add_config_arguments(p, cfg.ServerConfig, exclude=(
-        "models", "tls", "batching", "connection_limits", "reload_config_roots", "max_workers"))
+        "models", "tls", "batching", "connection_limits", "reload_config_roots", "max_workers",
+        "grpc_channel_arguments"))  # TF Serving's flag alone sets it (tf_serving_binary.py)
     add_config_arguments(p, cfg.BatchingConfig)
     p.add_argument("--reload-config-root", action="append", default=[], metavar="DIR",
                    help="with --allow-reload-config: base paths a reload may name must lie "

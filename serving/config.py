@@ -145,6 +145,10 @@ class TlsConfig:
 
 
 MAX_SECONDS = 2_000_000  # gRPC's channel arguments hold milliseconds in an int32
+# --workers N: the kernel hands each *connection* to a worker (SO_REUSEPORT), and a gRPC client
+# keeps its connection, so a restarted worker got no load back (issue 49, measured). A maximum
+# connection age makes every client reconnect this often, and a reconnection may land on it.
+WORKERS_CONNECTION_AGE_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,14 +171,27 @@ class ConnectionLimits:
                                               "is kept before a GOAWAY")
     grpc_min_ping_interval_s: float = _field(10.0, "gRPC: the fastest keepalive ping rate a "
                                             "client may use (seconds between pings)")
+    grpc_max_connection_age_s: float = _field(
+        0.0, "gRPC: seconds a connection may live before a GOAWAY sends its client to a new "
+             f"one (TF Serving's grpc.max_connection_age_ms; 0 = off with one worker, "
+             f"{WORKERS_CONNECTION_AGE_S:g} with --workers N, so that load returns to a "
+             "restarted worker)")
+    grpc_max_connection_age_grace_s: float = _field(
+        30.0, "gRPC: seconds the calls on a connection past its age may take before it is "
+              "closed (grpc.max_connection_age_grace_ms)")
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s",
-                     "grpc_max_connection_idle_s", "grpc_min_ping_interval_s"):
+                     "grpc_max_connection_idle_s", "grpc_min_ping_interval_s",
+                     "grpc_max_connection_age_grace_s"):
             value = getattr(self, name)
             if not 0 < value <= MAX_SECONDS:  # NaN and inf fail too; gRPC takes int32 ms
                 raise ConfigError(f"{name} must be > 0 and <= {MAX_SECONDS} seconds. "
                                   f"Received: {name}={value}")
+        if not 0 <= self.grpc_max_connection_age_s <= MAX_SECONDS:
+            raise ConfigError(f"grpc_max_connection_age_s must be in 0..{MAX_SECONDS} seconds "
+                              f"(0 = off). Received: grpc_max_connection_age_s="
+                              f"{self.grpc_max_connection_age_s}")
         for name in ("max_connections", "max_connections_per_address",
                      "grpc_max_concurrent_streams"):
             if getattr(self, name) < 1:
@@ -245,8 +262,14 @@ class ServerConfig:
                "load the first version a deploy writes there, logging every poll until then "
                "(off: fail at start)")
     connection_limits: ConnectionLimits = dataclasses.field(default_factory=ConnectionLimits)
+    # TF Serving's --grpc_channel_arguments that no flag sets: (key, int or str), to grpcio as is
+    grpc_channel_arguments: tuple[tuple[str, int | str], ...] = ()
 
     def __post_init__(self) -> None:
+        from ampflow.serving.channel_arguments import check_passed_through
+
+        object.__setattr__(self, "grpc_channel_arguments",
+                           check_passed_through(self.grpc_channel_arguments))
         if not self.models:
             raise ConfigError("at least one model must be configured. Received: models=()")
         names = [m.name for m in self.models]

@@ -237,7 +237,7 @@ def reflection_pool(services) -> descriptor_pool.DescriptorPool:
     return pool
 
 
-def server_options(config: ServerConfig, reuse_port: bool = False) -> list[tuple[str, int]]:
+def server_options(config: ServerConfig, reuse_port: bool = False) -> list[tuple]:
     """The gRPC server's channel arguments (the serving benchmark's echo floor uses them too).
 
     SO_REUSEPORT only for `--workers N`: otherwise a second server on a busy port must fail.
@@ -246,7 +246,8 @@ def server_options(config: ServerConfig, reuse_port: bool = False) -> list[tuple
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.so_reuseport", int(reuse_port)),
-        *grpc_server_options(config.connection_limits),
+        *grpc_server_options(config.connection_limits, workers=reuse_port),
+        *config.grpc_channel_arguments,  # TF Serving's flag: what no flag of ours sets
     ]
 
 

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from ampflow.errors import ConfigError
+from ampflow.serving.channel_arguments import parse_channel_arguments, tf_serving_form
 from ampflow.serving.config import ConnectionLimits, ServerConfig, to_model_server_config_text
 from ampflow.serving.model_format import DEFAULT_MODEL_NAME
 
@@ -53,8 +54,7 @@ def build_argv(config: ServerConfig, workdir: str | os.PathLike, binary: str = B
         f"--port={config.port}",
         f"--model_config_file={model_config}",
         f"--file_system_poll_wait_seconds={_poll_seconds(config.file_system_poll_wait_seconds)}",
-        f"--grpc_channel_arguments=grpc.max_receive_message_length={config.max_message_bytes},"
-        f"grpc.max_send_message_length={config.max_message_bytes}",
+        f"--grpc_channel_arguments={tf_serving_form(config)}",
         f"--enable_model_warmup={str(config.enable_warmup).lower()}",
         "--enable_signature_method_name_check="
         f"{str(config.enable_signature_method_name_check).lower()}",
@@ -100,10 +100,17 @@ def cannot_honour(config: ServerConfig) -> list[str]:
             _DEFAULTS["max_string_bytes"], _DEFAULTS["max_strings_per_request"]):
         reasons.append("it has no --max-string-bytes/--max-strings-per-request limit (leave "
                        "them at their defaults to accept that)")
-    if config.connection_limits != ConnectionLimits():
+    if _without_age(config.connection_limits) != ConnectionLimits():  # an age, it is given
         reasons.append("it has none of the --rest-*/--grpc-* connection limits asked for (its "
                        "own servers' limits apply; leave them at their defaults to accept that)")
     return reasons
+
+
+def _without_age(limits: ConnectionLimits) -> ConnectionLimits:
+    default = ConnectionLimits()
+    return dataclasses.replace(
+        limits, grpc_max_connection_age_s=default.grpc_max_connection_age_s,
+        grpc_max_connection_age_grace_s=default.grpc_max_connection_age_grace_s)
 
 
 def _poll_seconds(seconds: float) -> int:
@@ -166,7 +173,7 @@ TF_SERVING_ALIASES = {
     "file_system_poll_wait_seconds": "file_system_poll_wait_seconds",
     "enable_model_warmup": "enable_warmup",
     "enable_signature_method_name_check": "enable_signature_method_name_check",
-    "grpc_channel_arguments": "max_message_bytes",
+    "grpc_channel_arguments": "grpc_channel_arguments",  # and the fields of its known keys
 }
 # Flags whose one value is what `ampflow serve` always does (taken), any other refused: flag ->
 # (the value as TF Serving parses it, why another cannot be had).
@@ -225,7 +232,6 @@ TF_SERVING_UNSUPPORTED = {
     "skip_initialize_tpu": "no TPU support",
     "enable_serialization_as_tensor_content": "no equivalent",
 }
-_MESSAGE_LENGTH_KEYS = ("grpc.max_receive_message_length", "grpc.max_send_message_length")
 _TRUE, _FALSE = ("true", "True", "1"), ("false", "False", "0")
 
 
@@ -236,34 +242,6 @@ def parse_tf_bool(flag: str, value: str) -> bool:
     if value in _FALSE:
         return False
     raise ConfigError(f"--{flag} must be true or false. Received: --{flag}={value}")
-
-
-def parse_channel_arguments(value: str) -> int:
-    """`--grpc_channel_arguments` -> the max message bytes (the one key pair ampflow has).
-
-    What build_argv writes reads back to the same --max-message-bytes; any other gRPC channel
-    argument, or two different lengths for the two directions, is refused, never dropped.
-    """
-    lengths = {}
-    for item in filter(None, (part.strip() for part in value.split(","))):
-        key, sep, number = item.partition("=")
-        if key not in _MESSAGE_LENGTH_KEYS:
-            raise ConfigError(
-                f"--grpc_channel_arguments: only {' and '.join(_MESSAGE_LENGTH_KEYS)} are "
-                f"supported (--max-message-bytes). Received: {item!r}")
-        try:
-            lengths[key] = int(number) if sep else None
-        except ValueError:
-            lengths[key] = None
-        if lengths[key] is None:
-            raise ConfigError(f"--grpc_channel_arguments: {key} must be a whole number of "
-                              f"bytes. Received: {item!r}")
-    if len(set(lengths.values())) != 1:
-        raise ConfigError(
-            "--grpc_channel_arguments: ampflow has one --max-message-bytes for both "
-            f"directions, so give {' and '.join(_MESSAGE_LENGTH_KEYS)} the same value. "
-            f"Received: {value!r}")
-    return next(iter(lengths.values()))
 
 
 def same_tf_value(expected: str, given: str | None) -> bool:
@@ -290,18 +268,23 @@ def add_tf_serving_flags(p: argparse.ArgumentParser) -> None:
         "no equivalent here are refused, each in one line saying why. One default differs: a "
         f"model given no name is {DEFAULT_MODEL_NAME!r} here, 'default' there.")
     by_dest = {a.dest: a for a in p._actions if a.option_strings}
+    group.add_argument("--grpc_channel_arguments", dest="grpc_channel_arguments",
+                       action=_TfServingFlag, tf_name="grpc_channel_arguments",
+                       convert=parse_channel_arguments, metavar="KEY=VALUE,...",
+                       default=_DEFAULTS["grpc_channel_arguments"],
+                       help="gRPC server arguments, as TF Serving passes them (an int where "
+                            "the value is one); grpc.max_connection_age_ms and the message "
+                            "lengths, idle time, streams and ping interval set their flags")
     for name, dest in TF_SERVING_ALIASES.items():
+        if name == "grpc_channel_arguments":
+            continue
         own = by_dest[dest]
         is_bool = isinstance(own, argparse.BooleanOptionalAction)
         help_text = f"TF Serving's spelling of {own.option_strings[0]}"
-        if name == "grpc_channel_arguments":
-            help_text = (f"{'=N,'.join(_MESSAGE_LENGTH_KEYS)}=N (both the same N) is "
-                         f"{own.option_strings[0]} N; other channel arguments are refused")
         group.add_argument(f"--{name}", dest=dest, action=_TfServingFlag, tf_name=name,
                            convert=_tf_converter(name, own), is_bool=is_bool, help=help_text,
                            default=own.default,  # the field's, as ours: every action agrees
-                           metavar="true|false" if is_bool else "ARGS"
-                           if name == "grpc_channel_arguments" else own.metavar or "VALUE")
+                           metavar="true|false" if is_bool else own.metavar or "VALUE")
     for name in (*TF_SERVING_FIXED, *TF_SERVING_UNSUPPORTED):
         group.add_argument(f"--{name}", dest=f"tf_serving_{name}", action=_TfServingFlag,
                            tf_name=name, convert=None, help=argparse.SUPPRESS)
@@ -309,8 +292,6 @@ def add_tf_serving_flags(p: argparse.ArgumentParser) -> None:
 
 def _tf_converter(name: str, own: argparse.Action):
     """How TF Serving's `--name=value` becomes the value of `own` (ours)'s dest."""
-    if name == "grpc_channel_arguments":
-        return parse_channel_arguments
     if isinstance(own, argparse.BooleanOptionalAction):
         return lambda value: parse_tf_bool(name, value)
     kind = own.type or str
@@ -338,7 +319,11 @@ class _TfServingFlag(argparse.Action):
         given = f"--{self.tf_name}" + ("" if values is None else f"={values}")
         try:
             if self.convert is not None:
-                setattr(namespace, self.dest, self.convert("true" if values is None else values))
+                value = self.convert("true" if values is None else values)
+                # --grpc_channel_arguments sets the fields of the keys it knows too
+                for dest, each in (value.items() if isinstance(value, dict) else
+                                   [(self.dest, value)]):
+                    setattr(namespace, dest, each)
                 return
             value, why = TF_SERVING_FIXED.get(self.tf_name, (None, None))
             if value is not None and same_tf_value(value, values):

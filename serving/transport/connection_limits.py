@@ -13,8 +13,9 @@ module bounds the *connections*, which a client holds without sending a whole re
   timed-out one `408`, so that a flood from one address never turns into `503` for everyone, as
   uvicorn's own `limit_concurrency` does (it counts half-open connections too).
 - gRPC (grpcio's channel arguments): streams per HTTP/2 connection, connections idle without a
-  call closed after `grpc_max_connection_idle_s` (GOAWAY), keepalive pings from clients no more
-  often than `grpc_min_ping_interval_s`.
+  call closed after `grpc_max_connection_idle_s` (GOAWAY), and any after
+  `grpc_max_connection_age_s` (so that `--workers N` clients spread again), keepalive pings
+  from clients no more often than `grpc_min_ping_interval_s`.
 Why not a proxy in front: `ampflow serve` is reached directly in the demo, in KServe and from
 the docs; a server that faces clients must hold these bounds itself.
 """
@@ -30,12 +31,21 @@ from collections import Counter
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ampflow.serving.config import ConnectionLimits
+from ampflow.serving.config import WORKERS_CONNECTION_AGE_S, ConnectionLimits
 
 
-def grpc_server_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
-    """The grpcio channel arguments that bound streams, idle connections and client pings."""
+def grpc_server_options(limits: ConnectionLimits, workers: bool = False
+                        ) -> list[tuple[str, int]]:
+    """The grpcio channel arguments that bound streams, connections' idle time and age, pings.
+
+    `workers`: one of `--workers N`, where an age left at 0 is WORKERS_CONNECTION_AGE_S.
+    """
+    age_s = limits.grpc_max_connection_age_s or (WORKERS_CONNECTION_AGE_S if workers else 0)
+    age = [("grpc.max_connection_age_ms", int(age_s * 1000)),
+           ("grpc.max_connection_age_grace_ms",
+            int(limits.grpc_max_connection_age_grace_s * 1000))] if age_s else []
     return [
+        *age,
         ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
         ("grpc.max_connection_idle_ms", int(limits.grpc_max_connection_idle_s * 1000)),
         # a client may ping (keepalive) this often, even between calls; faster is a GOAWAY

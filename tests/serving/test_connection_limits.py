@@ -242,7 +242,8 @@ def test_serve_flags_set_every_limit_and_the_real_binary_is_not_chosen_for_them(
     changed = {"--rest-header-timeout-s": "3", "--rest-body-timeout-s": "4",
                "--rest-keepalive-timeout-s": "2", "--rest-max-connections": "99",
                "--rest-max-connections-per-address": "7", "--grpc-max-concurrent-streams": "5",
-               "--grpc-max-connection-idle-s": "30", "--grpc-min-ping-interval-s": "1"}
+               "--grpc-max-connection-idle-s": "30", "--grpc-min-ping-interval-s": "1",
+               "--grpc-max-connection-age-s": "20", "--grpc-max-connection-age-grace-s": "3"}
     config = serve_config_from_args(build_parser().parse_args(
         argv + [x for pair in changed.items() for x in pair]))
     assert [float(v) for v in changed.values()] == [

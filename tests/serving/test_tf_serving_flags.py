@@ -186,13 +186,15 @@ def test_unsupported_tf_serving_flag_exits_2_in_one_line_naming_it(name, capsys)
                               "--rest_api_port=abc"),
     (["--enable_model_warmup=maybe"], "--enable_model_warmup must be true or false. Received: "
                                       "--enable_model_warmup=maybe"),
-    (["--grpc_channel_arguments=grpc.max_connection_age_ms=2000"],
-     "only grpc.max_receive_message_length and grpc.max_send_message_length are supported "
-     "(--max-message-bytes). Received: 'grpc.max_connection_age_ms=2000'"),
+    (["--grpc_channel_arguments=grpc.max_connection_age_ms=2000,grpc.so_reuseport=0"],
+     "grpc.so_reuseport is not taken: --workers N decides it (the workers share the ports). "
+     "Received: 'grpc.so_reuseport=0'"),
+    (["--grpc_channel_arguments=grpc.max_connection_age_ms"],
+     "takes key=value items separated by commas. Received: 'grpc.max_connection_age_ms'"),
     (["--grpc_channel_arguments=grpc.max_receive_message_length=4096,"
       "grpc.max_send_message_length=8192"], "ampflow has one --max-message-bytes for both"),
     (["--grpc_channel_arguments=grpc.max_send_message_length=lots"],
-     "grpc.max_send_message_length must be a whole number of bytes"),
+     "grpc.max_send_message_length must be a whole number >= 0"),
     (["--model_name"], "argument --model_name: expected one argument"),
 ])
 def test_tf_serving_flag_bad_value_is_one_line(argv, message, capsys):
