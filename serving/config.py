@@ -261,6 +261,13 @@ class ServerConfig:
         False, "start even if a model base path does not exist yet or holds no version, and "
                "load the first version a deploy writes there, logging every poll until then "
                "(off: fail at start)")
+    model_config_file_poll_wait_seconds: float = _field(
+        0.0, "re-read --model-config-file this often and apply what changed (models added, "
+             "removed, relabelled; a file that does not parse keeps the models served and is "
+             "logged); 0 = read once at start")
+    grpc_socket_path: Path | None = _field(
+        None, "also serve the gRPC APIs on this Unix socket (TF Serving's --grpc_socket_path; "
+              "one process: not with --workers N)")
     connection_limits: ConnectionLimits = dataclasses.field(default_factory=ConnectionLimits)
     # TF Serving's --grpc_channel_arguments that no flag sets: (key, int or str), to grpcio as is
     grpc_channel_arguments: tuple[tuple[str, int | str], ...] = ()
@@ -299,6 +306,7 @@ class ServerConfig:
         if self.grace_s < 0:
             raise ConfigError(f"grace_s must be >= 0. Received: grace_s={self.grace_s}")
         _check_workers(self.workers, self.allow_reload_config)
+        _check_poll_and_socket(self)
         if self.max_request_batch_size < 0:
             raise ConfigError(
                 "max_request_batch_size must be >= 0 (0 = the batching max_batch_size, or "
@@ -355,6 +363,31 @@ class ServerConfig:
         return next((m for m in self.models if m.name == name), None)
 
 
+MAX_SOCKET_PATH_BYTES = 107  # sockaddr_un.sun_path holds 108 bytes with the closing NUL
+
+
+def _check_poll_and_socket(config: ServerConfig) -> None:
+    """A config file to poll, when polling; a socket path that fits, for one process only."""
+    poll_s = config.model_config_file_poll_wait_seconds
+    if not 0 <= poll_s <= 86_400:
+        raise ConfigError("model_config_file_poll_wait_seconds must be in 0..86400 (0 = read "
+                          f"once). Received: model_config_file_poll_wait_seconds={poll_s}")
+    if poll_s and config.model_config_file is None:
+        raise ConfigError("model_config_file_poll_wait_seconds needs model_config_file (the "
+                          f"file to re-read). Received: model_config_file_poll_wait_seconds="
+                          f"{poll_s} and no model_config_file")
+    if config.grpc_socket_path is None:
+        return
+    object.__setattr__(config, "grpc_socket_path", Path(config.grpc_socket_path))
+    size = len(str(config.grpc_socket_path).encode())
+    if not 0 < size <= MAX_SOCKET_PATH_BYTES:
+        raise ConfigError(f"grpc_socket_path must be 1..{MAX_SOCKET_PATH_BYTES} bytes (a Unix "
+                          f"socket address). Received: {size} bytes")
+    if config.workers > 1:
+        raise ConfigError(f"grpc_socket_path needs workers=1: each worker would take the socket "
+                          f"from the one before. Received: workers={config.workers}")
+
+
 def _check_workers(workers: int, allow_reload_config: bool) -> None:
     """1..MAX_WORKERS processes; a config reload would reach only the worker it landed on."""
     if not 1 <= workers <= MAX_WORKERS:
@@ -394,7 +427,9 @@ def parse_model_server_config(text: str, *, source: str = "<text>") -> tuple[Mod
         text_format.Parse(text, proto)
     except text_format.ParseError as e:
         raise ConfigError(
-            f"model config must be a ModelServerConfig text proto. Received: {source} ({e})"
+            # TF Serving's words in the parenthesis, which its own test looks for in the log
+            f"model config must be a ModelServerConfig text proto. Received: {source} (Error "
+            f"parsing text-format tensorflow.serving.ModelServerConfig: {e})"
         ) from e
     return model_configs_from_proto(proto, source=source)
 

@@ -17,6 +17,7 @@ import signal
 import ssl
 import threading
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 from google.protobuf import descriptor_pool
@@ -27,6 +28,7 @@ from tensorflow_serving.apis import model_service_pb2, prediction_service_pb2
 from ampflow.errors import ConfigError, ServingError
 from ampflow.serving import preflight
 from ampflow.serving.config import ServerConfig
+from ampflow.serving.config_poll import ConfigFilePoller
 from ampflow.serving.core.batching import Batcher
 from ampflow.serving.core.inference import InferenceCore, ReloadPolicy, RequestLimits
 from ampflow.serving.listening import announce, client_host
@@ -66,6 +68,7 @@ class RunningServer:
     _metrics_http: object | None
     rest_port: int | None = None
     _rest: object | None = None
+    _config_poller: ConfigFilePoller | None = None
 
     @property
     def rest_address(self) -> str | None:
@@ -79,6 +82,8 @@ class RunningServer:
         if self._rest is not None:
             self._rest.stop(grace)
         self._server.stop(grace).wait(grace + 5)
+        if self._config_poller is not None:
+            self._config_poller.stop()
         self.registry.stop()
         if self._batcher is not None:
             self._batcher.close()
@@ -186,6 +191,8 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
     reflection.enable_server_reflection(tuple(s.full_name for s in reflected), server,
                                         pool=reflection_pool(reflected))
     port = _bind(server, config, credentials)
+    if config.grpc_socket_path is not None:
+        _bind_unix(server, config.grpc_socket_path, credentials)
     registry.on_change = lambda: _on_change(registry, health_servicer, batcher)
     registry.start(config.file_system_poll_wait_seconds)
     problems = registry.start_problems(waiting=config.wait_for_base_path)
@@ -196,6 +203,9 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
             batcher.close()
         raise ServingError("; ".join(problems))
     _on_change(registry, health_servicer, batcher)
+    poller = ConfigFilePoller(config.model_config_file, registry,
+                              config.model_config_file_poll_wait_seconds, config.models[0]
+                              ).start() if config.model_config_file_poll_wait_seconds else None
     server.start()
     try:
         rest = _start_rest(config, tf_serving, v2, metrics, reuse_port=as_worker)
@@ -203,6 +213,8 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
             _start_metrics(config, metrics)
     except Exception:
         server.stop(0)
+        if poller is not None:
+            poller.stop()
         registry.stop()
         raise
     address = f"{client_host(config.host)}:{port}"
@@ -211,7 +223,7 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
              f", REST API on :{rest.port}" if rest else "",
              f", metrics on :{metrics_port}/metrics" if metrics_port else "")
     return RunningServer(address, port, config, registry, metrics_port, server, health_servicer,
-                         batcher, metrics_http, rest.port if rest else None, rest)
+                         batcher, metrics_http, rest.port if rest else None, rest, poller)
 
 
 def reflection_pool(services) -> descriptor_pool.DescriptorPool:
@@ -297,6 +309,22 @@ def _bind(server: grpc.Server, config: ServerConfig, credentials) -> int:
         raise ConfigError(f"--port must be a port free on {config.host}. Received: {target} "
                           "(in use?)")
     return port
+
+
+def _bind_unix(server: grpc.Server, path: Path, credentials) -> None:
+    """Serve gRPC on a Unix socket too, as TF Serving's --grpc_socket_path."""
+    target = f"unix:{path}"
+    try:
+        bound = server.add_insecure_port(target) if credentials is None else \
+            server.add_secure_port(target, credentials)
+    except RuntimeError as e:
+        bound, error = 0, f" ({e})"
+    else:
+        error = ""
+    if not bound:
+        raise ConfigError(f"--grpc-socket-path must be a path a Unix socket can be created at "
+                          f"(its dir exists and is writable). Received: {path}{error}")
+    log.info("gRPC also on unix:%s", path)
 
 
 def check_tls_files(tls) -> None:

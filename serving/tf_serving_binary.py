@@ -66,6 +66,11 @@ def build_argv(config: ServerConfig, workdir: str | os.PathLike, binary: str = B
         argv.append(f"--ssl_config_file={_write_ssl(config, workdir)}")
     if config.rest_api_port:
         argv.append(f"--rest_api_port={config.rest_api_port}")
+    if config.model_config_file_poll_wait_seconds:  # (only with a file of the user's own)
+        argv.append("--model_config_file_poll_wait_seconds="
+                    f"{_poll_seconds(config.model_config_file_poll_wait_seconds)}")
+    if config.grpc_socket_path is not None:
+        argv.append(f"--grpc_socket_path={config.grpc_socket_path}")
     if config.metrics_port:  # the binary serves metrics on its REST port (cannot_honour checks)
         argv.append(f"--monitoring_config_file={_write_monitoring(workdir)}")
     return argv
@@ -174,13 +179,12 @@ TF_SERVING_ALIASES = {
     "enable_model_warmup": "enable_warmup",
     "enable_signature_method_name_check": "enable_signature_method_name_check",
     "grpc_channel_arguments": "grpc_channel_arguments",  # and the fields of its known keys
+    "model_config_file_poll_wait_seconds": "model_config_file_poll_wait_seconds",
+    "grpc_socket_path": "grpc_socket_path",
 }
 # Flags whose one value is what `ampflow serve` always does (taken), any other refused: flag ->
 # (the value as TF Serving parses it, why another cannot be had).
 TF_SERVING_FIXED = {
-    "model_config_file_poll_wait_seconds": (
-        "0", "the config file is read once at start (restart, or --allow-reload-config for "
-             "ModelService/HandleReloadConfigRequest)"),
     "enable_batching": (
         "false", "batching is --max-batch-size N with --batch-timeout-ms X (a "
                  "BatchingParameters file is not read: its thread count and queue bound have "
@@ -189,7 +193,6 @@ TF_SERVING_FIXED = {
 }
 # Every other flag of tensorflow_model_server: refused, in one line with the reason.
 TF_SERVING_UNSUPPORTED = {
-    "grpc_socket_path": "gRPC listens on TCP only (--host and --port)",
     "rest_api_num_threads": "the REST API runs on one event loop per process (use --workers)",
     "rest_api_timeout_in_ms": "there is no per-call REST deadline; a slow client is bounded by "
                               "--rest-header-timeout-s and --rest-body-timeout-s",

@@ -180,7 +180,8 @@ def test_unsupported_tf_serving_flag_exits_2_in_one_line_naming_it(name, capsys)
     (["--enable_batching"], "TF Serving's --enable_batching is not supported by `ampflow "
                             "serve` except as =false: batching is --max-batch-size N"),
     (["--model_config_file_poll_wait_seconds=60"],
-     "--model_config_file_poll_wait_seconds is not supported by `ampflow serve` except as =0"),
+     "needs --model-config-file (the file to re-read)"),
+    (["--rest_api_timeout_in_ms=500"], "TF Serving's --rest_api_timeout_in_ms is not supported"),
     (["--enable_grpc_healthcheck_service=false"], "except as =true: grpc.health.v1 is always"),
     (["--rest_api_port=abc"], "--rest_api_port must be a whole number. Received: "
                               "--rest_api_port=abc"),
@@ -210,7 +211,7 @@ def test_serve_help_lists_tf_serving_spellings(capsys):
     out = capsys.readouterr().out
     for name in tfs.TF_SERVING_ALIASES:
         assert f"--{name}" in out
-    assert "--grpc_socket_path" not in out  # refused flags are not offered
+    assert "--rest_api_timeout_in_ms" not in out  # refused flags are not offered
 
 
 def _wait_listening(proc: subprocess.Popen, timeout_s: float) -> str:
