@@ -150,8 +150,11 @@ def serve_config_from_args(args: argparse.Namespace):
                                    version_labels=_parse_labels(args.version_label)),)
     else:
         raise ConfigError("give --model-base-path or --model-config-file. Received: neither")
+    # TF Serving's --monitoring_config_file asks for the metrics on the REST port
+    metrics_port = args.rest_api_port if getattr(args, "tf_serving_metrics_on_rest_port",
+                                                 False) else args.metrics_port
     return config_from_args(
-        cfg.ServerConfig, args, models=models, tls=_tls(args),
+        cfg.ServerConfig, args, models=models, tls=_tls(args), metrics_port=metrics_port,
         batching=config_from_args(cfg.BatchingConfig, args),
         connection_limits=_connection_limits(args),
         reload_config_roots=tuple(Path(r) for r in args.reload_config_root))

@@ -26,6 +26,7 @@ from ampflow.errors import ConfigError
 from ampflow.serving.channel_arguments import parse_channel_arguments, tf_serving_form
 from ampflow.serving.config import ConnectionLimits, ServerConfig, to_model_server_config_text
 from ampflow.serving.model_format import DEFAULT_MODEL_NAME
+from ampflow.serving.monitoring_config import metrics_on_rest_port
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,7 @@ TF_SERVING_ALIASES = {
     "grpc_channel_arguments": "grpc_channel_arguments",  # and the fields of its known keys
     "model_config_file_poll_wait_seconds": "model_config_file_poll_wait_seconds",
     "grpc_socket_path": "grpc_socket_path",
+    "monitoring_config_file": "metrics_port",  # prometheus_config enabled: the REST port's
 }
 # Flags whose one value is what `ampflow serve` always does (taken), any other refused: flag ->
 # (the value as TF Serving parses it, why another cannot be had).
@@ -221,8 +223,6 @@ TF_SERVING_UNSUPPORTED = {
     "grpc_max_threads": "no equivalent (use --workers for more processes)",
     "num_request_iterations_for_warmup": "no equivalent (--warmup/--no-warmup)",
     "version": "use `ampflow --version`",
-    "monitoring_config_file": "Prometheus metrics are --metrics-port (on their own port, or the "
-                              "REST port)",
     "remove_unused_fields_from_bundle_metagraph": "no equivalent",
     "prefer_tflite_model": "a version dir is a SavedModel or a .tflite file, --model-format",
     "num_tflite_pools": "no equivalent",
@@ -278,8 +278,13 @@ def add_tf_serving_flags(p: argparse.ArgumentParser) -> None:
                        help="gRPC server arguments, as TF Serving passes them (an int where "
                             "the value is one); grpc.max_connection_age_ms and the message "
                             "lengths, idle time, streams and ping interval set their flags")
+    group.add_argument("--monitoring_config_file", dest="tf_serving_metrics_on_rest_port",
+                       action=_TfServingFlag, tf_name="monitoring_config_file",
+                       convert=metrics_on_rest_port, default=False, metavar="FILE",
+                       help="a MonitoringConfig whose prometheus_config is enabled: the metrics "
+                            "on the REST port (--metrics-port equal to --rest-api-port)")
     for name, dest in TF_SERVING_ALIASES.items():
-        if name == "grpc_channel_arguments":
+        if name in ("grpc_channel_arguments", "monitoring_config_file"):
             continue
         own = by_dest[dest]
         is_bool = isinstance(own, argparse.BooleanOptionalAction)

@@ -148,12 +148,12 @@ def test_tf_serving_arguments_reach_the_real_binary_the_same(tmp_path):
 
 @pytest.mark.parametrize("extra, flag", [
     ({"batching": BatchingConfig(max_batch_size=8)}, "--enable_batching"),
-    ({"metrics_port": 8601, "rest_api_port": 8601}, "--monitoring_config_file"),
     ("tls", "--ssl_config_file"),
 ])
 def test_build_argv_flags_with_no_alias_are_refused_when_read_back(extra, flag, tmp_path, capsys):
-    """The binary's files for batching, monitoring and TLS are not read by serve: refused, not
-    dropped (a config read back without its batching would serve something else)."""
+    """The binary's files for batching and TLS are not read by serve: refused, not dropped (a
+    config read back without its batching would serve something else). Monitoring is read:
+    test_monitoring_config.py."""
     if extra == "tls":
         for name in ("cert.pem", "key.pem"):
             (tmp_path / name).write_text(f"-----{name}-----\n")
