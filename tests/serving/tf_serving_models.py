@@ -145,3 +145,53 @@ def matmul_tflite() -> bytes:
         y = tf.identity(tf.matmul(x, w), name="y")
         sess.run(v1.global_variables_initializer())
         return v1.lite.TFLiteConverter.from_session(sess, [x], [y]).convert()
+
+
+def write_half_plus_two_tf1(export_dir: Path, b: float = 2.0) -> Path:
+    """The TF1 half_plus_two of TF Serving's export script (`saved_model_half_plus_two_cpu`).
+
+    Its TF1 branch, written here: a session graph parsing tf.Examples fed to `tf_example` (a
+    string placeholder of unknown shape, as in the metadata TF Serving's tests expect), `x`
+    and `x2` features, y = 0.5 * x + b, y2 = 0.5 * x + 3, y3 = 0.5 * x2 + 3, saved with
+    `SavedModelBuilder` and five SignatureDefs with TF1's method names. `b=3`: the
+    `half_plus_three` of its model-config tests.
+    """
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    utils, sig_utils = v1.saved_model.utils, v1.saved_model.signature_def_utils
+    consts = v1.saved_model.signature_constants
+    graph = tf.Graph()
+    with graph.as_default(), v1.Session(graph=graph) as sess:
+        a, b_var, c = (v1.Variable(v, name=n) for v, n in ((0.5, "a"), (b, "b"), (3.0, "c")))
+        serialized = v1.placeholder(tf.string, name="tf_example")
+        parsed = v1.parse_example(tf.reshape(serialized, [-1]), {
+            "x": v1.FixedLenFeature([1], dtype=tf.float32),
+            "x2": v1.FixedLenFeature([1], dtype=tf.float32, default_value=[0.0])})
+        x = tf.identity(parsed["x"], name="x")
+        y = tf.identity(tf.add(tf.multiply(a, x), b_var), name="y")
+        y2 = tf.identity(tf.add(tf.multiply(a, x), c), name="y2")
+        x2 = tf.identity(parsed["x2"], name="x2")
+        a2, c2 = v1.Variable(0.5, name="a2"), v1.Variable(3.0, name="c2")
+        y3 = tf.identity(tf.add(tf.multiply(a2, x2), c2), name="y3")
+
+        def signature(inputs, outputs, method):
+            return sig_utils.build_signature_def(
+                {k: utils.build_tensor_info(t) for k, t in inputs.items()},
+                {k: utils.build_tensor_info(t) for k, t in outputs.items()}, method)
+
+        regress = consts.REGRESS_METHOD_NAME
+        signatures = {
+            "regress_x_to_y": signature({"inputs": serialized}, {"outputs": y}, regress),
+            "regress_x_to_y2": signature({"inputs": serialized}, {"outputs": y2}, regress),
+            "regress_x2_to_y3": signature({"inputs": x2}, {"outputs": y3}, regress),
+            "classify_x_to_y": signature({"inputs": serialized}, {"scores": y},
+                                         consts.CLASSIFY_METHOD_NAME),
+            "serving_default": signature({"x": x}, {"y": y}, consts.PREDICT_METHOD_NAME),
+        }
+        sess.run(v1.global_variables_initializer())
+        builder = v1.saved_model.builder.SavedModelBuilder(str(export_dir))
+        builder.add_meta_graph_and_variables(sess, [v1.saved_model.tag_constants.SERVING],
+                                             signature_def_map=signatures)
+        builder.save()
+    return export_dir
