@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ampflow.errors import ConfigError
+from ampflow.serving.channel_arguments import check_passed_through
 from ampflow.serving.compute_precision import COMPUTE_PRECISIONS
 from ampflow.serving.model_format import MAX_VERSION, MODEL_FORMATS, check_model_name
 
@@ -273,8 +274,6 @@ class ServerConfig:
     grpc_channel_arguments: tuple[tuple[str, int | str], ...] = ()
 
     def __post_init__(self) -> None:
-        from ampflow.serving.channel_arguments import check_passed_through
-
         object.__setattr__(self, "grpc_channel_arguments",
                            check_passed_through(self.grpc_channel_arguments))
         if not self.models:
