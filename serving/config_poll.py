@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ampflow.errors import ConfigError
 from ampflow.serving.config import ModelConfig, load_model_config_file
-from ampflow.serving.core.status import ServingStatusError
+from ampflow.serving.status import ServingStatusError
 
 log = logging.getLogger(__name__)
 

@@ -330,13 +330,13 @@ def test_a_planted_late_import_cycle_fails_the_rule(tmp_path):
 
 
 # Serving's own floors, bottom up (issue 47): the base modules every folder may read (the model
-# format, the configs, the status codes, compute precision), the models, the core over them,
-# the transports, the protocol doors over core and transports, and the assembly (server, workers,
-# the CLI, the clients) on top. A module imports only its own floor or those below it.
+# format, the configs and TF Serving's channel arguments, the status codes, compute precision),
+# the models, the core over them, the transports, the protocol doors over core and transports,
+# and the assembly (server, workers, the CLI, the clients) on top. A module imports only its own floor or those below it.
 SERVING_FLOORS = (
     ("base", ("ampflow.serving.model_format", "ampflow.serving.config",
               "ampflow.serving.status", "ampflow.serving.compute_precision",
-              "ampflow.serving.cpu_features")),
+              "ampflow.serving.cpu_features", "ampflow.serving.channel_arguments")),
     ("models", ("ampflow.serving.models",)),
     ("core", ("ampflow.serving.core",)),
     ("transport", ("ampflow.serving.transport",)),

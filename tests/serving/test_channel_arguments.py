@@ -24,9 +24,8 @@ from ampflow.cli import build_parser
 from ampflow.errors import ConfigError
 from ampflow.serving import tf_serving_binary as tfs
 from ampflow.serving.cli import serve_config_from_args
-from ampflow.serving.config import ModelConfig, ServerConfig
+from ampflow.serving.config import WORKERS_CONNECTION_AGE_S, ModelConfig, ServerConfig
 from ampflow.serving.server import server_options
-from ampflow.serving.transport.connection_limits import WORKERS_CONNECTION_AGE_S
 
 UPSTREAM = "grpc.max_connection_age_ms=2000,grpc.lb_policy_name=grpclb"  # testGoodGrpcChannelArgs
 
