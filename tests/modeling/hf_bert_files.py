@@ -65,7 +65,7 @@ def write_hf_bert(directory: Path, *, layers: int = 2, hidden: int = 64, heads: 
                   intermediate: int = 128, positions: int = 32, types: int = 2,
                   prefix: str = "", old_layer_norm_names: bool = False,
                   do_lower_case: bool | None = True, dtype=np.float32, seed: int = 0,
-                  layer_norm_eps: float = 1e-12,
+                  layer_norm_eps: float = 1e-12, hidden_act: str = "gelu",
                   vocabulary: list[str] = VOCABULARY) -> dict[str, np.ndarray]:
     """Write the directory; return the tensors by `BertModel` name, as float32 values."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -86,7 +86,7 @@ def write_hf_bert(directory: Path, *, layers: int = 2, hidden: int = 64, heads: 
                                 metadata={"format": "pt"})
     config = {"architectures": ["BertModel"], "model_type": "bert", "hidden_size": hidden,
               "num_hidden_layers": layers, "num_attention_heads": heads,
-              "intermediate_size": intermediate, "hidden_act": "gelu",
+              "intermediate_size": intermediate, "hidden_act": hidden_act,
               "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
               "max_position_embeddings": positions, "type_vocab_size": types,
               "initializer_range": 0.02, "layer_norm_eps": layer_norm_eps,
@@ -143,8 +143,8 @@ BAD_DIRECTORIES = {
                            lambda d: edit_json(d / "config.json", model_type="distilbert"),
                            "expected model_type 'bert'. Received: model_type='distilbert'"),
     "another activation": ("config.json",
-                           lambda d: edit_json(d / "config.json", hidden_act="gelu_new"),
-                           "hidden_act must be one of ['gelu']"),
+                           lambda d: edit_json(d / "config.json", hidden_act="relu"),
+                           "hidden_act must be one of ['gelu', 'gelu_new']"),
     "heads do not divide the width": ("config.json", lambda d: edit_json(
         d / "config.json", num_attention_heads=5),
         "hidden_size must be a multiple of num_attention_heads. Received: hidden_size=64, "

@@ -35,7 +35,7 @@ def tolerance(policy: str, want: np.ndarray, longest_dot: int) -> float:
 
 
 def numpy_bert(t: dict[str, np.ndarray], token_ids, segment_ids, *, heads: int,
-               eps: float = 1e-12, pad_id: int = 0):
+               eps: float = 1e-12, pad_id: int = 0, approximate_gelu: bool = False):
     """Hugging Face's BertModel, eval mode, in float64: (sequence output, pooled output).
 
     The sizes come from the tensors (`BertModel` names, `[out, in]` Linear weights).
@@ -74,6 +74,10 @@ def numpy_bert(t: dict[str, np.ndarray], token_ids, segment_ids, *, heads: int,
         x = layer_norm(x + linear(context, f"{p}.attention.output.dense"),
                        f"{p}.attention.output.LayerNorm")
         inner = linear(x, f"{p}.intermediate.dense")
-        inner = inner * 0.5 * (1.0 + erf(inner / np.sqrt(2.0)))
+        if approximate_gelu:  # Google's BERT code (and keras-hub): the tanh form
+            inner = 0.5 * inner * (1.0 + np.tanh(np.sqrt(2.0 / np.pi)
+                                                 * (inner + 0.044715 * inner**3)))
+        else:  # Hugging Face's "gelu": the exact erf form
+            inner = inner * 0.5 * (1.0 + erf(inner / np.sqrt(2.0)))
         x = layer_norm(x + linear(inner, f"{p}.output.dense"), f"{p}.output.LayerNorm")
     return x, np.tanh(linear(x[:, 0], "pooler.dense"))

@@ -125,6 +125,22 @@ def test_the_configs_layer_norm_eps_is_the_one_used(tmp_path):
     assert np.abs(got - default_eps).max() > 100 * allowed
 
 
+def test_gelu_new_is_the_tanh_form_and_gelu_the_erf_form(tmp_path):
+    """`hidden_act: gelu_new` (keras-hub's and Google's BERT code) is computed, not refused."""
+    written = write_hf_bert(tmp_path, layers=LAYERS, hidden=HIDDEN, heads=HEADS,
+                            intermediate=INTERMEDIATE, positions=POSITIONS, hidden_act="gelu_new")
+    keras.mixed_precision.set_global_policy("float32")
+    encoder, _ = load_hf_bert(tmp_path)
+    token_ids, segment_ids = _batches()[0]
+    got = np.asarray(encoder({"token_ids": token_ids, "segment_ids": segment_ids})
+                     ["sequence_output"], np.float64)
+    want, _ = numpy_bert(written, token_ids, segment_ids, heads=HEADS, approximate_gelu=True)
+    allowed = tolerance("float32", want, INTERMEDIATE)
+    assert np.abs(got - want).max() <= allowed
+    erf_form, _ = numpy_bert(written, token_ids, segment_ids, heads=HEADS)
+    assert np.abs(got - erf_form).max() > 10 * allowed
+
+
 @pytest.mark.parametrize("policy", ("float32", "mixed_float16"))
 def test_a_keras_file_of_the_encoder_loads_with_the_same_weights_and_outputs(
         checkpoint_dir, tmp_path, policy):

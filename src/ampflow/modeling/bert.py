@@ -1,11 +1,12 @@
 """A Keras 3 BERT encoder of exactly BERT's computation, and `load_hf_bert` to fill it.
 
 It computes what Hugging Face's `BertModel` computes (embeddings, post-LN layers with erf GELU,
-the tanh pooler), built under the global dtype policy with the text models' AMP rules: the
-attention softmax and its padding mask in float32, LayerNorm in float32, every variable
-float32, so the checkpoint's weights are assigned bit for bit. It takes `{"token_ids",
-"segment_ids"}` and gives `{"sequence_output", "pooled_output"}`; the mask comes from the
-padding id. The computation, step by step: docs/explanation/design-notes.md, "bert.py".
+or its tanh form for `hidden_act: gelu_new` as keras-hub computes it, the tanh pooler), built
+under the global dtype policy with the text models' AMP rules: the attention softmax and its
+padding mask in float32, LayerNorm in float32, every variable float32, so the checkpoint's
+weights are assigned bit for bit. It takes `{"token_ids", "segment_ids"}` and gives
+`{"sequence_output", "pooled_output"}`; the mask comes from the padding id. The computation,
+step by step: docs/explanation/design-notes.md, "bert.py".
 """
 
 from __future__ import annotations
@@ -141,9 +142,10 @@ class BertLayer(keras.layers.Layer):
 
     def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int,
                  layer_norm_eps: float = 1e-12, hidden_dropout: float = 0.0,
-                 attention_dropout: float = 0.0, **kwargs):
+                 attention_dropout: float = 0.0, approximate_gelu: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.hidden_size, self.num_heads = int(hidden_size), int(num_heads)
+        self.approximate_gelu = bool(approximate_gelu)
         self.intermediate_size, self.layer_norm_eps = int(intermediate_size), float(layer_norm_eps)
         self.rates = (float(hidden_dropout), float(attention_dropout))
         policy = self.dtype_policy
@@ -174,7 +176,8 @@ class BertLayer(keras.layers.Layer):
         hidden, mask = inputs
         attended = self.attention_output(self.attention([hidden, mask], training=training))
         hidden = self.attention_layer_norm(hidden + self.dropout(attended, training=training))
-        inner = keras.activations.gelu(self.intermediate(hidden), approximate=False)
+        inner = keras.activations.gelu(self.intermediate(hidden),
+                                       approximate=self.approximate_gelu)
         out = self.dropout(self.output_dense(inner), training=training)
         return self.output_layer_norm(hidden + out)
 
@@ -185,7 +188,7 @@ class BertLayer(keras.layers.Layer):
         return {**super().get_config(), "hidden_size": self.hidden_size,
                 "num_heads": self.num_heads, "intermediate_size": self.intermediate_size,
                 "layer_norm_eps": self.layer_norm_eps, "hidden_dropout": self.rates[0],
-                "attention_dropout": self.rates[1]}
+                "attention_dropout": self.rates[1], "approximate_gelu": self.approximate_gelu}
 
 
 @keras.saving.register_keras_serializable(package="ampflow")
@@ -212,7 +215,7 @@ def bert_encoder(config: BertConfig, *, pad_id: int = 0, name: str = "bert") -> 
         hidden = BertLayer(config.hidden_size, config.num_attention_heads,
                            config.intermediate_size, config.layer_norm_eps,
                            config.hidden_dropout_prob, config.attention_probs_dropout_prob,
-                           name=f"layer_{n}")([hidden, mask])
+                           config.approximate_gelu, name=f"layer_{n}")([hidden, mask])
     first = BertFirstToken(name="cls_token")(hidden)
     pooled = keras.layers.Dense(config.hidden_size, activation="tanh", name="pooler")(first)
     return keras.Model(dict(zip(INPUT_NAMES, (token_ids, segment_ids), strict=True)),

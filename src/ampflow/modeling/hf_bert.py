@@ -36,7 +36,9 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 MODEL_TYPE = "bert"
 TASK_PREFIX = "bert."  # BertFor* task models save the encoder under `bert.`
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
-SUPPORTED_ACTIVATIONS = ("gelu",)  # erf GELU, BERT's own; gelu_new/tanh forms are not read
+# "gelu": the erf GELU of Hugging Face's BERT; "gelu_new": the tanh approximation of Google's
+# original BERT code, which keras-hub's BertBackbone computes (hidden_act of a keras-hub preset)
+SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new")
 DOWNLOAD_HINT = ("download the whole repository, e.g. `huggingface-cli download "
                  "google/bert_uncased_L-2_H-128_A-2 --local-dir DIR`")
 
@@ -69,7 +71,8 @@ class BertConfig:
                 f"hidden_size={self.hidden_size}, num_attention_heads={self.num_attention_heads}")
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ValueError(f"hidden_act must be one of {list(SUPPORTED_ACTIVATIONS)} (BERT's "
-                             f"erf GELU). Received: hidden_act={self.hidden_act!r}")
+                             f"erf GELU or its tanh form). Received: "
+                             f"hidden_act={self.hidden_act!r}")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0 <= value < 1:
@@ -81,6 +84,11 @@ class BertConfig:
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def approximate_gelu(self) -> bool:
+        """True for the tanh form (`gelu_new`), False for the erf GELU (`gelu`)."""
+        return self.hidden_act == "gelu_new"
 
 
 @dataclass(frozen=True, eq=False)
