@@ -4,8 +4,11 @@
   (`user_model`: the standard head, the policy scope), the custom `layers` and `text_layers`,
   the float32 head (`heads`), the text tokenizer (`tokenizer`), the float32 twin (`twin`);
 - pretrained checkpoints as users download them, read exactly: `safetensors`, `hf_bert` (a
-  Hugging Face BERT directory), `bert` (a Keras BERT encoder of BERT's computation and
-  `load_hf_bert`), `wordpiece` (+ `wordpiece_table`: BERT's tokenizer in core TensorFlow ops).
+  Hugging Face BERT directory), `keras_hub_bert` (keras-hub's preset layout), `pretrained`
+  (either layout, told apart), `bert` (a Keras BERT encoder of BERT's computation),
+  `wordpiece` (+ `wordpiece_table`: BERT's tokenizer in core TensorFlow ops), `classifier`
+  and `fine_tuning` (the head on [CLS], BERT's optimizer), `imagenet_weights` and `transfer`
+  (Keras applications' weights files, the frozen-then-unfrozen recipe).
 
 Nothing here imports a step: train, evaluate, export and convert share models only through it.
 """

@@ -105,6 +105,7 @@ class HfBertCheckpoint:
     do_lower_case_from: str  # "tokenizer_config.json", or why the default was taken
     tensors: dict[str, np.ndarray]  # canonical name -> float32, in the file's [out, in] layout
     set_aside: tuple[str, ...]  # the file's other tensors (a task head's, buffers), by file name
+    layout: str = "Hugging Face"  # or "keras-hub" (keras_hub_bert.py reads into this class too)
 
     @property
     def pad_id(self) -> int:
