@@ -1,0 +1,146 @@
+"""Keras applications' ImageNet weights files, put into a model's backbone tensor for tensor.
+
+The files `keras.applications.ResNet50(weights="imagenet")` downloads (e.g.
+`resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5`) are Keras 2's HDF5 weights layout:
+the root's `layer_names` attribute lists the layers in order, each layer a group whose
+`weight_names` attribute lists its weights (`conv1_conv/kernel:0`, BatchNormalization's
+gamma, beta, moving_mean, moving_variance), each a dataset at that name. Read with h5py; each
+weight goes to the variable of the same layer and name in the model's backbone (the nested
+functional model ampflow's built-in resnet50/mobilenet_v2 wrap, or the model itself), after
+checking that the file holds exactly the backbone's layers and shapes. A file of another
+architecture, of another width, with the classifier (not `_notop`) or in the channels-first
+layout is one `ModelConfigError` line naming the file and which file to download (exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ampflow.errors import ModelConfigError
+
+WEIGHTS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/"
+# ampflow's built-in name → Keras applications' file (the ImageNet notop weights) and the
+# first layer with weights, by which a file's architecture is recognized
+FILES = {
+    "resnet50": ("resnet/resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5", "conv1_conv"),
+    "mobilenet_v2": ("mobilenet_v2/mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_224"
+                     "_no_top.h5", "Conv1"),
+}
+TOP_LAYERS = ("predictions", "fc1000", "probs")  # a classifier's: the file is not `_notop`
+
+
+def read_applications_weights(path: str | os.PathLike) -> dict[str, list[tuple[str, np.ndarray]]]:
+    """Layer name → its weights `[(name, array)]` in the file's order (layers with weights)."""
+    import h5py
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelConfigError(f"{path}: expected a Keras applications weights file (.h5). "
+                               f"Received: no such file; download it, e.g. {_url('resnet50')}")
+    try:
+        file = h5py.File(path, "r")
+    except OSError as e:
+        raise ModelConfigError(f"{path}: expected a Keras applications weights file (HDF5). "
+                               f"Received: a file HDF5 cannot open ({e}); download it again") from e
+    with file:
+        if _attribute(file, "layer_names") is None:
+            raise ModelConfigError(
+                f"{path}: expected Keras applications' HDF5 weights layout (a layer_names "
+                f"attribute). Received: an HDF5 file without it (a Keras 3 .weights.h5 or "
+                f"another program's file); download the file `weights=` takes, e.g. "
+                f"{_url('resnet50')}")
+        layers = {}
+        for layer in (_text(n) for n in _attribute(file, "layer_names")):
+            group = file[layer]
+            names = [_text(n) for n in _attribute(group, "weight_names", [])]
+            if names:
+                layers[layer] = [(name, np.asarray(group[name])) for name in names]
+    return layers
+
+
+def load_applications_weights(model, path: str | os.PathLike) -> int:
+    """Assign the file's weights to `model`'s backbone; the number of tensors assigned."""
+    path = Path(path)
+    layers = read_applications_weights(path)
+    backbone = backbone_of(model)
+    targets = [layer for layer in backbone.layers if layer.weights]
+    expected = [layer.name for layer in targets]
+    if list(layers) != expected:
+        raise ModelConfigError(f"{path}: expected the weights of {_describe(expected)}. "
+                               f"Received: {_describe(list(layers))}; {_advice(backbone)}")
+    pairs = []
+    for layer in targets:
+        variables = {v.name: v for v in layer.weights}
+        for name, value in layers[layer.name]:
+            leaf = name.rsplit("/", 1)[-1].split(":")[0]
+            variable = variables.get(leaf)
+            if variable is None or tuple(variable.shape) != value.shape:
+                want = list(variable.shape) if variable is not None else "no such weight"
+                raise ModelConfigError(
+                    f"{path}: expected {layer.name}/{leaf} of shape {want} (channels-last). "
+                    f"Received: {name} {list(value.shape)}{_layout(variable, value)}; "
+                    f"{_advice(backbone)}")
+            pairs.append((variable, value))
+    if len(pairs) != sum(len(layer.weights) for layer in targets):
+        raise ModelConfigError(f"{path}: expected all {sum(len(t.weights) for t in targets)} "
+                               f"weights of the backbone. Received: {len(pairs)}; "
+                               f"{_advice(backbone)}")
+    for variable, value in pairs:
+        variable.assign(value.astype(variable.dtype))
+    return len(pairs)
+
+
+def backbone_of(model):
+    """The nested functional model a built-in image model wraps (or `model`, if none)."""
+    import keras
+
+    nested = [layer for layer in model.layers if isinstance(layer, keras.Model)]
+    return nested[0] if len(nested) == 1 else model
+
+
+def _describe(names: list[str]) -> str:
+    known = {first: name for name, (_, first) in FILES.items()}
+    kind = known.get(names[0], "an architecture") if names else "no layers"
+    top = [n for n in names if n in TOP_LAYERS]
+    with_top = f", with the classifier layer {top[0]}" if top else ""
+    first = f" (first {names[0]}" if names else " ("
+    return f"{kind}{first}, {len(names)} layers with weights{with_top})"
+
+
+def _layout(variable, value: np.ndarray) -> str:
+    """Why a kernel's shape differs, when it is the channels-first (Theano) transpose."""
+    if variable is not None and value.ndim == 4 and value.shape == tuple(
+            variable.shape[i] for i in (3, 2, 0, 1)):
+        return ", a channels-first kernel (th_dim_ordering)"
+    return ""
+
+
+def _advice(backbone) -> str:
+    for name, (_, first) in FILES.items():
+        if any(layer.name == first for layer in backbone.layers):
+            return f"download the ImageNet notop file for {name}: {_url(name)}"
+    return "give the weights file of the same architecture, channels-last, without the top"
+
+
+def _url(name: str) -> str:
+    return WEIGHTS_URL + FILES[name][0]
+
+
+def _attribute(group, name: str, default=None):
+    """An attribute Keras may have split into `name0`, `name1`, ... (HDF5's header limit)."""
+    if name in group.attrs:
+        return list(group.attrs[name])
+    if f"{name}0" not in group.attrs:
+        return default
+    values, chunk = [], 0
+    while f"{name}{chunk}" in group.attrs:
+        values.extend(group.attrs[f"{name}{chunk}"])
+        chunk += 1
+    return values
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
