@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import h5py
 import keras
@@ -106,6 +107,35 @@ def test_the_hugging_face_layout_is_told_apart_and_read_as_before(both_layouts):
     hf_dir, _, _ = both_layouts
     checkpoint = read_pretrained_bert(hf_dir)
     assert checkpoint.layout == "Hugging Face" and checkpoint.config.hidden_act == "gelu_new"
+
+
+def test_a_presets_tokenizer_is_the_hugging_face_one_of_the_same_vocabulary_and_casing(
+        tmp_path):
+    """Raw sentences to the same ids from either layout; the position limit names config.json.
+
+    Uncased (the casing read from tokenizer.json: the other test's cased preset shows it).
+    """
+    lowercase = True
+    from tokenizers import BertWordPieceTokenizer
+
+    from ampflow.modeling.wordpiece import checkpoint_tokenizer
+
+    tensors = write_hf_bert(tmp_path / "hf", do_lower_case=lowercase, **SIZES)
+    write_keras_hub_bert(tmp_path / "preset", tensors, heads=HEADS, vocabulary=VOCABULARY,
+                         positions=POSITIONS, lowercase=lowercase)
+    preset = read_pretrained_bert(tmp_path / "preset")
+    sentences = ["The movie was unbelievable!", "Café: not bad, naïve.", "привет мир 中文"]
+    got = checkpoint_tokenizer(preset, 16)(sentences)
+    want = checkpoint_tokenizer(read_pretrained_bert(tmp_path / "hf"), 16)(sentences)
+    for key in ("token_ids", "segment_ids"):
+        np.testing.assert_array_equal(got[key].numpy(), want[key].numpy())
+    reference = BertWordPieceTokenizer(str(tmp_path / "hf" / "vocab.txt"), lowercase=lowercase,
+                                       strip_accents=lowercase)
+    first = reference.encode(sentences[1]).ids
+    np.testing.assert_array_equal(got["token_ids"].numpy()[1, :len(first)], first)
+    with pytest.raises(ModelConfigError, match=re.escape(
+            f"max_position_embeddings of {tmp_path / 'preset' / 'config.json'}")):
+        checkpoint_tokenizer(preset, POSITIONS + 1)
 
 
 @pytest.mark.parametrize("handle,command", [
