@@ -86,7 +86,7 @@ def test_the_classifier_fine_tunes_with_adamw_and_stays_float32(checkpoint, poli
 
 @pytest.mark.parametrize("policy", ("mixed_bfloat16", "mixed_float16"))
 def test_the_classifier_passes_the_amp_check_with_no_warning(checkpoint, policy):
-    from ampflow.components.train.amp_check import check_amp
+    from ampflow.components.train.preflight.rules import check_amp
 
     loaded, _ = checkpoint
     keras.mixed_precision.set_global_policy(policy)

@@ -158,7 +158,7 @@ def application_files(tmp_path_factory):
 @pytest.mark.parametrize("policy", ("float32", "mixed_bfloat16"))
 def test_the_builtin_backbone_takes_every_tensor_of_its_applications_file(
         application_files, name, policy):
-    from ampflow.components.train.models import build_model
+    from ampflow.modeling.models import build_model
 
     path, written = application_files[name]
     model = build_model(name, (32, 32, 3), 3, policy=policy)
@@ -177,7 +177,7 @@ def test_the_builtin_backbone_takes_every_tensor_of_its_applications_file(
 
 @pytest.mark.slow
 def test_a_resnet50_file_given_to_mobilenet_v2_is_one_line_naming_both(application_files):
-    from ampflow.components.train.models import build_model
+    from ampflow.modeling.models import build_model
 
     path, _ = application_files["resnet50"]
     model = build_model("mobilenet_v2", (32, 32, 3), 3, policy="float32")

@@ -3,7 +3,7 @@
 What Hugging Face's `BertForSequenceClassification` and keras-hub's `BertTextClassifier` build:
 the encoder's pooled output (tanh pooler over [CLS]), dropout at the checkpoint's hidden
 dropout rate, then `num_classes` logits. The head follows ampflow's rule for every built-in
-model (components/train/heads.py, which this floor cannot import): the `logits` Dense and the
+model (src/ampflow/modeling/heads.py, which this floor cannot import): the `logits` Dense and the
 `probabilities` softmax in float32 whatever the policy, so the model returns float32
 probabilities and every variable, the checkpoint's included, stays float32 under
 `mixed_float16` and `mixed_bfloat16`. Inputs are the encoder's: `token_ids` and `segment_ids`,
