@@ -17,7 +17,11 @@ from ampflow.components.train.precision.policy import POLICIES
 from ampflow.components.train.run.allreduce import ALLREDUCE_DTYPES
 from ampflow.components.train.run.guard import GuardLimits
 from ampflow.errors import ConfigError
-from ampflow.modeling.text_models import BERT_SHAPES, ENCODER_LEARNING_RATE
+from ampflow.modeling.text_models import (
+    BERT_SHAPES,
+    CHECKPOINT_LEARNING_RATE,
+    ENCODER_LEARNING_RATE,
+)
 from ampflow.modeling.tokenizer import TokenizerConfig
 from ampflow.modeling.user_model import ModelSpec, parse_model_spec
 
@@ -56,6 +60,8 @@ def default_learning_rate(spec: ModelSpec) -> float:
     """The learning rate a run of `spec` gets without --learning-rate: the model kind's own."""
     if spec.kind == "builtin" and spec.text in BERT_SHAPES:
         return ENCODER_LEARNING_RATE
+    if spec.kind == "checkpoint":  # fine-tuning a pretrained encoder: BERT's own range
+        return CHECKPOINT_LEARNING_RATE
     return DEFAULT_LEARNING_RATE
 
 
@@ -125,8 +131,9 @@ class TrainConfig:
                 "the search run without a GPU."})
     learning_rate: float | None = field(default=None, metadata={
         "help": "Optimizer learning rate (default: the model's own, recorded in metadata.json: "
-                f"{ENCODER_LEARNING_RATE:g} for the bert_* encoders, {DEFAULT_LEARNING_RATE:g} "
-                "for the CNNs and your own builder or .keras file)."})
+                f"{ENCODER_LEARNING_RATE:g} for the bert_* encoders, "
+                f"{CHECKPOINT_LEARNING_RATE:g} for a pretrained checkpoint, "
+                f"{DEFAULT_LEARNING_RATE:g} for the CNNs and your own builder or .keras file)."})
     optimizer: str = field(default="adam", metadata={
         "choices": OPTIMIZERS, "help": "Optimizer: adam, adamw (decoupled weight decay) or sgd "
                                        "(momentum 0.9)."})

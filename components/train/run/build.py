@@ -75,6 +75,8 @@ def text_tokenizer(config, info: dict):
     saved = saved_tokenizer_dir(config)
     if saved is not None:
         return _reused_tokenizer(config, saved)
+    if config.model_spec.kind == "checkpoint":
+        return _checkpoint_tokenizer(config)
     import time
 
     from ampflow.data import load_text_split
@@ -87,6 +89,22 @@ def text_tokenizer(config, info: dict):
              "at most %d, sequence length %d", info["splits"]["train"],
              time.perf_counter() - start, tokenizer.vocabulary_size,
              config.vocabulary_size, tokenizer.sequence_length)
+    return tokenizer
+
+
+def _checkpoint_tokenizer(config):
+    """A pretrained checkpoint's own WordPiece: its ids are the embedding table's rows."""
+    from ampflow.modeling.pretrained import read_pretrained_bert
+    from ampflow.modeling.pretrained_text import checkpoint_text_tokenizer
+
+    checkpoint = read_pretrained_bert(config.model_spec.text)
+    tokenizer = checkpoint_text_tokenizer(checkpoint, config.max_sequence_length)
+    ignored = "vocabulary_size" in config.tokenizer_settings_given()
+    log.log(logging.WARNING if ignored else logging.INFO,
+            "fine-tuning %s with its own WordPiece tokenizer (%d tokens, %s, sequence length "
+            "%d)%s", checkpoint.directory, tokenizer.vocabulary_size,
+            "lower-cased" if checkpoint.do_lower_case else "cased", tokenizer.sequence_length,
+            f", not --vocabulary-size {config.vocabulary_size}" if ignored else "")
     return tokenizer
 
 

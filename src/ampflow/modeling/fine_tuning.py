@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import keras
 
 from ampflow.errors import ConfigError
+from ampflow.modeling.text_models import CHECKPOINT_LEARNING_RATE
 
 NO_DECAY = ("gamma", "beta", "bias")  # LayerNorm's scale and offset, biases: variable names
 
@@ -59,7 +60,7 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
 class FineTuneOptimizerConfig:
     """BERT's fine-tuning optimizer settings; the defaults are the paper's and Hugging Face's."""
 
-    learning_rate: float = 3e-5  # the peak; the paper searched 2e-5, 3e-5, 5e-5
+    learning_rate: float = CHECKPOINT_LEARNING_RATE  # the peak; the paper searched 2e-5..5e-5
     warmup_fraction: float = 0.1
     weight_decay: float = 0.01
     epsilon: float = 1e-6

@@ -111,6 +111,9 @@ def make_model(
     with policy_scope(policy):
         import keras
 
+        if spec.kind == "checkpoint":
+            raise _wrong_modality(name, "a pretrained BERT checkpoint (it takes text)", "images",
+                                  image_model_names())
         if spec.kind == "builtin":
             if name not in _REGISTRY:
                 raise _wrong_modality(name, "a text model (it takes token ids)", "images",
@@ -137,8 +140,9 @@ def make_text_model(
     """`make_model` for text: a model taking int32 token ids `[batch, sequence_length]`.
 
     `name` is a built-in text model, a user's builder (called as `build(sequence_length,
-    vocabulary_size, num_classes)`) or a `.keras` text model to fine-tune (rebuilt under the
-    policy, weights copied; it must be tokenized with the vocabulary it was trained with).
+    vocabulary_size, num_classes)`), a `.keras` text model to fine-tune (rebuilt under the
+    policy, weights copied; it must be tokenized with the vocabulary it was trained with) or a
+    pretrained BERT checkpoint's directory (its encoder, every tensor loaded, and a new head).
     """
     from ampflow.modeling import user_model
 
@@ -149,6 +153,13 @@ def make_text_model(
     with policy_scope(policy):
         import keras
 
+        if spec.kind == "checkpoint":  # a pretrained BERT: its own vocabulary sizes the model
+            from ampflow.modeling.pretrained import read_pretrained_bert
+            from ampflow.modeling.pretrained_text import checkpoint_classifier
+
+            checkpoint = read_pretrained_bert(spec.text)
+            return BuiltModel(checkpoint_classifier(checkpoint, sequence_length, num_classes),
+                              spec)
         if spec.kind == "builtin":
             if name not in _TEXT_REGISTRY:
                 raise _wrong_modality(name, "an image model (it takes pixels)", "text",

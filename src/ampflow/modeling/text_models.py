@@ -52,6 +52,8 @@ BERT_SHAPES = {
 # (docs/how-to/text-models.md, "From scratch, here"). Fine-tuning a pretrained .keras encoder
 # wants less still (BERT's 2e-5 to 5e-5): pass --learning-rate.
 ENCODER_LEARNING_RATE = 1e-3
+# Fine-tuning a pretrained BERT checkpoint: the peak of BERT's own range (2e-5, 3e-5, 5e-5).
+CHECKPOINT_LEARNING_RATE = 3e-5
 
 
 def bert_builder(name: str):

@@ -189,6 +189,10 @@ def load_tokenizer(directory: str | os.PathLike) -> TextTokenizer:
         vocabulary = vocab_path.read_text(encoding="utf-8").split("\n")
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{directory}'s tokenizer files are corrupt: {e}") from e
+    if settings.get("kind") == "wordpiece":  # a pretrained checkpoint's own (pretrained_text.py)
+        from ampflow.modeling.pretrained_text import load_checkpoint_tokenizer
+
+        return load_checkpoint_tokenizer(directory, settings)
     if vocabulary and vocabulary[-1] == "":
         vocabulary.pop()  # the file's final newline
     expected = settings.get("vocabulary_in_use")

@@ -28,7 +28,9 @@ LOGITS_LAYER = "logits"
 PROBABILITIES_LAYER = "probabilities"
 HEAD_LAYERS = (LOGITS_LAYER, PROBABILITIES_LAYER)
 _BUILDER = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
-KINDS = ("builtin", "builder", "file")
+KINDS = ("builtin", "builder", "file", "checkpoint")
+# A pretrained checkpoint given by a hub handle: the download is the user's (pretrained.py).
+_HANDLES = ("hf://", "kaggle://")
 # A builder's arguments per kind of data: a sample call its signature must bind, and their names.
 _BUILDER_CONTRACTS = {"image": (((8, 8, 1), 2), "input_shape, num_classes"),
                       "text": ((16, 100, 2), "sequence_length, vocabulary_size, num_classes")}
@@ -61,11 +63,18 @@ def parse_model_spec(text: str, builtin_names: tuple[str, ...]) -> ModelSpec:
         return ModelSpec("file", text)
     if _BUILDER.match(text):
         return ModelSpec("builder", text)
+    if text.startswith(_HANDLES):
+        from ampflow.modeling.pretrained import read_pretrained_bert
+
+        read_pretrained_bert(text)  # one line: the download command to run where the network is
+    if Path(text).expanduser().is_dir():  # a pretrained checkpoint as downloaded: checked when read
+        return ModelSpec("checkpoint", str(Path(text).expanduser()))
     close = difflib.get_close_matches(text, builtin_names, n=1, cutoff=0.6)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ConfigError(
         f"model must be a built-in name ({', '.join(builtin_names)}), a builder "
-        f"'package.module:function', or a path ending in .keras. Received: model={text!r}.{hint}")
+        f"'package.module:function', a path ending in .keras, or the directory of a pretrained "
+        f"BERT checkpoint. Received: model={text!r}.{hint}")
 
 
 def add_model_path(model_path: str | Path | None) -> None:
