@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import h5py
+import ml_dtypes
 import numpy as np
 
 # each Hugging Face tensor of one layer → (the TransformerEncoder's sub-layer, var index)
@@ -99,7 +100,9 @@ def write_keras_hub_bert(directory: Path, tensors: dict[str, np.ndarray], *, hea
             if named_vars:
                 group.attrs["name"] = name
             for index, value in enumerate(variables.get(path, [])):
-                group.create_dataset(str(index), data=np.asarray(value, dtype))
+                dataset = group.create_dataset(str(index), data=np.asarray(value, dtype))
+                if dtype == ml_dtypes.bfloat16:  # as Keras 3 writes it: opaque, and marked
+                    dataset.attrs["dtype"] = "bfloat16"
         root = file.require_group("vars")
         if named_vars:
             root.attrs["name"] = "bert_backbone"

@@ -88,6 +88,20 @@ def test_a_preset_without_layer_names_or_in_float16_reads_exactly(tmp_path, name
         np.testing.assert_array_equal(checkpoint.tensors[name], value, err_msg=name)
 
 
+def test_a_bfloat16_preset_widens_exactly(tmp_path):
+    """Keras 3 stores bfloat16 as 2 opaque bytes marked `dtype: bfloat16`: widened bit-exactly."""
+    import ml_dtypes
+
+    tensors = write_hf_bert(tmp_path / "hf", **SIZES)
+    write_keras_hub_bert(tmp_path / "preset", tensors, heads=HEADS, vocabulary=VOCABULARY,
+                         positions=POSITIONS, dtype=ml_dtypes.bfloat16)
+    checkpoint = read_pretrained_bert(tmp_path / "preset")
+    for name, value in tensors.items():
+        want = value.astype(ml_dtypes.bfloat16).astype(np.float32)
+        assert not np.array_equal(want, value), name  # the file really is rounded
+        np.testing.assert_array_equal(checkpoint.tensors[name], want, err_msg=name)
+
+
 def test_the_presets_sizes_vocabulary_and_casing_are_read(tmp_path):
     tensors = write_hf_bert(tmp_path / "hf", layers=3, hidden=48, heads=3, intermediate=96,
                             positions=20, types=3)

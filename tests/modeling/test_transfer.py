@@ -15,6 +15,8 @@ import tensorflow as tf
 from ampflow.errors import ConfigError
 from ampflow.modeling.transfer import TransferRecipe, run_transfer_recipe, set_frozen
 
+SLOW = pytest.mark.slow
+
 
 def _model():
     inputs = keras.Input((6, 6, 3))
@@ -38,7 +40,9 @@ class Snapshots(keras.callbacks.Callback):
         self.taken.append({v.path: v.numpy().copy() for v in self.model.weights})
 
 
-@pytest.mark.parametrize("policy", ("float32", "mixed_bfloat16", "mixed_float16"))
+# two fits each: 7-8 s per policy at load average 10 on the 2-core host; the mixed ones slow
+@pytest.mark.parametrize("policy", ("float32", pytest.param("mixed_bfloat16", marks=SLOW),
+                                    pytest.param("mixed_float16", marks=SLOW)))
 def test_frozen_weights_hold_in_phase_one_and_move_in_phase_two(policy):
     keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(0)

@@ -139,7 +139,7 @@ def read_hf_bert(directory: str | os.PathLike) -> HfBertCheckpoint:
         raise ModelConfigError(f"Expected a Hugging Face BERT directory. Received: {directory} "
                                f"is not a directory; {DOWNLOAD_HINT}")
     config = _read_config(directory / CONFIG_FILE)
-    vocabulary = _read_vocabulary(directory / VOCAB_FILE)
+    vocabulary = read_vocabulary(directory / VOCAB_FILE)
     do_lower_case, source = _read_casing(directory / TOKENIZER_CONFIG_FILE)
     tensors, set_aside = _encoder_tensors(directory / WEIGHTS_FILE, config)
     rows = tensors["embeddings.word_embeddings.weight"].shape[0]
@@ -186,7 +186,7 @@ def _read_json(path: Path) -> dict:
     return raw
 
 
-def _read_vocabulary(path: Path) -> tuple[str, ...]:
+def read_vocabulary(path: Path) -> tuple[str, ...]:
     """Line i is token i (Hugging Face's `load_vocab`: each line without its newline)."""
     try:
         text = path.read_text(encoding="utf-8")

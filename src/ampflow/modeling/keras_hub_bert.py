@@ -23,8 +23,8 @@ from ampflow.errors import ModelConfigError
 from ampflow.modeling.hf_bert import (
     BertConfig,
     HfBertCheckpoint,
-    _read_vocabulary,
     expected_shapes,
+    read_vocabulary,
 )
 
 CONFIG_FILE = "config.json"
@@ -34,6 +34,7 @@ VOCAB_FILE = "assets/tokenizer/vocabulary.txt"
 METADATA_FILE = "metadata.json"
 BACKBONE = "keras_hub>BertBackbone"
 TOKENIZER = "keras_hub>BertTokenizer"
+BFLOAT16 = "bfloat16"  # Keras 3 writes bfloat16 as 2 opaque bytes with this `dtype` attribute
 LAYER_NORM_EPS = 1e-12  # BertBackbone's, fixed in its code (not in config.json)
 DOWNLOAD_HINT = ("download the whole preset, e.g. `kagglehub.model_download("
                  "'keras/bert/keras/bert_tiny_en_uncased')`")
@@ -136,7 +137,7 @@ def _read_tokenizer(path: Path) -> bool:
 def _vocabulary(path: Path) -> tuple[str, ...]:
     if not path.exists():
         raise _missing(path)
-    return _read_vocabulary(path)
+    return read_vocabulary(path)
 
 
 def _read_weights(path: Path, config: BertConfig) -> tuple[dict[str, np.ndarray],
@@ -162,10 +163,18 @@ def _read_weights(path: Path, config: BertConfig) -> tuple[dict[str, np.ndarray]
                     f"{path}: expected the dataset {dataset} ({group}'s weight {index}, for "
                     f"{name}). Received: no such dataset among {len(datasets)}; the weights and "
                     f"{CONFIG_FILE} must come from the same preset")
-            raw[name] = (dataset, file[dataset][()])
+            raw[name] = (dataset, _array(file[dataset]))
         set_aside = sorted(set(datasets) - {dataset for dataset, _ in raw.values()})
     return {name: _to_hugging_face(path, dataset, value, name, config)
             for name, (dataset, value) in raw.items()}, tuple(set_aside)
+
+
+def _array(dataset) -> np.ndarray:
+    """The dataset's values; Keras's bfloat16 (2 opaque bytes, `dtype` attribute) widened."""
+    value = dataset[()]
+    if _text(dataset.attrs.get("dtype", "")) == BFLOAT16 and value.dtype.itemsize == 2:
+        return (np.asarray(value).view("<u2").astype(np.uint32) << 16).view(np.float32)
+    return value
 
 
 def _datasets(file) -> set[str]:
@@ -240,7 +249,7 @@ def _to_hugging_face(path: Path, dataset: str, value: np.ndarray, name: str,
             f"({CONFIG_FILE}'s sizes). Received: {value.dtype} {list(value.shape)}; the weights "
             f"and {CONFIG_FILE} must come from the same preset")
     shape = expected_shapes(config)[name]
-    value = value.astype(np.float32)  # float16 widens exactly
+    value = value.astype(np.float32)  # float16 (bfloat16 already) widens exactly
     if not _is_kernel(name):
         return value.reshape(shape)  # an attention bias [heads, head] → [hidden]; others as is
     return np.ascontiguousarray(value.reshape(shape[1], shape[0]).T)
