@@ -1,0 +1,112 @@
+"""`--model DIR`: a pretrained BERT checkpoint, as users download it, through train and after.
+
+The checkpoint is a tiny one in the Hugging Face layout, written by the tests with a WordPiece
+vocabulary (letters and `##` letters, so every English word tokenizes, plus the texts' common
+words). The run is the shared text folder (tests/tiny_text_model.py) trained from the
+checkpoint: its own tokenizer in the model dir, every encoder tensor loaded from the file, the
+gate passed, the export's `serving_default` answering raw sentences with the classes the model
+gives in process, and the checkpoint's vocabulary among the SavedModel's assets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "modeling"))
+from hf_bert_files import LETTERS, PUNCTUATION, SPECIAL, write_hf_bert  # noqa: E402
+from tiny_text_model import CLASSES, FILLER, KEYWORDS, SEQ, prepared_texts  # noqa: E402
+
+VOCABULARY = (SPECIAL + PUNCTUATION + LETTERS + [f"##{c}" for c in LETTERS] + list(FILLER)
+              + [word for name in CLASSES for word in KEYWORDS[name]])
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> tuple[Path, dict]:
+    directory = tmp_path_factory.mktemp("checkpoint") / "bert_uncased_tiny"
+    tensors = write_hf_bert(directory, layers=2, hidden=32, heads=2, intermediate=64,
+                            positions=32, vocabulary=VOCABULARY, seed=3)
+    return directory, tensors
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    from ampflow.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(list(args))
+    return code, out.getvalue()
+
+
+def test_the_classifier_holds_every_encoder_tensor_of_the_checkpoint(checkpoint):
+    from ampflow.modeling.bert import load_hf_bert
+    from ampflow.modeling.models import make_text_model
+    from ampflow.modeling.user_model import parse_model_spec
+
+    directory, _ = checkpoint
+    spec = parse_model_spec(str(directory), ("bert_tiny",))
+    assert spec.kind == "checkpoint"
+    model = make_text_model(spec, SEQ, len(VOCABULARY), 3, policy="mixed_float16").model
+    reference, _ = load_hf_bert(directory)
+    encoder = model.get_layer("encoder")
+    assert len(encoder.weights) == len(reference.weights)
+    for mine, theirs in zip(encoder.weights, reference.weights, strict=True):
+        assert mine.dtype == "float32"  # the checkpoint's variables stay float32 under AMP
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs), err_msg=mine.path)
+    assert model.get_layer("logits").dtype_policy.compute_dtype == "float32"
+
+
+def test_a_handle_or_a_missing_directory_is_one_line_naming_it(tmp_path):
+    code, _ = _cli("train", "--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "m"),
+                   "--model", "hf://google/bert_uncased_L-2_H-128_A-2")
+    assert code == 2
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+def test_train_evaluate_export_from_a_checkpoint_serves_its_own_tokenizer(
+        checkpoint, tmp_path_factory, tmp_path):
+    import tensorflow as tf
+
+    from ampflow.artifacts.model_dir import load_trained
+    from ampflow.data import load_texts
+    from ampflow.modeling.twin import build_float32_twin
+
+    directory, _ = checkpoint
+    data_dir = prepared_texts(tmp_path_factory)
+    model_dir = tmp_path / "model"
+    code, out = _cli("train", "--data-dir", str(data_dir), "--output-dir", str(model_dir),
+                     "--model", str(directory), "--precision", "mixed_float16", "--xla", "off",
+                     "--max-sequence-length", str(SEQ), "--epochs", "6", "--seed", "1",
+                     "--learning-rate", "3e-3")
+    assert code == 0, out
+    settings = json.loads((model_dir / "tokenizer.json").read_text())
+    assert (settings["kind"], settings["do_lower_case"]) == ("wordpiece", True)
+    assert (model_dir / "vocab.txt").read_text().split("\n")[:-1] == VOCABULARY
+
+    code, out = _cli("evaluate", "--model-dir", str(model_dir), "--data-dir", str(data_dir),
+                     "--output-dir", str(tmp_path / "eval"))
+    assert code == 0, out
+    assert json.loads((tmp_path / "eval" / "verdict.json").read_text())["passed"], out
+
+    code, out = _cli("export", "--model-dir", str(model_dir), "--data-dir", str(data_dir),
+                     "--eval-dir", str(tmp_path / "eval"), "--export-base",
+                     str(tmp_path / "serving"), "--model-name", "reviews")
+    assert code == 0, out
+    version = tmp_path / "serving" / "reviews" / "1"
+    assert (version / "assets" / "vocab.txt").read_text().split("\n")[:-1] == VOCABULARY
+
+    texts, _ = load_texts(data_dir, "test", limit=12)
+    trained = load_trained(model_dir)
+    twin = build_float32_twin(trained.model)  # what export serves: the float32 graph
+    in_process = np.asarray(twin(trained.tokenizer.tokenize(tf.constant(texts)), training=False))
+    served = tf.saved_model.load(str(version)).signatures["serving_default"](
+        text=tf.constant(texts))
+    np.testing.assert_array_equal(served["class_ids"].numpy(), in_process.argmax(-1))
+    np.testing.assert_allclose(served["probabilities"].numpy(), in_process, atol=1e-5)
