@@ -48,7 +48,7 @@ class WordPieceTokenizer(tf.Module):
         self._boundaries = tf.constant(table.boundaries)
         self._classes = tf.constant(table.classes)
         self._mapped = _static_table(list(table.mapped), list(table.mapped.values()), "",
-                                     key_dtype=tf.int32)
+                                     key_dtype=tf.int64)
 
     def __call__(self, texts) -> dict[str, tf.Tensor]:
         """Raw UTF-8 sentences `[batch]` → BERT's inputs, `[batch, sequence_length]` each.
@@ -80,7 +80,7 @@ class WordPieceTokenizer(tf.Module):
         run = tf.searchsorted(self._boundaries, flat, side="right") - 1
         kind = tf.gather(self._classes, run)
         chars = tf.strings.unicode_encode(flat[:, None], "UTF-8")
-        out = tf.where(kind == MAPPED, self._mapped.lookup(flat), chars)
+        out = tf.where(kind == MAPPED, self._mapped.lookup(tf.cast(flat, tf.int64)), chars)
         out = tf.where(kind == REMOVE, "", tf.where(kind == SPACE, " ", out))
         out = tf.where(kind == CJK, tf.strings.join([" ", chars, " "]), out)  # else: itself
         return tf.strings.reduce_join(codepoints.with_flat_values(out), axis=-1)
@@ -122,7 +122,7 @@ class WordPieceTokenizer(tf.Module):
         keys = tf.where(tf.broadcast_to(start > 0, shape),
                         tf.strings.join([CONTINUATION, candidates]), candidates)
         fits = tf.broadcast_to(start + size, shape) <= lengths[:, None, None]
-        ids = tf.where(fits, self._vocabulary.lookup(keys), -1)
+        ids = tf.where(fits, tf.cast(self._vocabulary.lookup(keys), tf.int32), -1)
         length = tf.reduce_max(tf.where(ids >= 0, tf.broadcast_to(size, shape), 0), axis=2)
         best = tf.gather(ids, tf.maximum(length - 1, 0), batch_dims=2)
         return length, best
@@ -157,8 +157,12 @@ def _chain_from_zero(jump: tf.Tensor, width, max_chars: int) -> tf.Tensor:
 
 
 def _static_table(keys: list, values: list, default, key_dtype=tf.string):
-    """A static hash table (core ops: HashTableV2, LookupTableImportV2, LookupTableFindV2)."""
-    value_dtype = tf.string if isinstance(default, str) else tf.int32
+    """A static hash table (core ops: HashTableV2, LookupTableImportV2, LookupTableFindV2).
+
+    Its integers are int64: TFLite's builtin hash table takes string→int64 and int64→string
+    only, and the tables travel into a text SavedModel that convert turns into TFLite.
+    """
+    value_dtype = tf.string if isinstance(default, str) else tf.int64
     initializer = tf.lookup.KeyValueTensorInitializer(
         tf.constant(keys, key_dtype), tf.constant(values, value_dtype))
     return tf.lookup.StaticHashTable(initializer, default_value=default)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "modeling"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hf_bert_files import LETTERS, PUNCTUATION, SPECIAL, write_hf_bert  # noqa: E402
 from tiny_text_model import CLASSES, FILLER, KEYWORDS, SEQ, prepared_texts  # noqa: E402
 
@@ -75,7 +76,7 @@ def test_train_evaluate_export_from_a_checkpoint_serves_its_own_tokenizer(
     import tensorflow as tf
 
     from ampflow.artifacts.model_dir import load_trained
-    from ampflow.data import load_texts
+    from ampflow.data import load_dataset_info, load_texts
     from ampflow.modeling.twin import build_float32_twin
 
     directory, _ = checkpoint
@@ -97,9 +98,9 @@ def test_train_evaluate_export_from_a_checkpoint_serves_its_own_tokenizer(
 
     code, out = _cli("export", "--model-dir", str(model_dir), "--data-dir", str(data_dir),
                      "--eval-dir", str(tmp_path / "eval"), "--export-base",
-                     str(tmp_path / "serving"), "--model-name", "reviews")
+                     str(tmp_path / "serving"))
     assert code == 0, out
-    version = tmp_path / "serving" / "reviews" / "1"
+    version = tmp_path / "serving" / "ampflow" / "1"
     assert (version / "assets" / "vocab.txt").read_text().split("\n")[:-1] == VOCABULARY
 
     texts, _ = load_texts(data_dir, "test", limit=12)
@@ -110,3 +111,25 @@ def test_train_evaluate_export_from_a_checkpoint_serves_its_own_tokenizer(
         text=tf.constant(texts))
     np.testing.assert_array_equal(served["class_ids"].numpy(), in_process.argmax(-1))
     np.testing.assert_allclose(served["probabilities"].numpy(), in_process, atol=1e-5)
+
+    # convert (the float variants, each checked on token ids: the quantized ones of a model
+    # this barely trained flip its near-even answers, and their gate says so), deploy, serve,
+    # predict --text
+    code, out = _cli("convert", "--saved-model-dir", str(version), "--data-dir", str(data_dir),
+                     "--output-dir", str(tmp_path / "tflite"), "--latency-runs", "2",
+                     "--warmup-runs", "1", "--variants", "float32", "float16")
+    assert code == 0, out
+    report = json.loads((tmp_path / "tflite" / "report.json").read_text())
+    assert report["variants"] and all(v["passed"] for v in report["variants"].values()), report
+    code, out = _cli("deploy", "--target", "local", "--saved-model-dir", str(version),
+                     "--model-store", str(tmp_path / "store"))
+    assert code == 0, out
+    from test_cli_step_by_step import _free_port, _serve_and_predict
+
+    port = _free_port()
+    serve, predict = _serve_and_predict(
+        ["serve", "--model-base-path", tmp_path / "store" / "ampflow", "--port", port],
+        ["predict", "--port", port, "--wait-s", 60, "--text", texts[0]])
+    assert (serve.code, predict.code) == (0, 0), serve.out
+    expected = load_dataset_info(data_dir)["class_names"][int(in_process[0].argmax())]
+    assert expected in predict.out, predict.out
