@@ -322,8 +322,8 @@ def refuse_before_tensorflow(config: TrainConfig) -> None:
     """What can be refused without TensorFlow is refused before it starts.
 
     A malformed TF_CONFIG, this worker's port already taken, a `--model` that names nothing, a
-    builder module that does not import or lacks its function: each is one ConfigError line
-    at once, not after the ~3-4 CPU-seconds of TensorFlow's start-up (on a cluster, every
+    builder module that does not import or lacks its function, a bad pretrained checkpoint:
+    each is one ConfigError line at once, not after the ~3-4 CPU-seconds of TensorFlow's start-up (on a cluster, every
     restart of a bad worker paid it). The same checks run again where they are used.
     """
     from ampflow.components.train.clusters.tf_config import check_own_port_free, read_tf_config
@@ -336,6 +336,10 @@ def refuse_before_tensorflow(config: TrainConfig) -> None:
     spec = config.model_spec
     if spec.kind == "builder":
         import_builder(spec, config.model_path)
+    if spec.kind == "checkpoint":  # a bad checkpoint is one line before anything is written
+        from ampflow.modeling.pretrained_text import read_checkpoint_for
+
+        read_checkpoint_for(spec.text, config.max_sequence_length)
 
 
 def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, output_dir: Path,

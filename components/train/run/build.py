@@ -94,10 +94,9 @@ def text_tokenizer(config, info: dict):
 
 def _checkpoint_tokenizer(config):
     """A pretrained checkpoint's own WordPiece: its ids are the embedding table's rows."""
-    from ampflow.modeling.pretrained import read_pretrained_bert
-    from ampflow.modeling.pretrained_text import checkpoint_text_tokenizer
+    from ampflow.modeling.pretrained_text import checkpoint_text_tokenizer, read_checkpoint_for
 
-    checkpoint = read_pretrained_bert(config.model_spec.text)
+    checkpoint = read_checkpoint_for(config.model_spec.text, config.max_sequence_length)
     tokenizer = checkpoint_text_tokenizer(checkpoint, config.max_sequence_length)
     ignored = "vocabulary_size" in config.tokenizer_settings_given()
     log.log(logging.WARNING if ignored else logging.INFO,

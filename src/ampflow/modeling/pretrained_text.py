@@ -93,6 +93,25 @@ class CheckpointTokenizer:
         return path
 
 
+def read_checkpoint_for(directory, max_sequence_length: int):
+    """The checkpoint in `directory`; one line if `max_sequence_length` is past its table.
+
+    Past `max_position_embeddings` the encoder has no position to embed.
+    """
+    from ampflow.errors import ModelConfigError
+    from ampflow.modeling.hf_bert import CONFIG_FILE
+    from ampflow.modeling.pretrained import read_pretrained_bert
+
+    checkpoint = read_pretrained_bert(directory)
+    limit = checkpoint.config.max_position_embeddings
+    if max_sequence_length > limit:
+        raise ModelConfigError(
+            f"max_sequence_length must be at most {limit}, the max_position_embeddings of "
+            f"{checkpoint.directory / CONFIG_FILE}. Received: "
+            f"max_sequence_length={max_sequence_length}")
+    return checkpoint
+
+
 def checkpoint_text_tokenizer(checkpoint, sequence_length: int) -> CheckpointTokenizer:
     """The tokenizer `checkpoint` was pretrained with, at `sequence_length` (its table's limit)."""
     from ampflow.modeling.wordpiece import checkpoint_tokenizer

@@ -32,7 +32,7 @@ VOCABULARY = (SPECIAL + PUNCTUATION + LETTERS + [f"##{c}" for c in LETTERS] + li
 def checkpoint(tmp_path_factory) -> tuple[Path, dict]:
     directory = tmp_path_factory.mktemp("checkpoint") / "bert_uncased_tiny"
     tensors = write_hf_bert(directory, layers=2, hidden=32, heads=2, intermediate=64,
-                            positions=32, vocabulary=VOCABULARY, seed=3)
+                            positions=128, vocabulary=VOCABULARY, seed=3)
     return directory, tensors
 
 
@@ -63,10 +63,31 @@ def test_the_classifier_holds_every_encoder_tensor_of_the_checkpoint(checkpoint)
     assert model.get_layer("logits").dtype_policy.compute_dtype == "float32"
 
 
-def test_a_handle_or_a_missing_directory_is_one_line_naming_it(tmp_path):
+def test_a_handle_is_one_line_with_its_download_command(tmp_path, capsys):
     code, _ = _cli("train", "--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "m"),
                    "--model", "hf://google/bert_uncased_L-2_H-128_A-2")
     assert code == 2
+    assert "huggingface-cli download google/bert_uncased_L-2_H-128_A-2" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize(("break_it", "says"), [
+    (lambda d: (d / "config.json").unlink(), "config.json"),
+    (lambda d: None, "must be at most 128, the max_position_embeddings"),  # 200 > 128
+])
+def test_a_bad_checkpoint_is_one_line_naming_the_file_and_nothing_is_written(
+        checkpoint, tmp_path_factory, tmp_path, capsys, break_it, says):
+    import shutil
+
+    directory = tmp_path / "copy"
+    shutil.copytree(checkpoint[0], directory)
+    break_it(directory)
+    code, _ = _cli("train", "--data-dir", str(prepared_texts(tmp_path_factory)),
+                   "--output-dir", str(tmp_path / "m"), "--model", str(directory),
+                   "--max-sequence-length", "200")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert says in err and str(directory) in err and "Traceback" not in err
     assert not (tmp_path / "m").exists()
 
 
@@ -133,3 +154,14 @@ def test_train_evaluate_export_from_a_checkpoint_serves_its_own_tokenizer(
     assert (serve.code, predict.code) == (0, 0), serve.out
     expected = load_dataset_info(data_dir)["class_names"][int(in_process[0].argmax())]
     assert expected in predict.out, predict.out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_check_model_passes_a_checkpoint_under_both_mixed_policies(checkpoint, tmp_path_factory,
+                                                                    policy):
+    """The AMP pre-flight on the fine-tuning step: no finding stops it, under either policy."""
+    directory, _ = checkpoint
+    code, out = _cli("check-model", "--data-dir", str(prepared_texts(tmp_path_factory)),
+                     "--model", str(directory), "--precision", policy)
+    assert code == 0, out
