@@ -323,8 +323,9 @@ def refuse_before_tensorflow(config: TrainConfig) -> None:
 
     A malformed TF_CONFIG, this worker's port already taken, a `--model` that names nothing, a
     builder module that does not import or lacks its function, a bad pretrained checkpoint:
-    each is one ConfigError line at once, not after the ~3-4 CPU-seconds of TensorFlow's start-up (on a cluster, every
-    restart of a bad worker paid it). The same checks run again where they are used.
+    each is one ConfigError line at once, not after the ~3-4 CPU-seconds of TensorFlow's
+    start-up (on a cluster, every restart of a bad worker paid it). The same checks run again
+    where they are used.
     """
     from ampflow.components.train.clusters.tf_config import check_own_port_free, read_tf_config
     from ampflow.modeling.user_model import import_builder
