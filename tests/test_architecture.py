@@ -332,7 +332,8 @@ def test_a_planted_late_import_cycle_fails_the_rule(tmp_path):
 # Serving's own floors, bottom up (issue 47): the base modules every folder may read (the model
 # format, the configs and TF Serving's channel arguments, the status codes, compute precision),
 # the models, the core over them, the transports, the protocol doors over core and transports,
-# and the assembly (server, workers, the CLI, the clients) on top. A module imports only its own floor or those below it.
+# and the assembly (server, workers, the CLI, the clients) on top. A module imports only its own
+# floor or those below it.
 SERVING_FLOORS = (
     ("base", ("ampflow.serving.model_format", "ampflow.serving.config",
               "ampflow.serving.status", "ampflow.serving.compute_precision",
