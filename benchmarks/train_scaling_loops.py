@@ -19,11 +19,12 @@ def telemetry_epochs(args) -> dict:
     """mixed_float16 run_train pieces; odd epochs record every step, even epochs never."""
     import keras
 
+    from ampflow.components.train.config import TrainConfig
     from ampflow.components.train.precision.policy import configure_precision
     from ampflow.components.train.run.build import build_compiled_model, training_data
     from ampflow.components.train.run.loop import LoopConfig, TrainLoop, distribute_datasets
+    from ampflow.components.train.run.strategy import make_runtime
     from ampflow.components.train.run.telemetry import EpochLog, GuardLimits, LossScaleTelemetry
-    from ampflow.components.train.step import TrainConfig, make_runtime
     from ampflow.data import load_dataset_info
 
     out = Path(tempfile.mkdtemp())
@@ -87,6 +88,7 @@ def fit_path(args) -> dict:
     """
     import keras
 
+    from ampflow.components.train.config import TrainConfig
     from ampflow.components.train.precision.policy import configure_precision
     from ampflow.components.train.run.build import make_optimizer, training_data
     from ampflow.components.train.run.telemetry import (
@@ -95,7 +97,6 @@ def fit_path(args) -> dict:
         LossScaleTelemetry,
         read_epoch_log,
     )
-    from ampflow.components.train.step import TrainConfig
     from ampflow.data import load_dataset_info
 
     out = Path(args.output_dir)
@@ -137,6 +138,7 @@ def loop_vs_fit_paired(args, data_dir: str) -> dict:
     import keras
     import tensorflow as tf
 
+    from ampflow.components.train.config import TrainConfig
     from ampflow.components.train.precision.policy import configure_precision
     from ampflow.components.train.run.build import build_compiled_model, training_data
     from ampflow.components.train.run.loop import (
@@ -146,7 +148,6 @@ def loop_vs_fit_paired(args, data_dir: str) -> dict:
         distribute_datasets,
     )
     from ampflow.components.train.run.telemetry import EpochLog, GuardLimits, LossScaleTelemetry
-    from ampflow.components.train.step import TrainConfig
     from ampflow.data import load_dataset_info
 
     tmp = Path(tempfile.mkdtemp(prefix="ampflow-loop-vs-fit-"))

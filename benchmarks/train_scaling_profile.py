@@ -69,10 +69,11 @@ def profile_pieces(args) -> dict:
     """
     import tensorflow as tf
 
+    from ampflow.components.train.config import TrainConfig
     from ampflow.components.train.precision.policy import configure_precision
     from ampflow.components.train.run.build import build_compiled_model, training_data
     from ampflow.components.train.run.loop import LoopConfig, TrainLoop, distribute_datasets
-    from ampflow.components.train.step import TrainConfig, make_runtime
+    from ampflow.components.train.run.strategy import make_runtime
     from ampflow.data import load_dataset_info
 
     out = Path(tempfile.mkdtemp(prefix="ampflow-profile-"))

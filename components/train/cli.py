@@ -44,8 +44,9 @@ def _summary(result) -> dict:
 
 def register(subparsers) -> None:
     """Add the `train` and `check-model` subcommands."""
+    from ampflow.components.train.config import TrainConfig
     from ampflow.components.train.preflight.check_model import CheckModelConfig, run_check_model
-    from ampflow.components.train.step import TrainConfig, run_train
+    from ampflow.components.train.step import run_train
 
     add_step_command(
         subparsers,

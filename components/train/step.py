@@ -29,31 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# The model dir's contract (file names, the loaders) lives in artifacts.py; re-exported here,
-# where later steps and tests have long imported it from.
-from ampflow.artifacts.model_dir import (  # noqa: F401
+from ampflow.artifacts.model_dir import (
     CONFIG_FILE,
     EPOCH_LOG_FILE,
     HISTORY_FILE,
     METADATA_FILE,
     MODEL_FILE,
-    TrainedModel,
-    load_trained,
-    load_trained_model,
 )
 from ampflow.artifacts.throughput import throughput_unit
 from ampflow.components.train.clusters.tf_config import PEER_LOST_EXIT_CODE
-
-# The config and the runtime live in config.py and runtime.py; re-exported here, where the
-# CLI, the pipeline, benchmarks and tests import them from.
-from ampflow.components.train.config import (  # noqa: F401
-    AUGMENTED_BY_DEFAULT,
-    AUTO_BATCH,
-    LR_SCHEDULES,
-    OPTIMIZERS,
-    TrainConfig,
-    check_allreduce_options,
-)
+from ampflow.components.train.config import AUTO_BATCH, TrainConfig
 from ampflow.components.train.precision.policy import HardwareInfo, PrecisionSetup
 from ampflow.components.train.run.strategy import make_runtime
 from ampflow.errors import AmpflowError, ConfigError, TrainingDivergedError

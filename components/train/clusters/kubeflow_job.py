@@ -153,8 +153,9 @@ def load_template() -> dict:
 def run_training_job(config, settings: TFJobSettings, run_key: str, api_client=None,
                      namespace: str | None = None):
     """Run `config` (a TrainConfig) as a TFJob and publish the chief's model in its output dir."""
+    from ampflow.artifacts.model_dir import METADATA_FILE
     from ampflow.components.train.clusters.launcher import config_to_argv
-    from ampflow.components.train.step import METADATA_FILE, TrainResult
+    from ampflow.components.train.step import TrainResult
     from ampflow.files import ensure_writable_dir, read_json
 
     check_run_key(run_key)

@@ -352,7 +352,7 @@ def test_auto_batch_size_on_a_cpu_keeps_the_default_and_says_why():
 
 
 def test_cpu_auto_batch_size_is_the_train_configs_default():
-    from ampflow.components.train.step import TrainConfig
+    from ampflow.components.train.config import TrainConfig
 
     default = {f.name: f.default for f in dataclasses.fields(TrainConfig)}["batch_size"]
     assert CPU_AUTO_BATCH_SIZE == default

@@ -65,7 +65,7 @@ def test_recipe_bad_values_are_config_errors(overrides, message):
 
 
 def test_augment_auto_is_on_for_imagenet_architectures_only():
-    from ampflow.components.train.step import AUGMENTED_BY_DEFAULT
+    from ampflow.components.train.config import AUGMENTED_BY_DEFAULT
     from ampflow.modeling.models import model_names
 
     assert len(AUGMENTED_BY_DEFAULT) == 2 and set(AUGMENTED_BY_DEFAULT) < set(model_names())

@@ -103,7 +103,7 @@ def _one_step(runtime, data_dir: Path, out: Path, model: str, policy: str, mode:
 
 
 def _worker(data_dir: str, out_dir: str) -> None:
-    from ampflow.components.train.step import make_runtime
+    from ampflow.components.train.run.strategy import make_runtime
     from ampflow.modeling.models import register_model
 
     register_model("test_scaling_dense", _dense_model)

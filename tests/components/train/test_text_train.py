@@ -235,7 +235,7 @@ def test_the_kfp_component_takes_the_text_settings_with_train_defaults():
     import inspect
 
     from ampflow.components.train.component import train
-    from ampflow.components.train.step import TrainConfig
+    from ampflow.components.train.config import TrainConfig
 
     parameters = inspect.signature(train).parameters
     for name in ("max_sequence_length", "vocabulary_size"):
