@@ -94,7 +94,8 @@ def text_tokenizer(config, info: dict):
 
 def _checkpoint_tokenizer(config):
     """A pretrained checkpoint's own WordPiece: its ids are the embedding table's rows."""
-    from ampflow.modeling.pretrained_text import checkpoint_text_tokenizer, read_checkpoint_for
+    from ampflow.modeling.pretrained_text import read_checkpoint_for
+    from ampflow.modeling.tokenizer import checkpoint_text_tokenizer
 
     checkpoint = read_checkpoint_for(config.model_spec.text, config.max_sequence_length)
     tokenizer = checkpoint_text_tokenizer(checkpoint, config.max_sequence_length)

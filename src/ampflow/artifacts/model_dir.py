@@ -97,7 +97,7 @@ def load_trained_model(model_dir: str | os.PathLike):
 
     import ampflow.modeling.bert  # noqa: F401  (a pretrained checkpoint's encoder layers)
     import ampflow.modeling.layers  # noqa: F401  (registers FusedBatchNormalization)
-    import ampflow.modeling.pretrained_text  # noqa: F401  (its segment ids)
+    import ampflow.modeling.pretrained_text  # noqa: F401  (a checkpoint model's segment ids)
     import ampflow.modeling.text_layers  # noqa: F401  (the text models' layers)
 
     model_dir = Path(model_dir)

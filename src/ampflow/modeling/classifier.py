@@ -3,19 +3,17 @@
 What Hugging Face's `BertForSequenceClassification` and keras-hub's `BertTextClassifier` build:
 the encoder's pooled output (tanh pooler over [CLS]), dropout at the checkpoint's hidden
 dropout rate, then `num_classes` logits. The head follows ampflow's rule for every built-in
-model (src/ampflow/modeling/heads.py, which this floor cannot import): the `logits` Dense and the
-`probabilities` softmax in float32 whatever the policy, so the model returns float32
-probabilities and every variable, the checkpoint's included, stays float32 under
-`mixed_float16` and `mixed_bfloat16`. Inputs are the encoder's: `token_ids` and `segment_ids`,
-int32 `[batch, max_sequence_length]`, the mask from `[PAD]` (bert.py).
+model (`heads.float32_head`): the `logits` Dense and the `probabilities` softmax in float32
+whatever the policy, so the model returns float32 probabilities and every variable, the
+checkpoint's included, stays float32 under `mixed_float16` and `mixed_bfloat16`. Inputs are
+the encoder's: `token_ids` and `segment_ids`, int32 `[batch, max_sequence_length]`, the mask
+from `[PAD]` (bert.py).
 """
 
 from __future__ import annotations
 
 from ampflow.errors import ConfigError, ModelConfigError
 from ampflow.modeling.hf_bert import CONFIG_FILE, HfBertCheckpoint
-
-LOGITS, PROBABILITIES = "logits", "probabilities"  # heads.py's layer names
 
 
 def bert_classifier(checkpoint: HfBertCheckpoint, num_classes: int, max_sequence_length: int):
@@ -27,8 +25,9 @@ def bert_classifier(checkpoint: HfBertCheckpoint, num_classes: int, max_sequence
     import keras
 
     from ampflow.modeling.bert import INPUT_NAMES, assign_hf_weights, bert_encoder
+    from ampflow.modeling.heads import float32_head
 
-    _check(checkpoint, num_classes, max_sequence_length)
+    check_sizes(checkpoint, num_classes, max_sequence_length)
     encoder = bert_encoder(checkpoint.config, pad_id=checkpoint.pad_id, name="encoder")
     assign_hf_weights(encoder, checkpoint)
     inputs = {name: keras.Input((max_sequence_length,), dtype="int32", name=name)
@@ -36,13 +35,11 @@ def bert_classifier(checkpoint: HfBertCheckpoint, num_classes: int, max_sequence
     pooled = encoder(inputs)["pooled_output"]
     pooled = keras.layers.Dropout(checkpoint.config.hidden_dropout_prob,
                                   name="head_dropout")(pooled)
-    logits = keras.layers.Dense(num_classes, dtype="float32", name=LOGITS)(pooled)
-    probabilities = keras.layers.Activation("softmax", dtype="float32",
-                                            name=PROBABILITIES)(logits)
-    return keras.Model(inputs, probabilities, name="bert_classifier")
+    return keras.Model(inputs, float32_head(pooled, num_classes), name="bert_classifier")
 
 
-def _check(checkpoint: HfBertCheckpoint, num_classes, max_sequence_length) -> None:
+def check_sizes(checkpoint: HfBertCheckpoint, num_classes, max_sequence_length) -> None:
+    """The class count and sequence length a classifier on `checkpoint` can have: one line."""
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
         raise ConfigError(f"num_classes must be an integer >= 2. Received: "
                           f"num_classes={num_classes!r}")
