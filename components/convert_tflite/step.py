@@ -27,7 +27,6 @@ from ampflow.artifacts.versions import list_versions
 from ampflow.components.convert_tflite.config import ConvertConfig
 from ampflow.components.convert_tflite.edge import edge_check, edge_gates, edge_plan
 from ampflow.components.convert_tflite.variants import SavedModelConverter
-from ampflow.data.modality import MODALITY_IMAGE
 from ampflow.errors import ConfigError, GateFailedError, ModelConfigError
 from ampflow.files import ensure_writable_dir, staging_dir, write_json_atomic
 from ampflow.serving.model_format import CLASS_IDS_OUTPUT, PROBABILITIES_OUTPUT
@@ -94,7 +93,7 @@ def run_convert(config: ConvertConfig) -> ConvertResult:
         _add_size_ratios(results)
         passed = all(r.passed for r in results.values())
         report = _report_payload(config, ref_summary, results, edge, passed)
-        report["modality"] = info.get("modality") or MODALITY_IMAGE  # the SavedModel's too
+        report["modality"] = inputs.modality  # the data's and the SavedModel's
         if shipped:
             report["shipped_files"] = shipped
         write_reports(tmp, report)
@@ -251,73 +250,18 @@ def _gate_message(results: dict[str, VariantResult], report: Path) -> str:
 
 
 def _inputs_of(saved_model_dir: Path, info: dict, config: ConvertConfig):
-    """The image or the text inputs of the conversion: the modality is decided here, once.
+    """The conversion inputs for the SavedModel's modality (modalities.py): asked here, once.
 
     The data's modality (dataset_info.json) must be the SavedModel's (ampflow_export.json).
     """
-    from ampflow.components.convert_tflite.text_inputs import TextInputs, is_text_savedmodel
-    from ampflow.data.modality import is_text
+    from ampflow.components.convert_tflite.modalities import inputs_of, savedmodel_modality
+    from ampflow.data.modalities import modality_of
 
-    text_data, text_model = is_text(info), is_text_savedmodel(saved_model_dir)
-    if text_data != text_model:
-        kinds = {True: "text", False: "image"}
-        raise ConfigError(f"data_dir must hold the data of the SavedModel ({kinds[text_model]})."
-                          f" Received: {kinds[text_data]} data in {config.data_dir}")
-    if text_model:
-        return TextInputs.of(saved_model_dir, config)
-    return ImageInputs.of(saved_model_dir, info, config)
-
-
-@dataclass(frozen=True)
-class ImageInputs:
-    """An image model's conversion inputs: raw test pixels, for the reference and the variants."""
-
-    reference: Any  # checks.SavedModelReference
-    reference_inputs: np.ndarray  # float32 raw pixels [N, H, W, C]
-    labels: np.ndarray
-    signature_key: str
-
-    @property
-    def model_inputs(self) -> np.ndarray:
-        return self.reference_inputs  # the variants take what the SavedModel takes
-
-    @classmethod
-    def of(cls, saved_model_dir: Path, info: dict, config: ConvertConfig) -> ImageInputs:
-        from ampflow.components.convert_tflite import checks
-
-        reference = checks.SavedModelReference(saved_model_dir, config.signature_key)
-        _check_input_shape(reference.input_shape, info)
-        images, labels = _test_split(config)
-        return cls(reference, images, labels, config.signature_key)
-
-    def representative(self, config: ConvertConfig) -> np.ndarray:
-        return _representative(config)
-
-    def ship(self, directory: Path) -> list[str]:
-        return []  # an image model needs nothing beside it
-
-    def variant_extras(self) -> dict[str, Any]:
-        return {}
-
-
-def _check_input_shape(input_shape: tuple, info: dict) -> None:
-    if tuple(info["image_shape"]) != tuple(input_shape):
-        raise ConfigError(
-            f"data_dir images must match the SavedModel input {list(input_shape)}. Received: "
-            f"{info['name']} images of shape {info['image_shape']}")
-
-
-def _test_split(config: ConvertConfig):
-    from ampflow.data import load_arrays
-
-    images, labels = load_arrays(config.data_dir, "test", limit=config.test_limit)
-    return images.astype(np.float32), labels  # raw pixel values: cast, never rescale
-
-
-def _representative(config: ConvertConfig) -> np.ndarray:
-    from ampflow.components.convert_tflite.variants import draw_representative
-
-    return draw_representative(config.data_dir, config.representative_size, config.seed)
+    data, model = modality_of(info), savedmodel_modality(saved_model_dir)
+    if data is not model:
+        raise ConfigError(f"data_dir must hold the data of the SavedModel ({model.name})."
+                          f" Received: {data.name} data in {config.data_dir}")
+    return inputs_of(model, saved_model_dir, info, config)
 
 
 def _reference_summary(reference, saved_model_dir: Path, images, labels, probs, config):

@@ -19,11 +19,12 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ampflow.artifacts.signature_names import TEXT_INPUT, TOKEN_IDS_SIGNATURE
+from ampflow.data.modality import MODALITY_TEXT
 from ampflow.errors import ConfigError, ModelLoadError
 from ampflow.modeling.tokenizer import token_ids
 from ampflow.progress import Progress
@@ -93,6 +94,7 @@ class TextInputs:
     model_inputs: np.ndarray  # int32 [N, L], their ids
     labels: np.ndarray
     signature_key: str = TOKEN_IDS_SIGNATURE
+    modality: ClassVar[str] = MODALITY_TEXT  # report.json's
 
     @classmethod
     def of(cls, saved_model_dir: Path, config) -> TextInputs:
@@ -149,26 +151,6 @@ def shipped_tokenizer(saved_model_dir: Path):
     except ConfigError as e:
         raise ModelLoadError(f"{saved_model_dir} is a text SavedModel without its vocabulary "
                              f"(export writes assets/vocab.txt and tokenizer.json): {e}") from e
-
-
-def is_text_savedmodel(saved_model_dir: Path) -> bool:
-    """Whether a text model is there.
-
-    Its ampflow_export.json says so or, without one (a SavedModel copied without it), it has
-    the text contract's `token_ids` signature.
-    """
-    import json
-
-    from ampflow.serving.model_format import serving_signature_defs
-
-    path = Path(saved_model_dir) / "ampflow_export.json"
-    try:
-        return json.loads(path.read_text()).get("modality") == "text"
-    except (OSError, ValueError):
-        try:
-            return TOKEN_IDS_SIGNATURE in serving_signature_defs(saved_model_dir)
-        except ModelLoadError:
-            return False  # unreadable: the reference's load says why
 
 
 def _utf8(texts: list[str]) -> np.ndarray:

@@ -28,11 +28,9 @@ def _checked_examples(meta: dict) -> str:
     word is throughput.py's, the one declaration of an example's name by modality.
     """
     from ampflow.artifacts.throughput import throughput_unit
-    from ampflow.data.modality import MODALITY_TEXT
 
-    modality = meta.get("modality")
-    count = meta["parity"]["num_texts" if modality == MODALITY_TEXT else "num_images"]
-    return f"{count} {throughput_unit(modality).plural}"
+    plural = throughput_unit(meta.get("modality")).plural
+    return f"{meta['parity'][f'num_{plural}']} {plural}"
 
 
 def register(subparsers) -> None:

@@ -1,8 +1,8 @@
 """export: a versioned SavedModel for TF Serving, from the float32 twin of the trained model.
 
-An image model is exported with the image signatures (signatures.py, `ImageExport` below), a
-text model with the text signatures, its tokenizer in the graph (text_export.py); `_export_of`
-decides which, once, from the trained model's modality.
+An image model is exported with the image signatures (image_export.py), a text model with
+the text signatures, its tokenizer in the graph (text_export.py); `_export_of` asks
+modalities.py for the one that fits the trained model's modality, once.
 
 A model trained under a mixed policy keeps float16/bfloat16 ops in any graph traced from it,
 which TFLite and many CPU servers reject; so the same architecture is rebuilt under `float32`
@@ -26,38 +26,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ampflow.artifacts.canary_examples import (
     CANARY_FILE,
     DEFAULT_EXAMPLES,
-    write_canary_examples,
 )
 from ampflow.artifacts.versions import (
     next_version,
     staged_version_dir,
 )
 from ampflow.components.export_savedmodel.gate import GateDecision, check_gate, check_model
-from ampflow.components.export_savedmodel.parity import check_export_parity
-from ampflow.components.export_savedmodel.signatures import (
-    LABELS_FILE,
-    check_signatures,
-    half_precision_nodes,
-    save_servable,
-)
-from ampflow.components.export_savedmodel.warmup import replay_warmup_records
 from ampflow.errors import ConfigError, ExportError, ModelLoadError
 from ampflow.files import ensure_writable_dir, write_json_atomic
 from ampflow.serving.model_format import (
     DEFAULT_MODEL_NAME,
-    ENCODED_IMAGE_MAGIC,
-    IMAGE_BYTES_INPUT,
-    IMAGE_BYTES_SIGNATURE,
-    MAX_IMAGE_PIXELS,
     MAX_WARMUP_RECORDS,
     WARMUP_FILE,
     check_model_name,
-    write_warmup_records,
 )
 
 log = logging.getLogger(__name__)
@@ -195,94 +179,22 @@ def run_export(config: ExportConfig) -> ExportResult:
 
 
 def _export_of(trained, info: dict[str, Any], config: ExportConfig):
-    """The image or the text export of `trained`: the modality is decided here, once.
+    """The export of `trained` for its modality (modalities.py): asked for here, once.
 
     The model's modality (metadata.json) must be the data's (dataset_info.json): a text model
     checked on images, or the reverse, is a configuration error before any compute.
     """
-    from ampflow.data.modality import MODALITY_IMAGE
+    from ampflow.components.export_savedmodel.modalities import export_of
+    from ampflow.data.modalities import modality_of
 
-    data_modality = info.get("modality") or MODALITY_IMAGE
-    if trained.modality != data_modality:
+    data = modality_of(info)
+    if trained.kind is not data:
         raise ConfigError(f"data_dir must hold the data the model was trained on "
-                          f"({trained.modality}). Received: {data_modality} data in "
+                          f"({trained.modality}). Received: {data.name} data in "
                           f"{config.data_dir}")
     labels = _labels(trained.metadata, info, config)
     count = max(config.num_parity_images, config.num_warmup_records, config.num_canary_examples)
-    if trained.is_text:
-        from ampflow.components.export_savedmodel.text_export import text_export_of
-
-        return text_export_of(trained.tokenizer, config.data_dir, trained.metadata, info,
-                              labels, count)
-    return ImageExport.of(trained.metadata, info, labels, count, config)
-
-
-@dataclass(frozen=True)
-class ImageExport:
-    """An image model's export: its input shape and real test images (as float32 pixels)."""
-
-    input_shape: tuple[int, ...]
-    images: np.ndarray
-    labels: list[str]
-
-    @classmethod
-    def of(cls, meta, info, labels, count: int, config: ExportConfig) -> ImageExport:
-        from ampflow.data import load_arrays
-
-        input_shape = tuple(meta["input_shape"])
-        if tuple(info["image_shape"]) != input_shape:
-            raise ConfigError(
-                f"data_dir must hold images of the model's input shape {list(input_shape)}. "
-                f"Received: image_shape={info['image_shape']} in {config.data_dir}")
-        images, _ = load_arrays(config.data_dir, "test", limit=count)
-        return cls(input_shape, images.astype(np.float32), labels)
-
-    def write_and_check(self, twin, trained, staging: Path, model_name: str,
-                        config: ExportConfig):
-        """Everything that happens inside the staging dir; any failure leaves no version."""
-        import tensorflow as tf
-
-        images, labels = self.images, self.labels
-        save_servable(twin, self.input_shape, labels, staging)
-        signatures = check_signatures(staging, self.input_shape, len(labels))
-        half = half_precision_nodes(staging)
-        if half:
-            raise ExportError(f"the exported graph must hold no float16/bfloat16 tensors. "
-                              f"Received: {len(half)} nodes, e.g. {half[:3]}")
-        warmup_count = write_warmup_records(staging, model_name, images,
-                                            config.num_warmup_records,
-                                            encoded_image=_png(images[0]))
-        try:
-            loaded = tf.saved_model.load(str(staging))
-        except Exception as e:
-            raise ExportError(f"the written SavedModel does not load back: {e}") from e
-        replay_warmup_records(staging, loaded)
-        parity = check_export_parity(loaded, twin, trained, images[:config.num_parity_images],
-                                     labels, atol=config.parity_atol, rtol=config.parity_rtol)
-        write_canary_examples(staging, loaded, images[:config.num_canary_examples])
-        return signatures, parity, warmup_count
-
-    def input_metadata(self) -> dict[str, Any]:
-        """ampflow_export.json's input blocks for an image model."""
-        return {
-            "modality": "image",
-            "input": {"name": "images", "shape": [-1, *self.input_shape], "dtype": "float32",
-                      "range": [0, 255], "note": "raw pixels; rescaling is inside the model"},
-            "encoded_input": {"signature": IMAGE_BYTES_SIGNATURE, "name": IMAGE_BYTES_INPUT,
-                              "shape": [-1], "dtype": "string",
-                              "formats": sorted(ENCODED_IMAGE_MAGIC),
-                              "max_pixels": MAX_IMAGE_PIXELS,
-                              "note": "one encoded file per element, decoded and resized in "
-                                      "the graph as in training (prepare_data.images)"},
-            "labels_file": f"assets/{LABELS_FILE}",
-        }
-
-
-def _png(image: np.ndarray) -> bytes:
-    """One real test image as a PNG file: what an image_bytes client sends."""
-    import tensorflow as tf
-
-    return tf.io.encode_png(image.astype(np.uint8)).numpy()
+    return export_of(trained, info, labels, count, config)
 
 
 def _float32_twin(model, meta: dict[str, Any]):

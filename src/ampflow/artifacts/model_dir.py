@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ampflow.data.modality import MODALITY_IMAGE, MODALITY_TEXT
+from ampflow.data.modalities import Modality, modality_of
 from ampflow.errors import ConfigError, ModelLoadError
 from ampflow.files import read_json
 from ampflow.modeling.tokenizer import TOKENIZER_FILE, VOCAB_FILE
@@ -52,21 +52,21 @@ class TrainedModel:
     @property
     def modality(self) -> str:
         """`"text"` or `"image"`: what the model was trained on (metadata.json's `modality`)."""
-        return model_modality(self.metadata)
+        return self.kind.name
 
     @property
-    def is_text(self) -> bool:
-        """Whether the model takes token ids of text (and `tokenizer` is set)."""
-        return self.modality == MODALITY_TEXT
+    def kind(self) -> Modality:
+        """The modality seam (ampflow.data.modalities) of what the model was trained on."""
+        return modality_of(self.metadata)
 
     def inputs(self, batch):
         """The model's input for `batch`: token ids of raw strings (text), else `batch` itself."""
-        return self.tokenizer.tokenize(batch) if self.is_text else batch
+        return self.kind.model_inputs(batch, self.tokenizer)
 
 
 def model_modality(metadata: dict[str, Any]) -> str:
     """What a model was trained on; models published before text existed are image models."""
-    return metadata.get("modality") or MODALITY_IMAGE
+    return modality_of(metadata).name
 
 
 def load_trained(model_dir: str | os.PathLike) -> TrainedModel:
@@ -76,15 +76,7 @@ def load_trained(model_dir: str | os.PathLike) -> TrainedModel:
     missing or damaged is a ModelLoadError, as a missing model.keras is.
     """
     model, metadata = load_trained_model(model_dir)
-    tokenizer = None
-    if model_modality(metadata) == MODALITY_TEXT:
-        from ampflow.modeling.tokenizer import load_tokenizer
-
-        try:
-            tokenizer = load_tokenizer(model_dir)
-        except ConfigError as e:
-            raise ModelLoadError(f"{model_dir} holds a text model without its tokenizer: "
-                                 f"{e}") from e
+    tokenizer = modality_of(metadata).load_preprocessor(model_dir)
     return TrainedModel(model, metadata, tokenizer)
 
 

@@ -44,4 +44,4 @@ UNITS = {MODALITY_IMAGE: ThroughputUnit("img", "img", "images"),
 
 def throughput_unit(modality: str | None) -> ThroughputUnit:
     """The unit of a model trained on `modality` data (None: image, as before text existed)."""
-    return UNITS[MODALITY_TEXT if modality == MODALITY_TEXT else MODALITY_IMAGE]
+    return UNITS.get(modality or MODALITY_IMAGE, UNITS[MODALITY_IMAGE])

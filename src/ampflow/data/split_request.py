@@ -1,4 +1,4 @@
-"""A prepared split as a client sends it to `serving_default`: the one place modality decides it.
+"""A prepared split as a client sends it to `serving_default`, by modality (one loader each).
 
 Evaluate's check of the model serving now and deploy's bf16 parity send the same examples a
 client would, so both read them here.
@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+
+from ampflow.data.modality import MODALITY_IMAGE, MODALITY_TEXT
 
 
 @dataclass(frozen=True)
@@ -35,11 +37,11 @@ class SplitRequest:
 
 def split_request(data_dir: str | os.PathLike, split: str,
                   limit: int | None = None) -> SplitRequest:
-    """The prepared split as `serving_default` is sent it (the one place modality decides it)."""
+    """The prepared split as `serving_default` is sent it, by the data's modality."""
     from ampflow.data import load_dataset_info
-    from ampflow.data.modality import is_text
+    from ampflow.data.modalities import modality_of
 
-    load = _load_texts if is_text(load_dataset_info(data_dir)) else _load_images
+    load = _LOADERS[modality_of(load_dataset_info(data_dir)).name]
     return load(data_dir, split, limit)
 
 
@@ -58,3 +60,6 @@ def _load_texts(data_dir, split: str, limit: int | None) -> SplitRequest:
     texts, labels = load_texts(data_dir, split, limit=limit)
     return SplitRequest(TEXT_INPUT, np.array([t.encode("utf-8") for t in texts], dtype=object),
                         labels)
+
+
+_LOADERS = {MODALITY_IMAGE: _load_images, MODALITY_TEXT: _load_texts}

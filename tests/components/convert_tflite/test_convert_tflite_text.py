@@ -169,10 +169,11 @@ def test_a_text_savedmodel_without_its_export_json_is_still_read_as_text(text_sa
                                                                          tmp_path):
     import shutil
 
-    from ampflow.components.convert_tflite.text_inputs import is_text_savedmodel
+    from ampflow.components.convert_tflite.modalities import savedmodel_modality
+    from ampflow.data.modalities import TEXT
 
     _, version_dir = text_savedmodel
     copy = tmp_path / "1"
     shutil.copytree(version_dir, copy)
     (copy / "ampflow_export.json").unlink()
-    assert is_text_savedmodel(version_dir) and is_text_savedmodel(copy)
+    assert savedmodel_modality(version_dir) is TEXT and savedmodel_modality(copy) is TEXT
