@@ -125,7 +125,7 @@ class Session:
 
     def __init__(self, config) -> None:
         from ampflow.components.train.precision.policy import detect_hardware
-        from ampflow.components.train.run.build import text_tokenizer, training_data
+        from ampflow.components.train.run.build import preprocessor_of, training_data
         from ampflow.components.train.run.strategy import distribute_datasets, make_runtime
         from ampflow.data import load_dataset_info
 
@@ -133,7 +133,7 @@ class Session:
         self.hardware = detect_hardware()
         self.info = load_dataset_info(config.data_dir)
         self.runtime = make_runtime(config)
-        self.tokenizer = text_tokenizer(config, self.info)
+        self.tokenizer = preprocessor_of(config, self.info)
         train_ds, _, _ = training_data(config, self.info, config.batch_size, self.tokenizer)
         self.dataset, _ = distribute_datasets(self.runtime, train_ds, None)
 

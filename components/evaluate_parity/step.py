@@ -111,16 +111,14 @@ def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 def _require_same_dataset(what: str, metadata: dict[str, Any], info: dict[str, Any]) -> None:
     """The model must take this dataset's images (or texts) and predict its classes."""
-    from ampflow.artifacts.model_dir import model_modality
-    from ampflow.data.modality import is_text
+    from ampflow.data.modalities import modality_of
 
-    modality = "text" if is_text(info) else "image"
-    if model_modality(metadata) != modality:
+    data, model = modality_of(info), modality_of(metadata)  # the seam, asked once
+    if model is not data:
         raise ConfigError(f"{what} must hold a model for the dataset in data_dir, which holds "
-                          f"{modality} data. Received: a model trained on "
-                          f"{model_modality(metadata)} data")
-    # a text model takes any sequence length: its own tokenizer makes its ids
-    shape = metadata.get("input_shape") if modality == "text" else info["image_shape"]
+                          f"{data.name} data. Received: a model trained on "
+                          f"{model.name} data")
+    shape = data.model_input_shape(info, metadata)  # text: any length, its own tokenizer's
     expected = (list(shape or []), int(info["num_classes"]))
     received = (list(metadata.get("input_shape") or []), int(metadata.get("num_classes") or 0))
     if expected != received:

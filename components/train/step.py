@@ -41,6 +41,7 @@ from ampflow.components.train.clusters.tf_config import PEER_LOST_EXIT_CODE
 from ampflow.components.train.config import AUTO_BATCH, TrainConfig
 from ampflow.components.train.precision.policy import HardwareInfo, PrecisionSetup
 from ampflow.components.train.run.strategy import make_runtime
+from ampflow.data.modalities import modality_of
 from ampflow.errors import AmpflowError, ConfigError, TrainingDivergedError
 from ampflow.files import ensure_writable_dir, read_json, write_json_atomic
 
@@ -103,9 +104,9 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
         else:
             setup = configure_precision(config.precision, config.jit_compile, hardware,
                                         modality=info.get("modality"))
-        from ampflow.components.train.run.build import text_tokenizer
+        from ampflow.components.train.run.build import preprocessor_of
 
-        tokenizer = text_tokenizer(config, info)  # text: the training split's vocabulary
+        tokenizer = preprocessor_of(config, info)  # text: the training split's vocabulary
         model_block, amp_report, checked = preflight_model(config, info, tokenizer,
                                                            runtime)  # before epochs
         extra: dict = {}
@@ -127,30 +128,13 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
 
 
 def check_options_fit_data(config: TrainConfig, info: dict) -> None:
-    """An option the data cannot use is one line, not silently ignored.
+    """An option the data cannot use is one line, not silently ignored (modalities.py).
 
-    Image options (--image-size, --augment, --batch-size auto, whose memory probe feeds
-    images) on text data, and text options (--max-sequence-length, --vocabulary-size) set on
-    image data. Which models fit which data is models.py's rule, said when the model is built.
+    Which models fit which data is models.py's rule, said when the model is built.
     """
-    from ampflow.data.modality import is_text
+    from ampflow.components.train.modalities import training_of
 
-    if is_text(info):
-        image_only = {"image_size": config.image_size, "augment": config.augment or None,
-                      "batch_size": config.batch_size if config.batch_size == AUTO_BATCH
-                      else None}
-        given = {name: value for name, value in image_only.items() if value is not None}
-        if given:
-            name, value = next(iter(given.items()))
-            raise ConfigError(f"{name} is for image data, and {config.data_dir} holds text "
-                              f"(tokenized to --max-sequence-length ids): leave it out"
-                              f"{' and pass a number' if name == 'batch_size' else ''}. "
-                              f"Received: {name}={value!r}")
-        return
-    for name, value in config.tokenizer_settings_given().items():
-        raise ConfigError(f"{name} is for text data, and {config.data_dir} holds "
-                          f"{info.get('modality') or 'image'} data: leave it out. "
-                          f"Received: {name}={value}")
+    training_of(info).check_options(config, info)
 
 
 def _check_batch_fits_split(config: TrainConfig, info: dict, runtime) -> None:
@@ -558,7 +542,7 @@ def _metadata(config, info, setup, epochs, loss_scale, train_seconds, resumed_at
     final = epochs[-1] if epochs else {}
     meta = {
         "architecture": config.model,
-        "modality": info.get("modality") or "image",
+        "modality": modality_of(info).name,
         "input_shape": info["image_shape"],
         "num_classes": info["num_classes"],
         "class_names": info["class_names"],

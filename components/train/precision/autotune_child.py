@@ -107,7 +107,7 @@ class _ChildRun:
     def __init__(self, request: dict) -> None:
         from ampflow.components.train.config import TrainConfig
         from ampflow.components.train.precision.policy import detect_hardware
-        from ampflow.components.train.run.build import text_tokenizer, training_data
+        from ampflow.components.train.run.build import preprocessor_of, training_data
         from ampflow.components.train.run.strategy import distribute_datasets, make_runtime
         from ampflow.data import load_dataset_info
 
@@ -117,7 +117,7 @@ class _ChildRun:
         self.info = load_dataset_info(self.config.data_dir)
         self.runtime = make_runtime(self.config)
         self.global_batch = self.config.batch_size * self.runtime.num_replicas
-        self.tokenizer = text_tokenizer(self.config, self.info)  # once (doc above); None: images
+        self.tokenizer = preprocessor_of(self.config, self.info)  # once (doc above); None: images
         train_ds, _, _ = training_data(self.config, self.info, self.global_batch, self.tokenizer)
         self.dataset, _ = distribute_datasets(self.runtime, train_ds, None)
         self._loop = self._float32_model = None

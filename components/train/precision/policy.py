@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 from ampflow.artifacts.throughput import throughput_unit
-from ampflow.data.modality import MODALITY_TEXT
+from ampflow.data.modality import MODALITY_IMAGE, MODALITY_TEXT
 from ampflow.errors import ConfigError
 from ampflow.serving.cpu_features import BF16_CPU_FLAGS as _CPU_BF16_FLAGS
 from ampflow.serving.cpu_features import read_cpu_flags as _read_cpu_flags
@@ -240,20 +240,29 @@ def choose_jit(
         return requested, "requested explicitly"
     if hardware.tpu or hardware.gpus:
         return True, "accelerator present: XLA fuses the mixed-precision casts"
-    text, rate = modality == MODALITY_TEXT, throughput_unit(modality).rate
+    fp16_note, cpu_note = _CPU_JIT_NOTES.get(modality or MODALITY_IMAGE,
+                                             _CPU_JIT_NOTES[MODALITY_IMAGE])
     if policy == "mixed_float16":
-        return True, "CPU with mixed_float16: " + (
-            "TF's float16 CPU kernels without XLA were far slower where measured, on the small "
-            "CNN's convolutions (benchmarks/results/train_throughput_small_cnn.md); not "
-            "measured on a text model: --xla off to compare" if text else
-            "TF's float16 conv kernels without XLA are far slower on a CPU "
-            f"(benchmarks/results/train_throughput_small_cnn.md: 2.4 vs 187 {rate})")
-    return False, "CPU only: " + (
-        f"XLA measured slower than plain TF on a CPU for bert_tiny in float32 (15.9 {rate} "
-        "with XLA, 63.5 without; bfloat16 within the noise: "
-        "benchmarks/results/train_autotune_bert_tiny_amx.md)" if text else
+        return True, "CPU with mixed_float16: " + fp16_note
+    return False, "CPU only: " + cpu_note.format(
+        rate=throughput_unit(modality).rate) + "; pass --xla on to force it"
+
+
+# The measurement each modality's CPU XLA choice quotes: (under mixed_float16, otherwise).
+_CPU_JIT_NOTES = {
+    MODALITY_IMAGE: (
+        "TF's float16 conv kernels without XLA are far slower on a CPU "
+        "(benchmarks/results/train_throughput_small_cnn.md: 2.4 vs 187 img/s)",
         "XLA measured slower than plain TF on a CPU for float32 and bfloat16 "
-        "(benchmarks/results/train_throughput_small_cnn.md)") + "; pass --xla on to force it"
+        "(benchmarks/results/train_throughput_small_cnn.md)"),
+    MODALITY_TEXT: (
+        "TF's float16 CPU kernels without XLA were far slower where measured, on the small "
+        "CNN's convolutions (benchmarks/results/train_throughput_small_cnn.md); not "
+        "measured on a text model: --xla off to compare",
+        "XLA measured slower than plain TF on a CPU for bert_tiny in float32 (15.9 {rate} "
+        "with XLA, 63.5 without; bfloat16 within the noise: "
+        "benchmarks/results/train_autotune_bert_tiny_amx.md)"),
+}
 
 
 def configure_precision(

@@ -163,9 +163,8 @@ def amp_check_of(model, info: dict, *, model_path: str | None = None,
 
     The model is checked as the user wrote it (so a half-precision output is named), with the
     float32 head that ampflow gives every model as its fix; the trace is of that fixed model,
-    the one that trains. Text data (`info["modality"] == "text"`, components/prepare_data/
-    text.py) builds a text model on token ids `[batch, sequence_length]` (the tokenizer's
-    defaults where not given: the check needs shapes, not a fitted vocabulary).
+    the one that trains. Text data builds a text model on token ids `[batch, sequence_length]`
+    (the tokenizer's defaults where not given: components/train/modalities.py).
     """
     return check_built(*model_to_check(model, info, model_path=model_path,
                                        image_size=image_size, sequence_length=sequence_length,
@@ -180,21 +179,11 @@ def model_to_check(model, info: dict, *, model_path: str | None = None,
     Apart from `check_built` so that train (step.py) can build it under its seed and its
     strategy's scope and then train this very model (report.model), not build a second one.
     """
-    from ampflow.modeling.models import make_model
+    from ampflow.components.train.modalities import training_of
 
-    if info.get("modality") == "text":
-        from ampflow.modeling.models import make_text_model
-        from ampflow.modeling.tokenizer import TokenizerConfig
-
-        tokens = TokenizerConfig(**{k: v for k, v in (
-            ("max_sequence_length", sequence_length), ("vocabulary_size", vocabulary_size))
-            if v is not None})
-        built = make_text_model(model, tokens.max_sequence_length, tokens.vocabulary_size,
-                                int(info["num_classes"]), model_path=model_path)
-        return built, (int(tokens.max_sequence_length),), int(info["num_classes"])
-    built = make_model(model, tuple(info["image_shape"]), info["num_classes"],
-                       image_size=image_size, model_path=model_path)
-    return built, tuple(info["image_shape"]), int(info["num_classes"])
+    return training_of(info).model_to_check(
+        model, info, model_path=model_path, image_size=image_size,
+        sequence_length=sequence_length, vocabulary_size=vocabulary_size)
 
 
 def text_amp_check_of(model, sequence_length: int, vocabulary_size: int,

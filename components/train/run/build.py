@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 
 from ampflow.components.train.precision.policy import PrecisionSetup
+from ampflow.data.modalities import modality_of
+from ampflow.data.modality import MODALITY_IMAGE, MODALITY_TEXT
 
 log = logging.getLogger(__name__)
 
@@ -19,21 +21,32 @@ def training_data(config, info: dict, global_batch: int, tokenizer=None):
     """(train, test, steps per epoch): the seeded input pipeline at the global batch size.
 
     Text data is tokenized here, in tf.data, by `tokenizer` (a `text_tokenizer(config, info)`
-    when not given): batches of raw strings become int32 token ids `[batch, L]`.
+    when not given): batches of raw strings become int32 token ids `[batch, L]`. Which
+    pipeline is the data's modality's (INPUTS below).
     """
-    from ampflow.data import load_split, make_input_pipeline
-    from ampflow.data.modality import is_text
+    tokenizer = tokenizer or preprocessor_of(config, info)
+    train_ds, test_ds = INPUTS[modality_of(info).name](config, global_batch, tokenizer)
+    return train_ds.repeat(), test_ds, _steps_per_epoch(config, info, global_batch)
 
-    if is_text(info):
-        train_ds, test_ds = _text_data(config, global_batch,
-                                       tokenizer or text_tokenizer(config, info))
-        return train_ds.repeat(), test_ds, _steps_per_epoch(config, info, global_batch)
+
+def _image_data(config, global_batch: int, _preprocessor=None):
+    """The image splits as (pixels, label) batches, augmented as configured."""
+    from ampflow.data import load_split, make_input_pipeline
+
     train_ds = make_input_pipeline(load_split(config.data_dir, "train"),
                                    batch_size=global_batch, training=True, seed=config.seed,
                                    augment=config.effective_augment)
     test_ds = make_input_pipeline(load_split(config.data_dir, "test"),
                                   batch_size=global_batch, training=False)
-    return train_ds.repeat(), test_ds, _steps_per_epoch(config, info, global_batch)
+    return train_ds, test_ds
+
+
+def preprocessor_of(config, info: dict):
+    """What turns the data into the model's input, fitted once per run (PREPROCESSORS).
+
+    A text run's tokenizer (`text_tokenizer`); None for images.
+    """
+    return PREPROCESSORS[modality_of(info).name](config, info)
 
 
 def _steps_per_epoch(config, info: dict, global_batch: int) -> int:
@@ -61,17 +74,13 @@ def _text_data(config, global_batch: int, tokenizer):
 
 
 def text_tokenizer(config, info: dict):
-    """The tokenizer a text run trains with; None for image data.
+    """The tokenizer a text run trains with (image data has none: `PREPROCESSORS`).
 
     Fitted on the TRAINING split only (nothing of the test split in the vocabulary), with the
     config's sequence length and vocabulary size. Fine-tuning a `.keras` text model reuses the
     tokenizer saved beside it instead: its embedding rows are that vocabulary's ids, and a
     freshly fitted one would number the words differently.
     """
-    from ampflow.data.modality import is_text
-
-    if not is_text(info):
-        return None
     saved = saved_tokenizer_dir(config)
     if saved is not None:
         return _reused_tokenizer(config, saved)
@@ -145,18 +154,24 @@ def build_uncompiled_model(config, info: dict, runtime, tokenizer=None):
     A text model is sized by the tokenizer (`text_tokenizer(config, info)` when not given):
     its input is `[batch, sequence length]` token ids, its embedding table the ids in use.
     """
-    from ampflow.data.modality import is_text
-    from ampflow.modeling.models import build_model, make_text_model
-
-    if is_text(info):
-        tokenizer = tokenizer or text_tokenizer(config, info)
-        with runtime.strategy.scope():
-            return make_text_model(config.model_spec, tokenizer.sequence_length,
-                                   tokenizer.vocabulary_size, info["num_classes"],
-                                   model_path=config.model_path).model
+    tokenizer = tokenizer or preprocessor_of(config, info)
     with runtime.strategy.scope():
-        return build_model(config.model_spec, tuple(info["image_shape"]), info["num_classes"],
-                           image_size=config.image_size, model_path=config.model_path)
+        return MODELS[modality_of(info).name](config, info, tokenizer)
+
+
+def _image_model(config, info: dict, _preprocessor=None):
+    from ampflow.modeling.models import build_model
+
+    return build_model(config.model_spec, tuple(info["image_shape"]), info["num_classes"],
+                       image_size=config.image_size, model_path=config.model_path)
+
+
+def _text_model(config, info: dict, tokenizer):
+    from ampflow.modeling.models import make_text_model
+
+    return make_text_model(config.model_spec, tokenizer.sequence_length,
+                           tokenizer.vocabulary_size, info["num_classes"],
+                           model_path=config.model_path).model
 
 
 def build_compiled_model(config, info: dict, setup: PrecisionSetup, runtime,
@@ -215,3 +230,16 @@ def learning_schedule(config, learning_rate: float, total_steps: int | None):
         initial_learning_rate=0.0 if warmup else learning_rate,
         decay_steps=max(total_steps - warmup, 1), alpha=0.0,
         warmup_target=learning_rate if warmup else None, warmup_steps=warmup)
+
+
+def _no_preprocessor(config, info: dict):
+    return None  # images are the model's input
+
+
+# What differs by modality in a run, keyed by dataset_info.json's `modality` (the seam's names,
+# ampflow.data.modalities): the preprocessor fitted before the run (text: its tokenizer), the
+# input pipelines `(config, global batch, preprocessor) -> (train, test)`, and the uncompiled
+# model `(config, info, preprocessor)`. components/train/modalities.py holds the rest.
+PREPROCESSORS = {MODALITY_IMAGE: _no_preprocessor, MODALITY_TEXT: text_tokenizer}
+INPUTS = {MODALITY_IMAGE: _image_data, MODALITY_TEXT: _text_data}
+MODELS = {MODALITY_IMAGE: _image_model, MODALITY_TEXT: _text_model}
