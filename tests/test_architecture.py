@@ -522,3 +522,90 @@ def test_a_planted_long_module_docstring_is_listed(tmp_path):
     (tmp_path / "none.py").write_text("x = 1\n")
     assert _long_module_docstrings([tmp_path]) == [
         f"{tmp_path / 'long.py'}: {MAX_MODULE_DOCSTRING_LINES + 1} lines"]
+
+
+# --- one modality seam ------------------------------------------------------------------------
+# What differs between image and text lives behind one seam (ampflow.data.modalities, each step's
+# modalities.py): a step asks for its modality once and never branches on image or text. A
+# branch is a call of `is_text`, a `.is_text` attribute, or a comparison with MODALITY_IMAGE /
+# MODALITY_TEXT, or with "image" / "text" where the other side reads a `modality`.
+_MODALITY_NAMES = {"MODALITY_IMAGE", "MODALITY_TEXT"}
+_MODALITY_WORDS = {"image", "text"}
+# The seam's own modules, where a modality's name may decide (they map it to what differs).
+_SEAM = ("ampflow.data.modality", "ampflow.data.modalities")
+# The branches left outside the seam, by file, and why each stays.
+_MODALITY_BRANCHES_ALLOWED = {
+    # Each reader refuses the other modality's prepared dir with one line naming its sibling:
+    # a guard of its own input, not a choice between the two.
+    "src/ampflow/data/input_pipeline.py": 1,
+    "src/ampflow/data/text_input.py": 1,
+    # prepare-data is where a modality is born (from the source's features): its description,
+    # its logs and its summaries still branch; the next step of the seam (docs/development.md).
+    "components/prepare_data/cli.py": 1,
+    "components/prepare_data/component.py": 1,
+    "components/prepare_data/step.py": 6,
+}
+
+
+def _is_seam(module: str) -> bool:
+    return module in _SEAM or (module.startswith("ampflow.components.")
+                               and module.endswith(".modalities"))
+
+
+def _modality_branches(modules: dict[str, Path]) -> list[str]:
+    """Each image/text branch in the steps and the library outside the seam, `file:line`."""
+    found = []
+    for module, path in modules.items():
+        if _is_seam(module) or not (_in(module, LIBRARY + ("ampflow.components",))):
+            continue
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if _is_modality_branch(node, source):
+                where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                found.append(f"{where}:{node.lineno}")
+    return found
+
+
+def _is_modality_branch(node: ast.AST, source: str) -> bool:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        return node.func.id == "is_text"
+    if isinstance(node, ast.Attribute):
+        return node.attr == "is_text"
+    if not isinstance(node, ast.Compare):
+        return False
+    sides = [node.left, *node.comparators]
+    if any(getattr(side, "id", getattr(side, "attr", None)) in _MODALITY_NAMES
+           for side in sides):
+        return True
+    return (any(isinstance(s, ast.Constant) and s.value in _MODALITY_WORDS for s in sides)
+            and any("modality" in (ast.get_source_segment(source, s) or "") for s in sides))
+
+
+def _by_file(branches: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for branch in branches:
+        file = branch.rpartition(":")[0]
+        counts[file] = counts.get(file, 0) + 1
+    return counts
+
+
+def test_image_and_text_branch_only_inside_the_modality_seam():
+    assert _by_file(_modality_branches(_modules())) == _MODALITY_BRANCHES_ALLOWED
+
+
+def test_a_planted_modality_branch_outside_the_seam_fails_the_rule(tmp_path):
+    source = ("from ampflow.data.modality import MODALITY_TEXT, is_text\n\n\n"
+              "def pick(info, trained):\n"
+              "    if is_text(info) or trained.is_text:\n        return 1\n"
+              "    if info.get('modality') == 'image':\n        return 2\n"
+              "    return 3 if info['modality'] != MODALITY_TEXT else 4\n")
+    ours = _modality_branches(_modules())
+    modules = _planted(tmp_path, "ampflow.components.deploy_serving.planted", source)
+    planted = tmp_path / "ampflow.components.deploy_serving.planted.py"
+    assert sorted(set(_modality_branches(modules)) - set(ours)) == [
+        f"{planted}:5", f"{planted}:7", f"{planted}:9"]
+    assert len(_modality_branches(modules)) == len(ours) + 4  # line 5 holds two
+    seam = _planted(tmp_path, "ampflow.components.deploy_serving.modalities", source)
+    assert _modality_branches(seam) == ours  # the seam may choose
+    unrelated = "def f(name, kind):\n    return name == 'text' or kind == 'image'\n"
+    assert _modality_branches(_planted(tmp_path, "ampflow.data.planted", unrelated)) == ours

@@ -126,7 +126,7 @@ def test_load_trained_gives_the_model_with_the_tokenizer_it_trained_with(trained
 
     model_dir = trained_text_model[0]
     trained = load_trained(model_dir)
-    assert trained.is_text and trained.tokenizer.sequence_length == SEQ
+    assert trained.modality == "text" and trained.tokenizer.sequence_length == SEQ
     texts, labels = load_texts(prepared_texts, "test")
     ids = trained.inputs(np.array(texts, dtype=object))
     assert ids.shape == (len(texts), SEQ) and ids.dtype == "int32"
