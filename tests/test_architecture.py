@@ -539,11 +539,6 @@ _MODALITY_BRANCHES_ALLOWED = {
     # a guard of its own input, not a choice between the two.
     "src/ampflow/data/input_pipeline.py": 1,
     "src/ampflow/data/text_input.py": 1,
-    # prepare-data is where a modality is born (from the source's features): its description,
-    # its logs and its summaries still branch; the next step of the seam (docs/development.md).
-    "components/prepare_data/cli.py": 1,
-    "components/prepare_data/component.py": 1,
-    "components/prepare_data/step.py": 6,
 }
 
 

@@ -25,11 +25,17 @@ def register(subparsers) -> None:
     )
 
 
+# A summary names a dataset_info.json key by the flag that sets it.
+_FLAG_NAMES = {"text_key": "text_feature"}
+
+
 def _summary(result) -> dict:
     """What the command prints: the dataset, its splits and shape (or text feature), skips."""
+    from ampflow.components.prepare_data.modalities import preparing_of
+
     info = result.info
-    shape = ({"text_feature": info["text_key"]} if info.get("modality") == "text"
-             else {"image_shape": info["image_shape"]})
+    shape = preparing_of(info["modality"]).shape(info)
+    shape = {_FLAG_NAMES.get(key, key): value for key, value in shape.items()}
     return {
         "dataset": f"{info['name']} {info['version']}",
         "splits": info["splits"],

@@ -22,6 +22,7 @@ def prepare_data(dataset: str, data: Output[Dataset], tfds_data_dir: str = "",
     PrepareDataConfig's, which a test checks; the Args KFP shows come from its fields' help.
     """
     from ampflow.components.prepare_data import PrepareDataConfig, run_prepare_data
+    from ampflow.components.prepare_data.modalities import preparing_of
 
     result = run_prepare_data(PrepareDataConfig(
         output_dir=data.path, dataset=dataset, tfds_data_dir=tfds_data_dir or None,
@@ -31,8 +32,7 @@ def prepare_data(dataset: str, data: Output[Dataset], tfds_data_dir: str = "",
         label_column=label_column, text_feature=text_feature or None,
         max_text_bytes=max_text_bytes))
     info = result.info
-    shape = ({"text_key": info["text_key"]} if info["modality"] == "text"
-             else {"image_shape": info["image_shape"]})
+    shape = preparing_of(info["modality"]).shape(info)
     data.metadata.update({"name": info["name"], "version": info["version"],
                           "modality": info["modality"], "splits": info["splits"], **shape,
                           "num_classes": info["num_classes"],

@@ -36,7 +36,7 @@ from ampflow.components.prepare_data.config import (
     OFFLINE_DATASETS,
     PrepareDataConfig,
 )
-from ampflow.data import images
+from ampflow.components.prepare_data.modalities import image_shape, preparing_of
 from ampflow.data.dataset_info import DATASET_INFO_FILE
 from ampflow.data.holdout import stratified_holdout
 from ampflow.data.modality import MODALITY_IMAGE, MODALITY_TEXT, TEXT_FEATURE_NAMES
@@ -73,13 +73,9 @@ def run_prepare_data(config: PrepareDataConfig) -> PreparedData:
         info = _describe(builder, config, data_dir, roles)
         write_json_atomic(output_dir / CONFIG_FILE, info["config"])
         write_json_atomic(output_dir / DATASET_INFO_FILE, info)  # last: it marks the dir complete
-    _log_skipped(info)
-    if roles.modality == MODALITY_TEXT:
-        log.info("dataset ready: %s %s, text feature %r, %d classes", info["name"],
-                 info["splits"], info["text_key"], info["num_classes"])
-    else:
-        log.info("dataset ready: %s %s at image shape %s", info["name"], info["splits"],
-                 info["image_shape"])
+    preparing = preparing_of(roles.modality)
+    preparing.log_skipped(info)
+    preparing.log_ready(info)
     return PreparedData(output_dir=output_dir, info=info)
 
 
@@ -183,7 +179,7 @@ class _Roles:
 def _roles(info, config: PrepareDataConfig) -> _Roles:
     """The image or text feature and the class feature, or one clear line why there are none.
 
-    An `Image` feature at `image_key` makes an image dataset (checked by `_image_shape`:
+    An `Image` feature at `image_key` makes an image dataset (checked by `image_shape`:
     a varying size needs --image-size), unless `--text-feature` asks for text. Otherwise the
     dataset must be a text classification one: a string feature (`_text_key`) and a
     `ClassLabel`.
@@ -193,7 +189,7 @@ def _roles(info, config: PrepareDataConfig) -> _Roles:
     features = info.features
     has_image = any(isinstance(f, tfds.features.Image) for f in features.values())
     if config.text_feature is None and has_image:
-        _image_shape(info, config)  # names a wrong --image-key, refuses a varying size
+        image_shape(info, config)  # names a wrong --image-key, refuses a varying size
         return _Roles(MODALITY_IMAGE, config.image_key, config.label_key)
     label_key = _label_key(info, config)
     text_key = _text_key(info, config, label_key)
@@ -287,9 +283,7 @@ def _describe(builder, config: PrepareDataConfig, data_dir: Path,
         "label_key": roles.label_key,
         "config": _config_record(config),
     }
-    if roles.modality == MODALITY_TEXT:
-        return {**common, **_describe_text(info, config, roles)}
-    return {**common, **_describe_image(info, config)}
+    return {**common, **preparing_of(roles.modality).describe(info, config, roles.data_key)}
 
 
 def _config_record(config: PrepareDataConfig) -> dict[str, Any]:
@@ -304,76 +298,10 @@ def _config_record(config: PrepareDataConfig) -> dict[str, Any]:
     return record
 
 
-def _describe_image(info, config: PrepareDataConfig) -> dict[str, Any]:
-    features = info.features
-    metadata = info.metadata or {}
-    skipped = list(metadata.get("skipped_files", []))
-    return {
-        "image_folder": (os.fspath(Path(config.image_folder).expanduser().resolve())
-                         if config.image_folder is not None else None),
-        "image_shape": _image_shape(info, config),
-        "source_image_shape": [None if d is None else int(d)
-                               for d in features[config.image_key].shape],
-        "resize": {"method": images.RESIZE_METHOD, "antialias": images.RESIZE_ANTIALIAS,
-                   "keeps_aspect_ratio": images.KEEPS_ASPECT_RATIO},
-        "image_dtype": np.dtype(features[config.image_key].np_dtype).name,
-        "image_key": config.image_key,
-        "skipped_files": {"count": len(skipped), "files": skipped},
-    }
-
-
-def _describe_text(info, config: PrepareDataConfig, roles: _Roles) -> dict[str, Any]:
-    """The text facts: the feature, the source, and every file or row left out, by reason."""
-    metadata = info.metadata or {}
-    listed = list(metadata.get("skipped_files", []))
-    by_reason = dict(metadata.get("skipped_by_reason") or metadata.get("dropped") or {})
-    source = metadata.get("text_source")
-    return {
-        "text_key": roles.data_key,
-        "text_dtype": "string",
-        "text_source": source,
-        "text_source_kind": metadata.get("text_source_kind"),
-        "text_source_details": metadata.get("details"),
-        "max_text_bytes": config.max_text_bytes if source else None,
-        "image_shape": None,  # not an image dataset: readers that branch on it see so
-        "skipped_files": {"count": int(sum(by_reason.values())), "by_reason": by_reason,
-                          "listed": len(listed), "files": listed},
-    }
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return os.fspath(value)
     return list(value) if isinstance(value, tuple) else value
-
-
-def _image_shape(info, config: PrepareDataConfig) -> list[int]:
-    """[H, W, C]: the shape the pipeline trains and serves at (resized from the source's)."""
-    features = info.features
-    for key in (config.image_key, config.label_key):
-        if key not in features:
-            raise ConfigError(
-                f"image_key/label_key must name features of {info.name}. Received: {key!r}; "
-                f"features are {sorted(features.keys())}"
-            )
-    feature = features[config.image_key]
-    source = list(feature.shape)
-    dtype = np.dtype(feature.np_dtype).name
-    if len(source) != 3 or dtype != "uint8":
-        raise DatasetError(
-            f"{info.name}'s {config.image_key!r} must be uint8 images [H, W, C]. Received: "
-            f"shape {source}, dtype {dtype}")
-    if config.image_size is not None:
-        height, width = config.image_size
-    elif source[0] is None or source[1] is None:
-        raise DatasetError(
-            f"{info.name} has images of varying size {source}: pass --image-size H W (or one "
-            "number for a square) to fix the size ampflow trains and serves at; images are "
-            f"resized in the input pipeline ({images.RESIZE_METHOD}, antialiased, aspect ratio "
-            "not kept).")
-    else:
-        height, width = source[0], source[1]
-    return [int(height), int(width), images.model_channels(source[2])]
 
 
 def _splits(builder, config: PrepareDataConfig, roles: _Roles):
@@ -387,7 +315,7 @@ def _splits(builder, config: PrepareDataConfig, roles: _Roles):
         test = len(holdout["test_indices"])
         return {"train": train - test, "test": test}, specs, holdout
     test = _num_examples(info, "test", config.test_split)
-    if roles.modality == MODALITY_TEXT:
+    if preparing_of(roles.modality).requires_labels:
         _require_labelled(builder, config.test_split, "test_split", roles)
     specs["train"] = _train_spec_without_test(info, config)
     if specs["train"] != config.train_split:
@@ -474,7 +402,7 @@ def _holdout(builder, config: PrepareDataConfig, num_examples: int,
     if len(labels) != num_examples:
         raise DatasetError(f"read {len(labels)} labels from {config.train_split!r} of "
                            f"{builder.info.name}, expected {num_examples}")
-    if roles.modality == MODALITY_TEXT:
+    if preparing_of(roles.modality).requires_labels:
         _require_labelled(builder, config.train_split, "train_split", roles, labels)
     test = stratified_holdout(labels, config.test_fraction, config.split_seed)
     log.info("%s has no %r split: holding out %d of %d examples of %r (%.0f%% of each class, "
@@ -494,34 +422,11 @@ def _holdout(builder, config: PrepareDataConfig, num_examples: int,
 
 def _read_labels(builder, spec: str, roles: _Roles) -> np.ndarray:
     """The labels of a split spec in TFDS read order, without decoding an image."""
-    import tensorflow_datasets as tfds
-
-    decoders = ({roles.data_key: tfds.decode.SkipDecoding()}
-                if roles.modality == MODALITY_IMAGE else None)
+    decoders = preparing_of(roles.modality).label_only_decoders(roles.data_key)
     ds = builder.as_dataset(split=spec, shuffle_files=False, decoders=decoders)
     batches = [b for b in ds.map(lambda ex: ex[roles.label_key]).batch(4096)
                .as_numpy_iterator()]
     return np.concatenate(batches) if batches else np.zeros(0, np.int64)
-
-
-def _log_skipped(info: dict[str, Any]) -> None:
-    skipped = info["skipped_files"]
-    if not skipped["count"]:
-        return
-    from ampflow.components.prepare_data.image_folder import describe_skipped
-
-    if info.get("modality") == MODALITY_TEXT:
-        reasons = ", ".join(f"{n} {r}" for r, n in skipped["by_reason"].items())
-        where = info.get("text_source") or info["name"]
-        listed = [{**s, "path": f"{s['path']}:{s['line']}" if "line" in s else s["path"]}
-                  for s in skipped["files"]]
-        log.warning("left out %d texts of %s (%s; in dataset_info.json under skipped_files)%s",
-                    skipped["count"], where, reasons,
-                    f": {describe_skipped(listed)}" if listed else "")
-        return
-    log.warning("skipped %d files of %s (unreadable, corrupt or not an image; all listed in "
-                "dataset_info.json under skipped_files): %s", skipped["count"],
-                info["image_folder"], describe_skipped(skipped["files"]))
 
 
 @contextlib.contextmanager
