@@ -8,7 +8,7 @@ variant, `report.json`, `report.md` and `config.json`. A failed gate still publi
 
 A text SavedModel (ampflow_export.json `"modality": "text"`) is converted from its `token_ids`
 signature, with token ids of real sentences and the vocabulary copied beside the variants
-(text_inputs.py); `_inputs_of` decides which, once, and `ImageInputs` is the image side.
+(text_inputs.py); `_inputs_of` asks modalities.py once for the SavedModel's (image_inputs.py).
 """
 
 from __future__ import annotations

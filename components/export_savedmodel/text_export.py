@@ -1,6 +1,6 @@
 """The text model's export: what happens inside the staging dir for a model that reads text.
 
-The sibling of the image path in step.py, chosen there once, by the trained model's modality
+The sibling of image_export.py, chosen by modalities.py from the trained model's modality
 (metadata.json's `modality`, checked against dataset_info.json's). The same order of work: the
 SavedModel (text_signatures.py: the tokenizer in the graph), its signatures checked against the
 contract, its graph scanned for half precision and for any op that is not core TensorFlow,

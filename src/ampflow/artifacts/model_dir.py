@@ -51,7 +51,7 @@ class TrainedModel:
 
     @property
     def modality(self) -> str:
-        """`"text"` or `"image"`: what the model was trained on (metadata.json's `modality`)."""
+        """`"text"` or `"image"`: what the model was trained on (None before text: image)."""
         return self.kind.name
 
     @property
@@ -62,11 +62,6 @@ class TrainedModel:
     def inputs(self, batch):
         """The model's input for `batch`: token ids of raw strings (text), else `batch` itself."""
         return self.kind.model_inputs(batch, self.tokenizer)
-
-
-def model_modality(metadata: dict[str, Any]) -> str:
-    """What a model was trained on; models published before text existed are image models."""
-    return modality_of(metadata).name
 
 
 def load_trained(model_dir: str | os.PathLike) -> TrainedModel:
