@@ -240,8 +240,8 @@ def choose_jit(
         return requested, "requested explicitly"
     if hardware.tpu or hardware.gpus:
         return True, "accelerator present: XLA fuses the mixed-precision casts"
-    fp16_note, cpu_note = _CPU_JIT_NOTES.get(modality or MODALITY_IMAGE,
-                                             _CPU_JIT_NOTES[MODALITY_IMAGE])
+    fp16_note, cpu_note = CPU_JIT_NOTES.get(modality or MODALITY_IMAGE,
+                                             CPU_JIT_NOTES[MODALITY_IMAGE])
     if policy == "mixed_float16":
         return True, "CPU with mixed_float16: " + fp16_note
     return False, "CPU only: " + cpu_note.format(
@@ -249,7 +249,7 @@ def choose_jit(
 
 
 # The measurement each modality's CPU XLA choice quotes: (under mixed_float16, otherwise).
-_CPU_JIT_NOTES = {
+CPU_JIT_NOTES = {
     MODALITY_IMAGE: (
         "TF's float16 conv kernels without XLA are far slower on a CPU "
         "(benchmarks/results/train_throughput_small_cnn.md: 2.4 vs 187 img/s)",

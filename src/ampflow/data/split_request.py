@@ -41,7 +41,7 @@ def split_request(data_dir: str | os.PathLike, split: str,
     from ampflow.data import load_dataset_info
     from ampflow.data.modalities import modality_of
 
-    load = _LOADERS[modality_of(load_dataset_info(data_dir)).name]
+    load = LOADERS[modality_of(load_dataset_info(data_dir)).name]
     return load(data_dir, split, limit)
 
 
@@ -62,4 +62,4 @@ def _load_texts(data_dir, split: str, limit: int | None) -> SplitRequest:
                         labels)
 
 
-_LOADERS = {MODALITY_IMAGE: _load_images, MODALITY_TEXT: _load_texts}
+LOADERS = {MODALITY_IMAGE: _load_images, MODALITY_TEXT: _load_texts}
