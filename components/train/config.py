@@ -28,6 +28,9 @@ from ampflow.modeling.user_model import ModelSpec, parse_model_spec
 OPTIMIZERS = ("adam", "adamw", "sgd")
 AUTO_BATCH = "auto"
 LR_SCHEDULES = ("constant", "cosine")
+# How text batches are padded: to their length bucket (ampflow.modeling.length_buckets), or
+# every text to --max-sequence-length (the old way, kept for comparison)
+TEXT_PADDINGS = ("buckets", "max_length")
 # The learning rate of the built-in CNNs and of a user's model when --learning-rate is not given;
 # the BERT-style encoders declare theirs beside them (text_models.ENCODER_LEARNING_RATE).
 DEFAULT_LEARNING_RATE = 3e-3
@@ -100,6 +103,13 @@ class TrainConfig:
                 "32 for resnet50/mobilenet_v2)."})
     max_sequence_length: int = _text_field("max_sequence_length")
     vocabulary_size: int = _text_field("vocabulary_size")
+    text_padding: str = field(default="buckets", metadata={
+        "choices": TEXT_PADDINGS,
+        "help": "buckets: texts of one length bucket (16, 32, 64, ... up to "
+                "--max-sequence-length) are batched together and padded to it, so a batch costs "
+                "its texts' length; max_length: every text padded to --max-sequence-length. "
+                "buckets needs a model that takes any length (the bert_* encoders); another "
+                "model gets max_length, and the log says so. Text data only."})
     precision: str = field(default="auto", metadata={
         "choices": POLICIES,
         "help": "Dtype policy; auto picks mixed_float16 on NVIDIA GPUs with compute capability "
@@ -261,6 +271,8 @@ class TrainConfig:
         self.model_spec  # noqa: B018  (a bad --model is one line now; every reader takes this)
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(invalid_choice("optimizer", self.optimizer, OPTIMIZERS))
+        if self.text_padding not in TEXT_PADDINGS:
+            raise ConfigError(invalid_choice("text_padding", self.text_padding, TEXT_PADDINGS))
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(invalid_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES))
         for name in ("weight_decay", "warmup_epochs"):

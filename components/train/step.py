@@ -513,12 +513,13 @@ def _dataset_block(info: dict) -> dict:
 def _text_metadata(config: TrainConfig, tokenizer) -> dict:
     """What a text model's metadata.json adds: its input and its tokenizer (artifacts.py)."""
     from ampflow.artifacts.model_dir import TOKENIZER_FILES
-    from ampflow.components.train.run.build import saved_tokenizer_dir
+    from ampflow.components.train.run.build import saved_tokenizer_dir, text_padding_of
     from ampflow.data.modality import MODALITY_TEXT
     from ampflow.modeling.text_models import TOKEN_IDS_INPUT
 
     return {"modality": MODALITY_TEXT, "input_shape": [tokenizer.sequence_length],
             "input_dtype": "int32", "input_name": TOKEN_IDS_INPUT,
+            "text_padding": text_padding_of(config, tokenizer),
             "tokenizer": {**dataclasses.asdict(tokenizer.config),
                           "vocabulary_in_use": tokenizer.vocabulary_size,
                           "files": list(TOKENIZER_FILES),

@@ -57,10 +57,28 @@ def _steps_per_epoch(config, info: dict, global_batch: int) -> int:
 
 
 def _text_data(config, global_batch: int, tokenizer):
-    """The text splits as (token ids, label) batches: tokenized after batching, in tf.data."""
+    """The text splits as (token ids, label) batches, tokenized in tf.data.
+
+    Grouped by length bucket (`text_padding_of`): each batch cut to its texts' bucket; or,
+    padded to the cap, tokenized after batching.
+    """
     import tensorflow as tf
 
     from ampflow.data import load_text_split, make_text_pipeline
+
+    padding = text_padding_of(config, tokenizer)
+    log.info("text batches padded to %s tokens: %s", "/".join(map(str, padding["lengths"])),
+             padding["reason"])
+    if padding["mode"] == "buckets":
+        from ampflow.data.text_input import make_bucketed_text_pipeline
+
+        def bucketed(split: str, training: bool):
+            return make_bucketed_text_pipeline(
+                load_text_split(config.data_dir, split), tokenize=tokenizer.tokenize,
+                batch_size=global_batch, buckets=tuple(padding["lengths"]),
+                training=training, seed=config.seed)
+
+        return bucketed("train", True), bucketed("test", False)
 
     def tokenized(ds):
         return ds.map(lambda text, label: (tokenizer.tokenize(text), label),
@@ -71,6 +89,45 @@ def _text_data(config, global_batch: int, tokenizer):
     test_ds = make_text_pipeline(load_text_split(config.data_dir, "test"),
                                  batch_size=global_batch, training=False)
     return tokenized(train_ds), tokenized(test_ds)
+
+
+def text_padding_of(config, tokenizer) -> dict:
+    """How text batches are padded (metadata.json's `text_padding`): mode, lengths, why.
+
+    `buckets` needs a model that takes any length: the bert_* encoders, or a `.keras` file
+    whose input says so (`(None, None)`: one of them trained here). A user's builder may fix
+    its length (a Flatten, a position table read whole), so it gets `max_length`.
+    """
+    from ampflow.modeling.text_models import BERT_SHAPES
+    from ampflow.modeling.length_buckets import bucket_lengths
+
+    cap = tokenizer.sequence_length
+    spec = config.model_spec
+    if config.text_padding == "max_length":
+        return {"mode": "max_length", "lengths": [cap], "reason": "text_padding max_length"}
+    if spec.kind == "builtin" and spec.text in BERT_SHAPES or (
+            spec.kind == "file" and _keras_file_takes_any_length(config.model)):
+        return {"mode": "buckets", "lengths": list(bucket_lengths(cap)),
+                "reason": "texts of one length bucket batched together, padded to it"}
+    return {"mode": "max_length", "lengths": [cap],
+            "reason": f"model {config.model} may take only {cap} tokens (a builder's input "
+                      "is fixed by its layers): length buckets need an input of any length"}
+
+
+def _keras_file_takes_any_length(path) -> bool:
+    """Whether a `.keras` text model's one input is `[batch, None]` (read from its config)."""
+    import json
+    import zipfile
+    from pathlib import Path
+
+    try:
+        with zipfile.ZipFile(Path(path).expanduser()) as archive:
+            config = json.loads(archive.read("config.json"))
+        shapes = [layer["config"].get("batch_shape") for layer in config["config"]["layers"]
+                  if layer.get("class_name") == "InputLayer"]
+    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile):
+        return False  # the model's own loading says what is wrong with it
+    return len(shapes) == 1 and list(shapes[0] or []) == [None, None]
 
 
 def text_tokenizer(config, info: dict):

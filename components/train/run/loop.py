@@ -135,7 +135,9 @@ class TrainLoop:
         if runtime.num_replicas > 1 and runtime.is_chief:
             log.info("gradient all-reduce: %s", self.describe_allreduce())
         self._train_step = tf.function(self._distributed_train_step)
-        self._eval_step = tf.function(self._distributed_eval_step)
+        # batches of several shapes (text length buckets, a last partial batch): after the
+        # second shape one trace for all, not one per shape
+        self._eval_step = tf.function(self._distributed_eval_step, reduce_retracing=True)
         self._sync_step = tf.function(self._distributed_sync)
 
     # ---- the step -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from ampflow.data.dataset_info import load_dataset_info
 from ampflow.data.input_pipeline import read_examples
 from ampflow.data.modality import MODALITY_IMAGE, is_text
 from ampflow.errors import ConfigError, DatasetError
+from ampflow.modeling.length_buckets import group_by_length
 
 
 def load_text_split(prepared_dir: str | os.PathLike, split: str):
@@ -67,3 +68,23 @@ def make_text_pipeline(ds, *, batch_size: int, training: bool, seed: int = 0,
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return ds.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
+
+
+def make_bucketed_text_pipeline(ds, *, tokenize, batch_size: int, buckets: tuple[int, ...],
+                                training: bool, seed: int = 0, shuffle_buffer: int = 10_000):
+    """Tokenize → cache → seeded shuffle, repeated (training) → batches of one length bucket.
+
+    `tokenize` maps a batch of strings to ids `[batch, cap]` (0-padded at the end); each batch
+    leaves cut to its bucket (ampflow.modeling.length_buckets), so it costs its texts' length.
+    Training repeats before grouping, so no epoch drops a partial batch per bucket and every
+    step is the global batch; evaluation keeps every example (the buckets' partial batches
+    last). The ids are cached, not the strings: tokenized once, not once per epoch.
+    """
+    if batch_size <= 0:
+        raise ConfigError(f"batch_size must be > 0. Received: batch_size={batch_size}")
+    ds = ds.batch(1024).map(lambda text, label: (tokenize(text), label),
+                            num_parallel_calls=tf.data.AUTOTUNE).unbatch().cache()
+    if training:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+    return group_by_length(ds, batch_size, buckets, drop_remainder=training).prefetch(
+        tf.data.AUTOTUNE)

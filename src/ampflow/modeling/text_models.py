@@ -4,7 +4,9 @@
 L12/H768/A12 (Turc et al. 2019, "Well-Read Students Learn Better"; Devlin et al. 2019), the
 feed-forward 4H wide. Built from scratch (nothing can be downloaded here: a pretrained model is
 fine-tuned from its `.keras` file, docs/how-to/text-models.md). Each takes int32 token ids
-`[batch, sequence_length]` (0 = padding; the attention mask is derived from them) and is:
+`[batch, length]` for any length up to `sequence_length`, the size of its position table (0 =
+padding; the attention mask is derived from them), so a batch cut to its texts' length bucket
+runs as it is (ampflow.modeling.length_buckets); it is:
 
 token + position embeddings → LayerNorm → dropout → L × (multi-head self-attention → dropout →
 add & LayerNorm → Dense 4H GELU → Dense H → dropout → add & LayerNorm), post-norm as BERT →
@@ -90,7 +92,8 @@ def build_encoder_classifier(shape: EncoderShape, sequence_length: int, vocabula
         raise ConfigError(f"sequence_length must be between 1 and {MAX_SEQUENCE_LENGTH}. "
                           f"Received: sequence_length={sequence_length}")
     init = keras.initializers.TruncatedNormal(stddev=0.02)
-    token_ids = keras.Input(shape=(sequence_length,), dtype="int32", name=TOKEN_IDS_INPUT)
+    # any length up to the position table's: batches cut to their length bucket run as they are
+    token_ids = keras.Input(shape=(None,), dtype="int32", name=TOKEN_IDS_INPUT)
     attention_mask = AttentionMaskFromIds(name="attention_mask")(token_ids)
     x = TokenAndPositionEmbedding(vocabulary_size, sequence_length, shape.hidden,
                                   name="embeddings")(token_ids)

@@ -519,14 +519,18 @@ def call_text_builder(spec: ModelSpec, builder, sequence_length: int, vocabulary
 
 
 def check_text_io(model, sequence_length: int, num_classes: int, source: str) -> None:
-    """The model takes int32 ids `(None, sequence_length)`, returns `(None, num_classes)`."""
+    """The model takes int32 ids `(None, sequence_length)`, returns `(None, num_classes)`.
+
+    `(None, None)` too: ampflow's own encoders take any length up to their position table's,
+    so one trained here can be fine-tuned from its `.keras` file.
+    """
     inputs, outputs = list(model.inputs or []), list(model.outputs or [])
     if len(inputs) != 1 or len(outputs) != 1:
         raise ConfigError(f"{source} must be a functional or Sequential model with one input "
                           f"(the token ids) and one output. Received: {len(inputs)} input(s), "
                           f"{len(outputs)} output(s)")
     got_in, dtype = tuple(inputs[0].shape), str(inputs[0].dtype)
-    if got_in != (None, int(sequence_length)) or dtype != "int32":
+    if got_in not in ((None, int(sequence_length)), (None, None)) or dtype != "int32":
         raise ConfigError(
             f"{source} must take int32 token ids [None, {sequence_length}] (0 = padding: "
             f"keras.Input(shape=({sequence_length},), dtype='int32'); the sequence length is "
