@@ -105,9 +105,10 @@ class TrainConfig:
     vocabulary_size: int = _text_field("vocabulary_size")
     text_padding: str = field(default="buckets", metadata={
         "choices": TEXT_PADDINGS,
-        "help": "buckets: texts of one length bucket (16, 32, 64, ... up to "
-                "--max-sequence-length) are batched together and padded to it, so a batch costs "
-                "its texts' length; max_length: every text padded to --max-sequence-length. "
+        "help": "How text batches are padded. buckets: texts of one length bucket (16, 32, "
+                "64, ... up to --max-sequence-length) are batched together and padded to it, "
+                "so a batch costs its texts' length; max_length: every text padded to "
+                "--max-sequence-length. "
                 "buckets needs a model that takes any length (the bert_* encoders); another "
                 "model gets max_length, and the log says so. Text data only."})
     precision: str = field(default="auto", metadata={
