@@ -24,6 +24,7 @@ from ampflow.components.export_savedmodel.text_parity import check_text_export_p
 from ampflow.components.export_savedmodel.text_signatures import (
     check_text_signatures,
     graph_op_types,
+    length_buckets_of,
     non_core_ops,
     save_text_servable,
     text_example,
@@ -49,6 +50,7 @@ class TextExport:
     texts: list[str]  # real test sentences: warm-up, parity and canary examples
     labels: list[str]
     op_types: list[str] = field(default_factory=list)  # of the written graph, all core
+    length_buckets: list[int] | None = None  # what a text request is padded to; None: the cap
 
     @property
     def sequence_length(self) -> int:
@@ -59,6 +61,7 @@ class TextExport:
         import tensorflow as tf
 
         save_text_servable(twin, graph_tokenizer(self.tokenizer), self.labels, staging)
+        self.length_buckets = length_buckets_of(twin, self.sequence_length)
         signatures = check_text_signatures(staging, self.sequence_length, len(self.labels))
         half = half_precision_nodes(staging)
         if half:
@@ -107,11 +110,14 @@ class TextExport:
             "modality": "text",
             "input": {"name": TEXT_INPUT, "shape": [-1], "dtype": "string",
                       "note": "one raw UTF-8 text per element, tokenized in the graph "
-                              "(keras TextVectorization, core TensorFlow ops)"},
+                              "(keras TextVectorization, core TensorFlow ops)",
+                      "padded_to": (f"the request's longest text, rounded up to one of "
+                                    f"{self.length_buckets} tokens" if self.length_buckets
+                                    else f"{self.sequence_length} tokens")},
             "token_ids_input": {"signature": TOKEN_IDS_SIGNATURE, "name": TOKEN_IDS_INPUT,
                                 "shape": [-1, self.sequence_length], "dtype": "int32",
                                 "note": "token ids of assets/vocab.txt, 0 = padding; what "
-                                        "the TFLite variants take"},
+                                        "the TFLite variants take (at this fixed length)"},
             "tokenizer": {"max_sequence_length": config.max_sequence_length,
                           "vocabulary_size": config.vocabulary_size,
                           "vocabulary_in_use": self.tokenizer.vocabulary_size,

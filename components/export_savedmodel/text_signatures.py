@@ -13,10 +13,9 @@ tf.Example with bytes_list feature `text` → `scores` float32 [-1, K], `classes
 themselves (0 = padding) → the outputs of `serving_default`. What the TFLite variants take (the
 pip LiteRT runtime runs no string op), and what the export's parity check compares `text` with.
 
-Every signature calls one traced model function, so the SavedModel holds the model's graph once.
-The vocabulary is in the graph (a hash table imported from constants, `LookupTableImportV2`),
-and ships as `assets/vocab.txt` + `assets/tokenizer.json` too, for clients that tokenize
-themselves (TFLite). `non_core_ops` proves that every op of the written graph is a core
+`serving_default` and `classify` cut the ids to the request's length bucket (a model of any
+length: the bert_* encoders), `token_ids` runs at the cap. The vocabulary is in the graph (a
+hash table, `LookupTableImportV2`) and in `assets/vocab.txt` + `assets/tokenizer.json` (TFLite). `non_core_ops` proves that every op of the written graph is a core
 TensorFlow op, so a stock TF Serving binary loads it: no tensorflow-text custom op.
 """
 
@@ -113,17 +112,19 @@ def _text_servable(model, tokenizer, labels: list[str], assets: Path):
     def probabilities_of(token_ids):
         return tf.cast(model(token_ids, training=False), tf.float32)
 
+    probabilities_of_text = _length_following(model, length) or probabilities_of
+
     def predict_ids(input_ids):  # the argument name is the input's key
         return predictions_of(probabilities_of(input_ids))
 
     def predict_text(text):
-        return predict_ids(tokenizer.tokenize(text))
+        return predictions_of(probabilities_of_text(tokenizer.tokenize(text)))
 
     def classify(inputs):
         features = tf.io.parse_example(
             inputs, {TEXT_FEATURE: tf.io.FixedLenFeature([], tf.string)})
         return classify_outputs(
-            probabilities_of(tokenizer.tokenize(features[TEXT_FEATURE])), label_names)
+            probabilities_of_text(tokenizer.tokenize(features[TEXT_FEATURE])), label_names)
 
     return module, {
         DEFAULT_SIGNATURE: concrete_signature(
@@ -133,6 +134,36 @@ def _text_servable(model, tokenizer, labels: list[str], assets: Path):
         TOKEN_IDS_SIGNATURE: concrete_signature(
             predict_ids, tf.TensorSpec([None, length], tf.int32, TOKEN_IDS_INPUT)),
     }
+
+
+def _length_following(model, cap: int):
+    """The text signatures' model call on ids cut to the request's length bucket, or None.
+
+    A request costs its longest text's bucket (16, 32, 64, ... up to the cap:
+    ampflow.modeling.length_buckets), not the cap, when the model takes ids of any length
+    (the bert_* encoders); only trailing padding is cut, so the answers are the cap's. The
+    `token_ids` signature keeps `[-1, cap]`: TFLite converts it at fixed shapes.
+    """
+    import tensorflow as tf
+
+    from ampflow.modeling.length_buckets import bucket_lengths, trim_to_bucket
+
+    if tuple(model.inputs[0].shape) != (None, None):
+        return None
+    buckets = bucket_lengths(cap)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, cap], tf.int32)])
+    def probabilities_of_bucket(token_ids):
+        return tf.cast(model(trim_to_bucket(token_ids, buckets), training=False), tf.float32)
+
+    return probabilities_of_bucket
+
+
+def length_buckets_of(model, cap: int) -> list[int] | None:
+    """The lengths the text signatures pad a request to (ampflow_export.json); None: the cap."""
+    from ampflow.modeling.length_buckets import bucket_lengths
+
+    return list(bucket_lengths(cap)) if tuple(model.inputs[0].shape) == (None, None) else None
 
 
 def graph_op_types(export_dir: str | os.PathLike) -> set[str]:
