@@ -1,0 +1,317 @@
+r"""Text batches that follow their texts' length vs padding to the cap, side by side (issue 50).
+
+On the offline movie-review snippets at cap 128 (`--max-sequence-length 128`), in one run:
+- training: `ampflow train --model M --text-padding buckets|max_length`, each in its own
+  process, interleaved; texts/s of the timed epoch (epoch 1, with tracing, is warm-up);
+- accuracy: whole epochs of the same runs for each seed (`--accuracy-models`), test accuracy
+  and its spread over the seeds for either padding;
+- one XLA compile per bucket length: bert_tiny's forward + backward, jit-compiled, timed on its
+  first call at each length against a later call (how many shapes, what one costs);
+- serving in process: the exported `serving_default` (the tokenizer in the graph) of a SavedModel
+  whose model takes any length (requests padded to their bucket) and of the same weights
+  behind a fixed 128 input (padded to the cap), on 1 and on 32 real review snippets; p50 and
+  texts/s, interleaved, and the answers' largest difference.
+The host's CPU flags and load average are recorded (a shared 2-core host swings ±40 %).
+
+    python benchmarks/text_length_buckets.py --workdir /tmp/buckets-bench
+    python benchmarks/text_length_buckets.py --workdir /tmp/b --models bert_tiny --seeds 1
+
+Writes benchmarks/results/text_length_buckets[_TAG].{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_host import cpu_capabilities, git_commit, load_average, simd_flags  # noqa: E402
+
+OUT = Path(__file__).parent / "results"
+DATASET = "ampflow_rotten_tomatoes"
+PADDINGS = ("buckets", "max_length")
+
+
+def main() -> int:
+    args = _parse()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    data_dir = _prepare(args.workdir)
+    report = {"benchmark": "text_length_buckets", "dataset": DATASET,
+              "max_sequence_length": args.max_sequence_length, "batch_size": args.batch_size,
+              "precision": args.precision, "host": _host(), "load_before": load_average(),
+              "training": [], "accuracy": [], "xla_compile": None, "serving": []}
+    # each part written as soon as it is measured: a long run cut short keeps what it has
+    for part, measure in (("training", _training), ("serving", _serving),
+                          ("xla_compile", lambda a, _d: _xla_compile(a)),
+                          ("accuracy", _accuracy)):
+        report[part] = measure(args, data_dir)
+        report["load_after"] = load_average()
+        _write(args, report)
+    print("\n".join(markdown(report)))
+    return 0
+
+
+def _write(args, report: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    stem = "text_length_buckets" + (f"_{args.tag}" if args.tag else "")
+    (OUT / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (OUT / f"{stem}.md").write_text("\n".join(markdown(report)) + "\n")
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--models", nargs="+", default=["bert_tiny", "bert_small"])
+    parser.add_argument("--accuracy-models", nargs="*", default=["bert_tiny"],
+                        help="models whose whole-epoch accuracy is measured for each seed")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--accuracy-epochs", type=int, default=1)
+    parser.add_argument("--timed-steps", type=int, default=30,
+                        help="steps of the timed epoch (after a warm-up epoch as long)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="interleave the throughput runs this many times")
+    parser.add_argument("--max-sequence-length", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--precision", default="float32")
+    parser.add_argument("--serving-models", nargs="*", default=["bert_tiny", "bert_small"])
+    parser.add_argument("--serving-calls", type=int, default=30)
+    parser.add_argument("--tag", default="")
+    return parser.parse_args()
+
+
+def _host() -> dict:
+    import tensorflow as tf
+
+    return {"cpu_flags": simd_flags(), "capabilities": cpu_capabilities(),
+            "cpu_count": os.cpu_count(), "tensorflow": tf.__version__, "code": git_commit(
+                ("components", "src", "benchmarks/text_length_buckets.py"))}
+
+
+def _prepare(workdir: Path) -> Path:
+    data_dir = workdir / "data"
+    if not (data_dir / "dataset_info.json").is_file():
+        subprocess.run([sys.executable, "-m", "ampflow.cli", "prepare-data", "--dataset",
+                        DATASET, "--output-dir", str(data_dir)], check=True,
+                       stdout=subprocess.DEVNULL)
+    return data_dir
+
+
+def _train(args, data_dir: Path, model: str, padding: str, seed: int, out: Path,
+           steps: int | None, epochs: int) -> dict:
+    """One `ampflow train` in its own process; its metadata.json's numbers."""
+    command = [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(data_dir),
+               "--output-dir", str(out), "--model", model, "--text-padding", padding,
+               "--precision", args.precision, "--epochs", str(epochs), "--seed", str(seed),
+               "--batch-size", str(args.batch_size),
+               "--max-sequence-length", str(args.max_sequence_length)]
+    if steps:
+        command += ["--steps-per-epoch", str(steps)]
+    load = load_average()
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    meta = json.loads((out / "metadata.json").read_text())
+    last = meta["epochs"][-1]
+    return {"model": model, "padding": padding, "seed": seed, "epochs": epochs,
+            "steps_per_epoch": meta["steps_per_epoch"],
+            "texts_per_s_last_epoch": last["examples_per_sec"],
+            "train_seconds": meta["train_seconds"], "val_accuracy": last["val_accuracy"],
+            "text_padding": meta["text_padding"], "wall_s": round(time.perf_counter() - began, 1),
+            "load_before": load}
+
+
+def _training(args, data_dir: Path) -> list[dict]:
+    """texts/s of the second epoch of `--timed-steps` steps, buckets and cap interleaved."""
+    runs = []
+    for repeat in range(args.repeats):
+        for model in args.models:
+            for padding in PADDINGS:
+                out = args.workdir / f"speed_{model}_{padding}_{repeat}"
+                runs.append(_train(args, data_dir, model, padding, 1, out, args.timed_steps, 2))
+                print(f"train {model} {padding}: {runs[-1]['texts_per_s_last_epoch']:.1f} texts/s",
+                      flush=True)
+    return runs
+
+
+def _accuracy(args, data_dir: Path) -> list[dict]:
+    runs = []
+    for model in args.accuracy_models:
+        for seed in range(1, args.seeds + 1):
+            for padding in PADDINGS:
+                out = args.workdir / f"accuracy_{model}_{padding}_{seed}"
+                runs.append(_train(args, data_dir, model, padding, seed, out, None,
+                                   args.accuracy_epochs))
+                print(f"accuracy {model} {padding} seed {seed}: {runs[-1]['val_accuracy']:.4f}",
+                      flush=True)
+    return runs
+
+
+def _xla_compile(args) -> dict:
+    """bert_tiny's jit-compiled forward + backward: first call (compile) vs a later one."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from ampflow.components.train.models import make_text_model
+    from ampflow.modeling.length_buckets import bucket_lengths
+
+    keras.utils.set_random_seed(0)
+    model = make_text_model("bert_tiny", args.max_sequence_length, 20_000, 2,
+                            policy="float32").model
+
+    @tf.function(jit_compile=True)
+    def step(ids, labels):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                labels, model(ids, training=True)))
+        return tape.gradient(loss, model.trainable_variables)
+
+    rows = []
+    labels = tf.zeros([args.batch_size], tf.int64)
+    for length in bucket_lengths(args.max_sequence_length):
+        ids = tf.constant(np.random.default_rng(length).integers(
+            2, 20_000, size=(args.batch_size, length)), tf.int32)
+        began = time.perf_counter()
+        tf.nest.map_structure(lambda g: g.numpy(), step(ids, labels))
+        first = time.perf_counter() - began
+        later = min(_timed(lambda x=ids: tf.nest.map_structure(lambda g: g.numpy(),
+                                                                step(x, labels)))
+                    for _ in range(3))
+        rows.append({"length": length, "first_call_s": round(first, 3),
+                     "later_call_s": round(later, 4), "compile_s": round(first - later, 3)})
+    return {"model": "bert_tiny", "shapes": len(rows), "per_length": rows}
+
+
+def _timed(fn) -> float:
+    began = time.perf_counter()
+    fn()
+    return time.perf_counter() - began
+
+
+def _serving(args, data_dir: Path) -> list[dict]:
+    """serving_default in process: buckets vs the same weights behind a fixed cap input."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from ampflow.components.export_savedmodel.text_signatures import save_text_servable
+    from ampflow.components.prepare_data import load_dataset_info, load_texts
+    from ampflow.components.train.build import text_tokenizer
+    from ampflow.components.train.config import TrainConfig
+    from ampflow.components.train.models import make_text_model
+
+    texts, _ = load_texts(data_dir, "test", limit=256)
+    config = TrainConfig(data_dir=data_dir, output_dir=args.workdir / "unused", model="bert_tiny",
+                         max_sequence_length=args.max_sequence_length)
+    tokenizer = text_tokenizer(config, load_dataset_info(data_dir))
+    rows = []
+    for name in args.serving_models:
+        keras.utils.set_random_seed(0)
+        model = make_text_model(name, args.max_sequence_length, tokenizer.vocabulary_size, 2,
+                                policy="float32").model
+        ids = keras.Input((args.max_sequence_length,), dtype="int32")
+        fixed = keras.Model(ids, model(ids))  # the same weights, at the cap only
+        served = {}
+        for padding, keras_model in (("buckets", model), ("max_length", fixed)):
+            directory = args.workdir / f"serve_{name}_{padding}"
+            if not directory.exists():
+                save_text_servable(keras_model, tokenizer, ["fresh", "rotten"], directory)
+            served[padding] = tf.saved_model.load(str(directory)).signatures["serving_default"]
+        for batch in (1, 32):
+            requests = [tf.constant([t.encode("utf-8") for t in texts[i:i + batch]])
+                        for i in range(0, len(texts) - batch + 1, batch)][:args.serving_calls]
+            answers = {p: [fn(text=r)["probabilities"].numpy() for r in requests]
+                       for p, fn in served.items()}  # the first calls: warm-up
+            times = {p: [] for p in served}
+            for _ in range(2):
+                for padding, fn in served.items():  # interleaved
+                    for request in requests:
+                        times[padding].append(_timed(lambda f=fn, r=request: f(text=r)[
+                            "probabilities"].numpy()))
+            diff = max(float(np.abs(a - b).max()) for a, b in
+                       zip(answers["buckets"], answers["max_length"], strict=True))
+            same = all((a.argmax(-1) == b.argmax(-1)).all() for a, b in
+                       zip(answers["buckets"], answers["max_length"], strict=True))
+            row = {"model": name, "texts_per_request": batch, "max_abs_diff": diff,
+                   "same_classes": bool(same), "load": load_average()}
+            for padding, seconds in times.items():
+                row[padding] = {"p50_ms": round(1000 * statistics.median(seconds), 2),
+                                "texts_per_s": round(batch / statistics.mean(seconds), 1)}
+            row["speedup"] = round(row["buckets"]["texts_per_s"]
+                                   / row["max_length"]["texts_per_s"], 2)
+            rows.append(row)
+            print(f"serve {name} x{batch}: {row['speedup']}x", flush=True)
+    return rows
+
+
+def _pair(runs: list[dict], model: str, key: str) -> tuple[list[float], list[float]]:
+    return tuple([r[key] for r in runs if r["model"] == model and r["padding"] == p]
+                 for p in PADDINGS)
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "–"
+    mean = statistics.mean(values)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * mean:.1f} % ± {100 * sd:.1f} (n={len(values)})"
+
+
+def markdown(report: dict) -> list[str]:
+    host = report["host"]
+    lines = [
+        f"# Text batches by length bucket vs padded to the cap ({report['dataset']}, cap "
+        f"{report['max_sequence_length']}, batch {report['batch_size']}, "
+        f"{report['precision']})", "",
+        f"Host: {host['capabilities'].get('model_name')}, {host['cpu_count']} cores, CPU flags "
+        f"{', '.join(host['cpu_flags'])}; TF {host['tensorflow']}; load average before "
+        f"{report['load_before']}, after {report.get('load_after')} (**a shared host**: other jobs "
+        "ran beside this one; compare within a row, not across runs).", "",
+        "## Training (texts/s of the timed epoch; `benchmarks/text_length_buckets.py`)", "",
+        "| model | buckets texts/s | max_length texts/s | buckets × max_length |",
+        "|---|---:|---:|---:|"]
+    for model in dict.fromkeys(r["model"] for r in report["training"]):
+        fast, slow = _pair(report["training"], model, "texts_per_s_last_epoch")
+        if not fast or not slow:
+            continue
+        lines.append(f"| {model} | {statistics.median(fast):.1f} | {statistics.median(slow):.1f}"
+                     f" | {statistics.median(fast) / statistics.median(slow):.2f}× |")
+    if report["accuracy"]:
+        lines += ["", "## Accuracy (test split, mean ± sd over seeds)", "",
+                  "| model | epochs | buckets | max_length | train s buckets / max_length |",
+                  "|---|---:|---:|---:|---:|"]
+        for model in dict.fromkeys(r["model"] for r in report["accuracy"]):
+            acc = _pair(report["accuracy"], model, "val_accuracy")
+            secs = _pair(report["accuracy"], model, "train_seconds")
+            epochs = report["accuracy"][0]["epochs"]
+            lines.append(f"| {model} | {epochs} | {_spread(acc[0])} | {_spread(acc[1])} | "
+                         f"{statistics.mean(secs[0]):.0f} / {statistics.mean(secs[1]):.0f} |")
+    xla = report["xla_compile"] or {"shapes": 0, "model": "–", "per_length": []}
+    lines += ["", f"## XLA: {xla['shapes']} shapes, one compile each ({xla['model']}, forward + "
+              "backward)", "", "| length | first call s | later call s | compile s |",
+              "|---:|---:|---:|---:|"]
+    lines += [f"| {r['length']} | {r['first_call_s']} | {r['later_call_s']} | {r['compile_s']} |"
+              for r in xla["per_length"]]
+    lines += ["", "## Serving in process (`serving_default`, raw snippets in)", "",
+              "| model | texts/request | buckets p50 ms | buckets texts/s | max_length p50 ms | "
+              "max_length texts/s | × | same classes | max abs diff |",
+              "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in report["serving"]:
+        lines.append(f"| {r['model']} | {r['texts_per_request']} | {r['buckets']['p50_ms']} | "
+                     f"{r['buckets']['texts_per_s']} | {r['max_length']['p50_ms']} | "
+                     f"{r['max_length']['texts_per_s']} | {r['speedup']}× | "
+                     f"{'yes' if r['same_classes'] else 'NO'} | {r['max_abs_diff']:.1e} |")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())
