@@ -15,8 +15,8 @@ pip LiteRT runtime runs no string op), and what the export's parity check compar
 
 `serving_default` and `classify` cut the ids to the request's length bucket (a model of any
 length: the bert_* encoders), `token_ids` runs at the cap. The vocabulary is in the graph (a
-hash table, `LookupTableImportV2`) and in `assets/vocab.txt` + `assets/tokenizer.json` (TFLite). `non_core_ops` proves that every op of the written graph is a core
-TensorFlow op, so a stock TF Serving binary loads it: no tensorflow-text custom op.
+hash table, `LookupTableImportV2`) and in `assets/vocab.txt` + `assets/tokenizer.json` (TFLite).
+`non_core_ops` proves every op of the graph is a core TensorFlow op (no tensorflow-text op).
 """
 
 from __future__ import annotations
