@@ -349,6 +349,13 @@ class TrainConfig:
         return {name: getattr(self, name) for name in _TOKENIZER
                 if getattr(self, name) != _TOKENIZER[name].default}
 
+    def text_settings_given(self) -> dict[str, int | str]:
+        """Every text-only setting the user passed: the tokenizer's, and --text-padding."""
+        given = self.tokenizer_settings_given()
+        if self.text_padding != TrainConfig.__dataclass_fields__["text_padding"].default:
+            given["text_padding"] = self.text_padding
+        return given
+
     def guard_limits(self) -> GuardLimits:
         """The loss-scale guard's thresholds from this config."""
         return GuardLimits(

@@ -24,7 +24,7 @@ class ImageTraining:
 
     def check_options(self, config, info: dict) -> None:
         """Text options (--max-sequence-length, --vocabulary-size) set on images: one line."""
-        for name, value in config.tokenizer_settings_given().items():
+        for name, value in config.text_settings_given().items():
             raise ConfigError(f"{name} is for text data, and {config.data_dir} holds "
                               f"{self.name} data: leave it out. Received: {name}={value}")
 

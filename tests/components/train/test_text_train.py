@@ -223,6 +223,11 @@ def test_text_options_on_images_and_a_text_model_on_images_are_one_line(prepared
                                           r"holds image data"):
         run_train(TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "out",
                               max_sequence_length=64))
+    with pytest.raises(ConfigError, match=r"text_padding is for text data, and .* holds image "
+                                          r"data: leave it out\. Received: "
+                                          r"text_padding=max_length"):
+        run_train(TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "out",
+                              text_padding="max_length"))
     code = main(["train", "--data-dir", str(prepared_digits), "--output-dir",
                  str(tmp_path / "out"), "--model", "bert_tiny", "--precision", "float32"])
     err = capsys.readouterr().err.strip().splitlines()
