@@ -15,6 +15,7 @@ The host's CPU flags and load average are recorded (a shared 2-core host swings 
 
     python benchmarks/text_length_buckets.py --workdir /tmp/buckets-bench
     python benchmarks/text_length_buckets.py --workdir /tmp/b --models bert_tiny --seeds 1
+    python benchmarks/text_length_buckets.py --workdir /tmp/b --parts accuracy --tag accuracy
 
 Writes benchmarks/results/text_length_buckets[_TAG].{json,md}.
 """
@@ -38,6 +39,7 @@ from bench_host import cpu_capabilities, git_commit, load_average, simd_flags  #
 OUT = Path(__file__).parent / "results"
 DATASET = "ampflow_rotten_tomatoes"
 PADDINGS = ("buckets", "max_length")
+PARTS = ("training", "serving", "xla_compile", "accuracy")
 
 
 def main() -> int:
@@ -48,11 +50,14 @@ def main() -> int:
               "max_sequence_length": args.max_sequence_length, "batch_size": args.batch_size,
               "precision": args.precision, "host": _host(), "load_before": load_average(),
               "training": [], "accuracy": [], "xla_compile": None, "serving": []}
-    # each part written as soon as it is measured: a long run cut short keeps what it has
-    for part, measure in (("training", _training), ("serving", _serving),
-                          ("xla_compile", lambda a, _d: _xla_compile(a)),
-                          ("accuracy", _accuracy)):
-        report[part] = measure(args, data_dir)
+    parts = {"training": _training, "serving": _serving,
+             "xla_compile": lambda a, _d: _xla_compile(a),
+             "accuracy": lambda a, d: _accuracy(a, d, report["accuracy"],
+                                                lambda: _write(a, report))}
+    # each part written as soon as it is measured (accuracy after each run): a long run cut
+    # short keeps what it has
+    for part in args.parts:
+        report[part] = parts[part](args, data_dir)
         report["load_after"] = load_average()
         _write(args, report)
     print("\n".join(markdown(report)))
@@ -83,6 +88,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--precision", default="float32")
     parser.add_argument("--serving-models", nargs="*", default=["bert_tiny", "bert_small"])
     parser.add_argument("--serving-calls", type=int, default=30)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--tag", default="")
     return parser.parse_args()
 
@@ -142,8 +148,8 @@ def _training(args, data_dir: Path) -> list[dict]:
     return runs
 
 
-def _accuracy(args, data_dir: Path) -> list[dict]:
-    runs = []
+def _accuracy(args, data_dir: Path, runs: list[dict], written) -> list[dict]:
+    """Whole epochs per seed, buckets and the cap interleaved; `written()` after each run."""
     for model in args.accuracy_models:
         for seed in range(1, args.seeds + 1):
             for padding in PADDINGS:
@@ -152,6 +158,7 @@ def _accuracy(args, data_dir: Path) -> list[dict]:
                                    args.accuracy_epochs))
                 print(f"accuracy {model} {padding} seed {seed}: {runs[-1]['val_accuracy']:.4f}",
                       flush=True)
+                written()
     return runs
 
 

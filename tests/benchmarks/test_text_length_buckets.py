@@ -1,0 +1,35 @@
+"""benchmarks/text_length_buckets.py's report: the ratio and spread it prints are its runs'."""
+
+from benchmark_scripts import load_benchmark
+
+bench = load_benchmark("text_length_buckets")
+
+
+def _run(model, padding, texts_per_s, accuracy=0.7, seconds=10.0):
+    return {"model": model, "padding": padding, "texts_per_s_last_epoch": texts_per_s,
+            "val_accuracy": accuracy, "train_seconds": seconds, "epochs": 1}
+
+
+def _report(**parts):
+    return {"dataset": "d", "max_sequence_length": 128, "batch_size": 32,
+            "precision": "float32", "load_before": [1.0, 1.0, 1.0],
+            "host": {"capabilities": {"model_name": "cpu"}, "cpu_count": 2,
+                     "cpu_flags": ["avx2"], "tensorflow": "2.x"},
+            "training": [], "accuracy": [], "xla_compile": None, "serving": [], **parts}
+
+
+def test_a_report_cut_short_still_renders():
+    text = "\n".join(bench.markdown(_report()))
+    assert "## Training" in text and "XLA: 0 shapes" in text
+
+
+def test_the_training_ratio_is_the_medians_and_accuracy_the_seeds_mean_and_sd():
+    lines = bench.markdown(_report(
+        training=[_run("bert_tiny", "buckets", 300.0), _run("bert_tiny", "max_length", 100.0),
+                  _run("bert_tiny", "buckets", 200.0), _run("bert_tiny", "max_length", 80.0),
+                  _run("bert_tiny", "buckets", 250.0), _run("bert_tiny", "max_length", 90.0)],
+        accuracy=[_run("bert_tiny", "buckets", 0, 0.74), _run("bert_tiny", "max_length", 0, 0.75),
+                  _run("bert_tiny", "buckets", 0, 0.76), _run("bert_tiny", "max_length", 0, 0.75)]))
+    assert "| bert_tiny | 250.0 | 90.0 | 2.78× |" in lines
+    row = next(line for line in lines if line.startswith("| bert_tiny | 1 |"))
+    assert "75.0 % ± 1.4 (n=2)" in row and "75.0 % ± 0.0 (n=2)" in row
