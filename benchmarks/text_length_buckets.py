@@ -264,6 +264,10 @@ def _pair(runs: list[dict], model: str, key: str) -> tuple[list[float], list[flo
                  for p in PADDINGS)
 
 
+def _mean(values: list[float]) -> str:
+    return f"{statistics.mean(values):.0f}" if values else "–"
+
+
 def _spread(values: list[float]) -> str:
     if not values:
         return "–"
@@ -300,7 +304,7 @@ def markdown(report: dict) -> list[str]:
             secs = _pair(report["accuracy"], model, "train_seconds")
             epochs = report["accuracy"][0]["epochs"]
             lines.append(f"| {model} | {epochs} | {_spread(acc[0])} | {_spread(acc[1])} | "
-                         f"{statistics.mean(secs[0]):.0f} / {statistics.mean(secs[1]):.0f} |")
+                         f"{_mean(secs[0])} / {_mean(secs[1])} |")
     xla = report["xla_compile"] or {"shapes": 0, "model": "–", "per_length": []}
     lines += ["", f"## XLA: {xla['shapes']} shapes, one compile each ({xla['model']}, forward + "
               "backward)", "", "| length | first call s | later call s | compile s |",

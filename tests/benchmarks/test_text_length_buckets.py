@@ -21,6 +21,8 @@ def _report(**parts):
 def test_a_report_cut_short_still_renders():
     text = "\n".join(bench.markdown(_report()))
     assert "## Training" in text and "XLA: 0 shapes" in text
+    one_run = bench.markdown(_report(accuracy=[_run("bert_tiny", "buckets", 0, 0.7)]))
+    assert "| bert_tiny | 1 | 70.0 % ± 0.0 (n=1) | – | 10 / – |" in one_run
 
 
 def test_the_training_ratio_is_the_medians_and_accuracy_the_seeds_mean_and_sd():
