@@ -110,8 +110,8 @@ def text_padding_of(config, tokenizer) -> dict:
         return {"mode": "buckets", "lengths": list(bucket_lengths(cap)),
                 "reason": "texts of one length bucket batched together, padded to it"}
     return {"mode": "max_length", "lengths": [cap],
-            "reason": f"model {config.model} may take only {cap} tokens (a builder's input "
-                      "is fixed by its layers): length buckets need an input of any length"}
+            "reason": f"model {config.model} may take only {cap} tokens (a fixed input, or "
+                      "layers that fix it): length buckets need an input of any length"}
 
 
 def _keras_file_takes_any_length(path) -> bool:
