@@ -168,8 +168,8 @@ def _xla_compile(args) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from ampflow.components.train.models import make_text_model
     from ampflow.modeling.length_buckets import bucket_lengths
+    from ampflow.modeling.models import make_text_model
 
     keras.utils.set_random_seed(0)
     model = make_text_model("bert_tiny", args.max_sequence_length, 20_000, 2,
@@ -210,10 +210,10 @@ def _serving(args, data_dir: Path) -> list[dict]:
     import tensorflow as tf
 
     from ampflow.components.export_savedmodel.text_signatures import save_text_servable
-    from ampflow.components.prepare_data import load_dataset_info, load_texts
-    from ampflow.components.train.build import text_tokenizer
     from ampflow.components.train.config import TrainConfig
-    from ampflow.components.train.models import make_text_model
+    from ampflow.components.train.run.build import text_tokenizer
+    from ampflow.data import load_dataset_info, load_texts
+    from ampflow.modeling.models import make_text_model
 
     texts, _ = load_texts(data_dir, "test", limit=256)
     config = TrainConfig(data_dir=data_dir, output_dir=args.workdir / "unused", model="bert_tiny",

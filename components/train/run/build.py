@@ -98,8 +98,8 @@ def text_padding_of(config, tokenizer) -> dict:
     whose input says so (`(None, None)`: one of them trained here). A user's builder may fix
     its length (a Flatten, a position table read whole), so it gets `max_length`.
     """
-    from ampflow.modeling.text_models import BERT_SHAPES
     from ampflow.modeling.length_buckets import bucket_lengths
+    from ampflow.modeling.text_models import BERT_SHAPES
 
     cap = tokenizer.sequence_length
     spec = config.model_spec

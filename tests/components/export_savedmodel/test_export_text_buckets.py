@@ -13,17 +13,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from ampflow.artifacts.signature_names import TEXT_INPUT, TOKEN_IDS_INPUT, TOKEN_IDS_SIGNATURE
 from ampflow.components.export_savedmodel.text_parity import check_text_export_parity
 from ampflow.components.export_savedmodel.text_signatures import (
-    TEXT_INPUT,
-    TOKEN_IDS_INPUT,
-    TOKEN_IDS_SIGNATURE,
     length_buckets_of,
     save_text_servable,
     text_example,
 )
-from ampflow.components.train.models import make_text_model
-from ampflow.components.train.tokenizer import TokenizerConfig, fit_tokenizer
+from ampflow.modeling.models import make_text_model
+from ampflow.modeling.tokenizer import TokenizerConfig, fit_tokenizer
 from ampflow.serving.model_format import CLASSIFY_SIGNATURE, DEFAULT_SIGNATURE
 
 CAP = 128

@@ -12,13 +12,13 @@ import pytest
 import tensorflow as tf
 import text_builders
 
-from ampflow.data.text_input import make_bucketed_text_pipeline
-from ampflow.components.train.run.build import text_padding_of
 from ampflow.components.train.config import TrainConfig
-from ampflow.modeling.models import make_text_model
-from ampflow.modeling.tokenizer import TokenizerConfig, fit_tokenizer
+from ampflow.components.train.run.build import text_padding_of
+from ampflow.data.text_input import make_bucketed_text_pipeline
 from ampflow.errors import ConfigError
 from ampflow.modeling.length_buckets import bucket_lengths, token_counts, trim_to_bucket
+from ampflow.modeling.models import make_text_model
+from ampflow.modeling.tokenizer import TokenizerConfig, fit_tokenizer
 
 CAP, VOCAB, CLASSES = 128, 60, 3
 BUCKETS = bucket_lengths(CAP)
