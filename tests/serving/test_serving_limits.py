@@ -286,11 +286,28 @@ def test_metrics_labels_collapse_unknown_models_and_versions(model_store, tmp_pa
             request.model_spec.version_label = f"label_{i}"
             _call(stub.Predict, request)
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    assert "attacker_model" not in body and "label_" not in body and "1003" not in body
+    # Label values only: a sample's value (a latency of 0.0010036 s) may hold any digits.
+    label_values = _metric_label_values(body)
+    sent = {f"attacker_model_{i}" for i in range(5)} | {f"label_{i}" for i in range(5)}
+    sent |= {str(1000 + i) for i in range(5)}
+    assert label_values.isdisjoint(sent), sorted(label_values & sent)
+    assert {"<unknown>", MODEL} <= label_values
     assert ('ampflow_serving_errors_total{code="NOT_FOUND",method="Predict",model="<unknown>",'
             'version=""} 5.0') in body
     assert ('ampflow_serving_errors_total{code="NOT_FOUND",method="Predict",model="ampflow",'
             'version="<unknown>"} 5.0') in body
+
+
+def _metric_label_values(body: str) -> set[str]:
+    """Every label value in a Prometheus text exposition, parsed rather than searched."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        for value in sample.labels.values()
+    }
 
 
 def test_non_numeric_array_stays_valid():
