@@ -5,6 +5,8 @@ On the offline movie-review snippets at cap 128 (`--max-sequence-length 128`), i
   process, interleaved; texts/s of the timed epoch (epoch 1, with tracing, is warm-up);
 - accuracy: whole epochs of the same runs for each seed (`--accuracy-models`), test accuracy
   and its spread over the seeds for either padding;
+- the cap's cost: buckets at the cap vs padding to a small cap (`--small-cap`, 32), whose
+  texts are cut there: if the cost follows the texts, cap 128 runs near cap 32's texts/s;
 - one XLA compile per bucket length: bert_tiny's forward + backward, jit-compiled, timed on its
   first call at each length against a later call (how many shapes, what one costs);
 - serving in process: the exported `serving_default` (the tokenizer in the graph) of a SavedModel
@@ -39,7 +41,7 @@ from bench_host import cpu_capabilities, git_commit, load_average, simd_flags  #
 OUT = Path(__file__).parent / "results"
 DATASET = "ampflow_rotten_tomatoes"
 PADDINGS = ("buckets", "max_length")
-PARTS = ("training", "serving", "xla_compile", "accuracy")
+PARTS = ("training", "caps", "serving", "xla_compile", "accuracy")
 
 
 def main() -> int:
@@ -49,8 +51,8 @@ def main() -> int:
     report = {"benchmark": "text_length_buckets", "dataset": DATASET,
               "max_sequence_length": args.max_sequence_length, "batch_size": args.batch_size,
               "precision": args.precision, "host": _host(), "load_before": load_average(),
-              "training": [], "accuracy": [], "xla_compile": None, "serving": []}
-    parts = {"training": _training, "serving": _serving,
+              "training": [], "caps": [], "accuracy": [], "xla_compile": None, "serving": []}
+    parts = {"training": _training, "caps": _caps, "serving": _serving,
              "xla_compile": lambda a, _d: _xla_compile(a),
              "accuracy": lambda a, d: _accuracy(a, d, report["accuracy"],
                                                 lambda: _write(a, report))}
@@ -84,6 +86,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1,
                         help="interleave the throughput runs this many times")
     parser.add_argument("--max-sequence-length", type=int, default=128)
+    parser.add_argument("--small-cap", type=int, default=32,
+                        help="the caps part: padded to this cap (texts cut there) vs buckets")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--precision", default="float32")
     parser.add_argument("--serving-models", nargs="*", default=["bert_tiny", "bert_small"])
@@ -111,13 +115,14 @@ def _prepare(workdir: Path) -> Path:
 
 
 def _train(args, data_dir: Path, model: str, padding: str, seed: int, out: Path,
-           steps: int | None, epochs: int) -> dict:
+           steps: int | None, epochs: int, cap: int | None = None) -> dict:
     """One `ampflow train` in its own process; its metadata.json's numbers."""
+    cap = cap or args.max_sequence_length
     command = [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(data_dir),
                "--output-dir", str(out), "--model", model, "--text-padding", padding,
                "--precision", args.precision, "--epochs", str(epochs), "--seed", str(seed),
                "--batch-size", str(args.batch_size),
-               "--max-sequence-length", str(args.max_sequence_length)]
+               "--max-sequence-length", str(cap)]
     if steps:
         command += ["--steps-per-epoch", str(steps)]
     load = load_average()
@@ -127,7 +132,7 @@ def _train(args, data_dir: Path, model: str, padding: str, seed: int, out: Path,
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     meta = json.loads((out / "metadata.json").read_text())
     last = meta["epochs"][-1]
-    return {"model": model, "padding": padding, "seed": seed, "epochs": epochs,
+    return {"model": model, "padding": padding, "cap": cap, "seed": seed, "epochs": epochs,
             "steps_per_epoch": meta["steps_per_epoch"],
             "texts_per_s_last_epoch": last["examples_per_sec"],
             "train_seconds": meta["train_seconds"], "val_accuracy": last["val_accuracy"],
@@ -145,6 +150,21 @@ def _training(args, data_dir: Path) -> list[dict]:
                 runs.append(_train(args, data_dir, model, padding, 1, out, args.timed_steps, 2))
                 print(f"train {model} {padding}: {runs[-1]['texts_per_s_last_epoch']:.1f} texts/s",
                       flush=True)
+    return runs
+
+
+def _caps(args, data_dir: Path) -> list[dict]:
+    """Buckets at the cap vs padded to `--small-cap`, interleaved: to see what the cap costs."""
+    runs = []
+    arms = (("buckets", args.max_sequence_length), ("max_length", args.small_cap))
+    for repeat in range(args.repeats):
+        for model in args.models:
+            for padding, cap in arms:
+                out = args.workdir / f"cap_{model}_{padding}_{cap}_{repeat}"
+                runs.append(_train(args, data_dir, model, padding, 1, out, args.timed_steps, 2,
+                                   cap=cap))
+                print(f"caps {model} {padding} cap {cap}: "
+                      f"{runs[-1]['texts_per_s_last_epoch']:.1f} texts/s", flush=True)
     return runs
 
 
@@ -276,6 +296,26 @@ def _spread(values: list[float]) -> str:
     return f"{100 * mean:.1f} % ± {100 * sd:.1f} (n={len(values)})"
 
 
+def _caps_lines(report: dict) -> list[str]:
+    """The caps part: buckets at the cap over padding to the small cap (medians of repeats)."""
+    runs = report.get("caps") or []
+    if not runs:
+        return []
+    lines = ["", "## The cap's cost: buckets at the cap vs padded to a small cap (texts cut there)",
+             "", "| model | buckets, cap | texts/s | max_length, cap | texts/s | ratio |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for model in dict.fromkeys(r["model"] for r in runs):
+        arms = {p: [r for r in runs if r["model"] == model and r["padding"] == p] for p in PADDINGS}
+        if not all(arms.values()):
+            continue
+        speed = {p: statistics.median(r["texts_per_s_last_epoch"] for r in rows)
+                 for p, rows in arms.items()}
+        lines.append(f"| {model} | {arms['buckets'][0]['cap']} | {speed['buckets']:.1f} | "
+                     f"{arms['max_length'][0]['cap']} | {speed['max_length']:.1f} | "
+                     f"{speed['buckets'] / speed['max_length']:.2f}× |")
+    return lines
+
+
 def markdown(report: dict) -> list[str]:
     host = report["host"]
     lines = [
@@ -295,6 +335,7 @@ def markdown(report: dict) -> list[str]:
             continue
         lines.append(f"| {model} | {statistics.median(fast):.1f} | {statistics.median(slow):.1f}"
                      f" | {statistics.median(fast) / statistics.median(slow):.2f}× |")
+    lines += _caps_lines(report)
     if report["accuracy"]:
         lines += ["", "## Accuracy (test split, mean ± sd over seeds)", "",
                   "| model | epochs | buckets | max_length | train s buckets / max_length |",

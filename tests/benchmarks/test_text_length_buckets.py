@@ -35,3 +35,15 @@ def test_the_training_ratio_is_the_medians_and_accuracy_the_seeds_mean_and_sd():
     assert "| bert_tiny | 250.0 | 90.0 | 2.78× |" in lines
     row = next(line for line in lines if line.startswith("| bert_tiny | 1 |"))
     assert "75.0 % ± 1.4 (n=2)" in row and "75.0 % ± 0.0 (n=2)" in row
+
+
+def test_the_caps_ratio_is_buckets_at_the_cap_over_the_small_cap_medians():
+    def cap_run(padding, cap, texts_per_s):
+        return {**_run("bert_small", padding, texts_per_s), "cap": cap}
+
+    lines = bench.markdown(_report(caps=[
+        cap_run("buckets", 128, 500.0), cap_run("max_length", 32, 600.0),
+        cap_run("buckets", 128, 540.0), cap_run("max_length", 32, 640.0),
+        cap_run("buckets", 128, 520.0), cap_run("max_length", 32, 650.0)]))
+    assert "| bert_small | 128 | 520.0 | 32 | 640.0 | 0.81× |" in lines
+    assert not any("cap's cost" in line for line in bench.markdown(_report()))
