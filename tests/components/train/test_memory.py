@@ -57,6 +57,7 @@ import numpy as np
 from ampflow.components.train.run.memory import PeakMemory
 MIB = 2**20
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+regions = {}
 if sys.argv[1] == "tf":
     import tensorflow as tf
     with PeakMemory() as big:
@@ -65,36 +66,45 @@ if sys.argv[1] == "tf":
         del buffer
     with PeakMemory() as small:
         tf.ones((MIB // 4,)).numpy()  # 1 MiB
-elif sys.argv[1] == "nested":  # big: the outer region, small: the inner one
-    import tensorflow as tf
-    with PeakMemory() as big:
+    regions.update(big=big, small=small)
+    # nested regions, after the 200 MiB were freed: outer, then inner
+    with PeakMemory() as outer:
         tf.ones((64 * MIB // 4,)).numpy()  # freed before the inner region resets the counters
-        with PeakMemory() as small:
+        with PeakMemory() as inner:
             tf.ones((MIB // 4,)).numpy()
+    regions.update(outer=outer, inner=inner)
 else:
     with PeakMemory(source="process") as big:
         buffer = np.ones(200 * MIB // 8)  # 200 MiB, every page written
         del buffer
     with PeakMemory(source="process") as small:
         np.ones(MIB // 8)
-print(json.dumps({"big": big.result.to_json(), "small": small.result.to_json()}))
+    regions.update(big=big, small=small)
+print(json.dumps({name: region.result.to_json() for name, region in regions.items()}))
 """
 
 
-def _regions_in_a_fresh_process(kind: str) -> tuple[dict, dict, str]:
-    """The `big` and `small` regions' JSON blocks, and what the child logged."""
+def _regions_in_a_fresh_process(kind: str) -> tuple[dict, str]:
+    """{region name: its JSON block} and what the child logged."""
     child = subprocess.run([sys.executable, "-c", _REGIONS_IN_A_FRESH_PROCESS, kind],
                            capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr[-3000:]
-    regions = json.loads(child.stdout.strip().splitlines()[-1])
-    return regions["big"], regions["small"], child.stderr
+    return json.loads(child.stdout.strip().splitlines()[-1]), child.stderr
 
 
-def test_peak_memory_tf_buffer_counts_in_its_peak_and_reset_forgets_it():
+@pytest.fixture(scope="module")
+def tf_regions() -> tuple[dict, str]:
+    """The TensorFlow buffers' regions, flat and nested, measured in one fresh child (one
+    TensorFlow start-up, about 5 CPU-s, for both tests that read them)."""
+    return _regions_in_a_fresh_process("tf")
+
+
+def test_peak_memory_tf_buffer_counts_in_its_peak_and_reset_forgets_it(tf_regions):
     """Where TF's allocator keeps statistics its peak is the primary source; where it does not
     (an AVX2-only CPU, oneDNN off by default), the process's peak sees the buffer instead, and
     the log says once why and how to turn the statistics on."""
-    big, small, log = _regions_in_a_fresh_process("tf")
+    regions, log = tf_regions
+    big, small = regions["big"], regions["small"]
     assert big["resettable"]
     assert big["region_bytes"] >= 200 * MIB
     if _allocator_reports():  # this process and the child run the same TF on the same CPU
@@ -105,7 +115,7 @@ def test_peak_memory_tf_buffer_counts_in_its_peak_and_reset_forgets_it():
         assert (big["source"], big["device"]) == ("process_vmhwm_reset", "process")
         assert small["region_bytes"] < 50 * MIB  # the reset forgot the 200 MiB
         assert "TF_CPU_ALLOCATOR_USE_BFC=true" in log
-    assert log.count("no allocator statistics") <= 1  # once per process, not per region
+    assert log.count("no allocator statistics") <= 1  # once per process, not per region (4)
 
 
 def test_peak_memory_a_peak_read_below_its_baseline_is_no_negative_region(monkeypatch):
@@ -122,7 +132,8 @@ def test_peak_memory_a_peak_read_below_its_baseline_is_no_negative_region(monkey
 
 
 def test_peak_memory_numpy_buffer_counts_in_process_peak_and_reset_forgets_it():
-    big, small, _ = _regions_in_a_fresh_process("numpy")
+    regions, _ = _regions_in_a_fresh_process("numpy")
+    big, small = regions["big"], regions["small"]
     assert big["device"] == "process"
     assert big["region_bytes"] >= 190 * MIB
     if big["resettable"]:  # /proc/self/clear_refs accepted the reset (Linux, here)
@@ -132,8 +143,8 @@ def test_peak_memory_numpy_buffer_counts_in_process_peak_and_reset_forgets_it():
         assert big["source"] == "process_maxrss_lifetime"
 
 
-def test_peak_memory_outer_region_keeps_its_peak_across_an_inner_reset():
-    outer, inner, _ = _regions_in_a_fresh_process("nested")
+def test_peak_memory_outer_region_keeps_its_peak_across_an_inner_reset(tf_regions):
+    outer, inner = tf_regions[0]["outer"], tf_regions[0]["inner"]
     assert inner["region_bytes"] < 16 * MIB
     assert outer["region_bytes"] >= 64 * MIB
 
