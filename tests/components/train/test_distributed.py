@@ -378,6 +378,11 @@ def _resumable_args(data_dir, out, checkpoints) -> list[str]:
 
 
 _BY_HAND_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+# Whichever test asks for `by_hand` first pays for its five jobs (the fixture waits up to
+# 2 × WORKER_TIMEOUT_S for the kill point and 120 s more for the survivor), then its own call
+# (the restart: up to WORKER_TIMEOUT_S): pyproject's 600 s per test would stop it before the
+# fixture's own deadlines could say what hung.
+BY_HAND_TEST_TIMEOUT_S = 3 * WORKER_TIMEOUT_S + 180
 _JOB = {"float32": 0, "mixed_bfloat16": 1, "mixed_float16": 2, "inf": 3, "killed": 4}
 
 
@@ -435,6 +440,7 @@ def _job(by_hand: dict, index: int) -> tuple[list[int | None], list[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BY_HAND_TEST_TIMEOUT_S)
 @pytest.mark.parametrize("policy", _BY_HAND_POLICIES)
 def test_two_workers_started_by_hand_match_one_process(policy, by_hand, prepared_digits,
                                                        tmp_path):
@@ -463,6 +469,7 @@ def test_two_workers_started_by_hand_match_one_process(policy, by_hand, prepared
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BY_HAND_TEST_TIMEOUT_S)
 def test_two_workers_under_mixed_float16_scale_the_loss_with_the_all_reduce_outside_xla(
         by_hand):
     """mixed_float16 on two workers: loss scaling and XLA on, the collectives outside XLA
@@ -475,6 +482,7 @@ def test_two_workers_under_mixed_float16_scale_the_loss_with_the_all_reduce_outs
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BY_HAND_TEST_TIMEOUT_S)
 def test_infinite_gradients_on_one_worker_only_make_every_worker_skip_and_stop(by_hand):
     """Keras's LossScaleOptimizer decides "skip" on each worker's local gradients: without an
     agreement the worker with inf gradients skips while the other waits in the all-reduce
@@ -488,6 +496,7 @@ def test_infinite_gradients_on_one_worker_only_make_every_worker_skip_and_stop(b
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BY_HAND_TEST_TIMEOUT_S)
 def test_survivor_of_a_killed_peer_exits_with_the_retryable_code(by_hand):
     """Started by hand (as in a TFJob, no launcher to stop it): when worker 1 is SIGKILLed,
     worker 0 fails within seconds with exit 138, which TFJob's ExitCode policy restarts."""
@@ -501,6 +510,7 @@ def test_survivor_of_a_killed_peer_exits_with_the_retryable_code(by_hand):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BY_HAND_TEST_TIMEOUT_S)
 def test_restart_of_a_killed_job_resumes_and_finishes_with_identical_workers(by_hand):
     """The rerun of the killed job with the same flags (a TFJob restart; here by the local
     launcher) resumes from the durable checkpoint dir and finishes the planned epochs."""
