@@ -89,12 +89,16 @@ def test_a_restarted_worker_gets_a_fair_share_back_within_30s_of_ready(tmp_path,
         ready_at = time.monotonic()
         survivor = worker_pids(log)[1]
         samples = []  # (seconds since ready, requests so far to the restarted, to the survivor)
-        while time.monotonic() - ready_at < BACK_WITHIN_S:
+        shares = []
+        # sampled until a window shows the fair share or BACK_WITHIN_S is over: the claim is
+        # "back within 30 s", so the seconds after it is back prove nothing more
+        while time.monotonic() - ready_at < BACK_WITHIN_S and not any(
+                share >= FAIR_SHARE for _, share in shares):
             counts = predicts(per_pid(metrics_dir))
             samples.append((time.monotonic() - ready_at, counts.get(restarted, 0),
                             counts.get(survivor, 0)))
+            shares = _window_shares(samples)
             time.sleep(0.5)
-        shares = _window_shares(samples)
         print(f"restarted worker's share per {WINDOW_S:g}s window after ready: "
               + ", ".join(f"{t:.0f}s {share:.2f}" for t, share in shares)
               + f"; calls by code {dict(load.codes)}")
