@@ -29,6 +29,8 @@ from ampflow.serving.transport.connection_limits import (
     guarded_h11_protocol,
     handshake_bounded_server,
 )
+from ampflow.serving.transport.drain import MESSAGE as DRAINING
+from ampflow.serving.transport.drain import Drain
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,8 @@ class RestApp:
     """
 
     def __init__(self, doors: Sequence[RestDoor], max_body_bytes: int, workers: int,
-                 metrics=None) -> None:
+                 metrics=None, drain: Drain | None = None) -> None:
+        self.drain = drain or Drain()  # begun: new requests are answered 503 (drain.py)
         self.doors = tuple(doors)
         self.max_body_bytes = max_body_bytes
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ampflow-rest")
@@ -108,6 +111,11 @@ class RestApp:
             payload = {"error": f"request body larger than {self.max_body_bytes} bytes "
                                 "(--max-message-bytes)"}
             await _reply(send, 429, dumps(payload))
+            return
+        if self.drain.draining:
+            await _send(send, 503, dumps({"error": DRAINING}), [
+                (b"content-type", b"application/json"), (b"connection", b"close"),
+                (b"retry-after", str(self.drain.retry_after_s).encode())])
             return
         door = next((d for d in self.doors if d.answers(scope["path"])), None)
         if door is None:
