@@ -250,6 +250,9 @@ class ServerConfig:
     rest_api_port: int = _field(
         0, "TF Serving's REST API (/v1/models/...) and V2's (/v2/...) on this port, bound to "
            "--host with the same TLS (0 = off)")
+    rest_api_timeout_in_ms: int = _field(
+        30000, "REST request deadline: a request not answered within it gets HTTP 504 "
+               "DEADLINE_EXCEEDED, as TF Serving's --rest_api_timeout_in_ms (<= 0: none)")
     allow_reload_config: bool = _field(
         False, "accept ModelService/HandleReloadConfigRequest (off: PERMISSION_DENIED)")
     reload_config_roots: tuple[Path, ...] = ()

@@ -291,10 +291,13 @@ def _start_rest(config: ServerConfig, tf_serving: TFServingProtocol, v2: V2Proto
 
     shared = metrics is not None and config.metrics_port == config.rest_api_port
     observe = metrics.observe if metrics else None
-    doors = (v2_rest.V2RestHandler(v2, observe),  # /v2 first: TF Serving answers any path
-             tf_serving_rest.TFServingRestHandler(tf_serving, observe))
+    timeout_s = config.rest_api_timeout_in_ms / 1000 if config.rest_api_timeout_in_ms > 0 \
+        else None
+    doors = (v2_rest.V2RestHandler(v2, observe, timeout_s),  # /v2 first: TF Serving: any path
+             tf_serving_rest.TFServingRestHandler(tf_serving, observe, timeout_s))
     app = http.RestApp(doors, config.max_message_bytes, workers=min(8, config.max_workers),
-                       metrics=metrics.exposed if shared else None, drain=drain)
+                       metrics=metrics.exposed if shared else None, drain=drain,
+                       timeout_s=timeout_s)
     return http.RestServer(app, config.host, config.rest_api_port, config.tls,
                            config.connection_limits, reuse_port=reuse_port)
 

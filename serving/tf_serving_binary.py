@@ -66,7 +66,8 @@ def build_argv(config: ServerConfig, workdir: str | os.PathLike, binary: str = B
     if config.tls is not None:
         argv.append(f"--ssl_config_file={_write_ssl(config, workdir)}")
     if config.rest_api_port:
-        argv.append(f"--rest_api_port={config.rest_api_port}")
+        argv += [f"--rest_api_port={config.rest_api_port}",
+                 f"--rest_api_timeout_in_ms={config.rest_api_timeout_in_ms}"]
     if config.model_config_file_poll_wait_seconds:  # (only with a file of the user's own)
         argv.append("--model_config_file_poll_wait_seconds="
                     f"{_poll_seconds(config.model_config_file_poll_wait_seconds)}")
@@ -176,6 +177,7 @@ TF_SERVING_ALIASES = {
     "model_base_path": "model_base_path",
     "model_config_file": "model_config_file",
     "rest_api_port": "rest_api_port",
+    "rest_api_timeout_in_ms": "rest_api_timeout_in_ms",
     "file_system_poll_wait_seconds": "file_system_poll_wait_seconds",
     "enable_model_warmup": "enable_warmup",
     "enable_signature_method_name_check": "enable_signature_method_name_check",
@@ -196,8 +198,6 @@ TF_SERVING_FIXED = {
 # Every other flag of tensorflow_model_server: refused, in one line with the reason.
 TF_SERVING_UNSUPPORTED = {
     "rest_api_num_threads": "the REST API runs on one event loop per process (use --workers)",
-    "rest_api_timeout_in_ms": "there is no per-call REST deadline; a slow client is bounded by "
-                              "--rest-header-timeout-s and --rest-body-timeout-s",
     "rest_api_enable_cors_support": "the REST API sends no CORS headers",
     "batching_parameters_file": "use --max-batch-size N and --batch-timeout-ms X (its thread "
                                 "count and queue bound have no equivalent in the local batcher)",

@@ -43,7 +43,7 @@ def test_calls_arriving_while_the_server_drains_are_unavailable_and_in_flight_on
     # A 1.5 s batch timeout holds one Predict in flight across the stop's 0.8 s of refusal.
     base = tmp_path / MODEL
     install_version(model_store, base, 1)
-    server = start_server(base, rest_api_port=free_port(),
+    server = start_server(base, rest_api_port=free_port(), enable_warmup=False,
                           batching=BatchingConfig(max_batch_size=64, batch_timeout_ms=1500))
     channel = grpc.insecure_channel(server.address)
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
