@@ -52,7 +52,9 @@ class ModelConfig:
     version_labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
     model_format: str = _field(
         "auto", "what each version dir holds: auto = saved_model.pb if there, else one .tflite "
-        "file (a converter variant, run by LiteRT); applies to every model",
+        "file (a converter variant, run by LiteRT); prefer_tflite = the .tflite file when "
+        "there, else the SavedModel (TF Serving's --prefer_tflite_model); applies to every "
+        "model",
         choices=MODEL_FORMATS)
     compute_precision: str = _field(
         "float32", "what a SavedModel version computes in: bfloat16 runs its float32 graph "

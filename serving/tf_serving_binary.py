@@ -73,6 +73,8 @@ def build_argv(config: ServerConfig, workdir: str | os.PathLike, binary: str = B
                     f"{_poll_seconds(config.model_config_file_poll_wait_seconds)}")
     if config.grpc_socket_path is not None:
         argv.append(f"--grpc_socket_path={config.grpc_socket_path}")
+    if any(m.model_format == "prefer_tflite" for m in config.models):  # (the same for all)
+        argv.append("--prefer_tflite_model=true")
     if config.metrics_port:  # the binary serves metrics on its REST port (cannot_honour checks)
         argv.append(f"--monitoring_config_file={_write_monitoring(workdir)}")
     return argv
@@ -185,6 +187,7 @@ TF_SERVING_ALIASES = {
     "model_config_file_poll_wait_seconds": "model_config_file_poll_wait_seconds",
     "grpc_socket_path": "grpc_socket_path",
     "monitoring_config_file": "metrics_port",  # prometheus_config enabled: the REST port's
+    "prefer_tflite_model": "model_format",  # true: prefer_tflite
 }
 # Flags whose one value is what `ampflow serve` always does (taken), any other refused: flag ->
 # (the value as TF Serving parses it, why another cannot be had).
@@ -224,7 +227,6 @@ TF_SERVING_UNSUPPORTED = {
     "num_request_iterations_for_warmup": "no equivalent (--warmup/--no-warmup)",
     "version": "use `ampflow --version`",
     "remove_unused_fields_from_bundle_metagraph": "no equivalent",
-    "prefer_tflite_model": "a version dir is a SavedModel or a .tflite file, --model-format",
     "num_tflite_pools": "no equivalent",
     "num_tflite_interpreters_per_pool": "no equivalent",
     "xla_cpu_compilation_enabled": "no equivalent (a SavedModel runs as exported)",
@@ -283,8 +285,15 @@ def add_tf_serving_flags(p: argparse.ArgumentParser) -> None:
                        convert=metrics_on_rest_port, default=False, metavar="FILE",
                        help="a MonitoringConfig whose prometheus_config is enabled: the metrics "
                             "on the REST port (--metrics-port equal to --rest-api-port)")
+    group.add_argument("--prefer_tflite_model", dest="model_format", action=_TfServingFlag,
+                       tf_name="prefer_tflite_model", is_bool=True, metavar="true|false",
+                       convert=lambda value: "prefer_tflite" if parse_tf_bool(
+                           "prefer_tflite_model", value) else by_dest["model_format"].default,
+                       default=by_dest["model_format"].default,
+                       help="true: a version's .tflite file when it has one, else its SavedModel "
+                            "(--model-format prefer_tflite)")
     for name, dest in TF_SERVING_ALIASES.items():
-        if name in ("grpc_channel_arguments", "monitoring_config_file"):
+        if name in ("grpc_channel_arguments", "monitoring_config_file", "prefer_tflite_model"):
             continue
         own = by_dest[dest]
         is_bool = isinstance(own, argparse.BooleanOptionalAction)

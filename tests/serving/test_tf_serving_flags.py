@@ -75,6 +75,11 @@ def test_every_tf_serving_flag_is_an_alias_taken_or_refused():
      ["--model-base-path", "b", "--file-system-poll-wait-seconds", "5"]),
     (["--model_base_path=b", "--rest_api_timeout_in_ms=500"],
      ["--model-base-path", "b", "--rest-api-timeout-in-ms", "500"]),
+    (["--model_base_path=b", "--prefer_tflite_model=true"],
+     ["--model-base-path", "b", "--model-format", "prefer_tflite"]),
+    (["--model_base_path=b", "--prefer_tflite_model"],  # a bool alone: true
+     ["--model-base-path", "b", "--model-format", "prefer_tflite"]),
+    (["--model_base_path=b", "--prefer_tflite_model=false"], ["--model-base-path", "b"]),
     (["--model_base_path=b", "--enable_model_warmup=false"],
      ["--model-base-path", "b", "--no-warmup"]),
     (["--model_base_path=b", "--enable_signature_method_name_check"],  # a bool alone: true
@@ -107,7 +112,7 @@ def test_build_argv_reads_back_to_the_same_config(tmp_path):
     every interface and always takes reloads, which is why cannot_honour wants them given).
     """
     model = ModelConfig("m", tmp_path / "m", version_policy="specific", versions=(1, 2),
-                        version_labels={"stable": 1})
+                        version_labels={"stable": 1}, model_format="prefer_tflite")
     config = ServerConfig(models=(model,), host="0.0.0.0", allow_reload_config=True, port=8600,
                           rest_api_port=8601, rest_api_timeout_in_ms=5000,
                           file_system_poll_wait_seconds=2.0,
