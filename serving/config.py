@@ -52,7 +52,9 @@ class ModelConfig:
     version_labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
     model_format: str = _field(
         "auto", "what each version dir holds: auto = saved_model.pb if there, else one .tflite "
-        "file (a converter variant, run by LiteRT); applies to every model",
+        "file (a converter variant, run by LiteRT); prefer_tflite = the .tflite file when "
+        "there, else the SavedModel (TF Serving's --prefer_tflite_model); applies to every "
+        "model",
         choices=MODEL_FORMATS)
     compute_precision: str = _field(
         "float32", "what a SavedModel version computes in: bfloat16 runs its float32 graph "
@@ -250,6 +252,9 @@ class ServerConfig:
     rest_api_port: int = _field(
         0, "TF Serving's REST API (/v1/models/...) and V2's (/v2/...) on this port, bound to "
            "--host with the same TLS (0 = off)")
+    rest_api_timeout_in_ms: int = _field(
+        30000, "REST request deadline: a request not answered within it gets HTTP 504 "
+               "DEADLINE_EXCEEDED, as TF Serving's --rest_api_timeout_in_ms (<= 0: none)")
     allow_reload_config: bool = _field(
         False, "accept ModelService/HandleReloadConfigRequest (off: PERMISSION_DENIED)")
     reload_config_roots: tuple[Path, ...] = ()

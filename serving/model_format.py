@@ -124,8 +124,10 @@ ENCODED_IMAGE_MAGIC = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n", "gi
 SAVED_MODEL_PB = "saved_model.pb"
 FINGERPRINT_PB = "fingerprint.pb"
 SERVE_TAG = "serve"  # the MetaGraph TF Serving loads
-# --model-format: what a version dir holds (auto: saved_model.pb, else one .tflite file)
-MODEL_FORMATS = ("auto", "saved_model", "tflite")
+# --model-format: what a version dir holds (auto: saved_model.pb, else one .tflite file;
+# prefer_tflite: its .tflite file when it has one, else its SavedModel, as TF Serving's
+# --prefer_tflite_model)
+MODEL_FORMATS = ("auto", "saved_model", "tflite", "prefer_tflite")
 
 
 def encoded_image_format(data: bytes) -> str | None:

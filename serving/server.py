@@ -16,6 +16,7 @@ import logging
 import signal
 import ssl
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from ampflow.serving.protocols.v2 import V2Protocol
 from ampflow.serving.protocols.v2_grpc import SERVICE as V2_SERVICE
 from ampflow.serving.protocols.v2_grpc import V2Servicer
 from ampflow.serving.transport.connection_limits import grpc_server_options
+from ampflow.serving.transport.drain import REFUSE_S, Drain, DrainInterceptor
 from ampflow.serving.transport.grpc_guard import UndecodableRequestInterceptor
 
 log = logging.getLogger(__name__)
@@ -69,19 +71,31 @@ class RunningServer:
     rest_port: int | None = None
     _rest: object | None = None
     _config_poller: ConfigFilePoller | None = None
+    _drain: Drain = dataclasses.field(default_factory=Drain)
 
     @property
     def rest_address(self) -> str | None:
         """host:port of the REST API, or None when it is off."""
         return f"{client_host(self.config.host)}:{self.rest_port}" if self.rest_port else None
 
-    def stop(self, grace: float | None = None) -> None:
-        """Refuse new calls, let in-flight ones finish within `grace` seconds, then stop."""
+    def stop(self, grace: float | None = None, refuse_s: float = 0.0) -> None:
+        """Refuse new calls, let in-flight ones finish within `grace` seconds, then stop.
+
+        `refuse_s` (SIGTERM's drain: transport/drain.py): first answer new calls UNAVAILABLE /
+        503 for that long (at most `grace`), so that none meets grpcio's shutdown, which
+        cancels them. gRPC and REST then drain side by side.
+        """
         grace = self.config.grace_s if grace is None else grace
+        refuse_s = min(refuse_s, grace)
+        self._drain.begin(refuse_s)  # before health says NOT_SERVING: a probe sees both
         self._health.enter_graceful_shutdown()
+        if refuse_s > 0:
+            time.sleep(refuse_s)
+        grace -= refuse_s
+        stopped = self._server.stop(grace)
         if self._rest is not None:
             self._rest.stop(grace)
-        self._server.stop(grace).wait(grace + 5)
+        stopped.wait(grace + 5)
         if self._config_poller is not None:
             self._config_poller.stop()
         self.registry.stop()
@@ -173,6 +187,7 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
     core = InferenceCore(registry, runner, limits, reload_policy,
                          method_name_check=config.enable_signature_method_name_check)
     tf_serving, v2 = TFServingProtocol(core), V2Protocol(core)  # each door takes its protocol
+    drain = Drain()
     if config.enable_warmup:
         registry.set_warmup(tf_serving.warmup)
     server = grpc.server(
@@ -180,7 +195,7 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
                                    thread_name_prefix="ampflow-grpc"),
         options=server_options(config, reuse_port=as_worker),
         maximum_concurrent_rpcs=config.max_workers * 8,
-        interceptors=(UndecodableRequestInterceptor(),),
+        interceptors=(DrainInterceptor(drain), UndecodableRequestInterceptor()),
     )
     prediction_service_pb2_grpc_add(server, tf_serving, observe)
     server.add_generic_rpc_handlers((V2Servicer(v2, observe).handler(),))
@@ -208,7 +223,7 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
                               ).start() if config.model_config_file_poll_wait_seconds else None
     server.start()
     try:
-        rest = _start_rest(config, tf_serving, v2, metrics, reuse_port=as_worker)
+        rest = _start_rest(config, tf_serving, v2, metrics, drain, reuse_port=as_worker)
         metrics_http, metrics_port = (None, config.metrics_port) if as_worker else \
             _start_metrics(config, metrics)
     except Exception:
@@ -223,7 +238,7 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
              f", REST API on :{rest.port}" if rest else "",
              f", metrics on :{metrics_port}/metrics" if metrics_port else "")
     return RunningServer(address, port, config, registry, metrics_port, server, health_servicer,
-                         batcher, metrics_http, rest.port if rest else None, rest, poller)
+                         batcher, metrics_http, rest.port if rest else None, rest, poller, drain)
 
 
 def reflection_pool(services) -> descriptor_pool.DescriptorPool:
@@ -264,7 +279,7 @@ def server_options(config: ServerConfig, reuse_port: bool = False) -> list[tuple
 
 
 def _start_rest(config: ServerConfig, tf_serving: TFServingProtocol, v2: V2Protocol,
-                metrics: _Metrics | None, reuse_port: bool = False):
+                metrics: _Metrics | None, drain: Drain, reuse_port: bool = False):
     """TF Serving's REST API and the V2 REST API on --rest-api-port (gRPC's host and TLS).
 
     Metrics are served there too when --metrics-port names the same port (as the binary does).
@@ -276,10 +291,13 @@ def _start_rest(config: ServerConfig, tf_serving: TFServingProtocol, v2: V2Proto
 
     shared = metrics is not None and config.metrics_port == config.rest_api_port
     observe = metrics.observe if metrics else None
-    doors = (v2_rest.V2RestHandler(v2, observe),  # /v2 first: TF Serving answers any path
-             tf_serving_rest.TFServingRestHandler(tf_serving, observe))
+    timeout_s = config.rest_api_timeout_in_ms / 1000 if config.rest_api_timeout_in_ms > 0 \
+        else None
+    doors = (v2_rest.V2RestHandler(v2, observe, timeout_s),  # /v2 first: TF Serving: any path
+             tf_serving_rest.TFServingRestHandler(tf_serving, observe, timeout_s))
     app = http.RestApp(doors, config.max_message_bytes, workers=min(8, config.max_workers),
-                       metrics=metrics.exposed if shared else None)
+                       metrics=metrics.exposed if shared else None, drain=drain,
+                       timeout_s=timeout_s)
     return http.RestServer(app, config.host, config.rest_api_port, config.tls,
                            config.connection_limits, reuse_port=reuse_port)
 
@@ -416,7 +434,7 @@ def run_until_signalled(running: RunningServer, on_ready=None) -> None:
             on_ready()
         while not stop.wait(0.5):
             pass
-        running.stop(grace_s)
+        running.stop(grace_s, refuse_s=REFUSE_S)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -66,12 +66,15 @@ def build_argv(config: ServerConfig, workdir: str | os.PathLike, binary: str = B
     if config.tls is not None:
         argv.append(f"--ssl_config_file={_write_ssl(config, workdir)}")
     if config.rest_api_port:
-        argv.append(f"--rest_api_port={config.rest_api_port}")
+        argv += [f"--rest_api_port={config.rest_api_port}",
+                 f"--rest_api_timeout_in_ms={config.rest_api_timeout_in_ms}"]
     if config.model_config_file_poll_wait_seconds:  # (only with a file of the user's own)
         argv.append("--model_config_file_poll_wait_seconds="
                     f"{_poll_seconds(config.model_config_file_poll_wait_seconds)}")
     if config.grpc_socket_path is not None:
         argv.append(f"--grpc_socket_path={config.grpc_socket_path}")
+    if any(m.model_format == "prefer_tflite" for m in config.models):  # (the same for all)
+        argv.append("--prefer_tflite_model=true")
     if config.metrics_port:  # the binary serves metrics on its REST port (cannot_honour checks)
         argv.append(f"--monitoring_config_file={_write_monitoring(workdir)}")
     return argv
@@ -176,6 +179,7 @@ TF_SERVING_ALIASES = {
     "model_base_path": "model_base_path",
     "model_config_file": "model_config_file",
     "rest_api_port": "rest_api_port",
+    "rest_api_timeout_in_ms": "rest_api_timeout_in_ms",
     "file_system_poll_wait_seconds": "file_system_poll_wait_seconds",
     "enable_model_warmup": "enable_warmup",
     "enable_signature_method_name_check": "enable_signature_method_name_check",
@@ -183,6 +187,7 @@ TF_SERVING_ALIASES = {
     "model_config_file_poll_wait_seconds": "model_config_file_poll_wait_seconds",
     "grpc_socket_path": "grpc_socket_path",
     "monitoring_config_file": "metrics_port",  # prometheus_config enabled: the REST port's
+    "prefer_tflite_model": "model_format",  # true: prefer_tflite
 }
 # Flags whose one value is what `ampflow serve` always does (taken), any other refused: flag ->
 # (the value as TF Serving parses it, why another cannot be had).
@@ -196,8 +201,6 @@ TF_SERVING_FIXED = {
 # Every other flag of tensorflow_model_server: refused, in one line with the reason.
 TF_SERVING_UNSUPPORTED = {
     "rest_api_num_threads": "the REST API runs on one event loop per process (use --workers)",
-    "rest_api_timeout_in_ms": "there is no per-call REST deadline; a slow client is bounded by "
-                              "--rest-header-timeout-s and --rest-body-timeout-s",
     "rest_api_enable_cors_support": "the REST API sends no CORS headers",
     "batching_parameters_file": "use --max-batch-size N and --batch-timeout-ms X (its thread "
                                 "count and queue bound have no equivalent in the local batcher)",
@@ -224,7 +227,6 @@ TF_SERVING_UNSUPPORTED = {
     "num_request_iterations_for_warmup": "no equivalent (--warmup/--no-warmup)",
     "version": "use `ampflow --version`",
     "remove_unused_fields_from_bundle_metagraph": "no equivalent",
-    "prefer_tflite_model": "a version dir is a SavedModel or a .tflite file, --model-format",
     "num_tflite_pools": "no equivalent",
     "num_tflite_interpreters_per_pool": "no equivalent",
     "xla_cpu_compilation_enabled": "no equivalent (a SavedModel runs as exported)",
@@ -283,8 +285,15 @@ def add_tf_serving_flags(p: argparse.ArgumentParser) -> None:
                        convert=metrics_on_rest_port, default=False, metavar="FILE",
                        help="a MonitoringConfig whose prometheus_config is enabled: the metrics "
                             "on the REST port (--metrics-port equal to --rest-api-port)")
+    group.add_argument("--prefer_tflite_model", dest="model_format", action=_TfServingFlag,
+                       tf_name="prefer_tflite_model", is_bool=True, metavar="true|false",
+                       convert=lambda value: "prefer_tflite" if parse_tf_bool(
+                           "prefer_tflite_model", value) else by_dest["model_format"].default,
+                       default=by_dest["model_format"].default,
+                       help="true: a version's .tflite file when it has one, else its SavedModel "
+                            "(--model-format prefer_tflite)")
     for name, dest in TF_SERVING_ALIASES.items():
-        if name in ("grpc_channel_arguments", "monitoring_config_file"):
+        if name in ("grpc_channel_arguments", "monitoring_config_file", "prefer_tflite_model"):
             continue
         own = by_dest[dest]
         is_bool = isinstance(own, argparse.BooleanOptionalAction)

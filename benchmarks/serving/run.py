@@ -418,7 +418,9 @@ def to_markdown(report: dict) -> str:
         f"Model: `{report['model']}`; {report['rows']} image(s)/request; {report['rounds']} "
         f"interleaved rounds of {report['requests']} timed requests per path; medians over "
         f"rounds. Host: {cpu['model']}, {cpu['cores']} CPUs, flags "
-        f"{', '.join(cpu['flags']) or 'none of avx2/avx512'}; Python {cpu['python']}.",
+        f"{', '.join(cpu['flags']) or 'none of avx2/avx512'}; Python {cpu['python']}"
+        + (f"; load {cpu['load_start']} at the start, {cpu['load_end']} at the end."
+           if "load_start" in cpu else "."),
         "",
         "## Goals (issue #22), each a median of per-round ratios",
         "",
@@ -467,6 +469,7 @@ def main(argv=None) -> int:
     timer = threading.Timer(args.timeout_s, lambda: os._exit(124))
     timer.daemon = True
     timer.start()
+    load_start = [round(x, 2) for x in os.getloadavg()]  # a shared host: the load beside
     with tempfile.TemporaryDirectory(prefix="ampflow-bench-") as tmp:
         base = model_base(args.model_base_path, Path(tmp), args.model_name)
         version_dir = latest_version_dir(base)
@@ -492,7 +495,9 @@ def main(argv=None) -> int:
               "model": str(version_dir) if args.model_base_path else
               "tiny contract model (ampflow.serving.testing, 8x8x1 -> 10 classes)",
               "rows": args.rows, "rounds": args.rounds, "requests": args.requests,
-              "host": cpu_info(), "median": median, "goals": goal_rows(median["ratios"]),
+              "host": {**cpu_info(), "load_start": load_start,
+                       "load_end": [round(x, 2) for x in os.getloadavg()]},
+              "median": median, "goals": goal_rows(median["ratios"]),
               "per_round": rounds}
     write_report(Path(args.out), args.name, report, to_markdown(report))
     return 0

@@ -69,7 +69,8 @@ def load_servable(model: str, version: int, path: Path, model_format: str = "aut
     """
     from ampflow.serving.models.tflite import TFLiteServable, detect_format
 
-    chosen = detect_format(path) if model_format == "auto" else model_format
+    chosen = detect_format(path, prefer_tflite=model_format == "prefer_tflite") \
+        if model_format in ("auto", "prefer_tflite") else model_format
     if chosen == "tflite":
         if compute_precision != "float32":
             raise ModelLoadError(

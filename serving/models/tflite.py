@@ -46,9 +46,12 @@ def tflite_file(path: Path) -> Path | None:
     return found[0] if found else None
 
 
-def detect_format(path: Path) -> str:
-    """`saved_model` when the dir has saved_model.pb, else `tflite` when it has .tflite files."""
-    if (path / SAVED_MODEL_PB).exists():
+def detect_format(path: Path, prefer_tflite: bool = False) -> str:
+    """`saved_model` when the dir has saved_model.pb, else `tflite` when it has .tflite files.
+
+    `prefer_tflite` (TF Serving's --prefer_tflite_model): `tflite` whenever it has one.
+    """
+    if (path / SAVED_MODEL_PB).exists() and not (prefer_tflite and _tflite_files(path)):
         return "saved_model"
     return "tflite" if _tflite_files(path) else "saved_model"
 

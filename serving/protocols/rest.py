@@ -10,14 +10,17 @@ in how a request is counted or how a failure reads.
 from __future__ import annotations
 
 from ampflow.serving.core.inference import CallObserver, CallRecord, InferenceCore, Observer
-from ampflow.serving.transport.http import Reply, error_reply
+from ampflow.serving.transport.http import REST_TIMEOUT_S, Reply, error_reply
 
 
 class RestDoor:
     """One REST protocol over the core: `answers(path)`, then `handle` (which never raises)."""
 
-    def __init__(self, core: InferenceCore, observe: Observer | None = None) -> None:
+    def __init__(self, core: InferenceCore, observe: Observer | None = None,
+                 timeout_s: float | None = REST_TIMEOUT_S) -> None:
+        """`timeout_s`: the REST deadline, also the core's for a batch (None: none)."""
         self.core = core
+        self.timeout_s = timeout_s
         self.calls = CallObserver(core, observe)
 
     def answers(self, path: str) -> bool:

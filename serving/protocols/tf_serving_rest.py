@@ -56,8 +56,9 @@ _STATUS_PATH = re.compile(
 class TFServingRestHandler(RestDoor):
     """Turns one HTTP request into an InferenceCore call and its answer into JSON."""
 
-    def __init__(self, api: TFServingProtocol, observe: Observer | None = None) -> None:
-        super().__init__(api.core, observe)
+    def __init__(self, api: TFServingProtocol, observe: Observer | None = None,
+                 timeout_s: float | None = REST_TIMEOUT_S) -> None:
+        super().__init__(api.core, observe, timeout_s)
         self.api = api
 
     def answers(self, path: str) -> bool:  # noqa: ARG002 - the door's shape
@@ -114,7 +115,7 @@ class TFServingRestHandler(RestDoor):
         infos = dict(servable.signature_defs[sig_name].inputs)
         inputs, row_format = json_tensor.json_inputs(doc, infos)
         answer = self.core.infer(InferRequest(spec.name, signature=sig_name, inputs=inputs,
-                                              servable=servable), REST_TIMEOUT_S)
+                                              servable=servable), self.timeout_s)
         record.answered = str(servable.version)
         return (json_tensor.row_json if row_format else json_tensor.columnar_json)(
             answer.outputs)
@@ -139,7 +140,7 @@ class TFServingRestHandler(RestDoor):
         doc = json_tensor.parse_object(body)
         request.model_spec.signature_name = json_tensor.signature_name(doc)
         json_tensor.fill_examples(doc, request, self.core.limits.max_rows)
-        response = call(request, REST_TIMEOUT_S)
+        response = call(request, self.timeout_s)
         record.answered = answered_version(response)
         return response
 

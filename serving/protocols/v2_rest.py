@@ -40,8 +40,9 @@ _MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infe
 class V2RestHandler(RestDoor):
     """One V2 HTTP request in, (status, body, headers) out; never raises (RestDoor.handle)."""
 
-    def __init__(self, v2: V2Protocol, observe: Observer | None = None) -> None:
-        super().__init__(v2.core, observe)
+    def __init__(self, v2: V2Protocol, observe: Observer | None = None,
+                 timeout_s: float | None = REST_TIMEOUT_S) -> None:
+        super().__init__(v2.core, observe, timeout_s)
         self.v2 = v2
 
     def answers(self, path: str) -> bool:
@@ -91,7 +92,7 @@ class V2RestHandler(RestDoor):
         outputs = _requested_outputs(doc)
         result = self.v2.infer(name, version, inputs, [n for n, _ in outputs],
                                _string_param(params, v2_protocol.SIGNATURE_PARAMETER),
-                               REST_TIMEOUT_S)
+                               self.timeout_s)
         record.answered = str(result.servable.version)
         all_binary = _bool_param(params, "binary_data_output")
         wants = {n: b for n, b in outputs}

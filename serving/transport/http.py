@@ -11,6 +11,7 @@ gRPC code (http_server.cc), a bounded message, and INTERNAL without details for 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import socket
@@ -23,12 +24,14 @@ from typing import Protocol
 import grpc
 
 from ampflow.errors import ConfigError, ServingError
-from ampflow.serving.config import ConnectionLimits
+from ampflow.serving.config import ConnectionLimits, ServerConfig
 from ampflow.serving.status import ServingStatusError, clip
 from ampflow.serving.transport.connection_limits import (
     guarded_h11_protocol,
     handshake_bounded_server,
 )
+from ampflow.serving.transport.drain import MESSAGE as DRAINING
+from ampflow.serving.transport.drain import Drain
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +46,9 @@ HTTP_STATUS = {
     grpc.StatusCode.INTERNAL: 500, grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DATA_LOSS: 500, grpc.StatusCode.UNAUTHENTICATED: 401,
 }
-REST_TIMEOUT_S = 30.0  # TF Serving's --rest_api_timeout_in_ms default
+# a request's deadline unless given one: ServerConfig's (TF Serving's --rest_api_timeout_in_ms)
+REST_TIMEOUT_S = next(f.default for f in dataclasses.fields(ServerConfig)
+                      if f.name == "rest_api_timeout_in_ms") / 1000
 MAX_ERROR_MESSAGE = 1024
 Reply = tuple[int, bytes, list[tuple[bytes, bytes]]]  # status, body, headers
 
@@ -88,7 +93,10 @@ class RestApp:
     """
 
     def __init__(self, doors: Sequence[RestDoor], max_body_bytes: int, workers: int,
-                 metrics=None) -> None:
+                 metrics=None, drain: Drain | None = None,
+                 timeout_s: float | None = REST_TIMEOUT_S) -> None:
+        self.drain = drain or Drain()  # begun: new requests are answered 503 (drain.py)
+        self.timeout_s = timeout_s  # a request's deadline (None: none)
         self.doors = tuple(doors)
         self.max_body_bytes = max_body_bytes
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ampflow-rest")
@@ -109,6 +117,11 @@ class RestApp:
                                 "(--max-message-bytes)"}
             await _reply(send, 429, dumps(payload))
             return
+        if self.drain.draining:
+            await _send(send, 503, dumps({"error": DRAINING}), [
+                (b"content-type", b"application/json"), (b"connection", b"close"),
+                (b"retry-after", str(self.drain.retry_after_s).encode())])
+            return
         door = next((d for d in self.doors if d.answers(scope["path"])), None)
         if door is None:
             await _reply(send, 404, dumps({"error": f"no API answers {clip(scope['path'], 200)}"}))
@@ -116,8 +129,15 @@ class RestApp:
         raw_path = scope.get("raw_path") or scope["path"].encode()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
-        status, payload, extra = await asyncio.get_running_loop().run_in_executor(
+        work = asyncio.get_running_loop().run_in_executor(
             self.pool, door.handle, scope["method"], raw_path.decode("latin-1"), headers, body)
+        try:
+            status, payload, extra = await asyncio.wait_for(work, self.timeout_s)
+        except TimeoutError:  # TF Serving: its session run's deadline, DEADLINE_EXCEEDED
+            status, payload, extra = json_reply(
+                HTTP_STATUS[grpc.StatusCode.DEADLINE_EXCEEDED],
+                {"error": "Deadline exceeded: no answer within the REST request deadline "
+                          f"(--rest_api_timeout_in_ms={round(self.timeout_s * 1000)})"})
         await _send(send, status, payload, extra)
 
     async def _read_body(self, scope, receive) -> bytes | None:

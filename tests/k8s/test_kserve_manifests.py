@@ -168,7 +168,8 @@ def test_runtime_serves_both_protocols_and_both_formats_and_is_never_auto_select
     from ampflow.serving.model_format import MODEL_FORMATS
 
     kserve_names = {"saved_model": "tensorflow", "tflite": "tflite"}
-    assert set(formats) == {kserve_names[f] for f in MODEL_FORMATS if f != "auto"}
+    choices = ("auto", "prefer_tflite")  # which of the two formats a dir's files make it
+    assert set(formats) == {kserve_names[f] for f in MODEL_FORMATS if f not in choices}
     assert "--model-format" not in " ".join(runtime["spec"]["containers"][0]["args"])  # auto
     assert not any(f.get("autoSelect") for f in formats.values())
     (container,) = runtime["spec"]["containers"]

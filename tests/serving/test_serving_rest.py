@@ -348,6 +348,37 @@ def test_cli_predict_over_rest_matches_grpc(model_store, tmp_path, start_server,
     assert "version 1: AVAILABLE" in capsys.readouterr().out
 
 
+@pytest.mark.serving
+@local_only
+def test_rest_request_past_rest_api_timeout_in_ms_gets_504_deadline_exceeded(
+        model_store, tmp_path, start_server):
+    # TF Serving runs a REST request under RunOptions.timeout_in_ms (--rest_api_timeout_in_ms)
+    # and answers DEADLINE_EXCEEDED as 504 (http_server.cc). A batch that waits 5 s for more
+    # requests makes this one slow; both REST APIs answer at the 300 ms deadline.
+    from ampflow.serving.config import BatchingConfig
+
+    base = tmp_path / MODEL
+    install_version(model_store, base, 1)
+    server = start_server(base, rest_api_port=free_port(), rest_api_timeout_in_ms=300,
+                          enable_warmup=False,  # (its requests would wait for batches too)
+                          batching=BatchingConfig(max_batch_size=64, batch_timeout_ms=5000))
+    url = f"http://{server.rest_address}"
+    images = sample_images(1).tolist()
+    v2_body = {"inputs": [{"name": "images", "shape": [1, *np.shape(images)[1:]],
+                           "datatype": "FP32", "data": np.ravel(images).tolist()}]}
+    for path, payload in ((f"/v1/models/{MODEL}:predict", {"instances": images}),
+                          (f"/v2/models/{MODEL}/infer", v2_body)):
+        request = urllib.request.Request(url + path, json.dumps(payload).encode(),
+                                         {"content-type": "application/json"})
+        started = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(request, timeout=30)
+        took = time.monotonic() - started
+        assert answer.value.code == HTTP_STATUS[grpc.StatusCode.DEADLINE_EXCEEDED] == 504
+        assert "Deadline exceeded" in json.loads(answer.value.read())["error"]
+        assert took < 4.0, took  # at the deadline, not when the batch runs
+
+
 @local_only
 def test_starting_the_rest_api_leaves_the_process_logging_alone(model_store, tmp_path,
                                                                start_server):

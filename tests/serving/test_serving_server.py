@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import http.client
 import ipaddress
+import json
 import os
 import re
 import subprocess
@@ -20,11 +22,13 @@ import pytest
 import tensorflow as tf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from serving_helpers import MODEL, free_port, install_version, local_only
+from serving_helpers import MODEL, free_port, install_version, local_only, predict_request
+from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from ampflow.serving.client import PredictionClient, RpcError
 from ampflow.serving.config import BatchingConfig, TlsConfig
 from ampflow.serving.testing import sample_images
+from ampflow.serving.transport.drain import MESSAGE
 
 pytestmark = [pytest.mark.serving, local_only, pytest.mark.timeout(120)]
 
@@ -131,13 +135,17 @@ def test_mutual_tls_requires_client_certificate(pki, served_base, start_server, 
 # ---- SIGTERM drains in-flight requests (a real `ampflow serve` subprocess) ----------------------
 
 @pytest.mark.slow
-def test_sigterm_with_in_flight_requests_completes_them_and_exits_zero(served_base):
+def test_sigterm_with_in_flight_requests_completes_them_and_refuses_new_ones_retryably(
+        served_base):
     # A long batch timeout keeps requests in flight (queued for their batch) when SIGTERM lands:
     # 2.5 s, so that the 1 s the test gives the four requests to reach the server (warm channel,
-    # but a loaded machine) ends well before their batch would run.
+    # but a loaded machine) ends well before their batch would run. Calls made after SIGTERM,
+    # while those finish, are answered UNAVAILABLE (gRPC) / 503 (REST) with a retry hint, never
+    # CANCELLED (grpcio's shutdown cancels calls it holds; transport/drain.py).
+    rest_port = free_port()
     cmd = [sys.executable, "-m", "ampflow.serving.cli", "serve",
            "--model-base-path", str(served_base), "--model-name", MODEL, "--port", "0",
-           "--max-batch-size", "64",
+           "--rest-api-port", str(rest_port), "--max-batch-size", "64",
            "--batch-timeout-ms", "2500", "--grace-s", "10", "--server", "local"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -153,6 +161,7 @@ def test_sigterm_with_in_flight_requests_completes_them_and_exits_zero(served_ba
                 time.sleep(1.0)
                 assert not any(f.done() for f in futures), "requests finished before SIGTERM"
                 proc.terminate()
+                grpc_codes, rest_codes = _calls_until_done(address, rest_port, futures)
                 versions = [f.result(timeout=30).version for f in futures]
         assert versions == [1, 1, 1, 1]
         assert proc.wait(timeout=30) == 0
@@ -162,6 +171,53 @@ def test_sigterm_with_in_flight_requests_completes_them_and_exits_zero(served_ba
             proc.wait(timeout=10)
         if proc.stdout:
             proc.stdout.close()
+    assert set(grpc_codes) <= {"OK", "UNAVAILABLE", "UNAVAILABLE draining"}, grpc_codes
+    assert "UNAVAILABLE draining" in grpc_codes, grpc_codes
+    assert "503 retry" in rest_codes, rest_codes
+
+
+def _calls_until_done(address: str, rest_port: int, futures) -> tuple[list, list]:
+    """Once health says NOT_SERVING, Predict over gRPC and REST in turn until `futures` are
+    done: what each call got.
+
+    gRPC: the code, "UNAVAILABLE draining" when the server refused it with its retry
+    pushback; REST: the status, "503 retry" with Retry-After, or the connection error.
+    """
+    request = predict_request(MODEL, sample_images(1))
+    body = json.dumps({"instances": sample_images(1).tolist()})
+    grpc_codes, rest_codes = [], []
+    with grpc.insecure_channel(address) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        while health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == serving:
+            time.sleep(0.005)  # SIGTERM not handled yet (a call now would join the batch)
+        while not all(f.done() for f in futures):
+            try:
+                stub.Predict(request, timeout=5)
+                grpc_codes.append("OK")
+            except grpc.RpcError as e:
+                hinted = e.details() == MESSAGE and "grpc-retry-pushback-ms" in dict(
+                    e.trailing_metadata() or ())
+                grpc_codes.append(e.code().name + (" draining" if hinted else ""))
+            rest_codes.append(_rest_call(rest_port, body))
+            time.sleep(0.01)
+    return grpc_codes, rest_codes
+
+
+def _rest_call(port: int, body: str) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("POST", f"/v1/models/{MODEL}:predict", body,
+                     {"content-type": "application/json"})
+        reply = conn.getresponse()
+        reply.read()
+        retry = reply.status == 503 and reply.getheader("retry-after") is not None
+        return "503 retry" if retry else str(reply.status)
+    except OSError as e:
+        return type(e).__name__
+    finally:
+        conn.close()
 
 
 def _read_address(proc: subprocess.Popen, timeout_s: float) -> str:

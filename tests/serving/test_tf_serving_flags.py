@@ -73,6 +73,13 @@ def test_every_tf_serving_flag_is_an_alias_taken_or_refused():
      ["--model-base-path", "b", "--rest-api-port", "9000"]),
     (["--model_base_path=b", "--file_system_poll_wait_seconds=5"],
      ["--model-base-path", "b", "--file-system-poll-wait-seconds", "5"]),
+    (["--model_base_path=b", "--rest_api_timeout_in_ms=500"],
+     ["--model-base-path", "b", "--rest-api-timeout-in-ms", "500"]),
+    (["--model_base_path=b", "--prefer_tflite_model=true"],
+     ["--model-base-path", "b", "--model-format", "prefer_tflite"]),
+    (["--model_base_path=b", "--prefer_tflite_model"],  # a bool alone: true
+     ["--model-base-path", "b", "--model-format", "prefer_tflite"]),
+    (["--model_base_path=b", "--prefer_tflite_model=false"], ["--model-base-path", "b"]),
     (["--model_base_path=b", "--enable_model_warmup=false"],
      ["--model-base-path", "b", "--no-warmup"]),
     (["--model_base_path=b", "--enable_signature_method_name_check"],  # a bool alone: true
@@ -105,9 +112,10 @@ def test_build_argv_reads_back_to_the_same_config(tmp_path):
     every interface and always takes reloads, which is why cannot_honour wants them given).
     """
     model = ModelConfig("m", tmp_path / "m", version_policy="specific", versions=(1, 2),
-                        version_labels={"stable": 1})
+                        version_labels={"stable": 1}, model_format="prefer_tflite")
     config = ServerConfig(models=(model,), host="0.0.0.0", allow_reload_config=True, port=8600,
-                          rest_api_port=8601, file_system_poll_wait_seconds=2.0,
+                          rest_api_port=8601, rest_api_timeout_in_ms=5000,
+                          file_system_poll_wait_seconds=2.0,
                           max_message_bytes=4096, enable_warmup=False,
                           enable_signature_method_name_check=True)
     assert tfs.cannot_honour(config) == []
@@ -181,7 +189,8 @@ def test_unsupported_tf_serving_flag_exits_2_in_one_line_naming_it(name, capsys)
                             "serve` except as =false: batching is --max-batch-size N"),
     (["--model_config_file_poll_wait_seconds=60"],
      "needs --model-config-file (the file to re-read)"),
-    (["--rest_api_timeout_in_ms=500"], "TF Serving's --rest_api_timeout_in_ms is not supported"),
+    (["--rest_api_timeout_in_ms=soon"], "--rest_api_timeout_in_ms must be a whole number. "
+                                        "Received: --rest_api_timeout_in_ms=soon"),
     (["--enable_grpc_healthcheck_service=false"], "except as =true: grpc.health.v1 is always"),
     (["--rest_api_port=abc"], "--rest_api_port must be a whole number. Received: "
                               "--rest_api_port=abc"),
@@ -211,7 +220,7 @@ def test_serve_help_lists_tf_serving_spellings(capsys):
     out = capsys.readouterr().out
     for name in tfs.TF_SERVING_ALIASES:
         assert f"--{name}" in out
-    assert "--rest_api_timeout_in_ms" not in out  # refused flags are not offered
+    assert "--rest_api_num_threads" not in out  # refused flags are not offered
 
 
 def _wait_listening(proc: subprocess.Popen, timeout_s: float) -> str:

@@ -6,13 +6,11 @@ upstream writes them (translated to pytest, not copied). Its harness is translat
 `run_server` is upstream's `RunServer` (one server per set of arguments, reused by the cases
 that ask for the same one), building the same `tensorflow_model_server` command line, read by
 `ampflow serve`'s own parser and served in this process (`testBadModelConfig` runs the real
-command, as its assertion is on the process's stderr). Two of upstream's harness flags are left
-out, each said where it is: `--rest_api_timeout_in_ms` (no per-call REST deadline here) and
-`--prefer_tflite_model=true` (a version dir holding only `model.tflite` is served as TFLite
-anyway). The models are built by the test as TF Serving's export scripts build them
-(tf_serving_models.py), each in a `00000123` dir as upstream's testdata; the metadata golden
-file is a table here. `UPSTREAM_CASES` counts what passes as written; the cases that cannot say
-why in their marks.
+command, as its assertion is on the process's stderr), with every flag upstream's harness
+passes (`--rest_api_timeout_in_ms`, `--prefer_tflite_model` for the TFLite models, ...). The
+models are built by the test as TF Serving's export scripts build them (tf_serving_models.py),
+each in a `00000123` dir as upstream's testdata; the metadata golden file is a table here.
+`UPSTREAM_CASES` counts what passes as written; the cases that cannot say why in their marks.
 """
 
 from __future__ import annotations
@@ -100,16 +98,15 @@ class Harness:
     def command(self, model_name, model_path, model_type="tf", model_config_file=None,
                 monitoring_config_file=None, grpc_channel_arguments="",
                 model_config_file_poll_period=None) -> list[str]:
-        """RunServer's tensorflow_model_server flags (two left out: see the module doc)."""
+        """RunServer's tensorflow_model_server flags, all of them."""
         argv = [f"--port={free_port()}", f"--rest_api_port={free_port()}",
-                # --rest_api_timeout_in_ms=5000: left out, no per-call REST deadline here
-                f"--grpc_socket_path={self.socket_path}"]
+                "--rest_api_timeout_in_ms=5000", f"--grpc_socket_path={self.socket_path}"]
         if model_config_file:
             argv.append(f"--model_config_file={model_config_file}")
         elif model_path:
             argv += [f"--model_name={model_name}", f"--model_base_path={model_path}"]
-        # model_type == "tflite": --prefer_tflite_model=true left out (the dir holds only that)
-        del model_type
+        if model_type == "tflite":
+            argv.append("--prefer_tflite_model=true")
         if monitoring_config_file:
             argv.append(f"--monitoring_config_file={monitoring_config_file}")
         if model_config_file_poll_period is not None:

@@ -176,3 +176,27 @@ def test_tflite_without_signatures_grpc_metadata_lists_serving_default(stub):
     sig_map = get_model_metadata_pb2.SignatureDefMap()
     response.metadata["signature_def"].Unpack(sig_map)
     assert list(sig_map.signature_def) == ["serving_default"]
+
+
+def test_prefer_tflite_serves_the_tflite_file_of_a_version_that_holds_both(
+        store, model_store, tmp_path):
+    # TF Serving's --prefer_tflite_model: a version dir with saved_model.pb and model.tflite is
+    # served by TFLite; without the flag (auto) by its SavedModel; a dir with no .tflite file
+    # stays a SavedModel either way.
+    from serving_helpers import install_version
+
+    from ampflow.serving.models.servable import load_servable
+    from ampflow.serving.models.tflite import detect_format
+
+    both, saved_only = tmp_path / "both", tmp_path / "saved_only"
+    install_version(model_store, both, 1)
+    install_version(model_store, saved_only, 1)
+    (both / "1" / "model.tflite").write_bytes((store / BARE / f"{VERSION:08d}" /
+                                               "model.tflite").read_bytes())
+    assert detect_format(both / "1") == "saved_model"
+    assert detect_format(both / "1", prefer_tflite=True) == "tflite"
+    assert detect_format(saved_only / "1", prefer_tflite=True) == "saved_model"
+    servable = load_servable("m", 1, both / "1", "prefer_tflite")
+    assert servable.model_format == "tflite"
+    np.testing.assert_allclose(
+        servable.run("serving_default", {"x": np.array([[1.0]], np.float32)})["y"], [[2.5]])
