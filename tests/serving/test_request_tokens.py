@@ -1,0 +1,252 @@
+"""A text request's cost bounded by what it says (issue 50 point 4): `--max-request-tokens`
+refuses a request whose tokens after padding are too many, through every decoding path, before
+the model runs; `--max-execution-tokens` runs a large one in slices whose answers are one run's.
+
+The bound comes from the bytes (serving/models/token_cost.py): checked here against both real
+tokenizers an export ships (TextVectorization's whitespace words, BERT's WordPiece) on texts
+made to split into as many tokens as their bytes allow. The protocols are driven through their
+adapters over one `InferenceCore` (no server), on test_string_limits.py's model (each text's
+byte length), given the assets a text export writes. The slices' answers are checked on a real
+one-layer encoder exported by the exporter's own `save_text_servable` (untrained: its
+probabilities differ from row to row, which is what is compared).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from test_string_limits import SENDERS, Outcome, _classify, _refused, _write_model
+
+from ampflow.serving.config import ModelConfig
+from ampflow.serving.core.inference import InferenceCore, RequestLimits
+from ampflow.serving.models.registry import ModelRegistry
+from ampflow.serving.models.servable import load_servable
+from ampflow.serving.models.token_cost import (
+    EXPORT_METADATA,
+    TOKENIZER_ASSET,
+    TokenCost,
+    read_token_cost,
+)
+
+MODEL = "lengths"  # test_string_limits.py's senders address it
+CAP, BUCKETS = 64, [16, 32, 64]
+MAX_TOKENS = 4 * 16  # four short texts, or two of the 32 bucket
+TOKENS_FLAG = "(--max-request-tokens)"
+
+
+def _text_assets(version_dir, buckets=BUCKETS, split="whitespace") -> None:
+    """What a text export writes beside its SavedModel for the server: the tokenizer's length
+    (assets/tokenizer.json) and the length buckets (ampflow_export.json)."""
+    (version_dir / TOKENIZER_ASSET).parent.mkdir(exist_ok=True)
+    (version_dir / TOKENIZER_ASSET).write_text(json.dumps(
+        {"max_sequence_length": CAP, "split": split}))
+    (version_dir / EXPORT_METADATA).write_text(json.dumps({"input": {"length_buckets": buckets}}))
+
+
+@pytest.fixture(scope="module")
+def base_path(tmp_path_factory):
+    base = tmp_path_factory.mktemp("request_tokens") / MODEL
+    _write_model(base / "1")
+    _text_assets(base / "1")
+    return base
+
+
+def _core(base_path, runner=None, **limits):
+    registry = ModelRegistry((ModelConfig(MODEL, base_path),), settle_s=0.0)
+    registry.start(0)
+    return registry, InferenceCore(registry, runner, RequestLimits(**limits))
+
+
+@pytest.fixture(scope="module")
+def core(base_path):
+    registry, core = _core(base_path, max_tokens=MAX_TOKENS)
+    yield core
+    registry.stop()
+
+
+# ---- the bound: never below what a real tokenizer makes of the bytes -------------------------
+
+HOSTILE = ["a b c d e f g", "!!!!!!!!", "a.b,c;d", "\u4e00\u4e8c\u4e09 x", "caf\u00e9 na\u00efve",
+           "\u0130\u0130\u0130 \u00df", "  spaced   out  ", "", "x", "\u00e9" * 9,
+           " ".join(["w1"] * 40), "a" * 50]
+
+
+def _tokens_made(tokenize, texts) -> list[int]:
+    """Each text's tokens as its tokenizer makes them (up to its last non-padding id)."""
+    ids = np.asarray(tokenize(np.asarray(texts, dtype=object)))
+    return [int(np.flatnonzero(row)[-1]) + 1 if row.any() else 0 for row in ids]
+
+
+def _tokenizer(kind: str):
+    from ampflow.modeling.tokenizer import CheckpointTokenizer, TokenizerConfig, fit_tokenizer
+
+    if kind == "whitespace":
+        return fit_tokenizer(["a b c d e f g w1 x caf\u00e9 na\u00efve"],
+                             TokenizerConfig(max_sequence_length=CAP))
+    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b", "!", "x", "##a"]
+    return CheckpointTokenizer(vocabulary, do_lower_case=True, sequence_length=CAP)
+
+
+@pytest.mark.parametrize("kind, tight_text, tight_tokens", [
+    ("whitespace", "a b c d e f g", 7),  # 13 bytes: ceil(13 / 2) words
+    # 8 bytes: a piece each, and [CLS] [SEP]; slow: BERT's normalization table takes seconds
+    pytest.param("wordpiece", "!!!!!!!!", 10, marks=pytest.mark.slow),
+])
+def test_the_byte_bound_holds_for_the_tokenizers_an_export_ships(kind, tight_text, tight_tokens,
+                                                                 tmp_path):
+    """Read from the files the tokenizer itself writes; reached where a byte is a token."""
+    tokenizer = _tokenizer(kind)
+    tokenizer.save(tmp_path / "assets")
+    rule = read_token_cost(tmp_path)
+    made = _tokens_made(tokenizer.tokenize, [*HOSTILE, tight_text])
+    bounds = [rule.row_tokens(len(t.encode())) for t in [*HOSTILE, tight_text]]
+    assert all(m <= b for m, b in zip(made, bounds, strict=True)), (made, bounds)
+    assert made[-1] == bounds[-1] == tight_tokens
+    assert rule.buckets == (CAP,)  # no ampflow_export.json: the cap, never less
+
+
+def test_a_model_without_a_tokenizer_has_no_token_rule_and_an_unknown_one_costs_the_cap(
+        base_path, tmp_path):
+    shutil.copytree(base_path / "1", tmp_path / "1")
+    (tmp_path / "1" / TOKENIZER_ASSET).unlink()
+    assert read_token_cost(tmp_path / "1") is None
+    _text_assets(tmp_path / "1", split="sentencepiece")
+    assert read_token_cost(tmp_path / "1").padded_length(1) == CAP
+    _text_assets(tmp_path / "1", buckets=[16, 32])  # not ending at the cap: not trusted
+    assert read_token_cost(tmp_path / "1").buckets == (CAP,)
+    cost = TokenCost(CAP, tuple(BUCKETS), 2)
+    assert [cost.padded_length(n) for n in (0, 32, 33, 64, 65, 10**6)] == [16, 16, 32, 32, 64, 64]
+
+
+# ---- the limit, through every decoding path -------------------------------------------------
+
+@pytest.mark.parametrize("path", SENDERS)
+def test_a_request_at_the_token_limit_answers_and_one_row_more_is_refused(core, path):
+    send = SENDERS[path]
+    long_text = b"w " * 16  # 32 bytes: at most 16 words, so the 16 bucket
+    assert send(core, [b"ab"] * 3 + [long_text]) == Outcome("OK", (2, 2, 2, 32))
+    over = send(core, [b"ab"] * 4 + [long_text])  # 5 x 16 = 80 tokens
+    _refused(over, path, TOKENS_FLAG)
+    assert "would run 80 tokens (5 rows padded to 16" in over.error
+    assert f"at most {MAX_TOKENS} tokens per request" in over.error
+    # a longer text pads every row to its bucket: 3 texts of the 32 bucket are 96 tokens
+    assert send(core, [b"ab", b"w " * 17]) == Outcome("OK", (2, 34))
+    _refused(send(core, [b"ab", b"ab", b"w " * 17]), path, TOKENS_FLAG)
+    assert send(core, [b"after"]) == Outcome("OK", (5,))  # nothing left behind
+
+
+@pytest.mark.parametrize("rest", [False, True], ids=["grpc", "rest"])
+def test_classify_counts_its_examples_tokens(core, rest):
+    """A serialized tf.Example holds its text and more: its bytes bound the text's tokens."""
+    assert _classify(core, ["ab"] * 4, rest=rest) == Outcome("OK", (2, 2, 2, 2))
+    _refused(_classify(core, ["ab"] * 5, rest=rest), "-rest-" if rest else "grpc", TOKENS_FLAG)
+
+
+def test_a_model_that_is_not_a_text_model_is_not_held_to_tokens(base_path, tmp_path):
+    shutil.copytree(base_path / "1", tmp_path / MODEL / "1")
+    (tmp_path / MODEL / "1" / TOKENIZER_ASSET).unlink()
+    registry, core = _core(tmp_path / MODEL, max_tokens=16)
+    try:
+        assert SENDERS["tf-grpc-string_val"](core, [b"ab"] * 8) == Outcome("OK", (2,) * 8)
+    finally:
+        registry.stop()
+
+
+def test_a_running_servers_token_flags_are_the_limits_its_core_checks(base_path):
+    """`ServerConfig` -> `RequestLimits` in start_local_server (in process, gRPC on loopback)."""
+    import grpc
+    from serving_helpers import running_server
+
+    from ampflow.serving.client import PredictionClient, RpcError
+    from ampflow.serving.config import ServerConfig
+
+    config = ServerConfig(models=(ModelConfig(MODEL, base_path),), host="127.0.0.1", port=0,
+                          max_request_tokens=MAX_TOKENS, max_execution_tokens=16,
+                          enable_warmup=False, grace_s=0.5)
+    with running_server(config) as server, PredictionClient(server.address, timeout_s=30,
+                                                            retries=0) as client:
+        texts = [b"ab", b"abc", b"a", b"abcd"]  # 4 slices of one row each, joined in order
+        assert client.predict(MODEL, texts).outputs["lengths"].tolist() == [2, 3, 1, 4]
+        with pytest.raises(RpcError) as refused:
+            client.predict(MODEL, texts + [b"x"])
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert TOKENS_FLAG in refused.value.details
+
+
+# ---- slices -----------------------------------------------------------------------------------
+
+def _recording_runner(rows: list):
+    def run(servable, signature, inputs, _timeout):
+        rows.append(len(next(iter(inputs.values()))))
+        return servable.run(signature, inputs)
+    return run
+
+
+def test_a_request_above_the_execution_tokens_runs_in_slices_joined_in_order(base_path):
+    rows: list[int] = []
+    registry, core = _core(base_path, _recording_runner(rows), slice_tokens=2 * 16)
+    try:
+        texts = [b"x" * n for n in range(1, 8)]  # 7 rows of the 16 bucket: 112 tokens
+        assert SENDERS["v2-rest-data"](core, texts) == Outcome("OK", tuple(range(1, 8)))
+        assert rows == [2, 2, 2, 1]
+        rows.clear()
+        assert SENDERS["tf-grpc-string_val"](core, [b"x", b"w " * 17]) == Outcome("OK", (1, 34))
+        assert rows == [1, 1]  # two rows of the 32 bucket: one a slice
+    finally:
+        registry.stop()
+
+
+@pytest.fixture(scope="module")
+def encoder_version(tmp_path_factory):
+    """A one-layer BERT-style encoder on a 64-token cap, exported as the export step does."""
+    import keras
+
+    from ampflow.components.export_savedmodel.text_signatures import (
+        length_buckets_of,
+        save_text_servable,
+    )
+    from ampflow.modeling.text_models import EncoderShape, build_encoder_classifier
+    from ampflow.modeling.tokenizer import TokenizerConfig, fit_tokenizer
+
+    words = [f"w{i}" for i in range(40)]
+    tokenizer = fit_tokenizer([" ".join(words)], TokenizerConfig(max_sequence_length=CAP))
+    keras.utils.set_random_seed(5)
+    model = build_encoder_classifier(EncoderShape(layers=1, hidden=16, heads=2), CAP,
+                                     tokenizer.vocabulary_size, 3, dropout=0.0)
+    version = tmp_path_factory.mktemp("encoder") / "reviews" / "1"
+    save_text_servable(model, tokenizer, ["a", "b", "c"], version)
+    (version / EXPORT_METADATA).write_text(json.dumps(
+        {"input": {"length_buckets": length_buckets_of(model, CAP)}}))
+    return version, words
+
+
+@pytest.mark.slow  # exports a real encoder (~3 s quiet, 14 s on a loaded 2-core host)
+def test_sliced_answers_are_the_single_runs(encoder_version):
+    """1 long and 31 short texts, then 64 of mixed lengths: the same classes, and probabilities
+    within float32 rounding of one run's, whether the request runs in one piece or in slices."""
+    from ampflow.serving.core import tokens
+
+    version, words = encoder_version
+    servable = load_servable("reviews", 1, version)
+    assert servable.token_cost.buckets == (16, 32, 64)
+    rng = np.random.default_rng(0)
+    mixed = [" ".join(rng.choice(words, int(rng.integers(1, 60)))) for _ in range(64)]
+    for texts in ([" ".join(words)] + ["w1 w2"] * 31, mixed):
+        inputs = {"text": np.asarray([t.encode() for t in texts], dtype=object)}
+        whole = servable.run("serving_default", inputs)
+        cost = tokens.request_tokens(servable, inputs)
+        calls: list[int] = []
+
+        def run_slice(part, _left, calls=calls):
+            calls.append(len(part["text"]))
+            return servable.run("serving_default", part)
+
+        sliced = tokens.run_in_slices(run_slice, inputs, cost, 5 * 64, None,
+                                      servable.signature_defs["serving_default"])
+        assert len(calls) > 1 and sum(calls) == len(texts)
+        np.testing.assert_array_equal(sliced["class_ids"], whole["class_ids"])
+        np.testing.assert_allclose(sliced["probabilities"], whole["probabilities"], atol=1e-6)
+        assert np.ptp(whole["probabilities"][:, 0]) > 1e-4  # rows differ: a mix-up would show
