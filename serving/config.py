@@ -258,9 +258,9 @@ class ServerConfig:
         "INVALID_ARGUMENT / HTTP 400 (0 = no cap)")
     max_execution_tokens: int = _field(
         DEFAULT_MAX_EXECUTION_TOKENS,
-        "a text request of more tokens runs in slices of rows of at most this many, one "
-        "after the other, so one run's memory is bounded (as TF Serving's "
-        "max_execution_batch_size, in tokens; 0 = in one run)")
+        "a text request's texts run by length bucket, and a bucket's rows of more tokens "
+        "than this in slices of at most this many, one after the other, so one run's memory "
+        "is bounded (as TF Serving's max_execution_batch_size, in tokens; 0 = no slices)")
     rest_api_port: int = _field(
         0, "TF Serving's REST API (/v1/models/...) and V2's (/v2/...) on this port, bound to "
            "--host with the same TLS (0 = off)")

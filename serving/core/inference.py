@@ -309,17 +309,17 @@ class InferenceCore:
     def run(self, servable: Servable, sig_name: str, inputs: dict, timeout_s) -> dict:
         """Run a signature on checked arrays; a failing op is the caller's INVALID_ARGUMENT.
 
-        A text model's request is first held to its tokens (`tokens.py`), and a large one runs
-        in slices of rows.
+        A text model's request is first held to its tokens (`tokens.py`), then runs by length
+        bucket, a large one in slices of rows.
         """
         cost = tokens.request_tokens(servable, inputs)
         if cost is not None:
             tokens.check_tokens(cost, self.limits.max_tokens)
-            if self.limits.slice_tokens and cost.tokens > self.limits.slice_tokens:
-                return tokens.run_in_slices(
+            parts = tokens.row_parts(cost, self.limits.slice_tokens)
+            if len(parts) > 1:
+                return tokens.run_in_parts(
                     lambda part, left: self._run_once(servable, sig_name, part, left),
-                    inputs, cost, self.limits.slice_tokens, timeout_s,
-                    servable.signature_defs[sig_name])
+                    inputs, parts, timeout_s, servable.signature_defs[sig_name])
         return self._run_once(servable, sig_name, inputs, timeout_s)
 
     def _run_once(self, servable: Servable, sig_name: str, inputs: dict, timeout_s) -> dict:

@@ -3,10 +3,11 @@
 `--max-request-tokens` refuses a request whose tokens after padding (rows x its longest text's
 bucket, bounded from its bytes: models/token_cost.py) are more than the server takes, before
 the model runs, with INVALID_ARGUMENT as for too many rows: the request itself must change.
-`--max-execution-tokens` runs a larger one in slices of rows of at most that many tokens, one
-after the other, and joins the answers: each slice is padded to its own longest text, and a
-row's answer does not depend on the rows beside it (the mask), so the joined answer is the one
-a single run gives, while one run's memory stays that of one slice.
+A request's texts run by length bucket (one long text no longer pads 31 short ones to its
+length), and `--max-execution-tokens` cuts each bucket's rows into slices of at most that many
+tokens, run one after the other; the answers go back to their rows. Each run is padded to its
+own longest text, and a row's answer does not depend on the rows beside it (the mask), so the
+answer is the one a single run gives, while one run's memory stays that of one slice.
 """
 
 from __future__ import annotations
@@ -35,33 +36,55 @@ def check_tokens(cost: RequestTokens, max_tokens: int) -> None:
     if max_tokens and cost.tokens > max_tokens:
         raise ServingStatusError(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"this request would run {cost.tokens} tokens ({cost.rows} rows padded to "
-            f"{cost.padded_length}, its longest text's length bucket as its bytes bound it); "
+            f"this request would run {cost.tokens} tokens ({cost.rows} rows, each padded to "
+            f"the length bucket its bytes allow, the widest to {cost.padded_length}); "
             f"this server takes at most {max_tokens} tokens per request "
             "(--max-request-tokens): send fewer or shorter texts")
 
 
-def run_in_slices(run_slice: RunSlice, inputs: dict, cost: RequestTokens, slice_tokens: int,
-                  timeout_s: float | None, signature_def) -> dict:
-    """Run `inputs` in slices of at most `slice_tokens` tokens (>= 1 row) and join the outputs.
+def row_parts(cost: RequestTokens, slice_tokens: int) -> list[np.ndarray]:
+    """The row indices of each run, at least one row each.
 
-    The slices share the caller's deadline. A signature with an output that has no batch
+    The rows of one length bucket together (when the request's rows are known one by one), in
+    slices of at most `slice_tokens` tokens (0 = no slices).
+    """
+    if cost.row_lengths is None:
+        groups = [(np.arange(cost.rows), cost.per_row)]
+    else:
+        groups = [(np.flatnonzero(cost.row_lengths == width), int(width))
+                  for width in np.unique(cost.row_lengths)]
+    parts = []
+    for rows, width in groups:
+        step = max(1, slice_tokens // width) if slice_tokens else max(1, len(rows))
+        parts.extend(rows[start:start + step] for start in range(0, len(rows), step))
+    return parts
+
+
+def run_in_parts(run_part: RunSlice, inputs: dict, parts: list[np.ndarray],
+                 timeout_s: float | None, signature_def) -> dict:
+    """Run each part's rows, one after the other, and put every answer back in its row.
+
+    The parts share the caller's deadline. A signature with an output that has no batch
     dimension cannot be joined: INVALID_ARGUMENT naming how many rows would run at once.
     """
-    rows_per_slice = max(1, slice_tokens // cost.per_row)
     unbatched = [name for name, info in signature_def.outputs.items() if not _batched(info)]
     if unbatched:
         raise ServingStatusError(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"this request of {cost.tokens} tokens runs in slices above --max-execution-tokens, "
-            f"and output '{clip(unbatched[0])}' has no batch dimension to join them on: send "
-            f"at most {rows_per_slice} rows")
+            f"this request runs in {len(parts)} parts (its length buckets, slices above "
+            f"--max-execution-tokens), and output '{clip(unbatched[0])}' has no batch dimension "
+            f"to join them on: send at most {len(parts[0])} rows of texts of one length")
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    parts = []
-    for start in range(0, cost.rows, rows_per_slice):
-        part = {name: value[start:start + rows_per_slice] for name, value in inputs.items()}
-        parts.append(_joinable(run_slice(part, _left(deadline)), len(next(iter(part.values())))))
-    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    rows = sum(len(p) for p in parts)
+    joined: dict[str, np.ndarray] = {}
+    for part in parts:
+        outputs = _joinable(run_part({k: v[part] for k, v in inputs.items()}, _left(deadline)),
+                            len(part))
+        for name, value in outputs.items():
+            if name not in joined:
+                joined[name] = np.empty((rows, *np.shape(value)[1:]), np.asarray(value).dtype)
+            joined[name][part] = value
+    return joined
 
 
 def _batched(tensor_info) -> bool:

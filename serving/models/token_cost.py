@@ -50,20 +50,36 @@ class TokenCost:
 
     def padded_length(self, longest_bytes: int) -> int:
         """The bucket a request whose longest string has `longest_bytes` is padded to, at most."""
-        tokens = self.row_tokens(longest_bytes)
-        return next((b for b in self.buckets if b >= tokens), self.cap)
+        return int(self.padded_lengths(np.asarray([longest_bytes]))[0])
+
+    def padded_lengths(self, nbytes: np.ndarray) -> np.ndarray:
+        """`padded_length` of each element of `nbytes` (int64)."""
+        if not self.bytes_per_token:
+            return np.full(np.shape(nbytes), self.cap, np.int64)
+        tokens = np.minimum(self.cap, -(-np.asarray(nbytes, np.int64) // self.bytes_per_token)
+                            + self.added_tokens)
+        edges = np.asarray(self.buckets, np.int64)
+        return edges[np.minimum(np.searchsorted(edges, tokens), len(edges) - 1)]
 
     def of_inputs(self, inputs: dict) -> RequestTokens | None:
-        """The tokens `inputs` would run (strings: rows x bucket; ids: their elements)."""
+        """The tokens `inputs` would run (strings: rows x bucket; ids: their elements).
+
+        One string input of one text per row (`serving_default`, `classify`): each row at its
+        own bucket, which the rows of one bucket then run at (`row_lengths`). Otherwise every
+        row at the widest input's.
+        """
         rows = {np.shape(v)[0] if np.ndim(v) else None for v in inputs.values()}
         if len(rows) != 1 or None in rows:
             return None
         (count,) = rows
+        values = [np.asarray(v) for v in inputs.values()]
+        if len(values) == 1 and values[0].ndim == 1 and values[0].dtype.kind in "OSU":
+            lengths = self.padded_lengths(byte_lengths(values[0]))
+            return RequestTokens(count, int(lengths.sum()), int(lengths.max(initial=0)), lengths)
         tokens, width = 0, 0
-        for value in inputs.values():
-            value = np.asarray(value)
+        for value in values:
             if value.dtype.kind in "OSU":
-                length = self.padded_length(longest_bytes(value))
+                length = self.padded_length(int(byte_lengths(value).max(initial=0)))
                 width, tokens = max(width, length), tokens + value.size * length
             else:  # token ids as sent (the `token_ids` signature): each element is a token
                 width = max(width, int(np.prod(value.shape[1:], dtype=np.int64)))
@@ -73,11 +89,15 @@ class TokenCost:
 
 @dataclasses.dataclass(frozen=True)
 class RequestTokens:
-    """What one request runs: its rows, its tokens after padding, its rows' padded length."""
+    """What one request runs: its rows, its tokens after padding, its widest padded length.
+
+    `row_lengths`: each row's bucket, when its rows can run by bucket (else None: all at once).
+    """
 
     rows: int
     tokens: int
     padded_length: int
+    row_lengths: np.ndarray | None = None
 
     @property
     def per_row(self) -> int:
@@ -85,10 +105,10 @@ class RequestTokens:
         return max(1, -(-self.tokens // self.rows)) if self.rows else 1
 
 
-def longest_bytes(strings: np.ndarray) -> int:
-    """Bytes of the longest element of a string array (a `str` counts its UTF-8 bytes)."""
-    return max((len(s.encode("utf-8")) if isinstance(s, str) else len(s)
-                for s in strings.ravel()), default=0)
+def byte_lengths(strings: np.ndarray) -> np.ndarray:
+    """Bytes of each element of a string array, flattened (a `str` counts its UTF-8 bytes)."""
+    return np.fromiter((len(s.encode("utf-8")) if isinstance(s, str) else len(s)
+                        for s in strings.ravel()), np.int64, count=strings.size)
 
 
 def read_token_cost(version_dir: str | Path) -> TokenCost | None:

@@ -130,11 +130,12 @@ def test_a_request_at_the_token_limit_answers_and_one_row_more_is_refused(core, 
     assert send(core, [b"ab"] * 3 + [long_text]) == Outcome("OK", (2, 2, 2, 32))
     over = send(core, [b"ab"] * 4 + [long_text])  # 5 x 16 = 80 tokens
     _refused(over, path, TOKENS_FLAG)
-    assert "would run 80 tokens (5 rows padded to 16" in over.error
+    assert "would run 80 tokens (5 rows, each padded" in over.error
     assert f"at most {MAX_TOKENS} tokens per request" in over.error
-    # a longer text pads every row to its bucket: 3 texts of the 32 bucket are 96 tokens
-    assert send(core, [b"ab", b"w " * 17]) == Outcome("OK", (2, 34))
-    _refused(send(core, [b"ab", b"ab", b"w " * 17]), path, TOKENS_FLAG)
+    # each row costs its own bucket: two texts of the 32 bucket fill the limit, and one more
+    # short one is over it
+    assert send(core, [b"w " * 17, b"w " * 17]) == Outcome("OK", (34, 34))
+    _refused(send(core, [b"w " * 17, b"ab", b"w " * 17]), path, TOKENS_FLAG)
     assert send(core, [b"after"]) == Outcome("OK", (5,))  # nothing left behind
 
 
@@ -193,8 +194,25 @@ def test_a_request_above_the_execution_tokens_runs_in_slices_joined_in_order(bas
         assert SENDERS["v2-rest-data"](core, texts) == Outcome("OK", tuple(range(1, 8)))
         assert rows == [2, 2, 2, 1]
         rows.clear()
-        assert SENDERS["tf-grpc-string_val"](core, [b"x", b"w " * 17]) == Outcome("OK", (1, 34))
-        assert rows == [1, 1]  # two rows of the 32 bucket: one a slice
+        assert SENDERS["tf-grpc-string_val"](core, [b"w " * 17] * 3) == Outcome("OK", (34,) * 3)
+        assert rows == [1, 1, 1]  # rows of the 32 bucket: one a slice
+    finally:
+        registry.stop()
+
+
+def test_one_long_text_does_not_pad_the_short_ones_of_its_request(base_path):
+    """1 long text among 31 short ones: the short ones run at their bucket, the long one at its
+    own, and every answer is back in its row (as it was sent)."""
+    rows: list[int] = []
+    registry, core = _core(base_path, _recording_runner(rows))
+    try:
+        texts = [b"x" * (i % 7 + 1) for i in range(31)]
+        texts.insert(5, b"w " * 60)
+        assert SENDERS["v2-grpc-raw"](core, texts) == Outcome("OK", tuple(map(len, texts)))
+        assert rows == [31, 1]
+        rows.clear()
+        assert SENDERS["tf-rest-instances-utf8"](core, [b"a", b"b"]) == Outcome("OK", (1, 1))
+        assert rows == [2]  # one bucket: one run, as before
     finally:
         registry.stop()
 
@@ -226,7 +244,8 @@ def encoder_version(tmp_path_factory):
 @pytest.mark.slow  # exports a real encoder (~3 s quiet, 14 s on a loaded 2-core host)
 def test_sliced_answers_are_the_single_runs(encoder_version):
     """1 long and 31 short texts, then 64 of mixed lengths: the same classes, and probabilities
-    within float32 rounding of one run's, whether the request runs in one piece or in slices."""
+    within float32 rounding of one run's, whether the request runs in one piece or by length
+    bucket in slices."""
     from ampflow.serving.core import tokens
 
     version, words = encoder_version
@@ -234,19 +253,14 @@ def test_sliced_answers_are_the_single_runs(encoder_version):
     assert servable.token_cost.buckets == (16, 32, 64)
     rng = np.random.default_rng(0)
     mixed = [" ".join(rng.choice(words, int(rng.integers(1, 60)))) for _ in range(64)]
-    for texts in ([" ".join(words)] + ["w1 w2"] * 31, mixed):
+    for texts in (["w1 w2"] * 7 + [" ".join(words)] + ["w1 w2"] * 24, mixed):
         inputs = {"text": np.asarray([t.encode() for t in texts], dtype=object)}
         whole = servable.run("serving_default", inputs)
-        cost = tokens.request_tokens(servable, inputs)
-        calls: list[int] = []
-
-        def run_slice(part, _left, calls=calls):
-            calls.append(len(part["text"]))
-            return servable.run("serving_default", part)
-
-        sliced = tokens.run_in_slices(run_slice, inputs, cost, 5 * 64, None,
-                                      servable.signature_defs["serving_default"])
-        assert len(calls) > 1 and sum(calls) == len(texts)
+        parts = tokens.row_parts(tokens.request_tokens(servable, inputs), 5 * 64)
+        signature = servable.signature_defs["serving_default"]
+        sliced = tokens.run_in_parts(lambda part, _left: servable.run("serving_default", part),
+                                     inputs, parts, None, signature)
+        assert len(parts) > 2 and sorted(np.concatenate(parts)) == list(range(len(texts)))
         np.testing.assert_array_equal(sliced["class_ids"], whole["class_ids"])
         np.testing.assert_allclose(sliced["probabilities"], whole["probabilities"], atol=1e-6)
         assert np.ptp(whole["probabilities"][:, 0]) > 1e-4  # rows differ: a mix-up would show
