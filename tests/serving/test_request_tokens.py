@@ -264,3 +264,31 @@ def test_sliced_answers_are_the_single_runs(encoder_version):
         np.testing.assert_array_equal(sliced["class_ids"], whole["class_ids"])
         np.testing.assert_allclose(sliced["probabilities"], whole["probabilities"], atol=1e-6)
         assert np.ptp(whole["probabilities"][:, 0]) > 1e-4  # rows differ: a mix-up would show
+
+
+# ---- the server-side batcher ------------------------------------------------------------------
+
+def test_the_batcher_merges_text_requests_of_one_length_bucket_only(base_path):
+    """3 requests of 2 short texts and 2 of 3 long ones, sent at once: two full batches, one per
+    bucket (before, a long request merged with short ones and padded them to its bucket), and
+    each request gets its own answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ampflow.serving.config import BatchingConfig
+    from ampflow.serving.core.batching import Batcher
+
+    servable = load_servable(MODEL, 1, base_path / "1")
+    merged: list[tuple[int, int]] = []
+    batcher = Batcher(BatchingConfig(max_batch_size=6, batch_timeout_ms=10_000),
+                      lambda requests, rows: merged.append((requests, rows)))
+    short, long = [b"ab", b"abc"], [b"w " * 20] * 3
+    requests = [short, long, short, long, short]
+    try:
+        with ThreadPoolExecutor(len(requests)) as pool:
+            answers = list(pool.map(lambda texts: batcher.run(
+                servable, "serving_default",
+                {"text": np.asarray(texts, dtype=object)}, 60)["lengths"].tolist(), requests))
+    finally:
+        batcher.close()
+    assert sorted(merged) == [(2, 6), (3, 6)]
+    assert answers == [[len(t) for t in texts] for texts in requests]
