@@ -81,8 +81,10 @@ def run_in_parts(run_part: RunSlice, inputs: dict, parts: list[np.ndarray],
         outputs = _joinable(run_part({k: v[part] for k, v in inputs.items()}, _left(deadline)),
                             len(part))
         for name, value in outputs.items():
-            if name not in joined:
-                joined[name] = np.empty((rows, *np.shape(value)[1:]), np.asarray(value).dtype)
+            if name not in joined:  # strings as objects: a later part's may be longer
+                dtype = np.asarray(value).dtype
+                joined[name] = np.empty((rows, *np.shape(value)[1:]),
+                                        object if dtype.kind in "SU" else dtype)
             joined[name][part] = value
     return joined
 

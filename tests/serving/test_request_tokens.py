@@ -292,3 +292,21 @@ def test_the_batcher_merges_text_requests_of_one_length_bucket_only(base_path):
         batcher.close()
     assert sorted(merged) == [(2, 6), (3, 6)]
     assert answers == [[len(t) for t in texts] for texts in requests]
+
+
+def test_string_outputs_of_parts_join_at_their_own_lengths(base_path):
+    """A part's string output (Classify's class names) may be longer than the first part's:
+    joined as objects, never cut to the first part's width."""
+    from ampflow.serving.core import tokens
+
+    servable = load_servable(MODEL, 1, base_path / "1")
+    inputs = {"text": np.asarray([b"ab", b"w " * 20], dtype=object)}
+    parts = tokens.row_parts(tokens.request_tokens(servable, inputs), 0)
+    assert len(parts) == 2  # the 16 and the 32 bucket
+
+    def run_part(part, _left):
+        return {"lengths": np.asarray([t[:3] for t in part["text"]], dtype="S")}
+
+    joined = tokens.run_in_parts(run_part, inputs, parts, None,
+                                 servable.signature_defs["serving_default"])
+    assert joined["lengths"].tolist() == [b"ab", b"w w"]
