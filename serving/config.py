@@ -26,6 +26,10 @@ DEFAULT_MAX_REQUEST_BATCH = 1024  # rows per request when server-side batching i
 # One string of a request: an encoded phone photo fits (image_bytes), 10 MB of text does not.
 # A text model reads max_sequence_length tokens (128 by default) of it in any case.
 DEFAULT_MAX_STRING_BYTES = 4 * 1024 * 1024
+# A text request's tokens after padding (serving/core/tokens.py): 512 texts at the 128 cap,
+# 4,096 short ones; and the slice one run holds, whose memory bounds a run's.
+DEFAULT_MAX_REQUEST_TOKENS = 65_536
+DEFAULT_MAX_EXECUTION_TOKENS = 8_192
 MAX_WORKERS = 64  # server processes of `--workers`: each holds every model in its memory
 
 
@@ -249,6 +253,16 @@ class ServerConfig:
     max_strings_per_request: int = _field(
         0, "strings all string inputs of one request may hold together; 0 = the "
            "--max-request-batch-size cap")
+    max_request_tokens: int = _field(
+        DEFAULT_MAX_REQUEST_TOKENS,
+        "a text model's tokens one request may run after padding (its texts x their longest "
+        "one's length bucket, bounded from its bytes before the model runs); more: "
+        "INVALID_ARGUMENT / HTTP 400 (0 = no cap)")
+    max_execution_tokens: int = _field(
+        DEFAULT_MAX_EXECUTION_TOKENS,
+        "a text request's texts run by length bucket, and a bucket's rows of more tokens "
+        "than this in slices of at most this many, one after the other, so one run's memory "
+        "is bounded (as TF Serving's max_execution_batch_size, in tokens; 0 = no slices)")
     rest_api_port: int = _field(
         0, "TF Serving's REST API (/v1/models/...) and V2's (/v2/...) on this port, bound to "
            "--host with the same TLS (0 = off)")
@@ -324,6 +338,10 @@ class ServerConfig:
             raise ConfigError(
                 "max_strings_per_request must be >= 0 (0 = the request batch cap). Received: "
                 f"max_strings_per_request={self.max_strings_per_request}")
+        for name in ("max_request_tokens", "max_execution_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0 (0 = no cap). Received: "
+                                  f"{name}={getattr(self, name)}")
         if not 0 <= self.rest_api_port <= 65535:
             raise ConfigError(f"rest_api_port must be in 0..65535 (0 = off). Received: "
                               f"rest_api_port={self.rest_api_port}")

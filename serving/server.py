@@ -181,7 +181,9 @@ def start_local_server(config: ServerConfig, *, as_worker: bool = False) -> Runn
     limits = RequestLimits(max_bytes=config.max_message_bytes,
                            max_rows=config.request_batch_cap,
                            max_string_bytes=config.max_string_bytes,
-                           max_strings=config.strings_cap)
+                           max_strings=config.strings_cap,
+                           max_tokens=config.max_request_tokens,
+                           slice_tokens=config.max_execution_tokens)
     reload_policy = ReloadPolicy(allowed=config.allow_reload_config,
                                  roots=config.reload_config_roots)
     core = InferenceCore(registry, runner, limits, reload_policy,

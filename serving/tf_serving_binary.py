@@ -109,6 +109,10 @@ def cannot_honour(config: ServerConfig) -> list[str]:
             _DEFAULTS["max_string_bytes"], _DEFAULTS["max_strings_per_request"]):
         reasons.append("it has no --max-string-bytes/--max-strings-per-request limit (leave "
                        "them at their defaults to accept that)")
+    tokens = ("max_request_tokens", "max_execution_tokens")
+    if any(getattr(config, name) != _DEFAULTS[name] for name in tokens):
+        reasons.append("it has no --max-request-tokens/--max-execution-tokens (leave them at "
+                       "their defaults to accept that)")
     if _without_age(config.connection_limits) != ConnectionLimits():  # an age, it is given
         reasons.append("it has none of the --rest-*/--grpc-* connection limits asked for (its "
                        "own servers' limits apply; leave them at their defaults to accept that)")

@@ -113,7 +113,9 @@ class TextExport:
                               "(keras TextVectorization, core TensorFlow ops)",
                       "padded_to": (f"the request's longest text, rounded up to one of "
                                     f"{self.length_buckets} tokens" if self.length_buckets
-                                    else f"{self.sequence_length} tokens")},
+                                    else f"{self.sequence_length} tokens"),
+                      # the server bounds a request's tokens with them (ampflow serve)
+                      "length_buckets": self.length_buckets},
             "token_ids_input": {"signature": TOKEN_IDS_SIGNATURE, "name": TOKEN_IDS_INPUT,
                                 "shape": [-1, self.sequence_length], "dtype": "int32",
                                 "note": "token ids of assets/vocab.txt, 0 = padding; what "

@@ -5,10 +5,15 @@ worker takes the first, waits up to `batch_timeout_ms` for more with the same in
 structure, concatenates along the batch dimension (up to `max_batch_size` rows), runs once and
 splits the outputs back. Requests that cannot merge (different trailing shapes or dtypes, or
 an output without a batch dimension) simply run alone, so batching never changes an answer.
+A text model's requests merge only within one length bucket (core/tokens.py has split each
+request by bucket), so a long text does not pad 31 short ones (TF Serving's batcher pads to
+the longest); a request that does not fit the batch being filled waits for the next one,
+without closing it.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import queue
@@ -20,6 +25,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from ampflow.serving.config import BatchingConfig
+from ampflow.serving.core.tokens import request_tokens
 from ampflow.serving.models.servable import Servable
 
 log = logging.getLogger(__name__)
@@ -46,7 +52,8 @@ class _Queue:
         self._signature = signature
         self._config = config
         self._queue: queue.Queue[_Item | None] = queue.Queue()
-        self._pending: _Item | None = None
+        self._pending: collections.deque[_Item] = collections.deque()  # for the next batches
+        self._closing = False
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name=f"ampflow-batch-{servable.model}-{signature}")
         self._thread.start()
@@ -59,18 +66,30 @@ class _Queue:
 
     def _loop(self) -> None:
         while True:
-            first = self._pending or self._queue.get()
-            self._pending = None
-            if first is None:
+            if self._pending:
+                first = self._pending.popleft()
+            elif self._closing:
                 return
-            batch = self._collect(first)
-            self._run(batch)
+            else:
+                first = self._queue.get()
+                if first is None:
+                    return
+            self._run(self._collect(first))
 
     def _collect(self, first: _Item) -> list[_Item]:
-        """Gather items with the same structure until full or the timeout passes."""
-        batch, rows = [first], first.rows
+        """Gather items like `first` (waiting ones first) until full or the timeout passes.
+
+        An item that differs, or does not fit, waits for a later batch; the close marker ends
+        the gathering, and the loop once every waiting item has run.
+        """
+        batch, rows, limit = [first], first.rows, self._config.max_batch_size
+        for item in list(self._pending):
+            if item.key == first.key and rows + item.rows <= limit:
+                self._pending.remove(item)
+                batch.append(item)
+                rows += item.rows
         deadline = time.monotonic() + self._config.batch_timeout_ms / 1000.0
-        while rows < self._config.max_batch_size:
+        while rows < limit and not self._closing:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -78,15 +97,13 @@ class _Queue:
                 item = self._queue.get(timeout=remaining)
             except queue.Empty:
                 break
-            if item is None or item.key != first.key or rows + item.rows > \
-                    self._config.max_batch_size:
-                self._pending = item  # starts the next batch (or ends the loop)
-                if item is None:
-                    self._queue.put(None)
-                    self._pending = None
-                break
-            batch.append(item)
-            rows += item.rows
+            if item is None:
+                self._closing = True
+            elif item.key != first.key or rows + item.rows > limit:
+                self._pending.append(item)
+            else:
+                batch.append(item)
+                rows += item.rows
         return batch
 
     def _run(self, batch: list[_Item]) -> None:
@@ -140,7 +157,8 @@ class Batcher:
         rows = _batch_rows(inputs)
         if rows is None or rows >= self._config.max_batch_size:
             return servable.run(signature, inputs)
-        key = tuple(sorted((k, v.dtype.str, v.shape[1:]) for k, v in inputs.items()))
+        key = (*sorted((k, v.dtype.str, v.shape[1:]) for k, v in inputs.items()),
+               _length_bucket(servable, inputs))
         future: Future = Future()
         with self._lock:  # submit under the lock: a queue is never closed between get and put
             slot = (id(servable), signature)
@@ -166,6 +184,12 @@ class Batcher:
             for _servable, q in self._queues.values():
                 q.close()
             self._queues.clear()
+
+
+def _length_bucket(servable: Servable, inputs: dict[str, np.ndarray]) -> int:
+    """The length bucket a text model's request is padded to (0 for any other model)."""
+    cost = request_tokens(servable, inputs)
+    return cost.padded_length if cost is not None else 0
 
 
 def _batch_rows(inputs: dict[str, np.ndarray]) -> int | None:

@@ -28,7 +28,7 @@ from typing import Protocol
 import grpc
 import numpy as np
 
-from ampflow.serving.core import dtypes
+from ampflow.serving.core import dtypes, tokens
 from ampflow.serving.model_format import DEFAULT_SIGNATURE
 from ampflow.serving.models.registry import ModelRegistry
 from ampflow.serving.models.servable import Servable
@@ -59,13 +59,18 @@ class RequestLimits:
     number of Classify examples (0 = no cap). Strings (raw text for a text model's `text`,
     encoded images): `max_string_bytes` bounds each one (0 = no cap), `max_strings` how many
     all string inputs of a request hold together (0 = no cap); both are read from the lengths
-    the request declares, before any string is copied into an array.
+    the request declares, before any string is copied into an array. A text model's requests
+    (serving/core/tokens.py): `max_tokens` bounds the tokens one may run after padding (0 = no
+    cap), and one of more than `slice_tokens` runs in slices of rows that hold at most that
+    many (0 = in one run), so one run's memory is bounded whatever the request's size.
     """
 
     max_bytes: int = 64 * 1024 * 1024
     max_rows: int = 0
     max_string_bytes: int = 0
     max_strings: int = 0
+    max_tokens: int = 0
+    slice_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -302,7 +307,22 @@ class InferenceCore:
                 f"most {limits.max_string_bytes} bytes per string (--max-string-bytes)")
 
     def run(self, servable: Servable, sig_name: str, inputs: dict, timeout_s) -> dict:
-        """Run a signature on checked arrays; a failing op is the caller's INVALID_ARGUMENT."""
+        """Run a signature on checked arrays; a failing op is the caller's INVALID_ARGUMENT.
+
+        A text model's request is first held to its tokens (`tokens.py`), then runs by length
+        bucket, a large one in slices of rows.
+        """
+        cost = tokens.request_tokens(servable, inputs)
+        if cost is not None:
+            tokens.check_tokens(cost, self.limits.max_tokens)
+            parts = tokens.row_parts(cost, self.limits.slice_tokens)
+            if len(parts) > 1:
+                return tokens.run_in_parts(
+                    lambda part, left: self._run_once(servable, sig_name, part, left),
+                    inputs, parts, timeout_s, servable.signature_defs[sig_name])
+        return self._run_once(servable, sig_name, inputs, timeout_s)
+
+    def _run_once(self, servable: Servable, sig_name: str, inputs: dict, timeout_s) -> dict:
         try:
             return self.runner(servable, sig_name, inputs, timeout_s)
         except ServingStatusError:

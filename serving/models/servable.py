@@ -29,6 +29,7 @@ from ampflow.errors import ConfigError, ModelLoadError
 from ampflow.serving.compute_precision import PrecisionScope, check_supported
 from ampflow.serving.model_format import SERVE_TAG, serving_signature_defs
 from ampflow.serving.models.frozen import FrozenSignature
+from ampflow.serving.models.token_cost import TokenCost, read_token_cost
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ class Servable(Protocol):
     `signature_defs`: name -> SignatureDef proto (what metadata returns; a quantized TFLite
     tensor is described as float32); `run` takes and returns numpy arrays keyed by the
     signature's input and output names; `platform`: V2 metadata's name of the format;
-    `model_format`: one of model_format.MODEL_FORMATS but `auto`.
+    `model_format`: one of model_format.MODEL_FORMATS but `auto`; `token_cost`: a text
+    model's rule for what a request costs in tokens (token_cost.py), None for any other.
     """
 
     model: str
@@ -50,6 +52,7 @@ class Servable(Protocol):
     platform: str
     model_format: str
     signature_defs: dict
+    token_cost: TokenCost | None
 
     def can_run(self, signature: str) -> bool:
         """Whether `signature` can be run (a SavedModel's init-op SignatureDef cannot)."""
@@ -102,6 +105,7 @@ class SavedModelServable:
         self.version = version
         self.path = path
         self.signature_defs = serving_signature_defs(path)
+        self.token_cost = read_token_cost(path)
         self._loaded = tf.saved_model.load(str(path), tags=[SERVE_TAG])
         freeze = compute_precision != "float32"  # frozen.py: weights cast once, not per call
         try:

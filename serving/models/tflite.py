@@ -61,6 +61,7 @@ class TFLiteServable:
 
     platform = "tflite"  # what V2 model metadata calls this format
     model_format = "tflite"
+    token_cost = None  # token ids at a fixed length: the row and byte limits bound them
 
     def __init__(self, model: str, version: int, path: Path) -> None:
         self.model = model

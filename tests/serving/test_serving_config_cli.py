@@ -51,6 +51,9 @@ model_config_list {
     ({"max_message_bytes": 10}, "max_message_bytes must be >= 1024"),
     ({"file_system_poll_wait_seconds": -1}, "file_system_poll_wait_seconds must be >= 0"),
     ({"models": ()}, "at least one model must be configured"),
+    ({"max_request_tokens": -1}, "max_request_tokens must be >= 0 (0 = no cap). Received: "
+                                 "max_request_tokens=-1"),
+    ({"max_execution_tokens": -1}, "max_execution_tokens must be >= 0"),
 ])
 def test_server_config_invalid_value_raises_keras_style_message(kwargs, message, tmp_path):
     kwargs.setdefault("models", (ModelConfig("m", tmp_path),))
@@ -264,6 +267,8 @@ def test_cli_serve_auto_execs_binary_only_when_it_can_honour_the_binding(tmp_pat
     (("--host", "0.0.0.0", "--allow-reload-config", "--metrics-port", "9100"),
      "serves metrics on its REST port only"),
     (("--host", "0.0.0.0"), "accepts HandleReloadConfigRequest from any client"),
+    (("--host", "0.0.0.0", "--allow-reload-config", "--max-request-tokens", "4096"),
+     "it has no --max-request-tokens/--max-execution-tokens"),
 ])
 def test_cli_serve_auto_never_widens_the_binding(tmp_path, monkeypatch, capfd, caplog, flags,
                                                 reason):

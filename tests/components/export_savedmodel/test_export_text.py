@@ -92,6 +92,11 @@ def test_text_export_follows_the_contract_and_ships_the_vocabulary(text_export, 
     assert meta["half_precision_nodes"] == 0 and meta["source"]["trained_policy"] == (
         "mixed_float16")
     assert meta["tokenizer"]["max_sequence_length"] == 16
+    # what `ampflow serve` bounds a request's tokens with: the buckets, the tokenizer's words
+    from ampflow.serving.models.token_cost import TokenCost, read_token_cost
+
+    assert meta["input"]["length_buckets"] == [16]
+    assert read_token_cost(version_dir) == TokenCost(16, (16,), bytes_per_token=2)
     assert meta["gate"]["forced"] is False  # exported behind the passed verdict
 
 
