@@ -29,7 +29,7 @@ class ImageTraining:
                               f"{self.name} data: leave it out. Received: {name}={value}")
 
     def model_to_check(self, model, info: dict, *, model_path=None, image_size=None,
-                       sequence_length=None, vocabulary_size=None):
+                       sequence_length=None, vocabulary_size=None, checkpoint=None):
         """(`models.BuiltModel`, input shape, classes) on the data's image shape."""
         from ampflow.modeling.models import make_model
 
@@ -60,10 +60,11 @@ class TextTraining:
                               f"Received: {name}={value!r}")
 
     def model_to_check(self, model, info: dict, *, model_path=None, image_size=None,
-                       sequence_length=None, vocabulary_size=None):
+                       sequence_length=None, vocabulary_size=None, checkpoint=None):
         """(`models.BuiltModel`, input shape, classes) on token ids.
 
         The tokenizer's defaults where not given: the check needs shapes, not a vocabulary.
+        `checkpoint`: a pretrained checkpoint `model` names, read already.
         """
         from ampflow.modeling.models import make_text_model
         from ampflow.modeling.tokenizer import TokenizerConfig
@@ -72,7 +73,8 @@ class TextTraining:
             ("max_sequence_length", sequence_length), ("vocabulary_size", vocabulary_size))
             if v is not None})
         built = make_text_model(model, tokens.max_sequence_length, tokens.vocabulary_size,
-                                int(info["num_classes"]), model_path=model_path)
+                                int(info["num_classes"]), model_path=model_path,
+                                checkpoint=checkpoint)
         return built, (int(tokens.max_sequence_length),), int(info["num_classes"])
 
 

@@ -165,3 +165,25 @@ def test_check_model_passes_a_checkpoint_under_both_mixed_policies(checkpoint, t
     code, out = _cli("check-model", "--data-dir", str(prepared_texts(tmp_path_factory)),
                      "--model", str(directory), "--precision", policy)
     assert code == 0, out
+
+
+@pytest.mark.slow
+def test_train_reads_the_checkpoint_once(checkpoint, tmp_path_factory, tmp_path, monkeypatch):
+    """The checks, the tokenizer and the model all take one read (issue 48: it was three)."""
+    import ampflow.modeling.pretrained as pretrained
+
+    reads = []
+    real = pretrained.read_hf_bert
+
+    def counting(directory):  # the real reader still runs
+        reads.append(directory)
+        return real(directory)
+
+    monkeypatch.setattr(pretrained, "read_hf_bert", counting)
+    directory, _ = checkpoint
+    code, out = _cli("train", "--data-dir", str(prepared_texts(tmp_path_factory)),
+                     "--output-dir", str(tmp_path / "m"), "--model", str(directory),
+                     "--precision", "float32", "--xla", "off", "--epochs", "1",
+                     "--steps-per-epoch", "1", "--max-sequence-length", str(SEQ))
+    assert code == 0, out
+    assert reads == [directory]
