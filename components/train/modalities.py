@@ -28,6 +28,10 @@ class ImageTraining:
             raise ConfigError(f"{name} is for text data, and {config.data_dir} holds "
                               f"{self.name} data: leave it out. Received: {name}={value}")
 
+    def check_model_options(self, config, info: dict) -> None:
+        """check-model's text option on images: train's rule (a CheckModelConfig)."""
+        self.check_options(config, info)
+
     def model_to_check(self, model, info: dict, *, model_path=None, image_size=None,
                        sequence_length=None, vocabulary_size=None, checkpoint=None):
         """(`models.BuiltModel`, input shape, classes) on the data's image shape."""
@@ -58,6 +62,13 @@ class TextTraining:
                               f"(tokenized to --max-sequence-length ids): leave it out"
                               f"{' and pass a number' if name == 'batch_size' else ''}. "
                               f"Received: {name}={value!r}")
+
+    def check_model_options(self, config, info: dict) -> None:
+        """check-model's image option on texts (--image-size): one line, as train says it."""
+        if config.image_size is not None:
+            raise ConfigError(f"image_size is for image data, and {config.data_dir} holds text "
+                              f"(tokenized to --max-sequence-length ids): leave it out. "
+                              f"Received: image_size={config.image_size!r}")
 
     def model_to_check(self, model, info: dict, *, model_path=None, image_size=None,
                        sequence_length=None, vocabulary_size=None, checkpoint=None):
