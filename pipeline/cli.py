@@ -74,12 +74,14 @@ def _register_compile(subparsers) -> None:
         from ampflow.pipeline.pipeline import compile_pipeline
 
         options = config_from_args(PipelineOptions, args, image=_image_of(args))
+        base_model = options.check_base_model_for_cluster()  # before anything is written
         path = compile_pipeline(args.output, options)
         _check_for_backend(path, args.kfp_backend)
         print_summary("ampflow compile: done", {
             "pipeline": path, "image": options.image, "gpu": options.gpu,
             "float32_baseline": options.with_float32_baseline,
-            "checkpoints": options.checkpoints, "train_workers": options.train_workers})
+            "checkpoints": options.checkpoints, "train_workers": options.train_workers,
+            **({"base_model": base_model} if base_model else {})})
         return 0
 
     p.set_defaults(func=run)

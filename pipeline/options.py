@@ -151,14 +151,17 @@ class PipelineOptions:
     default_resources: Resources = field(default_factory=Resources)
     gate_resources: Resources = field(
         default_factory=lambda: Resources("100m", "256M", "500m", "1G"))
-    # A trained model to fine-tune: a `.keras` file (or a model dir holding model.keras) at a
-    # URI the backend's launcher can fetch (gs://, s3://, minio://; a local path under the local
-    # runner), brought in with `dsl.importer` as the train tasks' `base_model` input. A
-    # compile-time option: a run-time switch needs `dsl.OneOf` (see the module docstring).
+    # A model to fine-tune: a `.keras` file, a model dir holding model.keras, or a pretrained
+    # BERT checkpoint dir, at a URI the backend's launcher fetches (gs://, s3://, minio://; a
+    # local path under the local runner), brought in with `dsl.importer` as the train tasks'
+    # `base_model` input (ampflow.modeling.base_model). A compile-time option: a run-time
+    # switch needs `dsl.OneOf` (see the module docstring).
     base_model_uri: str | None = field(default=None, metadata={
-        "help": "Fine-tune this trained .keras file (or model dir) instead of building `model`: "
-                "a URI the cluster's launcher fetches (gs://, s3://, minio://), brought in with "
-                "dsl.importer."})
+        "metavar": "URI",
+        "help": "Fine-tune this instead of building `model`: a trained .keras file (or model "
+                "dir), or a pretrained BERT checkpoint dir (Hugging Face's layout or a "
+                "keras-hub preset), uploaded where the cluster's launcher fetches it (gs://, "
+                "s3://, minio://) and brought in with dsl.importer."})
 
     def __post_init__(self) -> None:
         if not self.image or ":" not in self.image.rsplit("/", 1)[-1] and "@" not in self.image:
@@ -251,6 +254,17 @@ class PipelineOptions:
         cpu = _request_limit("train_cpu", self.train_cpu)
         memory = _request_limit("train_memory", self.train_memory)
         return Resources(cpu[0], memory[0], cpu[1], memory[1])
+
+    def check_base_model_for_cluster(self) -> str | None:
+        """`base_model_uri` as a cluster's run takes it (compile, submit); what was checked.
+
+        A local path is refused (the train pod cannot read it), after what it holds is checked.
+        """
+        if not self.base_model_uri:
+            return None
+        from ampflow.modeling.base_model import check_base_model_uri
+
+        return check_base_model_uri(self.base_model_uri, cluster=True)
 
     def pipeline_config(self):
         """The KFP PipelineConfig: the per-run workspace that holds the train checkpoints."""

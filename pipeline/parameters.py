@@ -197,6 +197,7 @@ def check_arguments(arguments: dict[str, object]) -> None:
     model = arguments.get("model", PIPELINE_PARAMETERS["model"][1])
     model_name = arguments.get("model_name", PIPELINE_PARAMETERS["model_name"][1])
     check_model_names(str(model), str(model_name))
+    _refuse_local_model(str(model))
     given = {name: str(arguments.get(name, PIPELINE_PARAMETERS[name][1])) for name in (
         "serving_format", "tflite_variant", "tflite_variants", "serving_target")}
     check_serving_format(**given)
@@ -337,6 +338,26 @@ def check_model_names(model: str, model_name: str) -> None:
             f"model_name is the served model name (TF Serving's --model_name); the architecture "
             f"is `model`. Received: model_name={model_name!r}, model={model!r} (did you mean "
             f"model={model_name!r}?)")
+
+
+def _refuse_local_model(model: str) -> None:
+    """A .keras file or a checkpoint dir of this machine is not where a train pod runs.
+
+    The run's `model` is a text the pod reads; a file the pod does not see would fail the
+    train task after prepare-data. Such a model reaches the pod as an input artifact.
+    """
+    from pathlib import Path
+
+    from ampflow.modeling.base_model import UPLOAD_HINT
+    from ampflow.modeling.models import model_names
+    from ampflow.modeling.user_model import parse_model_spec
+
+    kind = parse_model_spec(model, model_names()).kind
+    if kind in ("file", "checkpoint") and Path(model).expanduser().exists():
+        raise ConfigError(
+            "--param model must be a built-in or a builder: a .keras file or a checkpoint dir "
+            "reaches the train pod as --base-model-uri (a dsl.importer), not as a path the pod "
+            f"does not see. Received: model={model!r}; {UPLOAD_HINT} as --base-model-uri")
 
 
 def _unknown(names: list[str]) -> ConfigError:

@@ -29,7 +29,7 @@ from ampflow.components.train.config import DEFAULT_LEARNING_RATE, TrainConfig
 from ampflow.components.train.precision.policy import POLICIES
 from ampflow.errors import ConfigError, PipelineError
 from ampflow.files import ensure_writable_dir
-from ampflow.modeling.text_models import ENCODER_LEARNING_RATE
+from ampflow.modeling.text_models import CHECKPOINT_LEARNING_RATE, ENCODER_LEARNING_RATE
 from ampflow.pipeline.parameters import (
     check_data_arguments,
     check_gate_arguments,
@@ -110,8 +110,9 @@ class LocalRunConfig:
     max_text_bytes: int = _text_field("max_text_bytes")
     model: str = field(default=TRAIN_DEFAULTS["model"], metadata={
         "help": "What to train (as train --model): small_cnn, resnet50, mobilenet_v2, your "
-                "builder package.module:function, or a .keras file to fine-tune (brought in "
-                "with dsl.importer, as on a cluster)."})
+                "builder package.module:function, or a .keras file or pretrained BERT "
+                "checkpoint dir to fine-tune (brought in with dsl.importer, as on a "
+                "cluster)."})
     model_path: str = field(default="", metadata={
         "help": "Directory to import a --model builder from (as train --model-path)."})
     epochs: int = field(default=TRAIN_DEFAULTS["epochs"], metadata={"help": "Training epochs."})
@@ -122,8 +123,9 @@ class LocalRunConfig:
                 "--accumulation-steps (1 = off)."})
     learning_rate: float = field(default=TRAIN_DEFAULTS["learning_rate"], metadata={
         "help": "Learning rate; 0 = the model's own, train --learning-rate's default "
-                f"({ENCODER_LEARNING_RATE:g} for the bert_* encoders, {DEFAULT_LEARNING_RATE:g} "
-                "for the others)."})
+                f"({ENCODER_LEARNING_RATE:g} for the bert_* encoders, "
+                f"{CHECKPOINT_LEARNING_RATE:g} for a pretrained checkpoint, "
+                f"{DEFAULT_LEARNING_RATE:g} for the others)."})
     precision: str = field(default="mixed_float16", metadata={
         "choices": POLICIES,
         "help": "Dtype policy. The demo default is mixed_float16 so that dynamic loss scaling "
@@ -209,6 +211,7 @@ class LocalRunConfig:
             raise ConfigError("accumulation_steps must be > 0. Received: "
                               f"accumulation_steps={self.accumulation_steps}")
         check_model_names(self.model, self.model_name)
+        self._check_checkpoint()
         check_serving_format(self.serving_format, self.tflite_variant, self.tflite_variants,
                              "local")
         check_compute_precision_target(self.serving_compute_precision, "local",
@@ -218,6 +221,18 @@ class LocalRunConfig:
         self._check_local_sources()
         check_data_arguments(self.arguments())
         self.pipeline_options()  # its checks (the all-reduce flags need train_workers > 1)
+
+    def _check_checkpoint(self) -> None:
+        """A checkpoint dir is read now, as train reads it: a bad one is one line before a step.
+
+        Its position table bounds --max-sequence-length (train's own rule).
+        """
+        from ampflow.components.train.config import parsed_model_spec
+
+        if parsed_model_spec(self.model).kind == "checkpoint":
+            from ampflow.modeling.pretrained_text import read_checkpoint_for
+
+            read_checkpoint_for(self.model, self.max_sequence_length)
 
     def _check_local_sources(self) -> None:
         """A folder or table to read must be on this machine: said now, not after a step ran."""
@@ -271,8 +286,16 @@ class LocalRunConfig:
 
     @property
     def base_model_uri(self) -> str | None:
-        """A `.keras` --model, imported by the pipeline's `dsl.importer` (a compile option)."""
-        return str(Path(self.model).resolve()) if self.model.endswith(".keras") else None
+        """A `.keras` or checkpoint-dir --model, imported by the pipeline's `dsl.importer`.
+
+        As on a cluster: the train tasks get it as their `base_model` input artifact (a
+        compile option), by its absolute path, whatever the task's working dir.
+        """
+        from ampflow.components.train.config import parsed_model_spec
+
+        if parsed_model_spec(self.model).kind in ("file", "checkpoint"):
+            return str(Path(self.model).expanduser().resolve())
+        return None
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,9 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
     """
     arguments = dict(arguments or {})
     check_arguments(arguments)  # a misspelt --param fails here, before anything is sent
+    checked = config.check_base_model_for_cluster()
+    if checked:
+        log.info("base model: %s", checked)
     options = options_from(config)
     _probe(config)
     backend = preflight.read_backend(config.host, os.environ.get(TOKEN_ENV),

@@ -55,9 +55,10 @@ def train(
 
         check_volume_writable(checkpoint_dir,
                               f"the checkpoint dir {checkpoint_dir} (the run's KFP workspace)")
-    if base_model is not None:
-        architecture = (os.path.join(base_model.path, "model.keras")
-                        if os.path.isdir(base_model.path) else base_model.path)
+    if base_model is not None:  # downloaded by KFP's launcher (the local runner: a local path)
+        from ampflow.modeling.base_model import model_argument
+
+        architecture = model_argument(base_model.path)
     config = TrainConfig(
         data_dir=data.path, output_dir=model.path, model=architecture,
         model_path=model_path or None, precision=precision,
@@ -115,7 +116,8 @@ document_args(train, TrainConfig, renamed={"architecture": "model", "xla": "jit_
     "batch_size_multiplier": "Trains one process at this many times batch_size: the float32 "
                              "baseline of an N-worker AMP task gets N, so both see the same "
                              "global batch and steps and differ only in precision.",
-    "base_model": "A .keras file, or a model dir holding model.keras (a dsl.importer), "
-                  "fine-tuned instead of `architecture` (a text model with its tokenizer "
-                  "beside it).",
+    "base_model": "A .keras file, a model dir holding model.keras (a text model with its "
+                  "tokenizer beside it) or a pretrained BERT checkpoint dir (Hugging Face's "
+                  "layout or a keras-hub preset), brought in by a dsl.importer and fine-tuned "
+                  "instead of `architecture`.",
 })

@@ -28,8 +28,12 @@ class ImageTraining:
             raise ConfigError(f"{name} is for text data, and {config.data_dir} holds "
                               f"{self.name} data: leave it out. Received: {name}={value}")
 
+    def check_model_options(self, config, info: dict) -> None:
+        """check-model's text option on images: train's rule (a CheckModelConfig)."""
+        self.check_options(config, info)
+
     def model_to_check(self, model, info: dict, *, model_path=None, image_size=None,
-                       sequence_length=None, vocabulary_size=None):
+                       sequence_length=None, vocabulary_size=None, checkpoint=None):
         """(`models.BuiltModel`, input shape, classes) on the data's image shape."""
         from ampflow.modeling.models import make_model
 
@@ -59,11 +63,19 @@ class TextTraining:
                               f"{' and pass a number' if name == 'batch_size' else ''}. "
                               f"Received: {name}={value!r}")
 
+    def check_model_options(self, config, info: dict) -> None:
+        """check-model's image option on texts (--image-size): one line, as train says it."""
+        if config.image_size is not None:
+            raise ConfigError(f"image_size is for image data, and {config.data_dir} holds text "
+                              f"(tokenized to --max-sequence-length ids): leave it out. "
+                              f"Received: image_size={config.image_size!r}")
+
     def model_to_check(self, model, info: dict, *, model_path=None, image_size=None,
-                       sequence_length=None, vocabulary_size=None):
+                       sequence_length=None, vocabulary_size=None, checkpoint=None):
         """(`models.BuiltModel`, input shape, classes) on token ids.
 
         The tokenizer's defaults where not given: the check needs shapes, not a vocabulary.
+        `checkpoint`: a pretrained checkpoint `model` names, read already.
         """
         from ampflow.modeling.models import make_text_model
         from ampflow.modeling.tokenizer import TokenizerConfig
@@ -72,7 +84,8 @@ class TextTraining:
             ("max_sequence_length", sequence_length), ("vocabulary_size", vocabulary_size))
             if v is not None})
         built = make_text_model(model, tokens.max_sequence_length, tokens.vocabulary_size,
-                                int(info["num_classes"]), model_path=model_path)
+                                int(info["num_classes"]), model_path=model_path,
+                                checkpoint=checkpoint)
         return built, (int(tokens.max_sequence_length),), int(info["num_classes"])
 
 

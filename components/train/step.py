@@ -74,7 +74,7 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
     check_options_fit_data(config, info)
     if config.workers > 1:  # the launcher: no TF here (its start-up delayed the workers' ~5 s)
         return _run_local_workers(config)
-    refuse_before_tensorflow(config)
+    checkpoint = refuse_before_tensorflow(config)  # a pretrained one is read here, once
     searched = None
     if config.autotune:  # in a child process, before this one touches TF (autotune.py says why)
         from ampflow.components.train.precision.autotune import search
@@ -106,7 +106,7 @@ def run_train(config: TrainConfig, hardware: HardwareInfo | None = None) -> Trai
                                         modality=info.get("modality"))
         from ampflow.components.train.run.build import preprocessor_of
 
-        tokenizer = preprocessor_of(config, info)  # text: the training split's vocabulary
+        tokenizer = preprocessor_of(config, info, checkpoint)  # text: its vocabulary
         model_block, amp_report, checked = preflight_model(config, info, tokenizer,
                                                            runtime)  # before epochs
         extra: dict = {}
@@ -202,7 +202,8 @@ def preflight_model(config: TrainConfig, info: dict, tokenizer=None,
     from ampflow.components.train.preflight.rules import check_built, model_to_check
 
     shapes = {} if tokenizer is None else {"sequence_length": tokenizer.sequence_length,
-                                           "vocabulary_size": tokenizer.vocabulary_size}
+                                           "vocabulary_size": tokenizer.vocabulary_size,
+                                           "checkpoint": getattr(tokenizer, "checkpoint", None)}
     reused = runtime is not None and runtime.name == "default"
     if reused:
         import keras
@@ -287,14 +288,15 @@ def _is_peer_loss(error: BaseException) -> bool:
     return isinstance(error, peer_errors) or "Collective ops is aborted" in str(error)
 
 
-def refuse_before_tensorflow(config: TrainConfig) -> None:
+def refuse_before_tensorflow(config: TrainConfig):
     """What can be refused without TensorFlow is refused before it starts.
 
     A malformed TF_CONFIG, this worker's port already taken, a `--model` that names nothing, a
     builder module that does not import or lacks its function, a bad pretrained checkpoint:
     each is one ConfigError line at once, not after the ~3-4 CPU-seconds of TensorFlow's
     start-up (on a cluster, every restart of a bad worker paid it). The same checks run again
-    where they are used.
+    where they are used, except the checkpoint's: returned, it is the one the run trains from
+    (the tokenizer keeps it for the model: read once per run). None for other models.
     """
     from ampflow.components.train.clusters.tf_config import check_own_port_free, read_tf_config
     from ampflow.modeling.user_model import import_builder
@@ -309,7 +311,8 @@ def refuse_before_tensorflow(config: TrainConfig) -> None:
     if spec.kind == "checkpoint":  # a bad checkpoint is one line before anything is written
         from ampflow.modeling.pretrained_text import read_checkpoint_for
 
-        read_checkpoint_for(spec.text, config.max_sequence_length)
+        return read_checkpoint_for(spec.text, config.max_sequence_length)
+    return None
 
 
 def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, output_dir: Path,

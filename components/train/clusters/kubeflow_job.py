@@ -170,6 +170,9 @@ def run_training_job(config, settings: TFJobSettings, run_key: str, api_client=N
     if str(config.model).endswith(".keras"):  # a fine-tune: the workers read it from the claim
         shared = dataclasses.replace(shared, model=str(_stage_file(Path(config.model),
                                                                    root / "base_model.keras")))
+    elif config.model_spec.kind == "checkpoint":  # a pretrained checkpoint dir: the same
+        shared = dataclasses.replace(shared, model=str(_stage_dir(Path(config.model),
+                                                                  root / "base_model")))
     api_client = api_client or _in_cluster_client()
     namespace = namespace or _own_namespace()
     job = build_tfjob(name, settings, config_to_argv(shared))
@@ -265,12 +268,18 @@ class _delete_on_sigterm:  # noqa: N801 - used as a context manager
 
 def _stage_data(source: Path, target: Path) -> None:
     """Copy the prepared dataset onto the claim once (a retried task reuses it)."""
-    if (target / "dataset_info.json").is_file():
-        return
-    staging = target.with_name(target.name + ".staging")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source, staging)
-    os.replace(staging, target)
+    if not (target / "dataset_info.json").is_file():
+        _stage_dir(source, target)
+
+
+def _stage_dir(source: Path, target: Path) -> Path:
+    """Copy a directory onto the claim once, through a temp name (a retry reuses it whole)."""
+    if not target.is_dir():
+        staging = target.with_name(target.name + ".staging")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(source, staging)
+        os.replace(staging, target)
+    return target
 
 
 def _stage_file(source: Path, target: Path) -> Path:

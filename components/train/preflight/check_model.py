@@ -37,6 +37,7 @@ class CheckModelConfig:
     precision: str = _as_train("precision")
     jit_compile: bool | None = _as_train("jit_compile")  # --xla: reported as train decides it
     image_size: int | None = _as_train("image_size")
+    max_sequence_length: int = _as_train("max_sequence_length")  # TokenizerConfig's default
     output_dir: Path | None = field(default=None, metadata={
         "help": "Write amp_report.json here (default: print only)."})
 
@@ -55,6 +56,27 @@ class CheckModelConfig:
             raise ConfigError(invalid_choice("precision", self.precision, POLICIES))
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
+        from ampflow.modeling.tokenizer import TokenizerConfig
+
+        TokenizerConfig(max_sequence_length=self.max_sequence_length)  # its rule: one line
+
+    def text_settings_given(self) -> dict[str, int]:
+        """The text options set away from their defaults (what train's check refuses on images)."""
+        default = CheckModelConfig.__dataclass_fields__["max_sequence_length"].default
+        given = self.max_sequence_length
+        return {"max_sequence_length": given} if given != default else {}
+
+    def read_checkpoint(self):
+        """A pretrained checkpoint `model` names, read once and bounded as train bounds it.
+
+        Past its `max_position_embeddings`, --max-sequence-length is one line naming its
+        config.json. None for any other model.
+        """
+        if self.model_spec.kind != "checkpoint":
+            return None
+        from ampflow.modeling.pretrained_text import read_checkpoint_for
+
+        return read_checkpoint_for(self.model_spec.text, self.max_sequence_length)
 
 
 def run_check_model(config: CheckModelConfig, hardware=None):
@@ -68,18 +90,22 @@ def run_check_model(config: CheckModelConfig, hardware=None):
 
     import keras
 
+    from ampflow.components.train.modalities import training_of
     from ampflow.components.train.precision.policy import configure_precision, native_format_notes
     from ampflow.components.train.preflight.report import write_amp_report
     from ampflow.components.train.preflight.rules import amp_check_of
     from ampflow.data import load_dataset_info
 
     info = load_dataset_info(config.data_dir)
+    training_of(info).check_model_options(config, info)  # an option the data cannot use
+    checkpoint = config.read_checkpoint()  # before TensorFlow starts: a bad one is one line
     previous = keras.mixed_precision.global_policy().name
     try:
         setup = configure_precision(config.precision, config.jit_compile,  # logs XLA as train
                                     hardware, modality=info.get("modality"))
         report = amp_check_of(config.model_spec, info, model_path=config.model_path,
-                              image_size=config.image_size)
+                              image_size=config.image_size,
+                              sequence_length=config.max_sequence_length, checkpoint=checkpoint)
     finally:
         keras.mixed_precision.set_global_policy(previous)
     report = dataclasses.replace(report, notes=report.notes + native_format_notes(
@@ -97,3 +123,4 @@ def run_check_model(config: CheckModelConfig, hardware=None):
         raise ConfigError(f"model {config.model!r} cannot train under {report.policy}: "
                           + "; ".join(report.errors))
     return report
+

@@ -41,12 +41,13 @@ def _image_data(config, global_batch: int, _preprocessor=None):
     return train_ds, test_ds
 
 
-def preprocessor_of(config, info: dict):
+def preprocessor_of(config, info: dict, checkpoint=None):
     """What turns the data into the model's input, fitted once per run (PREPROCESSORS).
 
-    A text run's tokenizer (`text_tokenizer`); None for images.
+    A text run's tokenizer (`text_tokenizer`; of `checkpoint`, a pretrained checkpoint the
+    run has read already); None for images.
     """
-    return PREPROCESSORS[modality_of(info).name](config, info)
+    return PREPROCESSORS[modality_of(info).name](config, info, checkpoint)
 
 
 def _steps_per_epoch(config, info: dict, global_batch: int) -> int:
@@ -130,7 +131,7 @@ def _keras_file_takes_any_length(path) -> bool:
     return len(shapes) == 1 and list(shapes[0] or []) == [None, None]
 
 
-def text_tokenizer(config, info: dict):
+def text_tokenizer(config, info: dict, checkpoint=None):
     """The tokenizer a text run trains with (image data has none: `PREPROCESSORS`).
 
     Fitted on the TRAINING split only (nothing of the test split in the vocabulary), with the
@@ -142,7 +143,7 @@ def text_tokenizer(config, info: dict):
     if saved is not None:
         return _reused_tokenizer(config, saved)
     if config.model_spec.kind == "checkpoint":
-        return _checkpoint_tokenizer(config)
+        return _checkpoint_tokenizer(config, checkpoint)
     import time
 
     from ampflow.data import load_text_split
@@ -158,12 +159,17 @@ def text_tokenizer(config, info: dict):
     return tokenizer
 
 
-def _checkpoint_tokenizer(config):
-    """A pretrained checkpoint's own WordPiece: its ids are the embedding table's rows."""
+def _checkpoint_tokenizer(config, checkpoint=None):
+    """A pretrained checkpoint's own WordPiece: its ids are the embedding table's rows.
+
+    `checkpoint`: the one the run read already (read here otherwise); the tokenizer keeps it
+    for the model's encoder (`_text_model`).
+    """
     from ampflow.modeling.pretrained_text import read_checkpoint_for
     from ampflow.modeling.tokenizer import checkpoint_text_tokenizer
 
-    checkpoint = read_checkpoint_for(config.model_spec.text, config.max_sequence_length)
+    if checkpoint is None:
+        checkpoint = read_checkpoint_for(config.model_spec.text, config.max_sequence_length)
     tokenizer = checkpoint_text_tokenizer(checkpoint, config.max_sequence_length)
     ignored = "vocabulary_size" in config.tokenizer_settings_given()
     log.log(logging.WARNING if ignored else logging.INFO,
@@ -228,7 +234,8 @@ def _text_model(config, info: dict, tokenizer):
 
     return make_text_model(config.model_spec, tokenizer.sequence_length,
                            tokenizer.vocabulary_size, info["num_classes"],
-                           model_path=config.model_path).model
+                           model_path=config.model_path,
+                           checkpoint=getattr(tokenizer, "checkpoint", None)).model
 
 
 def build_compiled_model(config, info: dict, setup: PrecisionSetup, runtime,
@@ -289,7 +296,7 @@ def learning_schedule(config, learning_rate: float, total_steps: int | None):
         warmup_target=learning_rate if warmup else None, warmup_steps=warmup)
 
 
-def _no_preprocessor(config, info: dict):
+def _no_preprocessor(config, info: dict, _checkpoint=None):
     return None  # images are the model's input
 
 

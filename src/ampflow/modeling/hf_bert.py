@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -153,7 +154,7 @@ def read_hf_bert(directory: str | os.PathLike) -> HfBertCheckpoint:
 
 
 def _read_config(path: Path) -> BertConfig:
-    raw = _read_json(path)
+    raw = read_json_object(path, _missing)
     if raw.get("model_type") != MODEL_TYPE:
         raise ModelConfigError(
             f"{path}: expected model_type 'bert'. Received: model_type="
@@ -172,11 +173,15 @@ def _read_config(path: Path) -> BertConfig:
         raise ModelConfigError(f"{path}: {e}") from e
 
 
-def _read_json(path: Path) -> dict:
+def read_json_object(path: Path, missing: Callable[[Path], ModelConfigError]) -> dict:
+    """A checkpoint's JSON file as a dict; `missing(path)` says how to get an absent one.
+
+    Both layouts' readers take their JSON files here (keras_hub_bert.py with its own hint).
+    """
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
-        raise _missing(path) from e
+        raise missing(path) from e
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelConfigError(f"{path}: expected a JSON object. Received: unparsable JSON "
                                f"({e})") from e
@@ -205,7 +210,7 @@ def read_vocabulary(path: Path) -> tuple[str, ...]:
 def _read_casing(path: Path) -> tuple[bool, str]:
     if not path.exists():
         return True, f"default: no {TOKENIZER_CONFIG_FILE} (Hugging Face's BertTokenizer's)"
-    raw = _read_json(path)
+    raw = read_json_object(path, _missing)
     if "do_lower_case" not in raw:
         return True, f"default: {TOKENIZER_CONFIG_FILE} has no do_lower_case"
     if not isinstance(raw["do_lower_case"], bool):

@@ -24,6 +24,7 @@ from ampflow.modeling.hf_bert import (
     BertConfig,
     HfBertCheckpoint,
     expected_shapes,
+    read_json_object,
     read_vocabulary,
 )
 
@@ -77,7 +78,8 @@ def read_keras_hub_bert(directory: str | os.PathLike) -> HfBertCheckpoint:
     vocabulary = _vocabulary(directory / VOCAB_FILE)
     tensors, set_aside = _read_weights(directory / WEIGHTS_FILE, config)
     if (directory / METADATA_FILE).exists():
-        _read_json(directory / METADATA_FILE)  # informational, but a broken one is a bad copy
+        # informational, but a broken one is a bad copy
+        read_json_object(directory / METADATA_FILE, _missing)
     if len(vocabulary) != config.vocab_size:
         raise ModelConfigError(
             f"{directory / VOCAB_FILE}: expected {config.vocab_size} tokens, one per row of the "
@@ -88,7 +90,7 @@ def read_keras_hub_bert(directory: str | os.PathLike) -> HfBertCheckpoint:
 
 
 def _read_config(path: Path) -> BertConfig:
-    raw = _read_json(path)
+    raw = read_json_object(path, _missing)
     if raw.get("registered_name") != BACKBONE:
         raise ModelConfigError(
             f"{path}: expected registered_name {BACKBONE!r}. Received: registered_name="
@@ -113,7 +115,7 @@ def _read_config(path: Path) -> BertConfig:
 
 def _read_tokenizer(path: Path) -> bool:
     """The casing: `lowercase`, as BERT's uncased tokenizer applies it (accents stripped too)."""
-    raw = _read_json(path)
+    raw = read_json_object(path, _missing)
     if raw.get("registered_name") != TOKENIZER:
         raise ModelConfigError(f"{path}: expected registered_name {TOKENIZER!r}. Received: "
                                f"registered_name={raw.get('registered_name')!r}")
@@ -253,20 +255,6 @@ def _to_hugging_face(path: Path, dataset: str, value: np.ndarray, name: str,
     if not _is_kernel(name):
         return value.reshape(shape)  # an attention bias [heads, head] → [hidden]; others as is
     return np.ascontiguousarray(value.reshape(shape[1], shape[0]).T)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise _missing(path) from e
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelConfigError(f"{path}: expected a JSON object. Received: unparsable JSON "
-                               f"({e})") from e
-    if not isinstance(raw, dict):
-        raise ModelConfigError(f"{path}: expected a JSON object. Received: a "
-                               f"{type(raw).__name__}")
-    return raw
 
 
 def _text(value) -> str:

@@ -136,13 +136,15 @@ def make_text_model(
     *,
     policy: str | None = None,
     model_path: str | None = None,
+    checkpoint=None,
 ) -> BuiltModel:
     """`make_model` for text: a model taking int32 token ids `[batch, sequence_length]`.
 
     `name` is a built-in text model, a user's builder (called as `build(sequence_length,
     vocabulary_size, num_classes)`), a `.keras` text model to fine-tune (rebuilt under the
     policy, weights copied; it must be tokenized with the vocabulary it was trained with) or a
-    pretrained BERT checkpoint's directory (its encoder, every tensor loaded, and a new head).
+    pretrained BERT checkpoint's directory (its encoder, every tensor loaded, and a new head):
+    `checkpoint`, when the caller has read it already (train reads it once), else read here.
     """
     from ampflow.modeling import user_model
 
@@ -157,7 +159,8 @@ def make_text_model(
             from ampflow.modeling.pretrained import read_pretrained_bert
             from ampflow.modeling.pretrained_text import checkpoint_classifier
 
-            checkpoint = read_pretrained_bert(spec.text)
+            if checkpoint is None:
+                checkpoint = read_pretrained_bert(spec.text)
             return BuiltModel(checkpoint_classifier(checkpoint, sequence_length, num_classes),
                               spec)
         if spec.kind == "builtin":

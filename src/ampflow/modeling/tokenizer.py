@@ -223,13 +223,21 @@ class CheckpointTokenizerConfig:
 
 
 class CheckpointTokenizer:
-    """The checkpoint's WordPiece behind the text tokenizer's interface (`tokenize`, `save`)."""
+    """The checkpoint's WordPiece behind the text tokenizer's interface (`tokenize`, `save`).
+
+    Made from a checkpoint just read, it keeps it (`checkpoint`): the model a run builds takes
+    its encoder from that same read, so ids and embedding rows cannot come from two reads of
+    a directory that changed between them, and train reads it once. Loaded back from a model
+    dir, it has none (the model dir holds the trained weights).
+    """
 
     kind = WORDPIECE_KIND
 
-    def __init__(self, vocabulary: list[str], *, do_lower_case: bool, sequence_length: int):
+    def __init__(self, vocabulary: list[str], *, do_lower_case: bool, sequence_length: int,
+                 checkpoint=None):
         from ampflow.modeling.wordpiece import WordPieceTokenizer
 
+        self.checkpoint = checkpoint  # an HfBertCheckpoint, or None
         self._vocabulary = list(vocabulary)
         self.config = CheckpointTokenizerConfig(sequence_length, len(self._vocabulary),
                                                 bool(do_lower_case))
@@ -288,7 +296,7 @@ def checkpoint_text_tokenizer(checkpoint, sequence_length: int) -> CheckpointTok
     checkpoint_tokenizer(checkpoint, sequence_length)  # the position table's one-line refusal
     return CheckpointTokenizer(list(checkpoint.vocabulary),
                                do_lower_case=checkpoint.do_lower_case,
-                               sequence_length=sequence_length)
+                               sequence_length=sequence_length, checkpoint=checkpoint)
 
 
 def load_checkpoint_tokenizer(directory: Path, settings: dict) -> CheckpointTokenizer:

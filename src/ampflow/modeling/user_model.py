@@ -252,7 +252,12 @@ def check_io(model, input_shape: tuple[int, int, int], num_classes: int, source:
             f"{source} must take the data's images {list(want_in)} (raw pixels 0..255; prepare "
             f"the data with --image-size to change H, W). Received: a model whose input is "
             f"{list(got_in)}")
-    got_out = tuple(outputs[0].shape)
+    check_output(outputs[0], num_classes, source)
+
+
+def check_output(output, num_classes: int, source: str) -> None:
+    """The model's one output is `(None, num_classes)`, image or text model alike."""
+    got_out = tuple(output.shape)
     if len(got_out) != 2 or got_out[-1] != num_classes:
         raise ConfigError(f"{source} must return [batch, {num_classes}] (logits or softmax "
                           f"probabilities, one per class). Received: output shape "
@@ -535,8 +540,4 @@ def check_text_io(model, sequence_length: int, num_classes: int, source: str) ->
             f"{source} must take int32 token ids [None, {sequence_length}] (0 = padding: "
             f"keras.Input(shape=({sequence_length},), dtype='int32'); the sequence length is "
             f"--max-sequence-length). Received: a model whose input is {list(got_in)} {dtype}")
-    got_out = tuple(outputs[0].shape)
-    if len(got_out) != 2 or got_out[-1] != num_classes:
-        raise ConfigError(f"{source} must return [batch, {num_classes}] (logits or softmax "
-                          f"probabilities, one per class). Received: output shape "
-                          f"{list(got_out)}")
+    check_output(outputs[0], num_classes, source)

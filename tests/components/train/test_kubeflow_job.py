@@ -151,6 +151,42 @@ def test_tfjob_success_publishes_the_chiefs_model_in_the_task_output(
     assert (root / "base_model.keras").read_bytes() == (published / "model.keras").read_bytes()
 
 
+def test_tfjob_workers_read_a_pretrained_checkpoint_dir_from_the_claim(prepared_digits, tmp_path,
+                                                                       fast_poll):
+    """An imported checkpoint dir lives in the launcher pod: staged whole onto the claim."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "modeling"))
+    from hf_bert_files import write_hf_bert
+
+    checkpoint = tmp_path / "imported" / "bert"
+    write_hf_bert(checkpoint, layers=1, hidden=16, heads=2, intermediate=32)
+    seen = {}
+
+    def operator(api, job):  # the chief publishes a (stand-in) model, then done
+        args = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["args"]
+        seen["args"] = args
+        output_dir = Path(args[args.index("--output-dir") + 1])
+        output_dir.mkdir(parents=True)
+        (output_dir / "metadata.json").write_text("{}")
+        job["status"] = _status("Succeeded", "TFJobSucceeded", "all workers finished")
+
+    fake = FakeApi(on_create=operator)
+    try:
+        config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "artifact",
+                             workers=2, model=str(checkpoint))
+        kj.run_training_job(config, _settings(tmp_path), "run-3/train",
+                            api_client=fake.client(), namespace="ns")
+    finally:
+        fake.close()
+    staged = tmp_path / "claim" / "runs" / kj.job_name("run-3/train") / "base_model"
+    assert seen["args"][seen["args"].index("--model") + 1] == str(staged)
+    assert sorted(p.name for p in staged.iterdir()) == sorted(p.name for p in checkpoint.iterdir())
+    for item in checkpoint.iterdir():
+        assert (staged / item.name).read_bytes() == item.read_bytes()
+
+
 def test_tfjob_failure_names_the_pod_its_exit_code_and_error(prepared_digits, tmp_path,
                                                              fast_poll):
     name = kj.job_name("run-2/train")

@@ -165,3 +165,49 @@ def test_check_model_passes_a_checkpoint_under_both_mixed_policies(checkpoint, t
     code, out = _cli("check-model", "--data-dir", str(prepared_texts(tmp_path_factory)),
                      "--model", str(directory), "--precision", policy)
     assert code == 0, out
+
+
+def test_check_model_takes_max_sequence_length_and_the_checkpoints_bound(
+        checkpoint, tmp_path_factory, capsys):
+    """check-model's flag has train's default (TokenizerConfig's) and its bound, one line."""
+    from ampflow.cli import build_parser
+    from ampflow.modeling.tokenizer import TokenizerConfig
+
+    default = TokenizerConfig.__dataclass_fields__["max_sequence_length"].default
+    parsed = build_parser().parse_args(["check-model", "--data-dir", "d", "--model", "m"])
+    assert parsed.max_sequence_length == default
+    directory, _ = checkpoint
+    code, _ = _cli("check-model", "--data-dir", str(prepared_texts(tmp_path_factory)),
+                   "--model", str(directory), "--max-sequence-length", "200")  # 200 > 128
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "must be at most 128, the max_position_embeddings" in err and str(directory) in err
+
+
+def test_check_model_refuses_max_sequence_length_on_image_data(prepared_digits, capsys):
+    code, _ = _cli("check-model", "--data-dir", str(prepared_digits), "--model", "small_cnn",
+                   "--max-sequence-length", "64")
+    err = capsys.readouterr().err
+    assert code == 2 and "--max-sequence-length is for text data" in err, err
+
+
+@pytest.mark.slow
+def test_train_reads_the_checkpoint_once(checkpoint, tmp_path_factory, tmp_path, monkeypatch):
+    """The checks, the tokenizer and the model all take one read (issue 48: it was three)."""
+    import ampflow.modeling.pretrained as pretrained
+
+    reads = []
+    real = pretrained.read_hf_bert
+
+    def counting(directory):  # the real reader still runs
+        reads.append(directory)
+        return real(directory)
+
+    monkeypatch.setattr(pretrained, "read_hf_bert", counting)
+    directory, _ = checkpoint
+    code, out = _cli("train", "--data-dir", str(prepared_texts(tmp_path_factory)),
+                     "--output-dir", str(tmp_path / "m"), "--model", str(directory),
+                     "--precision", "float32", "--xla", "off", "--epochs", "1",
+                     "--steps-per-epoch", "1", "--max-sequence-length", str(SEQ))
+    assert code == 0, out
+    assert reads == [directory]

@@ -358,3 +358,24 @@ def test_batch_size_auto_on_a_cpu_never_exceeds_the_training_split():
     choice = auto_batch_size(lambda batch: None, limit=10, gpu=False)
     assert choice.batch_size == 10
 
+
+
+def test_image_and_text_models_are_refused_a_wrong_output_by_the_one_output_check():
+    """check_io and check_text_io share their output rule (user_model.check_output)."""
+    import keras
+
+    from ampflow.modeling.user_model import check_io, check_text_io
+
+    pixels = keras.Input((8, 8, 1))
+    image = keras.Model(pixels, keras.layers.Dense(2)(keras.layers.Flatten()(pixels)))
+    ids = keras.Input((16,), dtype="int32")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 4)(ids))
+    text = keras.Model(ids, keras.layers.Dense(2)(pooled))
+    messages = []
+    for check, model, shape in ((check_io, image, (8, 8, 1)), (check_text_io, text, 16)):
+        with pytest.raises(ConfigError) as caught:
+            check(model, shape, 3, "model 'mine'")
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1] == (
+        "model 'mine' must return [batch, 3] (logits or softmax probabilities, one per class). "
+        "Received: output shape [None, 2]")
