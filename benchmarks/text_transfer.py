@@ -10,13 +10,15 @@ On the offline movie-review snippets (`ampflow_rotten_tomatoes`), in one run:
 3. both are fine-tuned on the sentiment labels by `ampflow train --model DIR` (the same
    tokenizer, the same epochs, the same optimizer and schedule: AdamW, weight decay 0.01,
    linear warm-up over the first 10 % of the steps then cosine decay to 0; each arm at its own
-   peak learning rate, `--pretrained-lr` and `--scratch-lr`), seeds 1..N, interleaved;
+   peak learning rate, `--pretrained-lr` and `--scratch-lr`), seeds 1..N, interleaved (with
+   `--parallel`, a seed's two arms run at the same time, so they meet the same load);
 4. accuracy on the whole test split (the last epoch's validation, which `train` runs on the
    test split), mean ± a 95 % Student-t interval over the seeds, and the paired difference
    (same seed, both arms) with its t-interval.
 The host's CPU flags and load average are recorded: a shared 2-core host is slow, not wrong.
 
     python benchmarks/text_transfer.py --workdir /tmp/transfer
+    python benchmarks/text_transfer.py --workdir /tmp/t --epochs 1 --parallel  # a busy host
     python benchmarks/text_transfer.py --workdir /tmp/t --seeds 1 --epochs 1 --tag smoke
 
 Writes benchmarks/results/text_transfer[_TAG].{json,md}, after every run.
@@ -55,11 +57,16 @@ def main() -> int:
     _write(args, report)
     vocabulary = (pretrained / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
     for seed in range(1, args.seeds + 1):
-        scratch = _scratch(args, vocabulary, seed)
-        for arm, directory, rate in (("pretrained", pretrained, args.pretrained_lr),
-                                     ("scratch", scratch, args.scratch_lr)):
-            report["runs"].append(_fine_tune(args, data_dir, arm, directory, rate, seed))
-            print(f"{arm} seed {seed}: {report['runs'][-1]['test_accuracy']:.4f}", flush=True)
+        arms = (("pretrained", pretrained, args.pretrained_lr),
+                ("scratch", _scratch(args, vocabulary, seed), args.scratch_lr))
+        # --parallel: a seed's two arms at once (each its own process), so both meet one load
+        groups = [arms] if args.parallel else [arms[:1], arms[1:]]
+        for group in groups:
+            started = [_start(args, data_dir, arm, d, rate, seed) for arm, d, rate in group]
+            for run in started:
+                report["runs"].append(_collect(run))
+                print(f"{run['arm']} seed {seed}: {report['runs'][-1]['test_accuracy']:.4f}",
+                      flush=True)
             report["summary"], report["load_after"] = summary(report["runs"]), load_average()
             _write(args, report)
     print("\n".join(markdown(report)))
@@ -80,6 +87,8 @@ def _parse() -> argparse.Namespace:
                         help="peak rate fine-tuning the pretrained encoder (BERT-Tiny's grid)")
     parser.add_argument("--scratch-lr", type=float, default=1e-3,
                         help="peak rate from scratch (ampflow's measured encoder default)")
+    parser.add_argument("--parallel", action="store_true",
+                        help="run each seed's two arms at the same time")
     parser.add_argument("--tag", default="")
     return parser.parse_args()
 
@@ -144,9 +153,8 @@ def _scratch(args, vocabulary: list[str], seed: int) -> Path:
     return directory
 
 
-def _fine_tune(args, data_dir: Path, arm: str, checkpoint: Path, rate: float,
-               seed: int) -> dict:
-    """One `ampflow train --model DIR` in its own process; its metadata's numbers."""
+def _start(args, data_dir: Path, arm: str, checkpoint: Path, rate: float, seed: int) -> dict:
+    """Start one `ampflow train --model DIR` in its own process."""
     out = args.workdir / f"run_{arm}_{seed}"
     command = [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(data_dir),
                "--output-dir", str(out), "--model", str(checkpoint), "--precision", "float32",
@@ -155,17 +163,23 @@ def _fine_tune(args, data_dir: Path, arm: str, checkpoint: Path, rate: float,
                "--max-sequence-length", str(args.max_sequence_length),
                "--learning-rate", str(rate), "--optimizer", "adamw", "--weight-decay", "0.01",
                "--lr-schedule", "cosine", "--warmup-epochs", str(0.1 * args.epochs)]
-    load = load_average()
-    began = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    meta = json.loads((out / "metadata.json").read_text())
-    return {"arm": arm, "seed": seed, "learning_rate": rate, "epochs": args.epochs,
-            "test_accuracy": meta["epochs"][-1]["val_accuracy"],
+    return {"arm": arm, "seed": seed, "rate": rate, "out": out, "command": command,
+            "load": load_average(), "began": time.perf_counter(), "epochs": args.epochs,
+            "process": subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True)}
+
+
+def _collect(run: dict) -> dict:
+    """Wait for a started run; its metadata's numbers."""
+    _, stderr = run["process"].communicate()
+    if run["process"].returncode:
+        raise SystemExit(f"{' '.join(run['command'])} failed:\n{stderr[-3000:]}")
+    meta = json.loads((run["out"] / "metadata.json").read_text())
+    return {"arm": run["arm"], "seed": run["seed"], "learning_rate": run["rate"],
+            "epochs": run["epochs"], "test_accuracy": meta["epochs"][-1]["val_accuracy"],
             "test_accuracy_per_epoch": [e["val_accuracy"] for e in meta["epochs"]],
-            "train_seconds": meta["train_seconds"], "wall_s": round(time.perf_counter() - began, 1),
-            "load_before": load}
+            "train_seconds": meta["train_seconds"],
+            "wall_s": round(time.perf_counter() - run["began"], 1), "load_before": run["load"]}
 
 
 def interval(values: list[float]) -> dict:
