@@ -37,6 +37,7 @@ class CheckModelConfig:
     precision: str = _as_train("precision")
     jit_compile: bool | None = _as_train("jit_compile")  # --xla: reported as train decides it
     image_size: int | None = _as_train("image_size")
+    weights: str | None = _as_train("weights")
     output_dir: Path | None = field(default=None, metadata={
         "help": "Write amp_report.json here (default: print only)."})
 
@@ -53,6 +54,15 @@ class CheckModelConfig:
             from ampflow.cliutil import invalid_choice
 
             raise ConfigError(invalid_choice("precision", self.precision, POLICIES))
+        if self.weights:  # train's rule: a built-in ImageNet backbone only
+            from ampflow.modeling.imagenet_weights import WEIGHTS_MODELS
+
+            spec = self.model_spec
+            if spec.kind != "builtin" or spec.text not in WEIGHTS_MODELS:
+                raise ConfigError(
+                    "weights loads Keras applications' ImageNet weights into a built-in "
+                    f"backbone: model must be {' or '.join(WEIGHTS_MODELS)}. Received: "
+                    f"model={self.model!r} with weights={self.weights!r}")
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
 
@@ -74,12 +84,16 @@ def run_check_model(config: CheckModelConfig, hardware=None):
     from ampflow.data import load_dataset_info
 
     info = load_dataset_info(config.data_dir)
+    if config.weights:  # another architecture's file: one line before TensorFlow starts
+        from ampflow.modeling.imagenet_weights import check_weights_file
+
+        check_weights_file(config.weights, config.model_spec.text)
     previous = keras.mixed_precision.global_policy().name
     try:
         setup = configure_precision(config.precision, config.jit_compile,  # logs XLA as train
                                     hardware, modality=info.get("modality"))
         report = amp_check_of(config.model_spec, info, model_path=config.model_path,
-                              image_size=config.image_size)
+                              image_size=config.image_size, weights=config.weights)
     finally:
         keras.mixed_precision.set_global_policy(previous)
     report = dataclasses.replace(report, notes=report.notes + native_format_notes(
