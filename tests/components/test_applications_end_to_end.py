@@ -1,9 +1,7 @@
 """ResNet-50 and MobileNetV2 (fused BatchNormalization) through every step after training.
 
 Each model is trained once per session under mixed_bfloat16 on the offline MNIST for a few
-steps (real architectures at keras.applications' minimum 32×32) from an ImageNet notop weights
-file the tests write (`train --weights`: a step on the frozen backbone, which must hold the
-file's tensors, then a step of every layer, which must move them), then evaluated, exported,
+steps (real architectures at keras.applications' minimum 32×32), then evaluated, exported,
 converted to all four TFLite variants and served over gRPC; the tests check what the fused BN
 layer must survive: an export without training-mode BN ops, BN folded into the convolutions by
 the TFLite converter, LiteRT agreeing with tf.lite, and the served answers matching the
@@ -21,14 +19,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "modeling"))
-from applications_files import check_phases, observed_phases, write_notop_file  # noqa: E402
 
 # The first test of each model pays for its whole pipeline run (ResNet-50's four TFLite
 # conversions dominate: about a minute each on 2 busy cores).
@@ -57,8 +51,6 @@ class PipelineRun:
     evaluation: object
     export: object
     conversion: object
-    weights: Path  # the ImageNet notop file the run started from
-    phases: tuple  # the backbone as each phase ended (applications_files.observed_phases)
 
 
 def _batch_norm_layers(model):
@@ -127,13 +119,10 @@ def pipeline_run(tmp_path_factory, small_mnist):
 
     def _run(name: str) -> PipelineRun:
         root = tmp_path_factory.mktemp(name)
-        weights = write_notop_file(root, name)  # as users download it (train --weights)
-        with observed_phases() as phases:
-            model_dir = run_train(TrainConfig(
-                data_dir=small_mnist, output_dir=root / "model", model=name, image_size=32,
-                precision="mixed_bfloat16", epochs=2, steps_per_epoch=1, batch_size=16,
-                weights=str(weights), head_epochs=1, learning_rate=1e-3,
-            )).output_dir
+        model_dir = run_train(TrainConfig(
+            data_dir=small_mnist, output_dir=root / "model", model=name, image_size=32,
+            precision="mixed_bfloat16", epochs=1, steps_per_epoch=2, batch_size=16,
+        )).output_dir
         _set_batch_norm_statistics_from_data(model_dir, small_mnist)
         evaluation = run_evaluate(EvaluateConfig(
             model_dir=model_dir, data_dir=small_mnist, output_dir=root / "eval",
@@ -159,8 +148,7 @@ def pipeline_run(tmp_path_factory, small_mnist):
             float16_min_agreement=0.9, dynamic_range_min_agreement=0.6,
             full_int8_min_agreement=0.4, float16_max_accuracy_drop=100.0,
             dynamic_range_max_accuracy_drop=100.0, full_int8_max_accuracy_drop=100.0))
-        return PipelineRun(name, small_mnist, model_dir, evaluation, export, conversion,
-                           weights, tuple(phases))
+        return PipelineRun(name, small_mnist, model_dir, evaluation, export, conversion)
 
     def _get(name: str) -> PipelineRun:
         if name not in runs:  # a failure is kept too: the next test must not rerun it all
@@ -173,11 +161,6 @@ def pipeline_run(tmp_path_factory, small_mnist):
         return runs[name]
 
     return _get
-
-
-def test_the_run_loaded_the_weights_file_held_it_frozen_then_fine_tuned(pipeline_run, name):
-    run = pipeline_run(name)
-    check_phases(list(run.phases), run.weights)
 
 
 def test_inference_outputs_depend_on_the_input(pipeline_run, name):
