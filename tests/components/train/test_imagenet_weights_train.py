@@ -83,7 +83,7 @@ def _check_run(model_dir: Path, weights: Path, taken: list, epochs: int = 2) -> 
     assert keras.mixed_precision.global_policy().name == "float32"
 
 
-# ~200 s at load average 13 on the shared 2-core EPYC (bfloat16 emulated there)
+# 61 s at load average 1-3 (171 s at 6-10) on the shared 2-core AVX2 EPYC, bf16 emulated
 @pytest.mark.slow
 def test_weights_load_hold_while_frozen_fine_tune_under_bfloat16_export_and_serve(
         resnet50_file, small_mnist, tmp_path):
