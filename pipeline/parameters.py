@@ -98,6 +98,13 @@ PIPELINE_PARAMETERS: dict[str, tuple[type, object, str]] = {
                                   "what ampflow serve computes in: float32, or bfloat16 after "
                                   "deploy's parity gate on the test split (a bf16 CPU)"),
     "model_path": (str, "", "directory to import a `model` builder from (in the image)"),
+    "weights": (str, TRAIN_DEFAULTS["weights"],
+                "a Keras applications ImageNet notop .h5 for resnet50/mobilenet_v2 (where the "
+                "train task runs)"),
+    "head_epochs": (int, TRAIN_DEFAULTS["head_epochs"],
+                    "with weights: the first epochs, backbone frozen"),
+    "head_learning_rate": (float, TRAIN_DEFAULTS["head_learning_rate"],
+                           "with weights: the learning rate of the head epochs"),
     "image_size": (str, "", "H W, HxW or one number: the size to train and serve at"),
     "image_folder": (str, "", "a folder of class sub-folders, read instead of `dataset`"),
     "text_folder": (str, TEXT_DEFAULTS["text_folder"],

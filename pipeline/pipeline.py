@@ -75,6 +75,8 @@ TRAIN_DEFAULTS = {
     **{name: _TRAIN_FIELDS[name].default for name in (
         "model", "epochs", "batch_size", "accumulation_steps", "precision", "seed")},
     "learning_rate": _TRAIN_FIELDS["learning_rate"].default or MODEL_LEARNING_RATE,
+    **{name: _TRAIN_FIELDS[name].default for name in ("head_epochs", "head_learning_rate")},
+    "weights": _TRAIN_FIELDS["weights"].default or "",  # None (no file) is "" here
     "xla": next(word for word, value in TRISTATE.items()
                 if value is _TRAIN_FIELDS["jit_compile"].default),
 }
@@ -147,6 +149,9 @@ def build_pipeline(options: PipelineOptions | None = None):
         tflite_variant: str = SERVING_DEFAULTS["tflite_variant"],
         serving_compute_precision: str = SERVING_DEFAULTS["compute_precision"],
         model_path: str = "",
+        weights: str = TRAIN_DEFAULTS["weights"],
+        head_epochs: int = TRAIN_DEFAULTS["head_epochs"],
+        head_learning_rate: float = TRAIN_DEFAULTS["head_learning_rate"],
         image_size: str = "",
         image_folder: str = "",
         text_folder: str = TEXT_DEFAULTS["text_folder"],
@@ -170,7 +175,8 @@ def build_pipeline(options: PipelineOptions | None = None):
         train_args = dict(data=data.outputs["data"], architecture=model, epochs=epochs,
                           batch_size=batch_size, accumulation_steps=accumulation_steps,
                           learning_rate=learning_rate,
-                          xla=xla, seed=seed, model_path=model_path,
+                          xla=xla, seed=seed, model_path=model_path, weights=weights,
+                          head_epochs=head_epochs, head_learning_rate=head_learning_rate,
                           max_sequence_length=max_sequence_length,
                           vocabulary_size=vocabulary_size)
         if options.base_model_uri:

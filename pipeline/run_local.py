@@ -70,7 +70,7 @@ _TEXT_HELP = {**{name: PrepareDataConfig.__dataclass_fields__[name].metadata
                  for name in TEXT_TRAIN_PARAMETERS}}
 # The data sources a local run reads from this machine: each must exist before anything runs.
 _LOCAL_SOURCES = {"image_folder": Path.is_dir, "text_folder": Path.is_dir,
-                  "text_file": Path.is_file}
+                  "text_file": Path.is_file, "weights": Path.is_file}
 
 
 def _gate_field(name: str):
@@ -79,6 +79,12 @@ def _gate_field(name: str):
 
     source = EvaluateConfig.__dataclass_fields__[name]
     return field(default=GATE_DEFAULTS[name], metadata=source.metadata)
+
+
+def _train_field(name: str):
+    """A train flag: the pipeline parameter's default, train's own help (TrainConfig's field)."""
+    return field(default=TRAIN_DEFAULTS[name],
+                 metadata={"help": TrainConfig.__dataclass_fields__[name].metadata["help"]})
 
 
 def _text_field(name: str):
@@ -115,6 +121,9 @@ class LocalRunConfig:
                 "cluster)."})
     model_path: str = field(default="", metadata={
         "help": "Directory to import a --model builder from (as train --model-path)."})
+    weights: str = _train_field("weights")
+    head_epochs: int = _train_field("head_epochs")
+    head_learning_rate: float = _train_field("head_learning_rate")
     epochs: int = field(default=TRAIN_DEFAULTS["epochs"], metadata={"help": "Training epochs."})
     batch_size: int = field(default=TRAIN_DEFAULTS["batch_size"], metadata={
         "help": "Training batch size per replica."})

@@ -31,6 +31,9 @@ def train(
     allreduce_dtype: str = "float32",
     max_sequence_length: int = 128,
     vocabulary_size: int = 20000,
+    weights: str = "",
+    head_epochs: int = 5,
+    head_learning_rate: float = 0.001,
     base_model: Input[Model] = None,
 ):
     """Train with mixed precision; publish the model and its training metrics.
@@ -68,7 +71,9 @@ def train(
         seed=seed, checkpoint_dir=checkpoint_dir or None, autotune=autotune, workers=workers,
         scale_learning_rate=scale_learning_rate, packed_allreduce=packed_allreduce,
         allreduce_bytes_per_pack=allreduce_bytes_per_pack, allreduce_dtype=allreduce_dtype,
-        max_sequence_length=max_sequence_length, vocabulary_size=vocabulary_size)
+        max_sequence_length=max_sequence_length, vocabulary_size=vocabulary_size,
+        weights=weights or None, head_epochs=head_epochs,
+        head_learning_rate=head_learning_rate)
     if workers > 1 and tfjob_settings and os.environ.get("KUBERNETES_SERVICE_HOST"):
         from ampflow.components.train.clusters.kubeflow_job import TFJobSettings, run_training_job
 
@@ -102,6 +107,9 @@ document_args(train, TrainConfig, renamed={"architecture": "model", "xla": "jit_
                           "effective batch",
     "learning_rate": "0: the model's own (KFP has no optional floats)",
     "checkpoint_dir": "Empty: inside the output artifact, which a retried pod does not get back",
+    "weights": "Empty: none (the model's random initialization). A path where the train task "
+               "runs (in the image, or on a volume mounted there); the float32 baseline takes "
+               "the same file",
     "packed_allreduce": _SET_AT_COMPILE_TIME,
     "allreduce_bytes_per_pack": _SET_AT_COMPILE_TIME,
     "allreduce_dtype": _SET_AT_COMPILE_TIME,

@@ -17,12 +17,14 @@ from ampflow.components.train.precision.policy import POLICIES
 from ampflow.components.train.run.allreduce import ALLREDUCE_DTYPES
 from ampflow.components.train.run.guard import GuardLimits
 from ampflow.errors import ConfigError
+from ampflow.modeling.imagenet_weights import WEIGHTS_MODELS
 from ampflow.modeling.text_models import (
     BERT_SHAPES,
     CHECKPOINT_LEARNING_RATE,
     ENCODER_LEARNING_RATE,
 )
 from ampflow.modeling.tokenizer import TokenizerConfig
+from ampflow.modeling.transfer import TransferRecipe
 from ampflow.modeling.user_model import ModelSpec, parse_model_spec
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -36,6 +38,7 @@ TEXT_PADDINGS = ("buckets", "max_length")
 DEFAULT_LEARNING_RATE = 3e-3
 _GUARD = GuardLimits()  # the loss-scale guard's defaults, declared once (guard.py)
 _TOKENIZER = TokenizerConfig.__dataclass_fields__  # the text settings, declared once there
+_RECIPE = TransferRecipe()  # the transfer recipe's defaults, declared once (transfer.py)
 # Architectures made for natural photos, where random crops and flips are the usual training.
 AUGMENTED_BY_DEFAULT = ("resnet50", "mobilenet_v2")
 
@@ -59,8 +62,13 @@ def _model_choices() -> tuple[str, ...]:
     return model_names()
 
 
-def default_learning_rate(spec: ModelSpec) -> float:
-    """The learning rate a run of `spec` gets without --learning-rate: the model kind's own."""
+def default_learning_rate(spec: ModelSpec, weights: str | None = None) -> float:
+    """The learning rate a run of `spec` gets without --learning-rate: the model kind's own.
+
+    With pretrained `weights` it is the transfer recipe's low fine-tuning rate (phase 2).
+    """
+    if weights:
+        return _RECIPE.fine_tune_learning_rate
     if spec.kind == "builtin" and spec.text in BERT_SHAPES:
         return ENCODER_LEARNING_RATE
     if spec.kind == "checkpoint":  # fine-tuning a pretrained encoder: BERT's own range
@@ -92,12 +100,26 @@ class TrainConfig:
     output_dir: Path = field(metadata={"help": "Directory that receives the model artifact."})
     model: str = field(default="small_cnn", metadata={
         "help": "A built-in (small_cnn: fast on a CPU; resnet50, mobilenet_v2: keras.applications, "
-                "weights=None), your builder 'package.module:function' called as "
-                "function(input_shape, num_classes), or a .keras file to fine-tune "
+                "random weights unless --weights), your builder 'package.module:function' "
+                "called as function(input_shape, num_classes), or a .keras file to fine-tune "
                 "(docs/how-to/own-model.md)."})
     model_path: str | None = field(default=None, metadata={
         "help": "Directory put first on sys.path to import the --model builder (and the custom "
                 "layers of a model) from, here and in every later step that loads the model."})
+    weights: str | None = field(default=None, metadata={
+        "help": "A Keras applications ImageNet weights file (the ..._notop.h5 that "
+                "keras.applications' weights='imagenet' downloads) loaded tensor for tensor into "
+                f"the backbone of --model {' or '.join(WEIGHTS_MODELS)} before training, which "
+                "then follows the transfer recipe: --head-epochs of --epochs train the new head "
+                "on the frozen backbone at --head-learning-rate, the rest fine-tune every layer "
+                "at --learning-rate (docs/how-to/fine-tune-pretrained.md)."})
+    head_epochs: int = field(default=_RECIPE.head_epochs, metadata={
+        "help": "With --weights: the first epochs of --epochs, in which only the new head "
+                "trains and the backbone is frozen (its BatchNormalization in inference mode); "
+                "0 = fine-tune every layer from the start."})
+    head_learning_rate: float = field(default=_RECIPE.head_learning_rate, metadata={
+        "help": "With --weights: the learning rate of the --head-epochs (the other epochs "
+                "fine-tune at --learning-rate)."})
     image_size: int | None = field(default=None, metadata={
         "help": "Resize inside the model to this square size (default: the model's own; "
                 "32 for resnet50/mobilenet_v2)."})
@@ -144,6 +166,7 @@ class TrainConfig:
         "help": "Optimizer learning rate (default: the model's own, recorded in metadata.json: "
                 f"{ENCODER_LEARNING_RATE:g} for the bert_* encoders, "
                 f"{CHECKPOINT_LEARNING_RATE:g} for a pretrained checkpoint, "
+                f"{_RECIPE.fine_tune_learning_rate:g} with --weights (the fine-tuning epochs), "
                 f"{DEFAULT_LEARNING_RATE:g} for the CNNs and your own builder or .keras file)."})
     optimizer: str = field(default="adam", metadata={
         "choices": OPTIMIZERS, "help": "Optimizer: adam, adamw (decoupled weight decay) or sgd "
@@ -262,7 +285,8 @@ class TrainConfig:
                 f"steps_per_epoch must be > 0. Received: steps_per_epoch={self.steps_per_epoch}"
             )
         if self.learning_rate is None:  # the model's own, resolved once: what runs is recorded
-            object.__setattr__(self, "learning_rate", default_learning_rate(self.model_spec))
+            object.__setattr__(self, "learning_rate",
+                               default_learning_rate(self.model_spec, self.weights))
         if not self.learning_rate > 0:
             raise ConfigError(
                 f"learning_rate must be > 0. Received: learning_rate={self.learning_rate}"
@@ -317,6 +341,36 @@ class TrainConfig:
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
         self.tokenizer_config()  # a sequence length of 0, a vocabulary of 2: one line now
+        self._check_weights()
+
+    def _check_weights(self) -> None:
+        """--weights fits a built-in ImageNet backbone only; the head settings need it."""
+        if not self.weights:
+            changed = {name: getattr(self, name) for name in ("head_epochs", "head_learning_rate")
+                       if getattr(self, name) != getattr(_RECIPE, name)}
+            if changed:
+                name, value = next(iter(changed.items()))
+                raise ConfigError(f"{name} sets the transfer recipe of a --weights run: pass "
+                                  f"--weights or leave it out. Received: {name}={value}")
+            return
+        spec = self.model_spec
+        if spec.kind != "builtin" or spec.text not in WEIGHTS_MODELS:
+            raise ConfigError(
+                f"weights loads Keras applications' ImageNet weights into a built-in backbone: "
+                f"model must be {' or '.join(WEIGHTS_MODELS)}. Received: model={self.model!r} "
+                f"with weights={self.weights!r}")
+        if self.head_epochs > self.epochs:
+            raise ConfigError(f"head_epochs must be <= epochs ({self.epochs}): the head epochs "
+                              f"are the first of --epochs. Received: head_epochs="
+                              f"{self.head_epochs}")
+        self.transfer_recipe()  # the recipe's own checks: one line each
+
+    def transfer_recipe(self) -> TransferRecipe:
+        """The two phases of a --weights run: --head-epochs, then the rest of --epochs."""
+        return TransferRecipe(head_epochs=self.head_epochs,
+                              head_learning_rate=self.head_learning_rate,
+                              fine_tune_epochs=self.epochs - self.head_epochs,
+                              fine_tune_learning_rate=self.learning_rate)
 
     def _check_effective_batch(self) -> None:
         """--effective-batch-size is what --batch-size auto aims at; it then picks K itself."""

@@ -33,12 +33,19 @@ class ImageTraining:
         self.check_options(config, info)
 
     def model_to_check(self, model, info: dict, *, model_path=None, image_size=None,
-                       sequence_length=None, vocabulary_size=None, checkpoint=None):
-        """(`models.BuiltModel`, input shape, classes) on the data's image shape."""
+                       sequence_length=None, vocabulary_size=None, checkpoint=None,
+                       weights=None):
+        """(`models.BuiltModel`, input shape, classes) on the data's image shape.
+
+        With `weights` (train --weights) the backbone holds the file's tensors: a file of
+        another architecture or layout is refused here, before any training.
+        """
         from ampflow.modeling.models import make_model
 
         built = make_model(model, tuple(info["image_shape"]), info["num_classes"],
                            image_size=image_size, model_path=model_path)
+        if weights:
+            load_weights(built.model, weights)
         return built, tuple(info["image_shape"]), int(info["num_classes"])
 
 
@@ -71,8 +78,9 @@ class TextTraining:
                               f"Received: image_size={config.image_size!r}")
 
     def model_to_check(self, model, info: dict, *, model_path=None, image_size=None,
-                       sequence_length=None, vocabulary_size=None, checkpoint=None):
-        """(`models.BuiltModel`, input shape, classes) on token ids.
+                       sequence_length=None, vocabulary_size=None, checkpoint=None,
+                       weights=None):
+        """(`models.BuiltModel`, input shape, classes) on token ids (--weights is images').
 
         The tokenizer's defaults where not given: the check needs shapes, not a vocabulary.
         `checkpoint`: a pretrained checkpoint `model` names, read already.
@@ -87,6 +95,18 @@ class TextTraining:
                                 int(info["num_classes"]), model_path=model_path,
                                 checkpoint=checkpoint)
         return built, (int(tokens.max_sequence_length),), int(info["num_classes"])
+
+
+def load_weights(model, path) -> int:
+    """Put an ImageNet weights file into `model`'s backbone, saying so; the tensors loaded."""
+    import logging
+
+    from ampflow.modeling.imagenet_weights import load_applications_weights
+
+    count = load_applications_weights(model, path)
+    logging.getLogger(__name__).info("loaded %d tensors of %s into %s's backbone", count, path,
+                                     model.name)
+    return count
 
 
 TRAINING = {m.name: m for m in (ImageTraining(), TextTraining())}

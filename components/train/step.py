@@ -211,7 +211,7 @@ def preflight_model(config: TrainConfig, info: dict, tokenizer=None,
         keras.utils.set_random_seed(config.seed)  # as `_train` seeds before its build
     built, input_shape, num_classes = model_to_check(
         config.model_spec, info, model_path=config.model_path, image_size=config.image_size,
-        **shapes)
+        weights=config.weights, **shapes)
     seeded = SeededModel(built.model, _host_random_state()) if reused else None
     report = check_built(built, input_shape, num_classes)
     for line in report.table().splitlines():
@@ -228,7 +228,7 @@ def preflight_model(config: TrainConfig, info: dict, tokenizer=None,
     block = {"spec": config.model, "kind": spec.kind,
              "model_path": config.model_path, "policy": report.policy,
              "fixes": list(report.fixes), "amp_check": report.summary(),
-             "layer_dtypes": layer_dtypes(report.model)}
+             "layer_dtypes": layer_dtypes(report.model), "weights": config.weights}
     return block, report.to_json(), seeded
 
 
@@ -312,6 +312,10 @@ def refuse_before_tensorflow(config: TrainConfig):
         from ampflow.modeling.pretrained_text import read_checkpoint_for
 
         return read_checkpoint_for(spec.text, config.max_sequence_length)
+    if config.weights:  # another architecture's file: one line before anything is written
+        from ampflow.modeling.imagenet_weights import check_weights_file
+
+        check_weights_file(config.weights, spec.text)
     return None
 
 
@@ -321,9 +325,14 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     import keras
     import tensorflow as tf
 
-    from ampflow.components.train.run.build import build_compiled_model, training_data
-    from ampflow.components.train.run.loop import LoopConfig, TrainLoop, backup_dir
+    from ampflow.components.train.run.build import (
+        build_compiled_model,
+        compile_phase,
+        training_data,
+    )
+    from ampflow.components.train.run.loop import LoopConfig, backup_dir
     from ampflow.components.train.run.memory import PeakMemory
+    from ampflow.components.train.run.phases import plan_phases, resumable, run_phases
     from ampflow.components.train.run.telemetry import EpochLog, LossScaleTelemetry, read_epoch_log
 
     keras.utils.set_random_seed(config.seed)  # the same on every worker
@@ -349,8 +358,9 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     chief = runtime.is_chief
     if chief:
         _makedirs(state_dir)
-    resumed = tf.train.latest_checkpoint(backup_dir(state_dir)) is not None
-    loop = TrainLoop(runtime, model, LoopConfig(
+    phases = plan_phases(config, learning_rate)
+    resumed = resumable(state_dir, phases)
+    loop_config = LoopConfig(
         epochs=config.epochs, steps_per_epoch=steps, global_batch_size=global_batch,
         label_smoothing=config.label_smoothing,
         jit_compile=setup.jit_compile, loss_scaling=setup.loss_scaling, state_dir=state_dir,
@@ -358,7 +368,7 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
         packed_allreduce=config.packed_allreduce,
         allreduce_bytes_per_pack=config.allreduce_bytes_per_pack,
         allreduce_dtype=config.allreduce_dtype, item=throughput_unit(info.get("modality")).item,
-        accumulation_steps=config.accumulation_steps))
+        accumulation_steps=config.accumulation_steps)
     limits = config.guard_limits()
     # Every worker runs the guard on the same agreed numbers, so all stop at the same step;
     # only the chief writes telemetry, the epoch log and TensorBoard.
@@ -377,7 +387,9 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     train_dist, test_dist = _distribute(runtime, train_ds, test_ds)
     try:
         with PeakMemory() as peak:  # AMP's second promise: half-precision activations
-            result = loop.fit(train_dist, test_dist, callbacks)
+            loop, result = run_phases(model, phases, loop_config, runtime, lambda phase: (
+                compile_phase(model, config, setup, runtime, phase, steps)),
+                (train_dist, test_dist), callbacks)
     except TrainingDivergedError:
         if chief:
             telemetry.save(output_dir / HISTORY_FILE)
@@ -407,7 +419,8 @@ def _train(config: TrainConfig, info: dict, setup: PrecisionSetup, runtime, outp
     metadata["model"] = model_report[0]
     metadata["memory"] = peak.result.to_json()
     metadata.update(extra)
-    metadata["recipe"] = _recipe(config, learning_rate, steps)
+    metadata["recipe"] = {**_recipe(config, learning_rate, steps),
+                          "phases": [phase.to_json() for phase in phases]}
     if autotune_report is not None:
         metadata["autotune"] = autotune_report
     if chief:

@@ -10,6 +10,7 @@ tests also read these files with Keras's own loader, the one `weights=` uses.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import h5py
@@ -40,3 +41,93 @@ def write_applications_weights(path: Path, model, *, channels_first: bool = Fals
                     value = value.transpose(3, 2, 0, 1)  # Theano's [out, in, rows, cols]
                 group.create_dataset(name, data=value)
     return path
+
+
+def pretrained_like(model, seed: int) -> None:
+    """Values a trained net could hold, none equal to a fresh build's.
+
+    Kernels ~ 1/sqrt(fan in), BatchNormalization's scale and statistics near 1 and 0: the
+    forward pass of a deep net stays finite (under float16 too), and a tensor loaded into the
+    wrong variable shows. `randomize`'s unit-variance kernels overflow a ResNet-50.
+    """
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        shape, leaf = tuple(variable.shape), variable.name
+        if leaf in ("gamma", "moving_variance"):
+            value = rng.uniform(0.8, 1.2, shape)
+        elif leaf in ("kernel", "depthwise_kernel"):
+            value = rng.normal(0.0, 1.0 / np.sqrt(np.prod(shape[:-1])), shape)
+        else:  # bias, beta, moving_mean
+            value = rng.normal(0.0, 0.05, shape)
+        variable.assign(value.astype(np.float32))
+
+
+def write_notop_file(directory: Path, name: str, seed: int = 7) -> Path:
+    """The ImageNet notop file of ampflow's built-in `name` (resnet50, mobilenet_v2), under the
+    name Keras applications download it, from the same architecture at 32 px."""
+    import keras
+
+    from ampflow.modeling.imagenet_weights import FILES
+
+    constructor = {"resnet50": "ResNet50", "mobilenet_v2": "MobileNetV2"}[name]
+    backbone = getattr(keras.applications, constructor)(
+        include_top=False, weights=None, input_shape=(32, 32, 3), pooling="avg")
+    pretrained_like(backbone, seed)
+    return write_applications_weights(directory / FILES[name][0].rsplit("/", 1)[-1], backbone)
+
+
+def file_tensors(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Layer → weight name (`kernel`, `gamma`, ...) → the file's tensor."""
+    from ampflow.modeling.imagenet_weights import read_applications_weights
+
+    return {layer: {name.rsplit("/", 1)[-1].split(":")[0]: value for name, value in weights}
+            for layer, weights in read_applications_weights(path).items()}
+
+
+def backbone_tensors(model) -> dict[str, dict[str, np.ndarray]]:
+    """The same mapping for the backbone a built-in image model wraps."""
+    from ampflow.modeling.imagenet_weights import backbone_of
+
+    return {layer.name: {v.name: np.asarray(v.numpy()) for v in layer.weights}
+            for layer in backbone_of(model).layers if layer.weights}
+
+
+@contextlib.contextmanager
+def observed_phases():
+    """A list that gets, as each phase's training loop ends (phases.py), the backbone's tensors
+    and the number of trainable variables. Observes the real loop; changes nothing."""
+    from ampflow.components.train.run import phases
+
+    taken: list[dict] = []
+    real = phases.TrainLoop
+
+    class Observed(real):
+        def fit(self, *args, **kwargs):
+            result = super().fit(*args, **kwargs)
+            taken.append({"backbone": backbone_tensors(self.model),
+                          "trainable": len(self.model.trainable_variables)})
+            return result
+
+    phases.TrainLoop = Observed
+    try:
+        yield taken
+    finally:
+        phases.TrainLoop = real
+
+
+def check_phases(taken: list[dict], path: Path) -> None:
+    """Phase 1 (head, backbone frozen) ended on the file's tensors bit for bit, its
+    BatchNormalization statistics included; phase 2 (every layer) moved every one of them."""
+    expected = file_tensors(path)
+    head, fine = taken
+    assert head["trainable"] < fine["trainable"]  # phase 1: the head's variables only
+    assert set(head["backbone"]) == set(expected)
+    for layer, weights in expected.items():
+        assert set(head["backbone"][layer]) == set(weights), layer
+        for name, value in weights.items():
+            np.testing.assert_array_equal(head["backbone"][layer][name], value,
+                                          err_msg=f"{layer}/{name}")
+    still = [f"{layer}/{name}" for layer, weights in expected.items()
+             for name, value in weights.items()
+             if np.array_equal(fine["backbone"][layer][name], value)]
+    assert not still, f"phase 2 left {len(still)} tensor(s) unmoved: {still[:5]}"

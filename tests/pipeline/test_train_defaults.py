@@ -29,7 +29,8 @@ from ampflow.pipeline.run_local import LocalRunConfig
 TRAINING = {"model": "model", "epochs": "epochs", "batch_size": "batch_size",
             "accumulation_steps": "accumulation_steps", "learning_rate": "learning_rate",
             "precision": "precision", "seed": "seed",
-            "xla": "jit_compile"}
+            "xla": "jit_compile", "weights": "weights", "head_epochs": "head_epochs",
+            "head_learning_rate": "head_learning_rate"}
 # run-local/demo train under mixed_float16 on purpose (loss scaling runs even on a CPU).
 LOCAL_ON_PURPOSE = {"precision": "mixed_float16"}
 
@@ -38,6 +39,8 @@ def _home(parameter: str):
     value = TrainConfig.__dataclass_fields__[TRAINING[parameter]].default
     if parameter == "learning_rate" and value is None:  # the model's own: 0 in KFP (no None)
         return MODEL_LEARNING_RATE
+    if parameter == "weights" and value is None:  # no file: "" in KFP (no None)
+        return ""
     return next(w for w, v in TRISTATE.items() if v is value) if parameter == "xla" else value
 
 

@@ -38,6 +38,7 @@ class CheckModelConfig:
     jit_compile: bool | None = _as_train("jit_compile")  # --xla: reported as train decides it
     image_size: int | None = _as_train("image_size")
     max_sequence_length: int = _as_train("max_sequence_length")  # TokenizerConfig's default
+    weights: str | None = _as_train("weights")
     output_dir: Path | None = field(default=None, metadata={
         "help": "Write amp_report.json here (default: print only)."})
 
@@ -54,6 +55,15 @@ class CheckModelConfig:
             from ampflow.cliutil import invalid_choice
 
             raise ConfigError(invalid_choice("precision", self.precision, POLICIES))
+        if self.weights:  # train's rule: a built-in ImageNet backbone only
+            from ampflow.modeling.imagenet_weights import WEIGHTS_MODELS
+
+            spec = self.model_spec
+            if spec.kind != "builtin" or spec.text not in WEIGHTS_MODELS:
+                raise ConfigError(
+                    "weights loads Keras applications' ImageNet weights into a built-in "
+                    f"backbone: model must be {' or '.join(WEIGHTS_MODELS)}. Received: "
+                    f"model={self.model!r} with weights={self.weights!r}")
         if self.image_size is not None and self.image_size < 8:
             raise ConfigError(f"image_size must be >= 8. Received: image_size={self.image_size}")
         from ampflow.modeling.tokenizer import TokenizerConfig
@@ -99,12 +109,16 @@ def run_check_model(config: CheckModelConfig, hardware=None):
     info = load_dataset_info(config.data_dir)
     training_of(info).check_model_options(config, info)  # an option the data cannot use
     checkpoint = config.read_checkpoint()  # before TensorFlow starts: a bad one is one line
+    if config.weights:  # another architecture's file: one line before TensorFlow starts
+        from ampflow.modeling.imagenet_weights import check_weights_file
+
+        check_weights_file(config.weights, config.model_spec.text)
     previous = keras.mixed_precision.global_policy().name
     try:
         setup = configure_precision(config.precision, config.jit_compile,  # logs XLA as train
                                     hardware, modality=info.get("modality"))
         report = amp_check_of(config.model_spec, info, model_path=config.model_path,
-                              image_size=config.image_size,
+                              image_size=config.image_size, weights=config.weights,
                               sequence_length=config.max_sequence_length, checkpoint=checkpoint)
     finally:
         keras.mixed_precision.set_global_policy(previous)

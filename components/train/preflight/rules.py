@@ -156,7 +156,8 @@ def _policy_applied(layers, compute: str, out_layer) -> bool:
 
 def amp_check_of(model, info: dict, *, model_path: str | None = None,
                  image_size: int | None = None, sequence_length: int | None = None,
-                 vocabulary_size: int | None = None, checkpoint=None):
+                 vocabulary_size: int | None = None, checkpoint=None,
+                 weights: str | None = None):
     """The AMP report of `model` built under the current global policy on `info`'s shapes.
 
     `model` is `--model`'s text or its parsed user_model.ModelSpec (a config's `model_spec`).
@@ -169,12 +170,14 @@ def amp_check_of(model, info: dict, *, model_path: str | None = None,
     """
     return check_built(*model_to_check(model, info, model_path=model_path,
                                        image_size=image_size, sequence_length=sequence_length,
-                                       vocabulary_size=vocabulary_size, checkpoint=checkpoint))
+                                       vocabulary_size=vocabulary_size, checkpoint=checkpoint,
+                                       weights=weights))
 
 
 def model_to_check(model, info: dict, *, model_path: str | None = None,
                    image_size: int | None = None, sequence_length: int | None = None,
-                   vocabulary_size: int | None = None, checkpoint=None):
+                   vocabulary_size: int | None = None, checkpoint=None,
+                   weights: str | None = None):
     """(`models.BuiltModel`, input shape, classes): what `amp_check_of` builds, not checked yet.
 
     Apart from `check_built` so that train (step.py) can build it under its seed and its
@@ -185,7 +188,7 @@ def model_to_check(model, info: dict, *, model_path: str | None = None,
     return training_of(info).model_to_check(
         model, info, model_path=model_path, image_size=image_size,
         sequence_length=sequence_length, vocabulary_size=vocabulary_size,
-        checkpoint=checkpoint)
+        checkpoint=checkpoint, weights=weights)
 
 
 def text_amp_check_of(model, sequence_length: int, vocabulary_size: int,

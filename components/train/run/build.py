@@ -223,10 +223,15 @@ def build_uncompiled_model(config, info: dict, runtime, tokenizer=None):
 
 
 def _image_model(config, info: dict, _preprocessor=None):
+    """The image model; with --weights, its backbone holds the ImageNet file's tensors."""
+    from ampflow.components.train.modalities import load_weights
     from ampflow.modeling.models import build_model
 
-    return build_model(config.model_spec, tuple(info["image_shape"]), info["num_classes"],
-                       image_size=config.image_size, model_path=config.model_path)
+    model = build_model(config.model_spec, tuple(info["image_shape"]), info["num_classes"],
+                        image_size=config.image_size, model_path=config.model_path)
+    if config.weights:
+        load_weights(model, config.weights)
+    return model
 
 
 def _text_model(config, info: dict, tokenizer):
@@ -257,15 +262,31 @@ def build_compiled_model(config, info: dict, setup: PrecisionSetup, runtime,
     return model
 
 
+def compile_phase(model, config, setup: PrecisionSetup, runtime, phase,
+                  steps_per_epoch: int) -> None:
+    """Compile `model` for a transfer phase (phases.py): a new optimizer at the phase's rate.
+
+    The head phase keeps its rate constant; the fine-tuning phase follows --lr-schedule over
+    its own epochs. Trainable variables are fixed at compile time, so each phase compiles.
+    """
+    epochs = phase.last_epoch - phase.first_epoch
+    total = None if phase.frozen else steps_per_epoch * epochs
+    with runtime.strategy.scope():
+        model.compile(optimizer=make_optimizer(config, setup, phase.learning_rate, total, epochs),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                      jit_compile=setup.jit_compile)
+
+
 def make_optimizer(config, setup: PrecisionSetup, learning_rate: float,
-                   total_steps: int | None = None):
+                   total_steps: int | None = None, epochs: int | None = None):
     """Adam, AdamW or SGD (momentum 0.9) with the config's weight decay and schedule.
 
-    Wrapped in a dynamic LossScaleOptimizer when the policy needs loss scaling.
+    Wrapped in a dynamic LossScaleOptimizer when the policy needs loss scaling. `epochs`: those
+    `total_steps` span (default: the run's; a transfer phase's own).
     """
     import keras
 
-    rate = learning_schedule(config, learning_rate, total_steps)
+    rate = learning_schedule(config, learning_rate, total_steps, epochs)
     decay = config.weight_decay or None
     if config.optimizer == "adam":
         inner = keras.optimizers.Adam(rate, weight_decay=decay)
@@ -278,7 +299,8 @@ def make_optimizer(config, setup: PrecisionSetup, learning_rate: float,
     return inner
 
 
-def learning_schedule(config, learning_rate: float, total_steps: int | None):
+def learning_schedule(config, learning_rate: float, total_steps: int | None,
+                      epochs: int | None = None):
     """A constant rate, or linear warm-up from 0 then cosine decay to 0 (Keras CosineDecay).
 
     The schedule reads the optimizer's step counter, which the checkpoint keeps, so a resumed
@@ -288,7 +310,7 @@ def learning_schedule(config, learning_rate: float, total_steps: int | None):
 
     if config.lr_schedule != "cosine" or not total_steps:
         return learning_rate
-    steps_per_epoch = total_steps / config.epochs
+    steps_per_epoch = total_steps / (epochs or config.epochs)
     warmup = int(config.warmup_epochs * steps_per_epoch)
     return keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup else learning_rate,

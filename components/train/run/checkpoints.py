@@ -158,3 +158,21 @@ def skip_consumed_batches(iterator, steps: int) -> None:
         next(iterator)
     log.info("resumed input: skipped the %d batches the restored steps had used (%.1f s)",
              steps, time.perf_counter() - began)
+
+
+class BatchFeed:
+    """A training iterator and the step its next batch belongs to, shared by a run's phases.
+
+    A transfer run's phases (phases.py) are loops one after the other on one iterator, so the
+    second reads on where the first stopped, as one loop would; a resumed phase skips to its
+    restored step from wherever the iterator is.
+    """
+
+    def __init__(self, iterator):
+        self.iterator = iterator
+        self.position = 0
+
+    def skip_to(self, step: int) -> None:
+        """Advance past the batches of the steps before `step` not read yet."""
+        skip_consumed_batches(self.iterator, max(step - self.position, 0))
+        self.position = max(step, self.position)

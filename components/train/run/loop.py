@@ -91,6 +91,12 @@ class LoopConfig:
     # Micro-batches per applied step (the module docstring); global_batch_size is then the
     # effective batch: micro-batch x accumulation_steps x replicas, the loss's denominator.
     accumulation_steps: int = 1
+    # A phase of a transfer run (phases.py): the epochs [first_epoch, last_epoch) of `epochs`,
+    # and the applied steps of the earlier phases' optimizers (kept in the checkpoint), which
+    # the telemetry adds to this optimizer's iterations so that skipped steps count on.
+    first_epoch: int = 0
+    last_epoch: int | None = None  # None: epochs
+    iterations_offset: int | None = None  # None: a run of one phase
 
 
 @dataclass
@@ -116,6 +122,8 @@ class TrainLoop:
         with self.strategy.scope():
             self.optimizer.build(model.trainable_variables)
             self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self._iterations_offset = tf.Variable(config.iterations_offset or 0, dtype=tf.int64,
+                                                  trainable=False, name="iterations_offset")
         # Per-epoch sums of (global loss per step, correct, examples, steps), on the device.
         self._sums = tf.Variable(tf.zeros(4, tf.float64), trainable=False, name="epoch_sums")
         # Seconds the steps waited for their batch (summed on the device, read per epoch).
@@ -255,9 +263,10 @@ class TrainLoop:
         # shows what telemetry read; nothing here waits for the device.
         if not self.config.loss_scaling:
             return tf.concat([tf.cast(stats[:1], tf.float64), sums], 0)
+        iterations = self.optimizer.iterations + self._iterations_offset
         return tf.concat([tf.stack([tf.cast(stats[0], tf.float64),
                                     tf.cast(self.optimizer.dynamic_scale, tf.float64),
-                                    tf.cast(self.optimizer.iterations, tf.float64)]), sums], 0)
+                                    tf.cast(iterations, tf.float64)]), sums], 0)
 
     def _timed_next(self, iterator):
         """`next(iterator)` in the graph, its wait added to the input-wait counter."""
@@ -338,8 +347,10 @@ class TrainLoop:
     def _checkpointing(self):
         import tensorflow as tf
 
+        offset = ({} if self.config.iterations_offset is None
+                  else {"iterations_offset": self._iterations_offset})
         checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                         step=self._step_var)
+                                         step=self._step_var, **offset)
         backup = backup_dir(self.config.state_dir)
         if self.runtime.is_chief:
             write_dir, self._private_dir = backup, None
@@ -368,28 +379,43 @@ class TrainLoop:
 
     # ---- the loop -------------------------------------------------------------------------
 
-    def fit(self, train_dataset, eval_dataset, callbacks: list) -> LoopResult:
-        """Train `epochs` × `steps_per_epoch` steps from the last checkpoint; evaluate per epoch."""
+    def fit(self, train_dataset, eval_dataset, callbacks: list, feed=None, begin: bool = True,
+            end: bool = True) -> LoopResult:
+        """Train `epochs` × `steps_per_epoch` steps from the last checkpoint; evaluate per epoch.
+
+        A phase (phases.py) trains its epochs only, reading on from the earlier phase's `feed`
+        (checkpoints.BatchFeed); `begin`/`end`: whether the callbacks' run begins/ends here.
+        """
         import keras
 
         cfg = self.config
         checkpoint, manager, backup = self._checkpointing()
         start = self._restore(checkpoint, backup)
         result = LoopResult(resumed_at_step=start or None)
-        total_steps = cfg.epochs * cfg.steps_per_epoch
+        start = max(start, cfg.first_epoch * cfg.steps_per_epoch)
+        last_epoch = cfg.epochs if cfg.last_epoch is None else cfg.last_epoch
+        total_steps = last_epoch * cfg.steps_per_epoch
         callback_list = keras.callbacks.CallbackList(
             callbacks, model=self.model, epochs=cfg.epochs, steps=cfg.steps_per_epoch, verbose=0)
-        iterator = iter(train_dataset)
-        checkpoints.skip_consumed_batches(iterator, start)  # exact resume
-        step = start
+        for callback in callbacks:  # skipped steps count on from the earlier phases
+            if getattr(callback, "reads_step_telemetry", False):
+                callback.iterations_offset = int(self._iterations_offset.numpy())
+        self.feed = feed or checkpoints.BatchFeed(iter(train_dataset))
+        self.feed.skip_to(start)  # exact resume
+        iterator, step = self.feed.iterator, start
         began = time.perf_counter()
-        callback_list.on_train_begin()
+        if begin:  # each callback's own: a phase's list may end a run another list began
+            for callback in callback_list.callbacks:
+                callback.on_train_begin()
         try:
-            for epoch in range(start // cfg.steps_per_epoch, cfg.epochs):
+            for epoch in range(start // cfg.steps_per_epoch, last_epoch):
                 step = self._run_epoch(epoch, step, iterator, eval_dataset, callback_list, manager,
                                        start_epoch=start // cfg.steps_per_epoch)
+                self.feed.position = step
                 result.epochs.append(epoch)
-            callback_list.on_train_end()
+            if end:
+                for callback in callback_list.callbacks:
+                    callback.on_train_end()
         except BaseException:
             self._cleanup_private_dir()
             raise
@@ -477,6 +503,10 @@ class TrainLoop:
             return progress_values(read)
 
         return progress, shown
+
+    def applied_steps(self) -> int:
+        """The optimizer steps applied in this run so far, the earlier phases' included."""
+        return int(self.optimizer.iterations.numpy()) + int(self._iterations_offset.numpy())
 
     def weights_fingerprint(self) -> tuple[str, bool]:
         """(sha256 of every model weight, whether every worker holds the same weights).

@@ -44,6 +44,8 @@ class LossScaleTelemetry(keras.callbacks.Callback):
         # The packed values of the latest recorded step, named, with its epoch and step: the
         # progress display shows them (components/train/run/loop.py), so it reads nothing itself.
         self.last_read: dict[str, float] | None = None
+        # The applied steps of a transfer run's earlier phases (their optimizers; loop.py sets it)
+        self.iterations_offset = 0
 
     def on_train_begin(self, logs=None):
         import tensorflow as tf
@@ -85,7 +87,8 @@ class LossScaleTelemetry(keras.callbacks.Callback):
         if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             return self._judge(step, loss, None, None, record)
         scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
-        skipped = step - int(keras.ops.convert_to_numpy(optimizer.iterations))
+        skipped = step - int(keras.ops.convert_to_numpy(optimizer.iterations)) - \
+            self.iterations_offset
         self._judge(step, loss, scale, skipped, record)
 
     def _judge(self, step: int, loss: float | None, scale: float | None, skipped: int | None,

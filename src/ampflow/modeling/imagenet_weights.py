@@ -30,6 +30,23 @@ FILES = {
                      "_no_top.h5", "Conv1"),
 }
 TOP_LAYERS = ("predictions", "fc1000", "probs")  # a classifier's: the file is not `_notop`
+WEIGHTS_MODELS = tuple(FILES)  # the built-ins `train --weights` takes
+
+
+def check_weights_file(path: str | os.PathLike, name: str) -> None:
+    """Refuse, without TensorFlow, a file that is not `name`'s weights (its first layer).
+
+    The cheap half of `load_applications_weights`'s check, run before anything is written:
+    a file of another architecture, with the classifier or not HDF5 at all is one line here;
+    the layer-by-layer shapes are checked when the weights are loaded into the built model.
+    """
+    path = Path(path)
+    names = list(read_applications_weights(path))
+    first = FILES[name][1]
+    if not names or names[0] != first or any(n in TOP_LAYERS for n in names):
+        raise ModelConfigError(f"{path}: expected the weights of {name} (first {first}, "
+                               f"without the classifier). Received: {_describe(names)}; "
+                               f"download the ImageNet notop file for {name}: {_url(name)}")
 
 
 def read_applications_weights(path: str | os.PathLike) -> dict[str, list[tuple[str, np.ndarray]]]:
