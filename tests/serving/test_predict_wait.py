@@ -3,13 +3,12 @@
 The tutorial starts `ampflow serve &` and runs `predict --wait-s 60` at once. Each poll used
 the client's retries, so the answer came after ~11 `attempt i/N, retrying` warnings (issue
 46); TF Serving's clients print nothing per poll. Now one line says what it waits for, and
-giving up stays one error line. A real server, in this process, starts on the port late.
+giving up stays one error line. A real server, in this process, starts on the port once the client has said it waits.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 
 import numpy as np
 import pytest
@@ -23,19 +22,35 @@ def _lines(caplog, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if text in r.getMessage()]
 
 
+class _StartOnWaiting(logging.Handler):
+    """Starts the server when the client says it waits: its first poll found nothing."""
+
+    def __init__(self, config: ServerConfig):
+        super().__init__(logging.INFO)
+        self.config, self.running = config, []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "waiting up to" in record.getMessage() and not self.running:
+            from ampflow.serving.server import start_local_server
+
+            self.running.append(start_local_server(self.config))
+
+
 @pytest.fixture
 def late_server(model_store):
-    """A port, and a server that starts on it 1.5 s from now (stopped at teardown)."""
-    from ampflow.serving.server import start_local_server
+    """A port, and a server that starts on it only once predict has said it waits.
 
-    port, running = free_port(), []
+    Started by the wait line itself, not by a timer: a timer raced the CLI's own start-up,
+    and under load the server was up before the first poll (no wait, no line).
+    """
+    port = free_port()
     config = ServerConfig(models=(ModelConfig(MODEL, model_store),), host="127.0.0.1",
                           port=port, grace_s=0.5)
-    timer = threading.Timer(1.5, lambda: running.append(start_local_server(config)))
-    timer.start()
+    handler = _StartOnWaiting(config)
+    logging.getLogger().addHandler(handler)
     yield port
-    timer.join()
-    for server in running:
+    logging.getLogger().removeHandler(handler)
+    for server in handler.running:
         server.stop(0.5)
 
 
