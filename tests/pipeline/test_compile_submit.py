@@ -358,7 +358,7 @@ def test_submit_to_an_endpoint_that_refuses_names_the_refusal():
     try:
         host = f"http://127.0.0.1:{server.server_address[1]}"
         with pytest.raises(PipelineError, match=rf"KFP at {host} refused the run"):
-            submit(SubmitConfig(host=host, image=IMAGE, connect_timeout_s=2))
+            submit(SubmitConfig(host=host, image=IMAGE, connect_timeout_s=30))
     finally:
         server.shutdown()
 

@@ -163,7 +163,7 @@ def sent(monkeypatch):
 
 
 def _config(cluster, tmp_path, **kwargs):
-    return SubmitConfig(host=cluster.url, image=IMAGE, connect_timeout_s=2,
+    return SubmitConfig(host=cluster.url, image=IMAGE, connect_timeout_s=30,
                         kubeconfig=cluster.kubeconfig(tmp_path / "kubeconfig"), **kwargs)
 
 
@@ -284,7 +284,7 @@ def test_submit_without_a_kubeconfig_says_the_cluster_was_not_checked(fake, tmp_
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with caplog.at_level(logging.WARNING):
-        submit(SubmitConfig(host=cluster.url, image=IMAGE, connect_timeout_s=2,
+        submit(SubmitConfig(host=cluster.url, image=IMAGE, connect_timeout_s=30,
                             train_workers=2))
     assert "were not checked" in caplog.text and len(sent) == 1
 
