@@ -20,6 +20,7 @@ from ampflow.components.deploy_serving import cli as deploy_serving_cli
 from ampflow.components.evaluate_parity import cli as evaluate_parity_cli
 from ampflow.components.export_savedmodel import cli as export_savedmodel_cli
 from ampflow.components.prepare_data import cli as prepare_data_cli
+from ampflow.components.pretrain import cli as pretrain_cli
 from ampflow.components.train import cli as train_cli
 from ampflow.pipeline import cli as pipeline_cli
 from ampflow.serving import cli as serving_cli
@@ -29,6 +30,7 @@ __all__ = ["CLOSED_PIPE_EXIT_CODE", "COMMANDS", "build_parser", "main", "write_w
 # The command modules in pipeline order: `ampflow --help` lists their commands in this order.
 COMMANDS: tuple[ModuleType, ...] = (
     prepare_data_cli,
+    pretrain_cli,
     train_cli,
     evaluate_parity_cli,
     export_savedmodel_cli,

@@ -262,8 +262,8 @@ def test_a_subset_of_commands_is_named_among_the_dispatchers_own():
     with pytest.raises(ValueError, match="ampflow.nowhere.cli is not an ampflow command"):
         build_parser(("ampflow.nowhere.cli",))
     assert [m.__name__.rsplit(".", 2)[-2] for m in COMMANDS] == [
-        "prepare_data", "train", "evaluate_parity", "export_savedmodel", "convert_tflite",
-        "serving", "deploy_serving", "pipeline"]  # pipeline order: `ampflow --help`'s
+        "prepare_data", "pretrain", "train", "evaluate_parity", "export_savedmodel",
+        "convert_tflite", "serving", "deploy_serving", "pipeline"]  # `ampflow --help` order
 
 # --- one style of help and errors in every command (issue 27 part 4) ---------------------------
 
