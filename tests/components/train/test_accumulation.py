@@ -3,14 +3,11 @@
 A tiny Dense model (no batch statistics, no dropout), 32 examples, one applied step: the step
 that K = 4 micro-batches of 8 make must equal one step on the batch of 32, per policy; a
 micro-batch whose gradients overflow must skip the whole step; the accumulators are float32.
-The slow test runs the same model on 2 local workers (MultiWorkerMirroredStrategy, TF_CONFIG).
+The same model on 2 local workers (MultiWorkerMirroredStrategy, TF_CONFIG) is run by
+test_scaling_options.py, in the launch of two workers its all-reduce cases use.
 """
 
 from __future__ import annotations
-
-import io
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,68 +169,6 @@ def test_a_batch_that_k_does_not_divide_is_a_clear_error():
 
     with pytest.raises(ConfigError, match="cannot be split into accumulation_steps=3"):
         split_micro_batches(np.zeros((32, 2), "float32"), 3)
-
-
-_WORKER = """
-import json, os, sys
-sys.path.insert(0, {here!r})
-import numpy as np, tensorflow as tf
-from ampflow.components.train.clusters.tf_config import make_strategy, read_tf_config
-from ampflow.components.train.run.loop import LoopConfig, TrainLoop
-from ampflow.components.train.run.strategy import Runtime, distribute_datasets
-from test_accumulation import BATCH, _data, _model
-cluster = read_tf_config()
-runtime = Runtime(make_strategy("multi_worker", cluster), "multi_worker", "test", cluster)
-data = tf.data.Dataset.from_tensor_slices(_data()).batch(BATCH, drop_remainder=True).repeat()
-out = {{}}
-for policy in {policies!r}:
-    with runtime.strategy.scope():
-        model = _model(policy)
-    loop = TrainLoop(runtime, model, LoopConfig(
-        epochs=1, steps_per_epoch=1, global_batch_size=BATCH, jit_compile=False,
-        loss_scaling=policy == "mixed_float16", state_dir="", progress=False,
-        accumulation_steps=2))
-    loop.run_steps(iter(distribute_datasets(runtime, data, None)[0]), 2)
-    np.savez({out!r} + f"/{{policy}}-{{cluster.worker_id}}.npz", *model.get_weights())
-    out[policy] = {{"allreduce_calls_per_step": loop.allreduce_calls_per_step(),
-                   "iterations": int(model.optimizer.iterations.numpy())}}
-print("RESULT", json.dumps(out), flush=True)
-"""
-POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
-
-
-@pytest.mark.slow  # starts 2 worker processes (one TF start each, all three policies in it)
-def test_two_workers_accumulating_make_the_step_of_one_process_on_the_larger_batch(tmp_path):
-    """2 workers x 2 micro-batches of 8 = one process's step on the batch of 32, after two
-    applied steps, per policy; each worker all-reduced once per applied step, counted as the
-    steps ran (the sum of its micro-batches, not each one)."""
-    import sys
-
-    from ampflow.components.train.clusters.launcher import local_ports, run_workers, tf_configs
-
-    sink = io.StringIO()  # the launcher's stream: each worker prints its RESULT line
-    script = _WORKER.format(here=str(Path(__file__).parent), policies=POLICIES,
-                            out=str(tmp_path))
-    run_workers([sys.executable, "-c", script], tf_configs(local_ports(2)), stream=sink)
-    output = sink.getvalue()
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in output.splitlines()
-               if "RESULT " in line]
-    assert len(results) == 2, output[-3000:]
-    for policy in POLICIES:
-        initial = _model(policy).get_weights()
-        reference_loop = _loop(policy, 1)
-        import tensorflow as tf
-
-        reference_loop.run_steps(iter(tf.data.Dataset.from_tensors(_data()).repeat()), 2)
-        reference = reference_loop.model.get_weights()
-        workers = [np.load(tmp_path / f"{policy}-{index}.npz") for index in (0, 1)]
-        for position, (before, one) in enumerate(zip(initial, reference, strict=True)):
-            change = np.abs(one - before).max()
-            chief, other = (w[f"arr_{position}"] for w in workers)
-            np.testing.assert_array_equal(chief, other)  # the workers agree bit for bit
-            assert np.abs(chief - one).max() <= RELATIVE_TOLERANCE[policy] * change
-        for result in results:
-            assert result[policy] == {"allreduce_calls_per_step": 1.0, "iterations": 2}
 
 
 def test_telemetry_and_the_guard_count_applied_steps(tmp_path):

@@ -132,7 +132,7 @@ def test_one_process_accumulating_equals_the_larger_batch_and_says_so(prepared_d
 
 
 def test_local_workers_are_started_with_the_accumulation_steps(tmp_path):
-    """--workers N hands K to every worker (the 2-worker run is test_accumulation.py's)."""
+    """--workers N hands K to every worker (the 2-worker run: test_scaling_options.py)."""
     from ampflow.components.train.clusters.launcher import config_to_argv
 
     argv = config_to_argv(_config(tmp_path, tmp_path, batch_size=8, accumulation_steps=2,

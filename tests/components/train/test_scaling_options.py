@@ -1,13 +1,15 @@
-"""The multi-worker all-reduce options: packed, compute-dtype, and the skip verdict they share.
+"""The multi-worker all-reduce options: packed, compute-dtype, the skip verdict they share, and
+gradient accumulation's one all-reduce per applied step.
 
 One launch of two real workers on loopback (MultiWorkerMirroredStrategy, the launcher's own
 `run_workers`/`tf_configs`) runs every case below in each worker and writes what it saw; the
-tests read those files. The worker is this module run as a script (`python
-test_scaling_options.py <data dir> <out dir>`), like worker_driver.py, so that it knows its test
-models. Every case starts from the same seed and the same first batch, and takes ONE train step
-with SGD: SGD's first update is -lr × gradient, linear in the gradient, so a gradient summed
-twice (the double reduction the packed path must avoid) doubles the update, where Adam's
-normalized update would hide it.
+tests read those files. A worker costs a TensorFlow start (~9 CPU-s), more than all its cases:
+so test_accumulation.py's two-worker cases run here too, after the all-reduce ones. The worker
+is this module run as a script (`python test_scaling_options.py <data dir> <out dir>`), like
+worker_driver.py, so that it knows its test models. Every all-reduce case starts from the same
+seed and the same first batch, and takes ONE train step with SGD: SGD's first update is
+-lr × gradient, linear in the gradient, so a gradient summed twice (the double reduction the
+packed path must avoid) doubles the update, where Adam's normalized update would hide it.
 
 The tolerance of the compute-dtype all-reduce is derived, not tuned: each worker's gradient
 G_i is rounded to the wire dtype (relative error <= u, the dtype's unit roundoff: 2**-11 for
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_accumulation import BATCH, RELATIVE_TOLERANCE, _data, _loop, _model
 
 from ampflow.components.train import TrainConfig
 from ampflow.errors import ConfigError
@@ -40,6 +43,11 @@ FLOAT16_SUBNORMAL = 2.0**-24
 # (policy, wire dtype) cases of the equal-updates test, and the cases with an inf on worker 1.
 POLICIES = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 MODES = ("keras", "packed_float32", "packed_split", "packed_compute")
+# Packs of SPLIT_BYTES_PER_PACK: float32 gradients on the wire whatever the policy, so one policy
+# (mixed_float16's, loss-scaled) proves the split; not crossed with both.
+SPLIT_POLICY = "mixed_float16"
+# test_accumulation.py's tiny model, accumulating on the same two workers: every policy
+ACCUMULATION_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 SPLIT_BYTES_PER_PACK = 256  # the dense model's kernel (64×16 floats) alone is 4 KiB: 3+ packs
 WORKER_TIMEOUT_S = 300
 
@@ -117,12 +125,35 @@ def _worker(data_dir: str, out_dir: str) -> None:
     results: dict = {}
     for policy in POLICIES:
         for mode in MODES:
+            if mode == "packed_split" and policy != SPLIT_POLICY:
+                continue
             results[f"{policy}/{mode}"] = _one_step(runtime, Path(data_dir), out,
                                                     "test_scaling_dense", policy, mode)
     for mode in ("packed_float32", "packed_compute"):
         results[f"inf/{mode}"] = _one_step(runtime, Path(data_dir), out,
                                            "test_scaling_inf_on_worker_1", "mixed_float16", mode)
+    for policy in ACCUMULATION_POLICIES:
+        results[f"accumulation/{policy}"] = _accumulated_steps(runtime, policy)
     (out / f"worker{runtime.worker_id}.json").write_text(json.dumps(results))
+
+
+def _accumulated_steps(runtime, policy: str) -> dict:
+    """test_accumulation.py's tiny model, 2 applied steps of 2 micro-batches on each worker."""
+    import tensorflow as tf
+
+    from ampflow.components.train.run.loop import LoopConfig, TrainLoop, distribute_datasets
+
+    data = tf.data.Dataset.from_tensor_slices(_data()).batch(BATCH, drop_remainder=True).repeat()
+    with runtime.strategy.scope():
+        model = _model(policy)
+    loop = TrainLoop(runtime, model, LoopConfig(
+        epochs=1, steps_per_epoch=1, global_batch_size=BATCH, jit_compile=False,
+        loss_scaling=policy == "mixed_float16", state_dir="", progress=False,
+        accumulation_steps=2))
+    loop.run_steps(iter(distribute_datasets(runtime, data, None)[0]), 2)
+    return {"weights": [w.tolist() for w in model.get_weights()],
+            "allreduce_calls_per_step": loop.allreduce_calls_per_step(),
+            "iterations": int(model.optimizer.iterations.numpy())}
 
 
 # ---- the tests --------------------------------------------------------------------------------
@@ -154,8 +185,8 @@ def _weights(case: dict, key: str) -> list[np.ndarray]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", list(POLICIES))
-@pytest.mark.parametrize("mode", ["packed_float32", "packed_split"])
+@pytest.mark.parametrize(("policy", "mode"), [
+    *((policy, "packed_float32") for policy in POLICIES), (SPLIT_POLICY, "packed_split")])
 def test_packed_float32_all_reduce_updates_equal_keras_all_reduce_exactly(two_workers, policy,
                                                                           mode):
     """The packed all-reduce (one pack, or several of SPLIT_BYTES_PER_PACK) sums the same
@@ -213,6 +244,29 @@ def test_inf_gradient_on_one_worker_skips_the_step_on_every_worker(two_workers, 
         assert case["loss_scale"] == 2.0**14  # Keras's initial 2**15, halved once
         for a, b in zip(_weights(case, "after"), _weights(case, "before"), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_two_workers_accumulating_make_the_step_of_one_process_on_the_larger_batch(two_workers):
+    """2 workers x 2 micro-batches of 8 = one process's step on the batch of 32, after two
+    applied steps, per policy; each worker all-reduced once per applied step, counted as the
+    steps ran (the sum of its micro-batches, not each one). (Issue 40 point 1; the
+    one-process accumulation tests: test_accumulation.py.)"""
+    import tensorflow as tf
+
+    for policy in ACCUMULATION_POLICIES:
+        initial = _model(policy).get_weights()
+        reference_loop = _loop(policy, 1)
+        reference_loop.run_steps(iter(tf.data.Dataset.from_tensors(_data()).repeat()), 2)
+        reference = reference_loop.model.get_weights()
+        cases = [worker[f"accumulation/{policy}"] for worker in two_workers]
+        for position, (before, one) in enumerate(zip(initial, reference, strict=True)):
+            change = np.abs(one - before).max()
+            chief, other = (np.asarray(case["weights"][position], np.float32) for case in cases)
+            np.testing.assert_array_equal(chief, other)  # the workers agree bit for bit
+            assert np.abs(chief - one).max() <= RELATIVE_TOLERANCE[policy] * change
+        for case in cases:
+            assert (case["allreduce_calls_per_step"], case["iterations"]) == (1.0, 2), policy
 
 
 # ---- the flags' bad values ----------------------------------------------------------------------
