@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+# a hang guard, not a speed bound: the run took 473-551 s here at load 19-20 (78 s quiet)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "user-model"
