@@ -101,6 +101,10 @@ def test_readme_step_by_step_runs_as_written(tmp_path, monkeypatch):
     for command in ("prepare-data", "train", "evaluate", "export", "convert", "deploy"):
         assert f"ampflow {command}: done" in out[command].out, (command, out[command].out)
     assert json.loads((tmp_path / "work/eval/verdict.json").read_text())["passed"] is True
+    # export's own summary counts an image model's parity examples in images (the text
+    # walk's, in texts: tests/test_cli_step_by_step.py)
+    assert re.search(r"export_parity +max \|SavedModel - Keras\| = \S+ on \d+ images",
+                     out["export"].out), out["export"].out
     assert re.search(r"^model ampflow version 1 signature serving_default$",
                      out["predict"].out, flags=re.MULTILINE), out["predict"].out
     assert re.search(r"^digit\.npy: \d \(\d\) [01]\.\d{4}", out["predict"].out,

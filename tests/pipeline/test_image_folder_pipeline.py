@@ -4,22 +4,22 @@ The folder is made here: three classes of PNG and JPEG photos of different sizes
 colour, with noise, so a small model can learn it), one corrupt file among them. The model is
 the example package's builder (docs/examples/user-model), imported through `--model-path`.
 The run prepares, trains under mixed_float16, gates, exports, converts and deploys; then
-`ampflow serve` serves the deployed version, and `ampflow predict some.jpg` answers over gRPC
-and REST through the encoded-image signature, equal to the `images` answer on the same decoded
-pixels.
+`ampflow serve` serves the deployed version (in this process, as typed: a server process only
+paid another TensorFlow start-up), and `ampflow predict some.jpg` answers over gRPC and REST
+through the encoded-image signature, equal to the `images` answer on the same decoded pixels.
 """
 
+import contextlib
 import io
 import json
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+# a hang guard, not a speed bound: the run took 473-551 s here at load 19-20 (78 s quiet)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "user-model"
@@ -58,20 +58,23 @@ def folder(tmp_path_factory):
     return root
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports() -> tuple[int, int]:
+    """Two free loopback ports (both held while asked, so they differ)."""
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        return a.getsockname()[1], b.getsockname()[1]
 
 
 def test_image_folder_and_user_model_run_the_whole_pipeline_and_serve_encoded_images(
-        tmp_path, folder, capsys):
+        tmp_path, folder):
+    from test_cli_step_by_step import serve_while
+
     from ampflow.cli import main
     from ampflow.data.images import decode_to_model_input
     from ampflow.pipeline.run_local import LocalRunConfig, run_local
     from ampflow.serving.client import PredictionClient
     from ampflow.serving.model_format import IMAGE_BYTES_SIGNATURE
-    from ampflow.serving.testing import ServeProcess
 
     config = LocalRunConfig(
         workdir=tmp_path / "run", image_folder=str(folder), image_size=str(SIZE),
@@ -95,34 +98,46 @@ def test_image_folder_and_user_model_run_the_whole_pipeline_and_serve_encoded_im
     assert verdict["checks"][0]["name"] == "chance_binomial_p_value"
 
     photo = next((folder / "test" / "green").glob("*.jpg"))
-    rest_port = _free_port()
-    with ServeProcess("ampflow", config.serving_base, tmp_path / "serve.log",
-                      "--rest-api-port", str(rest_port)) as server:
-        client = PredictionClient(server.address)
-        client.wait_until_available("ampflow", timeout=120)
-        encoded = photo.read_bytes()
-        by_bytes = client.predict("ampflow", [encoded], signature=IMAGE_BYTES_SIGNATURE)
-        pixels = decode_to_model_input(encoded, (SIZE, SIZE, 3)).numpy()[np.newaxis]
-        by_pixels = client.predict("ampflow", pixels)
-        np.testing.assert_allclose(by_bytes.outputs["probabilities"],
-                                   by_pixels.outputs["probabilities"], rtol=1e-6, atol=1e-6)
-        assert by_bytes.outputs["class_ids"].tolist() == by_pixels.outputs["class_ids"].tolist()
+    port, rest_port = _free_ports()
+    photo_args = ["--wait-s", "60", "--top-k", "1", str(photo)]
 
-        port = server.address.rsplit(":", 1)[1]
-        photo_args = ["--top-k", "1", str(photo)]
-        # over gRPC the command as a user runs it: its own process, its exit status
-        done = subprocess.run(
-            [sys.executable, "-m", "ampflow.cli", "predict", "--port", port, *photo_args],
-            capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        lines = {"grpc": done.stdout.splitlines()}
-        # over REST the same command through the CLI's main, in this process: a second
-        # process would only pay another TensorFlow start-up (the client's protos import it)
-        capsys.readouterr()
-        assert main(["predict", "--rest", "--port", str(rest_port), *photo_args]) == 0
-        lines["rest"] = capsys.readouterr().out.splitlines()
+    def ask() -> dict:
+        with PredictionClient(f"127.0.0.1:{port}") as client:
+            client.wait_until_available("ampflow", timeout=120)
+            encoded = photo.read_bytes()
+            by_bytes = client.predict("ampflow", [encoded], signature=IMAGE_BYTES_SIGNATURE)
+            pixels = decode_to_model_input(encoded, (SIZE, SIZE, 3)).numpy()[np.newaxis]
+            by_pixels = client.predict("ampflow", pixels)
+        # the command as a user types it, over gRPC and REST, through the CLI's main (its
+        # return is the console script's exit status); once the server answers, serve's
+        # capture of stdout is in place and each predict's own nests inside it
+        asked = {"by_bytes": by_bytes, "by_pixels": by_pixels}
+        for protocol, flags in (("grpc", ["--port", str(port)]),
+                                ("rest", ["--rest", "--port", str(rest_port)])):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = main(["predict", *flags, *photo_args])
+            asked[protocol] = code, out.getvalue().splitlines()
+        return asked
+
+    # `ampflow serve` in this process as typed (a server process only paid another
+    # TensorFlow start-up), the client beside it
+    serve, asked = serve_while(["serve", "--model-base-path", config.serving_base, "--port",
+                                port, "--rest-api-port", rest_port], ask)
+    serve.assert_ok()
+    assert asked is not None, serve.out[-3000:]
+    by_bytes, by_pixels = asked["by_bytes"], asked["by_pixels"]
+    np.testing.assert_allclose(by_bytes.outputs["probabilities"],
+                               by_pixels.outputs["probabilities"], rtol=1e-6, atol=1e-6)
+    assert by_bytes.outputs["class_ids"].tolist() == by_pixels.outputs["class_ids"].tolist()
+    answers = {}
     for protocol in ("grpc", "rest"):
-        assert lines[protocol][0].endswith("signature image_bytes"), lines
-    assert lines["grpc"][1:] == lines["rest"][1:]  # the same answer over both APIs
+        code, out = asked[protocol]
+        assert code == 0, (protocol, out, serve.out[-3000:])
+        # the server's own lines may land in the same capture: the answer's lines by shape
+        assert [x for x in out if x.startswith("model ")] == [
+            "model ampflow version 1 signature image_bytes"], (protocol, out)
+        (answers[protocol],) = [x for x in out if x.startswith(f"{photo}: ")]
+    assert answers["grpc"] == answers["rest"]  # the same answer over both APIs
     top = int(by_bytes.outputs["class_ids"][0])
-    assert f"{info['class_names'][top]}" in lines["grpc"][1]
+    assert f"{info['class_names'][top]}" in answers["grpc"]
