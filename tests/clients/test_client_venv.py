@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import venv
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from client_helpers import CLIENT_ROOT
+from ports import free_port
 
 pytestmark = pytest.mark.serving
 
@@ -50,12 +50,6 @@ def client_venv(tmp_path_factory) -> Path:
     assert not {n for n in names if n.startswith(("tensorflow", "keras", "ampflow"))
                 and n != "ampflow-client"}, names
     return python
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +106,7 @@ def servers(tmp_path_factory, pki):
         running[name] = start_local_server(ServerConfig(
             models=(ModelConfig(MODEL, base, version_labels={"stable": 1}),), host="127.0.0.1",
             port=0, tls=tls,
-            rest_api_port=_free_port(), grace_s=1.0, file_system_poll_wait_seconds=0))
+            rest_api_port=free_port(), grace_s=1.0, file_system_poll_wait_seconds=0))
     yield running
     for server in running.values():
         server.stop(0.5)
@@ -322,7 +316,7 @@ def test_client_alone_with_mutual_tls_answers_as_tensorflow_serving_api(client_v
 
 @pytest.mark.slow
 def test_client_retries_unavailable_only(client_venv, servers):
-    closed = f"127.0.0.1:{_free_port()}"
+    closed = f"127.0.0.1:{free_port()}"
     got = _run_in_venv(client_venv, _RETRIES, closed, servers["plain"].address)
     assert got["code"] == "UNAVAILABLE"
     assert [m.split(", attempt ")[1].split(",")[0] for m in got["log"]] == ["1/3", "2/3"]
