@@ -3,7 +3,8 @@
 The tutorial starts `ampflow serve &` and runs `predict --wait-s 60` at once. Each poll used
 the client's retries, so the answer came after ~11 `attempt i/N, retrying` warnings (issue
 46); TF Serving's clients print nothing per poll. Now one line says what it waits for, and
-giving up stays one error line. A real server, in this process, starts on the port once the client has said it waits.
+giving up stays one error line. A real server, in this process, starts on the port once the
+client has said it waits.
 """
 
 from __future__ import annotations
