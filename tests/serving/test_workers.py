@@ -7,7 +7,8 @@ together (what the supervisor's /metrics serves). Each round of requests opens f
 connections, which the kernel spreads over the workers (SO_REUSEPORT hashes each connection).
 Each channel here has a subchannel pool of its own: gRPC otherwise gives every channel of one
 process to the same address one shared TCP connection, which lands on one worker.
-Assertions are counts and states; the one bound on time is a generous "by then" for a reload.
+Assertions are counts and states. One server's whole life (the port shared, a restart under
+load, a reload, the drain) is test_workers_rebalance.py; here the flags, and the soak.
 """
 
 from __future__ import annotations
