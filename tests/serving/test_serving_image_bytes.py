@@ -276,7 +276,7 @@ def test_image_bytes_corrupt_file_fails_alone_in_a_merged_batch(digits_export, d
     merged = []
     # full at the two requests' two rows: the batch runs when both are in, however late the
     # second thread starts on a loaded host (a 1 s window before), and no sooner
-    batcher = Batcher(BatchingConfig(max_batch_size=2, batch_timeout_ms=120_000),
+    batcher = Batcher(BatchingConfig(max_batch_size=2, batch_timeout_ms=10_000),  # the most
                       observe=lambda requests, rows: merged.append(requests))
     good = {"image_bytes": as_array([encode(digits[0], "PNG")])}
     bad = {"image_bytes": as_array([b"garbage"])}
