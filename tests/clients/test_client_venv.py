@@ -361,10 +361,11 @@ import grpc, numpy as np
 from ampflow_client import Client, ServingError, make_tensor_proto
 from ampflow_client._proto.tensorflow_serving.apis import predict_pb2
 
-calls = {"n": 0}
+calls = {"n": 0, "slow": []}
 def predict(request, context):
     calls["n"] += 1
     if request.model_spec.name == "slow":
+        calls["slow"].append(context.time_remaining())  # the client's deadline, as sent
         time.sleep(1.0)
     elif calls["n"] <= 2:
         context.abort(grpc.StatusCode.UNAVAILABLE, "reloading")
@@ -391,12 +392,12 @@ with Client(f"127.0.0.1:{port}", retries=3, backoff_s=0.01, timeout_s=0.3) as c:
     result = c.predict("m", {"x": np.zeros(1, np.float32)})
     out["retried"] = [result.version, result.outputs["y"].tolist(), calls["n"], list(records)]
     records.clear()
-    t = time.monotonic()
     try:
         c.predict("slow", {"x": np.zeros(1, np.float32)})
     except ServingError as e:
-        out["deadline"] = [e.code.name, round(time.monotonic() - t, 2), list(records)]
-server.stop(0)
+        out["deadline"] = [e.code.name, list(records)]
+server.stop(5).wait()  # handlers already running finish: each slow call that came is counted
+out["slow_calls"] = calls["slow"]
 print(json.dumps(out))
 '''
 
@@ -407,5 +408,9 @@ def test_client_retries_unavailable_then_succeeds_and_deadline_is_not_retried(cl
     version, values, calls, log = got["retried"]
     assert (version, values, calls) == (7, [1.5, 2.5], 3)
     assert [m.split(", attempt ")[1].split(",")[0] for m in log] == ["1/4", "2/4"]
-    code, seconds, log = got["deadline"]
-    assert code == "DEADLINE_EXCEEDED" and seconds < 0.9 and log == []
+    code, log = got["deadline"]
+    assert code == "DEADLINE_EXCEEDED" and log == []  # no "attempt i/N, retrying" line
+    # counted by the server, not timed by the client (a loaded host stretches any time): at
+    # most the one call (none where the deadline ran out before its handler started), sent
+    # with the client's 0.3 s deadline (read on gRPC's cached clock: 0.30036 s seen)
+    assert len(got["slow_calls"]) <= 1 and all(0 < s < 0.4 for s in got["slow_calls"]), got
