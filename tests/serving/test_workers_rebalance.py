@@ -3,7 +3,7 @@
 Both workers answer on one port and /metrics counts every request once; a worker SIGKILLed
 under load is restarted and gets its fair share back; a new version reaches every worker;
 SIGTERM drains requests in flight. One server for all of it: each phase needs the one before
-(two workers started is ~16 CPU-s of TensorFlow imports on this 2-core host).
+(each two-worker server started is two TensorFlow imports, 5-8 CPU-s each on this host).
 
 Issue 49: with 16 clients each on a connection of its own, every client reconnects to the
 survivor when its worker dies, and the kernel hands a worker *connections* (SO_REUSEPORT):
