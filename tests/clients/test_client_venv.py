@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import venv
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from client_helpers import CLIENT_ROOT
+from ports import free_port
 
 pytestmark = pytest.mark.serving
 
@@ -50,12 +50,6 @@ def client_venv(tmp_path_factory) -> Path:
     assert not {n for n in names if n.startswith(("tensorflow", "keras", "ampflow"))
                 and n != "ampflow-client"}, names
     return python
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +106,7 @@ def servers(tmp_path_factory, pki):
         running[name] = start_local_server(ServerConfig(
             models=(ModelConfig(MODEL, base, version_labels={"stable": 1}),), host="127.0.0.1",
             port=0, tls=tls,
-            rest_api_port=_free_port(), grace_s=1.0, file_system_poll_wait_seconds=0))
+            rest_api_port=free_port(), grace_s=1.0, file_system_poll_wait_seconds=0))
     yield running
     for server in running.values():
         server.stop(0.5)
@@ -322,7 +316,7 @@ def test_client_alone_with_mutual_tls_answers_as_tensorflow_serving_api(client_v
 
 @pytest.mark.slow
 def test_client_retries_unavailable_only(client_venv, servers):
-    closed = f"127.0.0.1:{_free_port()}"
+    closed = f"127.0.0.1:{free_port()}"
     got = _run_in_venv(client_venv, _RETRIES, closed, servers["plain"].address)
     assert got["code"] == "UNAVAILABLE"
     assert [m.split(", attempt ")[1].split(",")[0] for m in got["log"]] == ["1/3", "2/3"]
@@ -367,10 +361,11 @@ import grpc, numpy as np
 from ampflow_client import Client, ServingError, make_tensor_proto
 from ampflow_client._proto.tensorflow_serving.apis import predict_pb2
 
-calls = {"n": 0}
+calls = {"n": 0, "slow": []}
 def predict(request, context):
     calls["n"] += 1
     if request.model_spec.name == "slow":
+        calls["slow"].append(context.time_remaining())  # the client's deadline, as sent
         time.sleep(1.0)
     elif calls["n"] <= 2:
         context.abort(grpc.StatusCode.UNAVAILABLE, "reloading")
@@ -397,12 +392,12 @@ with Client(f"127.0.0.1:{port}", retries=3, backoff_s=0.01, timeout_s=0.3) as c:
     result = c.predict("m", {"x": np.zeros(1, np.float32)})
     out["retried"] = [result.version, result.outputs["y"].tolist(), calls["n"], list(records)]
     records.clear()
-    t = time.monotonic()
     try:
         c.predict("slow", {"x": np.zeros(1, np.float32)})
     except ServingError as e:
-        out["deadline"] = [e.code.name, round(time.monotonic() - t, 2), list(records)]
-server.stop(0)
+        out["deadline"] = [e.code.name, list(records)]
+server.stop(5).wait()  # handlers already running finish: each slow call that came is counted
+out["slow_calls"] = calls["slow"]
 print(json.dumps(out))
 '''
 
@@ -413,5 +408,9 @@ def test_client_retries_unavailable_then_succeeds_and_deadline_is_not_retried(cl
     version, values, calls, log = got["retried"]
     assert (version, values, calls) == (7, [1.5, 2.5], 3)
     assert [m.split(", attempt ")[1].split(",")[0] for m in log] == ["1/4", "2/4"]
-    code, seconds, log = got["deadline"]
-    assert code == "DEADLINE_EXCEEDED" and seconds < 0.9 and log == []
+    code, log = got["deadline"]
+    assert code == "DEADLINE_EXCEEDED" and log == []  # no "attempt i/N, retrying" line
+    # counted by the server, not timed by the client (a loaded host stretches any time): at
+    # most the one call (none where the deadline ran out before its handler started), sent
+    # with the client's 0.3 s deadline (read on gRPC's cached clock: 0.30036 s seen)
+    assert len(got["slow_calls"]) <= 1 and all(0 < s < 0.4 for s in got["slow_calls"]), got

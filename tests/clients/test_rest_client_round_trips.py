@@ -9,20 +9,13 @@ version loaded in between was reported for an answer it did not give.
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
+from ports import free_port
 
 pytestmark = [pytest.mark.serving, pytest.mark.timeout(120)]
 
 MODEL = "roundtrips"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +29,7 @@ def rest_address(tmp_path_factory):
         write_model_version(base, version, model_name=MODEL)
     server = start_local_server(ServerConfig(
         models=(ModelConfig(MODEL, base),), host="127.0.0.1", port=0,
-        rest_api_port=_free_port(), grace_s=1.0))
+        rest_api_port=free_port(), grace_s=1.0))
     try:
         yield server.rest_address
     finally:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from k8s_helpers import ManifestValidator, one, require_tool, validate_builtin
+from ports import free_port
 from test_manifests import _checkov, security_context_problems
 
 from ampflow.components.deploy_serving import kserve_target
@@ -449,7 +450,6 @@ def test_the_predictor_command_line_serves_and_its_probes_answer(render, tmp_pat
     as `ampflow serve` over a store holding the pinned version: the readiness and liveness
     probes' paths answer 200 on the port the probes use. Only what cannot run here is changed:
     loopback instead of 0.0.0.0, free ports, the store's path instead of /mnt/models."""
-    import socket
     import urllib.error
     import urllib.request
 
@@ -464,9 +464,7 @@ def test_the_predictor_command_line_serves_and_its_probes_answer(render, tmp_pat
         store, int(isvc["metadata"]["annotations"]["ampflow.dev/model-version"]),
         model_name=model_name)
     settled_on_the_claim(version_dir)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        rest_port = s.getsockname()[1]
+    rest_port = free_port()  # the server binds it later: never one the kernel hands out
     probe_port = container["readinessProbe"]["httpGet"]["port"]
     local = {"--host=0.0.0.0": "--host=127.0.0.1", "--port=9000": "--port=0",
              f"--rest-api-port={probe_port}": f"--rest-api-port={rest_port}",

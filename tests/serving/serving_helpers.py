@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import socket
 from pathlib import Path
 
 import pytest
+from ports import free_port  # noqa: F401 - the tests import it from here (tests/ports.py says why)
 
 from ampflow.serving.testing import install_version  # noqa: F401 - the tests import it from here
 
@@ -31,13 +31,6 @@ class Target:
     base_path: Path
     local: bool
     max_message_bytes: int | None
-
-
-def free_port() -> int:
-    """A free 127.0.0.1 TCP port (for the metrics endpoint)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def predict_request(model: str, images, **spec):

@@ -5,7 +5,8 @@ its own test starts with `grpc.max_connection_age_ms=2000,grpc.lb_policy_name=gr
 keys a flag of ours sets set that flag (parsed into the same config as the flag), the two
 ampflow decides alone are refused, the rest reach grpcio unchanged; and `--workers N` gets a
 maximum connection age by default, so that clients reconnect and a restarted worker gets its
-share again (the measurement with real processes: test_workers_rebalance.py).
+share again (the measurement with real processes: test_workers_rebalance.py, whose one server
+also proves the port shared, the reload, the counting and the drain).
 """
 
 from __future__ import annotations

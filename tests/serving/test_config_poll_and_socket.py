@@ -166,7 +166,8 @@ def _wait_for_model(address: str, model: str, timeout_s: float) -> float:
 @pytest.mark.slow  # starts a server
 @pytest.mark.serving
 @pytest.mark.timeout(120)
-def test_a_polling_server_serves_the_new_config_and_keeps_it_through_a_bad_file(bases, tmp_path):
+def test_a_polling_server_serves_the_new_config_and_keeps_it_through_a_bad_file(bases, tmp_path,
+                                                                              caplog):
     path = tmp_path / "models.config"
     path.write_text(_config_text(one=bases["one"]))
     config = ServerConfig(models=load_model_config_file(path), model_config_file=path,
@@ -176,7 +177,13 @@ def test_a_polling_server_serves_the_new_config_and_keeps_it_through_a_bad_file(
         path.write_text(_config_text(two=bases["two"]))
         assert _wait_for_model(server.address, "two", 30) == 3.0
         path.write_text("garbage {")
-        time.sleep(1.5)  # three polls of a bad file
+        # once a poll has read the bad file (its one error line), not after a sleep that a
+        # loaded host may fill with no poll at all
+        deadline = time.monotonic() + 30
+        while not any("not applied, the models served stay" in r.getMessage()
+                      for r in caplog.records):
+            assert time.monotonic() < deadline, "no poll read the bad file within 30 s"
+            time.sleep(0.05)
         assert _predict(server.address, "two") == 3.0
         with pytest.raises(grpc.RpcError) as gone:
             _predict(server.address, "one")

@@ -25,6 +25,8 @@ from ampflow.serving.transport.drain import MESSAGE
 
 pytestmark = [pytest.mark.serving, local_only, pytest.mark.timeout(120)]
 
+REFUSE_S = 2.0  # the stop's refusal: the window the two refused calls below must fall in
+
 
 def _rest_predict(port: int) -> tuple[int, dict, str]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -40,7 +42,8 @@ def _rest_predict(port: int) -> tuple[int, dict, str]:
 
 def test_calls_arriving_while_the_server_drains_are_unavailable_and_in_flight_ones_finish(
         model_store, tmp_path, start_server):
-    # A 1.5 s batch timeout holds one Predict in flight across the stop's 0.8 s of refusal.
+    # A 1.5 s batch timeout holds one Predict in flight into the stop's REFUSE_S of refusal,
+    # long enough for the two refused calls on a loaded host.
     base = tmp_path / MODEL
     install_version(model_store, base, 1)
     server = start_server(base, rest_api_port=free_port(), enable_warmup=False,
@@ -51,9 +54,14 @@ def test_calls_arriving_while_the_server_drains_are_unavailable_and_in_flight_on
     try:
         with ThreadPoolExecutor(1) as pool:
             in_flight = pool.submit(stub.Predict, request, timeout=30)
-            time.sleep(0.3)
-            assert not in_flight.done()
-            stopper = threading.Thread(target=server.stop, kwargs={"grace": 5, "refuse_s": 0.8})
+            # in flight once the batcher holds it (its queue exists: warm-up is off), not
+            # after a sleep: a loaded host may not have delivered it yet, and the stop
+            # would refuse it
+            while not server._batcher._queues:
+                assert not in_flight.done(), in_flight.exception()
+                time.sleep(0.01)
+            stopper = threading.Thread(target=server.stop,
+                                       kwargs={"grace": 5, "refuse_s": REFUSE_S})
             stopper.start()
             while not server._drain.draining:
                 time.sleep(0.01)
@@ -68,7 +76,7 @@ def test_calls_arriving_while_the_server_drains_are_unavailable_and_in_flight_on
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
     assert refused.value.details() == MESSAGE
     pushback = dict(refused.value.trailing_metadata() or ())
-    assert int(pushback["grpc-retry-pushback-ms"]) > 800  # the retry comes after the stop
+    assert int(pushback["grpc-retry-pushback-ms"]) > REFUSE_S * 1000  # after the stop
     assert (status, json.loads(body)) == (503, {"error": MESSAGE})
     assert int(headers["retry-after"]) >= 1
     assert headers["connection"] == "close"

@@ -86,13 +86,19 @@ def test_hot_reload_under_load_zero_failures_and_switch_to_v2(
     threads = [threading.Thread(target=worker) for _ in range(8)]
     for t in threads:
         t.start()
+    # events, not sleeps: a loaded host may answer nothing in a fixed half second
+    def answered(rule) -> int:
+        with lock:
+            return sum(1 for r in results if rule(r))
+
     try:
-        time.sleep(0.5)
+        _wait_for(lambda: answered(lambda r: r[1] == 1), what="an answer from version 1")
         install_version(model_store, base, 2)
         probe = client_for(server.address)
         _wait_for(lambda: _state(probe, 2) == "AVAILABLE", what="version 2 AVAILABLE")
         switched_at.append(time.monotonic())
-        time.sleep(0.7)
+        _wait_for(lambda: answered(lambda r: r[0] > switched_at[0]) >= len(threads),
+                  what="requests sent after the switch answered")
     finally:
         stop.set()
         for t in threads:
@@ -102,7 +108,7 @@ def test_hot_reload_under_load_zero_failures_and_switch_to_v2(
     after = [r for r in results if r[0] > switched_at[0]]
     assert after and all(v == 2 for _, v, _ in after)
     assert any(v == 1 for _, v, _ in results)
-    assert _state(probe, 1) == "END"
+    _wait_for(lambda: _state(probe, 1) == "END", what="version 1 END")
 
 
 def test_partial_version_dir_is_skipped_then_loaded_once_complete(

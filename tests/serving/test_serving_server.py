@@ -138,15 +138,17 @@ def test_mutual_tls_requires_client_certificate(pki, served_base, start_server, 
 def test_sigterm_with_in_flight_requests_completes_them_and_refuses_new_ones_retryably(
         served_base):
     # A long batch timeout keeps requests in flight (queued for their batch) when SIGTERM lands:
-    # 2.5 s, so that the 1 s the test gives the four requests to reach the server (warm channel,
-    # but a loaded machine) ends well before their batch would run. Calls made after SIGTERM,
-    # while those finish, are answered UNAVAILABLE (gRPC) / 503 (REST) with a retry hint, never
+    # 5 s, so that the 1 s the test gives the four requests to reach the server (warm channel,
+    # but a loaded machine) ends well before their batch would run, and the server has 4 s
+    # more to take the SIGTERM and refuse a call while they wait (with 2.5 s, a stall of
+    # 1.5 s anywhere on a loaded host left no call to refuse). Calls made after SIGTERM, while
+    # those finish, are answered UNAVAILABLE (gRPC) / 503 (REST) with a retry hint, never
     # CANCELLED (grpcio's shutdown cancels calls it holds; transport/drain.py).
     rest_port = free_port()
     cmd = [sys.executable, "-m", "ampflow.serving.cli", "serve",
            "--model-base-path", str(served_base), "--model-name", MODEL, "--port", "0",
            "--rest-api-port", str(rest_port), "--max-batch-size", "64",
-           "--batch-timeout-ms", "2500", "--grace-s", "10", "--server", "local"]
+           "--batch-timeout-ms", "5000", "--grace-s", "10", "--server", "local"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from serving_helpers import MODEL
+
+SERVE_FLAGS = ("--workers", "2", "--grace-s", "10")
+ROUND = 16  # requests (fresh connections) per round: all on one worker has p = 2**-15
 
 
 def per_pid(metrics_dir: Path, name: str = "ampflow_serving_requests_total") -> dict:
@@ -55,3 +62,38 @@ def wait_for(predicate, timeout_s: float, what: str):
             return value
         time.sleep(0.2)
     raise AssertionError(f"not within {timeout_s:g}s: {what}")
+
+
+def scrape(port: int) -> str:
+    """The supervisor's /metrics page."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def scraped_predicts(port: int) -> float:
+    """Predict requests counted on /metrics: the values parsed, summed over versions."""
+    return sum(float(value) for value in re.findall(
+        r'^ampflow_serving_requests_total\{method="Predict"[^}]*\} (\S+)$', scrape(port),
+        re.MULTILINE))
+
+
+def predict_on(channel, seed: int) -> int:
+    """One Predict of the contract model on `channel`; the version that answered."""
+    from serving_helpers import predict_request
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    from ampflow.serving.testing import sample_images
+
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    return stub.Predict(predict_request(MODEL, sample_images(1, seed=seed)),
+                        timeout=60).model_spec.version.value
+
+
+def fresh_round(address: str, seed: int) -> list[int]:
+    """ROUND Predicts at once, each on a new connection; the versions that answered."""
+    def one(i: int) -> int:
+        with own_channel(address) as channel:
+            return predict_on(channel, seed + i)
+
+    with ThreadPoolExecutor(ROUND) as pool:
+        return list(pool.map(one, range(ROUND)))

@@ -11,10 +11,10 @@ version has other weights, so a test can tell from a prediction which version an
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import numpy as np
+from ports import free_port  # noqa: F401 - the deploy tests import it from here
 
 from ampflow.artifacts.canary_examples import write_canary_examples
 from ampflow.serving.model_format import CLASS_IDS_OUTPUT, DEFAULT_SIGNATURE, PROBABILITIES_OUTPUT
@@ -49,8 +49,3 @@ def write_saved_model(path: Path, seed: int) -> Path:
     return path
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

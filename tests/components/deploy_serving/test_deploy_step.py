@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from deploy_helpers import MODEL_NAME
+from deploy_helpers import MODEL_NAME, free_port
 
 from ampflow.components.deploy_serving import DeployConfig, cli, model_store, run_deploy
 from ampflow.components.deploy_serving.model_store import DEPLOY_RECORD, VERSIONS_LOCK
@@ -150,11 +150,7 @@ def test_cli_help_lists_every_option_with_default(capsys, monkeypatch):
 
 
 def test_local_canary_failure_takes_the_new_version_away(export_base, tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there, nor will during the test
     run_deploy(
         DeployConfig(saved_model_dir=export_base / MODEL_NAME / "1", model_store=str(tmp_path))
     )
