@@ -26,7 +26,6 @@ import io
 import json
 import re
 import signal
-import socket
 import threading
 import traceback
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ports import free_port
 from tiny_text_model import prepare_stdout, prepared_texts, trained_text_model
 
 COLOURS = {"blue": (40, 60, 210), "green": (40, 190, 60), "red": (200, 40, 40)}
@@ -69,10 +69,8 @@ def _run(*argv) -> Step:
 
 
 def _free_port() -> int:
-    """A free loopback port (tests/components/train/test_pretrained_checkpoint.py's too)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a server, below the ephemeral range (tests/ports.py says why)."""
+    return free_port()
 
 
 def _serve_and_predict(serve_argv: list, predict_argv: list) -> tuple[Step, Step]:

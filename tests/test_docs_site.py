@@ -27,13 +27,13 @@ import argparse
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -350,9 +350,8 @@ def test_marked_docs_block_runs_as_written(block, tmp_path, monkeypatch, capsys)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a server, below the ephemeral range (tests/ports.py says why)."""
+    return free_port()
 
 
 def _wait_until_listening(server: subprocess.Popen, log_path: Path, deadline_s: float) -> None:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 STEP_BY_STEP = Path(__file__).resolve().parents[1] / "docs" / "tutorial" / "step-by-step.md"
 
@@ -46,9 +46,8 @@ def readme_steps() -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a server, below the ephemeral range (tests/ports.py says why)."""
+    return free_port()
 
 
 def test_readme_step_by_step_chains_every_step():

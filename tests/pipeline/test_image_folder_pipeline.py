@@ -12,11 +12,11 @@ through the encoded-image signature, equal to the `images` answer on the same de
 import contextlib
 import io
 import json
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
+from ports import free_port
 
 # a hang guard, not a speed bound: the run took 473-551 s here at load 19-20 (78 s quiet)
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -59,11 +59,8 @@ def folder(tmp_path_factory):
 
 
 def _free_ports() -> tuple[int, int]:
-    """Two free loopback ports (both held while asked, so they differ)."""
-    with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0))
-        b.bind(("127.0.0.1", 0))
-        return a.getsockname()[1], b.getsockname()[1]
+    """Two loopback ports for servers, each handed out once (tests/ports.py says why)."""
+    return free_port(), free_port()
 
 
 def test_image_folder_and_user_model_run_the_whole_pipeline_and_serve_encoded_images(

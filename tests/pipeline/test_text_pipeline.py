@@ -22,11 +22,11 @@ import contextlib
 import io
 import json
 import re
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
+from ports import free_port
 
 # a hang guard, not a speed bound: the run took 566-600 s here at load 20 (77 s quiet)
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -56,11 +56,8 @@ def folder(tmp_path_factory) -> Path:
 
 
 def _free_ports() -> tuple[int, int]:
-    """Two free loopback ports (both held while asked, so they differ)."""
-    with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0))
-        b.bind(("127.0.0.1", 0))
-        return a.getsockname()[1], b.getsockname()[1]
+    """Two loopback ports for servers, each handed out once (tests/ports.py says why)."""
+    return free_port(), free_port()
 
 
 def _in_process_class(model_dir: Path, sentence: str) -> str:
