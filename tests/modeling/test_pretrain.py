@@ -42,6 +42,12 @@ def train_texts(tmp_path_factory) -> list[str]:
     return load_texts(prepared_texts(tmp_path_factory), "train")[0]
 
 
+@pytest.fixture(scope="module")
+def pretrained(train_texts, tmp_path_factory) -> Path:
+    """The tiny pretraining's checkpoint dir, run once for the module's two readers of it."""
+    return pretrain_mlm(train_texts, tmp_path_factory.mktemp("pretrain") / "pretrained", TINY)
+
+
 def test_the_vocabulary_is_bert_shaped_and_covers_every_training_word():
     from ampflow.modeling.wordpiece import WordPieceTokenizer
 
@@ -62,12 +68,12 @@ def test_a_size_too_small_for_the_characters_is_one_line():
         build_wordpiece_vocabulary(["abcdefghijklmnop"], VocabularyConfig(size=20))
 
 
-def test_a_tiny_pretraining_writes_a_checkpoint_train_takes(train_texts, tmp_path):
+def test_a_tiny_pretraining_writes_a_checkpoint_train_takes(pretrained, tmp_path):
     from ampflow.modeling.bert import load_hf_bert
     from ampflow.modeling.models import make_text_model
     from ampflow.modeling.user_model import parse_model_spec
 
-    directory = pretrain_mlm(train_texts, tmp_path / "pretrained", TINY)
+    directory = pretrained
     report = json.loads((directory / "pretraining.json").read_text())
     assert len(report["masked_lm_loss_per_epoch"]) == 2
     assert all(np.isfinite(report["masked_lm_loss_per_epoch"]))
@@ -89,10 +95,10 @@ def test_a_tiny_pretraining_writes_a_checkpoint_train_takes(train_texts, tmp_pat
 
 
 @pytest.mark.slow  # a real `ampflow train` through the CLI: tens of seconds on a busy host
-def test_train_fine_tunes_the_pretrained_checkpoint(train_texts, tmp_path_factory, tmp_path):
+def test_train_fine_tunes_the_pretrained_checkpoint(pretrained, tmp_path_factory, tmp_path):
     from ampflow.cli import main
 
-    directory = pretrain_mlm(train_texts, tmp_path / "pretrained", TINY)
+    directory = pretrained
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(["train", "--data-dir", str(prepared_texts(tmp_path_factory)),

@@ -32,14 +32,30 @@ def _accuracy(model, images, labels) -> float:
     return float(np.mean(np.argmax(model.predict(images, verbose=0), axis=1) == labels))
 
 
+@pytest.fixture(scope="module")
+def evaluated(trained_model, prepared_digits, tmp_path_factory):
+    """Factory: `evaluated(policy)` → run_evaluate's result with the defaults on the session's
+    model of `policy`, once per module (the gate and the confusion-matrix tests read the same
+    run; nothing writes into its output dir)."""
+    results = {}
+
+    def _get(policy: str):
+        if policy not in results:
+            results[policy] = run_evaluate(EvaluateConfig(
+                model_dir=trained_model(policy), data_dir=prepared_digits,
+                output_dir=tmp_path_factory.mktemp(f"eval-{policy}") / "eval"))
+        return results[policy]
+
+    return _get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("policy, compute_dtype", [("mixed_float16", "float16"),
                                                    ("mixed_bfloat16", "bfloat16")])
 def test_run_evaluate_trained_amp_model_passes_gate_with_defaults(
-        trained_model, prepared_digits, tmp_path, policy, compute_dtype):
+        trained_model, prepared_digits, evaluated, policy, compute_dtype):
     model_dir = trained_model(policy)
-    result = run_evaluate(EvaluateConfig(model_dir=model_dir, data_dir=prepared_digits,
-                                         output_dir=tmp_path / "eval"))
+    result = evaluated(policy)
 
     assert result.passed, result.verdict["message"]
     assert {p.name for p in result.output_dir.iterdir()} == OUTPUT_FILES
@@ -75,9 +91,8 @@ def test_run_evaluate_trained_amp_model_passes_gate_with_defaults(
 
 @pytest.mark.slow
 def test_run_evaluate_confusion_matrix_maps_to_kfp_and_matches_per_class(
-        trained_model, prepared_digits, tmp_path):
-    result = run_evaluate(EvaluateConfig(model_dir=trained_model("mixed_bfloat16"),
-                                         data_dir=prepared_digits, output_dir=tmp_path / "e"))
+        evaluated, prepared_digits):
+    result = evaluated("mixed_bfloat16")  # the gate test's run
     cm = json.loads((result.output_dir / "confusion_matrix.json").read_text())
     _, labels = _test_split(prepared_digits)
     matrix = np.array(cm["matrix"])

@@ -1,15 +1,19 @@
 """Checkpoints against a full disk and torn files (issue 24, item 2).
 
-The full disk is simulated with RLIMIT_FSIZE set in the writing process itself (a child
-process: `resource.setrlimit` there, SIGXFSZ ignored so that the write fails with EFBIG as
-on a full disk instead of killing the process). A tiny filesystem would need root (mount,
-losetup) or FUSE, neither of which this machine or CI's runners grant to tests.
+The full disk is simulated with RLIMIT_FSIZE set in the writing process itself (SIGXFSZ
+ignored, so that the write fails with EFBIG as on a full disk instead of killing the process):
+this test process's soft limit for one save (`_file_size_limit`), a child's for `ampflow
+train` (tests/full_disk.py). A tiny filesystem would need root (mount, losetup) or FUSE,
+neither of which this machine or CI's runners grant to tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
+import resource
 import signal
 import subprocess
 import sys
@@ -103,35 +107,37 @@ def test_no_checkpoint_starts_from_scratch(tmp_path):
 
 
 
+@contextlib.contextmanager
+def _file_size_limit(limit: int):
+    """Writes of this process past `limit` bytes fail with EFBIG, as on a full disk, inside
+    the block: the soft limit only (the hard one is kept, so the old soft limit can come
+    back), with SIGXFSZ ignored meanwhile. In process: the child that did it imported
+    TensorFlow again (~6 CPU-s) for one save."""
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, before)
+        signal.signal(signal.SIGXFSZ, handler)
+
+
 def test_checkpoint_write_on_a_full_disk_fails_clearly_and_keeps_the_previous_one(tmp_path):
-    """The child saves checkpoint 1, its disk fills up, and the save of 2 fails."""
-    script = textwrap.dedent(f"""
-        import resource, signal, sys
-        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[2])!r}]
-        import numpy as np, tensorflow as tf
-        from ampflow.components.train.run import checkpoints
-        from test_checkpoint_faults import _state
-        checkpoint, model, step = _state(1)
-        manager = tf.train.CheckpointManager(checkpoint, {str(tmp_path)!r}, max_to_keep=2,
-                                             checkpoint_name="ckpt")
-        step.assign(1)
-        model.layers[0].kernel.assign(np.full((64, 256), 1, np.float32))
-        checkpoints.save(manager, 1)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, ({FILE_SIZE_LIMIT}, {FILE_SIZE_LIMIT}))
-        step.assign(2)
-        model.layers[0].kernel.assign(np.full((64, 256), 2, np.float32))
-        try:
-            checkpoints.save(manager, 2)
-        except checkpoints.CheckpointError as e:
-            print(e)
-            sys.exit(1)
-    """)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert done.returncode == 1, done.stderr[-2000:]
-    (line,) = done.stdout.splitlines()
+    """Checkpoint 1 is saved, the disk fills up, and the save of 2 fails."""
+    import tensorflow as tf
+
+    checkpoint, model, step = _state(1)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=2,
+                                         checkpoint_name="ckpt")
+    step.assign(1)
+    model.layers[0].kernel.assign(np.full((64, 256), 1, np.float32))
+    checkpoints.save(manager, 1)
+    step.assign(2)
+    model.layers[0].kernel.assign(np.full((64, 256), 2, np.float32))
+    with _file_size_limit(FILE_SIZE_LIMIT), pytest.raises(checkpoints.CheckpointError) as info:
+        checkpoints.save(manager, 2)
+    (line,) = str(info.value).splitlines()
     assert line.startswith("could not write the checkpoint of step 2")
     assert "ckpt-1" in line and "free space and rerun" in line
     assert _restored(tmp_path) == (f"{tmp_path}/ckpt-1", 1, 1.0)
@@ -150,78 +156,101 @@ def test_train_on_a_full_disk_exits_1_with_one_line(prepared_digits, tmp_path):
                           text=True, env=env, timeout=240)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
+    # `ampflow train` on a CPU-only machine: none of TensorFlow's C++ start-up lines
+    # (tests/test_tf_startup.py), and its own log lines do show
+    assert not re.search(r"cuInit|cudart|cuda drivers|oneDNN|absl::InitializeLog",
+                         done.stdout + done.stderr), done.stderr[:2000]
+    assert "AMP check ok" in done.stderr
     errors = [line for line in done.stderr.splitlines() if "could not write the checkpoint" in line]
     assert len(errors) == 1, done.stderr[-3000:]
     assert "none yet" in errors[0]
 
 
+# `ampflow train` (argv after the first two) whose save of step argv[1] returns, then touches
+# the file argv[2] and waits for its SIGKILL: the kill lands after a known checkpoint on any
+# host, where a kill timed from outside raced the run's remaining epochs.
+_HELD_AFTER_SAVE = textwrap.dedent("""
+    import runpy, sys, time
+    from ampflow.components.train.run import checkpoints
+    hold_at, saved_marker = int(sys.argv[1]), sys.argv[2]
+    real_save = checkpoints.save
+
+    def save(manager, step):
+        path = real_save(manager, step)
+        if step == hold_at:
+            open(saved_marker, "w").close()
+            time.sleep(600)
+        return path
+
+    checkpoints.save = save
+    sys.argv = ["ampflow", *sys.argv[3:]]
+    runpy.run_module("ampflow.cli", run_name="__main__")
+""")
+
+
 @pytest.mark.slow  # trains through the ampflow CLI in a child process
 def test_train_killed_then_latest_checkpoint_torn_resumes_from_the_previous_one(
-        prepared_digits, tmp_path):
+        prepared_digits, tmp_path, caplog):
     """A retried pod: the first run is SIGKILLed, then the newest checkpoint's data file is
     cut short (a copy or disk fault). The second run gets a NEW output dir (as a KFP retry
     does) and the same --checkpoint-dir: it says the newest is unreadable, resumes from the one
     before, and finishes the planned epochs.
 
     One kill/resume pair checks both the durable resume and the torn-checkpoint fallback (it
-    was two runs of the same work; tests/components/train/test_train.py pointed here).
+    was two runs of the same work; tests/components/train/test_train.py pointed here). The
+    first run is killed once its epoch-3 checkpoint is saved (`_HELD_AFTER_SAVE`), so the
+    second resumes at epoch 3 from epoch 2's and trains 3 and 4: 5 epochs in all, where a
+    kill timed from outside needed 15 planned to land before the run ended.
     """
+    import io
     import json
-    import re
     import time
 
+    from ampflow.cli import main
+
     durable = tmp_path / "durable"
-    epochs = 15
+    epochs, killed_after = 4, 3
     # What is checked is epoch-level (which checkpoint, which epochs, how many lines), not the
-    # steps inside an epoch: 10 steps instead of the digits' full 45 keep ten epochs after the
-    # kill point to kill the run in, at a quarter of the training.
+    # steps inside an epoch: 10 steps instead of the digits' full 45.
     steps_per_epoch = 10
 
-    def cmd(out):
-        return [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(prepared_digits),
-                "--output-dir", str(out), "--checkpoint-dir", str(durable), "--epochs",
-                str(epochs), "--steps-per-epoch", str(steps_per_epoch), "--precision",
-                "float32"]
-
-    def epochs_logged() -> int:
-        log = durable / "epochs.jsonl"
-        return len(log.read_text().splitlines()) if log.exists() else 0
+    def args(out):
+        return ["train", "--data-dir", str(prepared_digits), "--output-dir", str(out),
+                "--checkpoint-dir", str(durable), "--epochs", str(epochs), "--steps-per-epoch",
+                str(steps_per_epoch), "--precision", "float32"]
 
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    first = subprocess.Popen(cmd(tmp_path / "pod1"), env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    saved = tmp_path / "saved"
+    first = subprocess.Popen(
+        [sys.executable, "-c", _HELD_AFTER_SAVE, str(killed_after * steps_per_epoch),
+         str(saved), *args(tmp_path / "pod1")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        # An epoch's log line is written before its checkpoint: 5 lines mean epochs 1-4 are
-        # saved, so the checkpoint before the newest is at epoch 3 or later.
-        while time.monotonic() < deadline and first.poll() is None:
-            saved = list((durable / "backup").glob("*.index"))
-            if len(saved) >= 2 and epochs_logged() >= 5:
-                break
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and first.poll() is None and not saved.exists():
             time.sleep(0.05)
-        time.sleep(0.5)  # let a save under way finish its rename before the kill
         first.send_signal(signal.SIGKILL)
     finally:
         first.wait(timeout=30)
-    assert first.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert saved.exists() and first.returncode == -signal.SIGKILL, first.returncode
     assert durable.joinpath("backup").is_dir() and not (tmp_path / "pod1" / "backup").exists()
     backup = str(durable / "backup")
     newest, previous = checkpoints.checkpoint_paths(backup)[:2]
+    assert newest.endswith(f"-{killed_after * steps_per_epoch}"), newest
     for data in Path(backup).glob(Path(newest).name + ".data-*"):
         data.write_bytes(data.read_bytes()[: data.stat().st_size // 3])
+    # The retry in this process: what it resumes from is on disk only, and the child
+    # that would run it imported TensorFlow again (the process-level checks of `ampflow
+    # train` are test_train_on_a_full_disk_exits_1_with_one_line's)
     out = tmp_path / "pod2"
-    second = subprocess.run(cmd(out), env=env, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert f"checkpoint {newest} is unreadable" in second.stderr
-    assert f"falling back to {previous}" in second.stderr
-    assert f"restored {previous}" in second.stderr
-    # `ampflow train` on a CPU-only machine: none of TensorFlow's C++ start-up lines
-    # (tests/test_tf_startup.py), and its own log lines do show
-    assert not re.search(r"cuInit|cudart|cuda drivers|oneDNN|absl::InitializeLog",
-                         second.stdout + second.stderr), second.stderr[:2000]
-    assert f"epoch {epochs}/{epochs}" in second.stderr
+    with caplog.at_level(logging.INFO), contextlib.redirect_stdout(io.StringIO()):
+        assert main(args(out)) == 0, caplog.text[-3000:]
+    assert f"checkpoint {newest} is unreadable" in caplog.text
+    assert f"falling back to {previous}" in caplog.text
+    assert f"restored {previous}" in caplog.text
+    assert f"epoch {epochs}/{epochs}" in caplog.text
     meta = json.loads((out / "metadata.json").read_text())
-    assert meta["resumed"] and meta["resumed_at_epoch"] >= 3
+    assert meta["resumed"] and meta["resumed_at_epoch"] == killed_after
     assert [e["epoch"] for e in meta["epochs"]] == list(range(1, epochs + 1))
     assert len((out / "epochs.jsonl").read_text().splitlines()) == epochs
     assert not (durable / "backup").exists()  # removed after the successful run
