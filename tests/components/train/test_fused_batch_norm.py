@@ -1,5 +1,7 @@
 """FusedBatchNormalization must compute exactly what keras.layers.BatchNormalization does."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -134,19 +136,34 @@ def test_model_with_fused_layer_round_trips_through_model_keras(tmp_path):
     _close(loaded.predict(x, verbose=0), model.predict(x, verbose=0), 0)
 
 
+@functools.cache
+def _application(name: str, policy: str):
+    """A keras.applications net as ampflow builds it, built once per file: MobileNetV2's
+    float32 build serves both tests below (neither changes its layers; one sets its weights
+    to the mixed build's, which the other does not read)."""
+    return build_model(name, (8, 8, 1), 3, image_size=32, policy=policy)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_built_applications():
+    """Frees the built nets after this file, so a worker's later files do not hold them."""
+    yield
+    _application.cache_clear()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
 def test_applications_use_only_fused_batch_norm_and_share_weights_with_float32_twin(name):
     import keras
 
-    mixed = build_model(name, (8, 8, 1), 3, image_size=32, policy="mixed_bfloat16")
+    mixed = _application(name, "mixed_bfloat16")
     layers = [layer for layer in mixed.layers if isinstance(layer, keras.Model)][0].layers
     kinds = [type(layer) for layer in layers]
     assert keras.layers.BatchNormalization not in kinds
     assert FusedBatchNormalization in kinds
     assert keras.layers.Conv2D not in kinds  # each one's bf16 filter gradient: the faster way
     assert MatmulGradientConv2D in kinds
-    twin = build_model(name, (8, 8, 1), 3, image_size=32, policy="float32")
+    twin = _application(name, "float32")
     twin.set_weights(mixed.get_weights())  # what evaluate_parity/export do
     x = np.random.default_rng(0).uniform(0, 16, (2, 8, 8, 1)).astype("float32")
     _close(twin.predict(x, verbose=0), mixed.predict(x, verbose=0), 0.05)
@@ -161,7 +178,7 @@ def test_mobilenet_v2_batch_norm_averages_fast_enough_for_a_from_scratch_run():
 
     from ampflow.modeling.models import BATCH_NORM_MAX_MOMENTUM
 
-    model = build_model("mobilenet_v2", (8, 8, 1), 3, image_size=32, policy="float32")
+    model = _application("mobilenet_v2", "float32")
     backbone = next(layer for layer in model.layers if isinstance(layer, keras.Model))
     norms = [layer for layer in backbone.layers if isinstance(layer, FusedBatchNormalization)]
     assert len(norms) == 52
