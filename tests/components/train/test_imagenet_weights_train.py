@@ -89,8 +89,10 @@ def _check_run(model_dir: Path, weights: Path, taken: list, epochs: int = 2) -> 
 # without it float16 kernels are slow on a CPU, but a step of 8 images at 32 px is cheap.
 # Phase 2 is 8 steps (2 epochs of 4): its new LossScaleOptimizer starts at 2**15 again, and
 # its first steps overflow (batch statistics of 8 images on 1x1 maps): measured, scales
-# 16384 to 2048 skipped, the next applied.
+# 16384 to 2048 skipped, the next applied. The timeout is a hang guard only: at load 15-27 the
+# float16 ResNet-50 run passed 600 s (pyproject's), though it takes ~60 s on a quiet host.
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_weights_load_hold_while_frozen_then_fine_tune_under_float16(
         resnet50_file, small_mnist, tmp_path):
     with observed_phases() as taken:
