@@ -99,3 +99,25 @@ def test_the_report_table_gives_each_arm_its_interval_and_the_paired_difference(
     # differences 0.2, 0.1, 0.25: mean 0.1833, sd 0.0764, half-width 0.1897
     assert lines[-1] == ("Paired difference (pretrained − scratch, same seed): "
                          "18.3 points ± 19.0 (n=3).")
+
+
+def test_batch_statistics_add_a_column_of_their_own(bench):
+    """`--batch-statistics` (a diagnosis) is a column beside the measured accuracy, not in it."""
+    from text_transfer import summary
+
+    runs = [{"arm": arm, "seed": 1, "test_accuracy": acc, "test_accuracy_batch_statistics": bs}
+            for arm, acc, bs in (("pretrained", 0.5, 0.25), ("scratch", 0.2, 0.75))]
+    report = {"model": "mobilenet_v2", "dataset": "ampflow_mnist", "load_before": [1, 1, 1],
+              "host": {"capabilities": {}, "cpu_count": 2, "cpu_flags": [], "tensorflow": "2"},
+              "settings": {"per_class": 50, "epochs": 10, "batch_size": 16, "pretrain_epochs": 8,
+                           "head_epochs": 5, "head_learning_rate": 1e-3,
+                           "pretrained_lr": 1e-5, "scratch_lr": 3e-3},
+              "folders": {"source": {"train": 2000, "test": 500},
+                          "target": {"train": 250, "test": 500}},
+              "pretraining": None, "runs": runs, "summary": summary(runs)}
+    lines = bench.markdown(report)
+    table = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines
+             if line.startswith("|")]
+    assert table[0] == ["arm", "test accuracy", "per seed", "with batch statistics, per seed"]
+    assert table[2:] == [["pretrained", "50.0 % (n=1)", "50.0", "25.0"],
+                         ["scratch", "20.0 % (n=1)", "20.0", "75.0"]]
