@@ -313,10 +313,11 @@ def markdown(report: dict) -> list[str]:
         f"before {report['load_before']}, after {report.get('load_after')} (**a shared "
         "host**: other jobs ran beside this one; times are slow, accuracies are not affected).",
         "", "## Pretraining on the source (`ampflow train --model mobilenet_v2`, digits 0–4)", "",
-        f"{counts['source']['train']} training images, 32 px, float32, Adam at "
+        f"{counts['source']['train']:,} training images, 32 px, float32, Adam at "
         f"{pre.get('learning_rate')}, batch {s['batch_size']}, {s['pretrain_epochs']} epochs: "
         f"source test accuracy ({counts['source']['test']} images) per epoch "
-        f"{[round(a, 4) for a in source_acc if a is not None]}; {pre.get('train_seconds')} s "
+        f"{[round(a, 4) for a in source_acc if a is not None]}; "
+        f"{round(pre.get('train_seconds') or 0)} s "
         f"of training. Its backbone written as `{pre.get('weights_file')}` "
         "(Keras applications' notop layout).", "",
         f"## Fine-tuned on the target (digits 5–9: {counts['target']['train']} training, "

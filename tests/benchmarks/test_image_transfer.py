@@ -81,7 +81,7 @@ def test_the_report_table_gives_each_arm_its_interval_and_the_paired_difference(
     runs = [{"arm": arm, "seed": seed, "test_accuracy": acc}
             for arm, accs in (("pretrained", (0.9, 0.8, 0.85)), ("scratch", (0.7, 0.7, 0.6)))
             for seed, acc in zip((1, 2, 3), accs, strict=True)]
-    report = {"model": "mobilenet_v2", "dataset": "ampflow_mnist", "load_before": [1, 1, 1],
+    report = {"model": bench.MODEL, "dataset": "ampflow_mnist", "load_before": [1, 1, 1],
               "host": {"capabilities": {}, "cpu_count": 2, "cpu_flags": ["avx2"],
                        "tensorflow": "2"},
               "settings": {"per_class": 50, "epochs": 10, "batch_size": 16, "pretrain_epochs": 8,
@@ -107,7 +107,7 @@ def test_batch_statistics_add_a_column_of_their_own(bench):
 
     runs = [{"arm": arm, "seed": 1, "test_accuracy": acc, "test_accuracy_batch_statistics": bs}
             for arm, acc, bs in (("pretrained", 0.5, 0.25), ("scratch", 0.2, 0.75))]
-    report = {"model": "mobilenet_v2", "dataset": "ampflow_mnist", "load_before": [1, 1, 1],
+    report = {"model": bench.MODEL, "dataset": "ampflow_mnist", "load_before": [1, 1, 1],
               "host": {"capabilities": {}, "cpu_count": 2, "cpu_flags": [], "tensorflow": "2"},
               "settings": {"per_class": 50, "epochs": 10, "batch_size": 16, "pretrain_epochs": 8,
                            "head_epochs": 5, "head_learning_rate": 1e-3,
