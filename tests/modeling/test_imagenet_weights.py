@@ -17,7 +17,11 @@ import pytest
 from applications_files import randomize, write_applications_weights
 
 from ampflow.errors import ModelConfigError
-from ampflow.modeling.imagenet_weights import backbone_of, load_applications_weights
+from ampflow.modeling.imagenet_weights import (
+    backbone_of,
+    load_applications_weights,
+    save_applications_weights,
+)
 
 
 def tiny_backbone(top: bool = False, first: str = "conv1_conv"):
@@ -131,6 +135,26 @@ def test_split_layer_names_attributes_are_read(source_file, tmp_path):
         file.attrs["layer_names0"], file.attrs["layer_names1"] = names[:3], names[3:]
     model = wrapped(tiny_backbone())
     assert load_applications_weights(model, path) == 11
+
+
+def test_a_saved_backbone_is_the_file_keras_and_ampflow_read_tensor_for_tensor(tmp_path):
+    """save_applications_weights hands a backbone trained here on as a downloaded file: Keras's
+    own loader (the `weights=` path) and load_applications_weights both get every tensor."""
+    keras.mixed_precision.set_global_policy("float32")
+    trained = wrapped(tiny_backbone())
+    randomize(trained, seed=3)
+    path = save_applications_weights(trained, tmp_path / "tiny_notop.h5")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny_notop.h5"]  # no partial left
+    want = {v.path: v.numpy() for v in backbone_of(trained).weights}
+    theirs = tiny_backbone()
+    theirs.load_weights(path)
+    mine = wrapped(tiny_backbone())
+    assert load_applications_weights(mine, path) == len(want) == 11
+    for model in (theirs, backbone_of(mine)):
+        assert {v.path for v in model.weights} == set(want)
+        for variable in model.weights:
+            np.testing.assert_array_equal(variable.numpy(), want[variable.path],
+                                          err_msg=variable.path)
 
 
 # ---- the built-in backbones (slow: ResNet-50 and MobileNetV2 are built) --------------------

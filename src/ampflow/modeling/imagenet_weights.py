@@ -110,6 +110,33 @@ def load_applications_weights(model, path: str | os.PathLike) -> int:
     return len(pairs)
 
 
+def save_applications_weights(model, path: str | os.PathLike) -> Path:
+    """Write `model`'s backbone in Keras applications' notop layout; the path written.
+
+    The file `keras.applications.<Name>(weights=path, include_top=False)` and
+    `load_applications_weights` read: a backbone trained here handed on as a downloaded one
+    would be (benchmarks/image_transfer.py). Every layer is listed in `layer_names` (Keras's
+    loader skips those without weights), each weight as `<layer>/<weight>:0` in the layer's
+    order, float32. Written to a temporary name, then renamed: never a half-written file.
+    """
+    import h5py
+
+    path, backbone = Path(path), backbone_of(model)
+    partial = path.with_name(path.name + ".partial")
+    with h5py.File(partial, "w") as file:
+        file.attrs["layer_names"] = [layer.name.encode() for layer in backbone.layers]
+        file.attrs["backend"] = b"tensorflow"
+        file.attrs["keras_version"] = b"2.2.4"  # the applications' files' (Keras 2's layout)
+        for layer in backbone.layers:
+            group = file.create_group(layer.name)
+            names = [f"{layer.name}/{v.name}:0" for v in layer.weights]
+            group.attrs["weight_names"] = [name.encode() for name in names]
+            for name, variable in zip(names, layer.weights, strict=True):
+                group.create_dataset(name, data=np.asarray(variable.numpy(), np.float32))
+    partial.replace(path)
+    return path
+
+
 def backbone_of(model):
     """The nested functional model a built-in image model wraps (or `model`, if none)."""
     import keras
