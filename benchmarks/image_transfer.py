@@ -24,6 +24,7 @@ The image twin of text_transfer.py. From the offline MNIST digits (`ampflow_mnis
 The host's CPU flags and load average are recorded: a shared 2-core host is slow, not wrong.
 
     python benchmarks/image_transfer.py --workdir /tmp/image-transfer --parallel
+    python benchmarks/image_transfer.py --workdir /tmp/image-transfer --batch-statistics
     python benchmarks/image_transfer.py --workdir /tmp/t --seeds 1 --pretrain-epochs 1 \
         --epochs 2 --head-epochs 1 --steps-per-epoch 2 --tag smoke
 
