@@ -119,6 +119,8 @@ EXIT_CODES = [
     (["train", "--data-dir", "{tmp}/nope", "--output-dir", "{tmp}/t"], 2,
      "is not a prepared dataset"),
     (["check-model", "--data-dir", "{tmp}/nope"], 2, "is not a prepared dataset"),
+    (["pretrain", "--data-dir", "{tmp}/nope", "--output-dir", "{tmp}/p"], 2,
+     "is not a prepared dataset"),
     (["evaluate", "--model-dir", "{tmp}/nope", "--data-dir", "{tmp}/nope", "--output-dir",
       "{tmp}/e"], 2, "is not a prepared dataset"),
     (["export", "--model-dir", "{tmp}/nope", "--data-dir", "{tmp}/nope", "--export-base",
