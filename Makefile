@@ -59,10 +59,10 @@ demo: $(STAMP)
 # splitting a long file: make test PYTEST_ADDOPTS=--record-file-durations=tests/file_durations.json
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-## test: lint, then the whole test suite: 2,607 tests (2,603 passed, 3 skipped, 1 xfailed) in
-## 1,289 s of pytest on a fresh clone of an AVX2-only AMD EPYC (2 cores, quiet, CI=true; stop 53):
-## over the 12-minute goal; 2,527 tests in 1,179 s at stop 52, 2,312 in 1,093 s at stop 51 on the
-## same CPU. Before:
+## test: lint, then the whole test suite: 2,608 tests (2,604 passed, 3 skipped, 1 xfailed) in
+## 1,134 s of pytest on a fresh clone of an AVX2-only AMD EPYC (2 cores, quiet, CI=true; stop 54,
+## 1,135 s in the run before it): over the 12-minute goal; 2,607 tests in 1,289 s at stop 53,
+## 2,527 in 1,179 s at stop 52, 2,312 in 1,093 s at stop 51 on the same CPU. Before:
 ## 1,982 tests in 924 s and 816 s (the second run with the
 ## files ordered by the first run's times) of pytest with -n 2 on a 2-core
 ## clean clone of a Xeon (AMX) host, quiet: over the 12-minute goal (stop 36 there: 1,962 tests
@@ -75,7 +75,8 @@ test: $(STAMP) $(TOOLS_STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS)
 
 ## test-fast: lint, then every test that trains no real model and loads no server (-m "not slow"):
-## 2,185 tests in 239 s on the same AVX2-only EPYC fresh clone (stop 52: over the 3-minute goal;
+## 2,272 tests in 232 s on the same AVX2-only EPYC fresh clone (stop 54: over the 3-minute goal);
+## 2,185 tests in 239 s at stop 52 (over the 3-minute goal;
 ## 2,027 tests in 232 s at stop 51);
 ## 1,720 tests in 151 s with -n 2 on the same quiet 2-core Xeon clean clone (goal: 3 minutes;
 ## 165 s and 194 s at stop 36);
