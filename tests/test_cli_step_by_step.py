@@ -15,107 +15,22 @@ walked once, by tests/test_readme_step_by_step.py (the tutorial's block: train, 
 export, convert, deploy, serve, predict on the offline digits, its export summary counting
 images); a folder of photos through the pipeline, served and asked with `ampflow predict
 photo.jpg` (image_bytes) over gRPC and REST, is tests/pipeline/test_image_folder_pipeline.py.
-`serve_while` runs `ampflow serve` in this process as typed (until SIGTERM), a client beside it
-(the tutorial's walk and the pipeline walks use it).
+Commands run through tests/cli_walk.py, which the README's walk and the pipeline walks share.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
-import signal
-import threading
-import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
-from ports import free_port
+from cli_walk import Step, run_cli
 from tiny_text_model import prepare_stdout, prepared_texts, trained_text_model
 
 COLOURS = {"blue": (40, 60, 210), "green": (40, 190, 60), "red": (200, 40, 40)}
 SIZE = 16
-
-
-@dataclass(frozen=True)
-class Step:
-    """One command as a user ran it: its exit code and everything it printed."""
-
-    argv: tuple[str, ...]
-    code: int
-    out: str
-
-    def assert_ok(self) -> None:
-        assert self.code == 0 and "Traceback" not in self.out, (self.argv, self.out[-3000:])
-
-
-def _run(*argv) -> Step:
-    """`ampflow ARGV` in this process; an exception is what the console script shows: a
-    traceback and exit 1 (so the walk goes on, and the step's test says what went wrong)."""
-    from ampflow.cli import main
-
-    argv = tuple(str(a) for a in argv)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        try:
-            code = main(list(argv))
-        except Exception:  # noqa: BLE001 (what a user would see, kept for the step's test)
-            traceback.print_exc()
-            code = 1
-    return Step(argv, code, out.getvalue())
-
-
-def _free_port() -> int:
-    """A loopback port for a server, below the ephemeral range (tests/ports.py says why)."""
-    return free_port()
-
-
-def _serve_and_predict(serve_argv: list, predict_argv: list) -> tuple[Step, Step]:
-    """`ampflow serve` in this thread as typed (it serves until SIGTERM, like `& SERVER=$!`
-    then `kill $SERVER`), and `ampflow predict` from another thread once the server answers.
-    Both print into serve's capture (stdout is one per process)."""
-    from ampflow.cli import main
-
-    serve, asked = serve_while(serve_argv, lambda: main([str(a) for a in predict_argv]))
-    return serve, Step(tuple(map(str, predict_argv)), asked if asked is not None else 1,
-                       serve.out)
-
-
-def serve_while(serve_argv: list, client):
-    """(serve's Step, what `client()` returned: None if it raised, its traceback printed):
-    `ampflow serve` in this thread as typed, `client` in another thread meanwhile (it waits
-    for the server itself). The pipeline walks query their `run-local`'s deployment this way:
-    a server process would only pay another TensorFlow start-up.
-
-    After the client the client thread sends SIGTERM to this thread until serve has returned,
-    so a signal sent before serve's handler was in place is sent again; until then and after,
-    a SIGTERM is ignored here rather than ending the test process.
-    """
-    serving_thread, served = threading.get_ident(), threading.Event()
-    answer: dict[str, object] = {}
-
-    def run_client() -> None:
-        try:
-            answer["value"] = client()
-        except Exception:  # noqa: BLE001 (printed for the test; None says it failed)
-            traceback.print_exc()
-        finally:
-            while not served.wait(0.5):
-                signal.pthread_kill(serving_thread, signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
-    thread = threading.Thread(target=run_client, name="ampflow-client", daemon=True)
-    try:
-        thread.start()
-        serve = _run(*serve_argv)
-    finally:
-        served.set()
-        thread.join(60)
-        signal.signal(signal.SIGTERM, previous)
-    return serve, answer.get("value")
 
 
 # ---- the text folder ------------------------------------------------------------------------
@@ -127,7 +42,7 @@ def text_checked(tmp_path_factory):
     text-models.md types it."""
     data = prepared_texts(tmp_path_factory)
     prepared = Step(("prepare-data", "--text-folder", "..."), 0, prepare_stdout(tmp_path_factory))
-    checked = _run("check-model", "--data-dir", data, "--model", "bert_tiny",
+    checked = run_cli("check-model", "--data-dir", data, "--model", "bert_tiny",
                    "--precision", "mixed_float16")
     return {"data": data, "prepare-data": prepared, "check-model": checked}
 
@@ -151,13 +66,13 @@ def text_walk(tmp_path_factory, text_checked):
     work, data, model = tmp_path_factory.mktemp("text-walk"), text_checked["data"], \
         trained.model_dir
     steps = {"train": Step(("train", "..."), 0, trained.train_stdout)}
-    steps["evaluate"] = _run("evaluate", "--model-dir", model, "--data-dir", data,
+    steps["evaluate"] = run_cli("evaluate", "--model-dir", model, "--data-dir", data,
                              "--output-dir", work / "eval")
-    steps["export"] = _run("export", "--model-dir", model, "--data-dir", data,
+    steps["export"] = run_cli("export", "--model-dir", model, "--data-dir", data,
                            "--export-base", work / "exports", "--eval-dir", work / "eval")
-    steps["convert"] = _run("convert", "--saved-model-dir", work / "exports" / "ampflow",
+    steps["convert"] = run_cli("convert", "--saved-model-dir", work / "exports" / "ampflow",
                             "--data-dir", data, "--output-dir", work / "tflite")
-    steps["deploy"] = _run("deploy", "--target", "local", "--saved-model-dir",
+    steps["deploy"] = run_cli("deploy", "--target", "local", "--saved-model-dir",
                            work / "exports" / "ampflow" / "1", "--model-store", work / "serving")
     # serve and predict --text on the deployed text model: tests/pipeline/test_text_pipeline.py
     # (text-models.md's block, as typed, over gRPC and REST)
@@ -219,9 +134,9 @@ def image_checked(tmp_path_factory):
     photos = _write_photos(work / "photos")
     data = work / "work" / "photos"
     return {"work": work, "photos": photos, "data": data,
-            "prepare-data": _run("prepare-data", "--image-folder", photos, "--image-size", SIZE,
+            "prepare-data": run_cli("prepare-data", "--image-folder", photos, "--image-size", SIZE,
                                  "--output-dir", data),
-            "check-model": _run("check-model", "--data-dir", data, "--model", "small_cnn",
+            "check-model": run_cli("check-model", "--data-dir", data, "--model", "small_cnn",
                                 "--precision", "mixed_float16")}
 
 

@@ -71,7 +71,7 @@ def _calls_as_bash_reads(steps: str, tmp_path: Path) -> list[tuple[str, int, lis
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_readme_step_by_step_runs_as_written(tmp_path, monkeypatch):
-    from test_cli_step_by_step import _run, _serve_and_predict
+    from cli_walk import run_cli, serve_and_predict
 
     steps = readme_steps()
     assert "--port 8500" in steps
@@ -91,9 +91,9 @@ def test_readme_step_by_step_runs_as_written(tmp_path, monkeypatch):
             assert argv[0] == "-c", argv
             exec(compile(argv[1], "<python -c>", "exec"), {"__name__": "__main__"})  # noqa: S102
         elif program == "ampflow" and argv[0] == "predict":
-            out["serve"], out["predict"] = _serve_and_predict(serve[2], argv)
+            out["serve"], out["predict"] = serve_and_predict(serve[2], argv)
         elif program == "ampflow" and argv[0] != "serve":
-            out[argv[0]] = _run(*argv)
+            out[argv[0]] = run_cli(*argv)
     for command in ("prepare-data", "train", "evaluate", "export", "convert", "deploy",
                     "serve", "predict"):
         out[command].assert_ok()

@@ -65,7 +65,7 @@ def _free_ports() -> tuple[int, int]:
 
 def test_image_folder_and_user_model_run_the_whole_pipeline_and_serve_encoded_images(
         tmp_path, folder):
-    from test_cli_step_by_step import serve_while
+    from cli_walk import serve_while
 
     from ampflow.cli import main
     from ampflow.data.images import decode_to_model_input

@@ -122,7 +122,7 @@ def test_a_text_folder_runs_the_whole_pipeline_with_bert_tiny_and_serves_raw_tex
 def _served_classes_are(config, sentence: str, expected: str) -> None:
     """`ampflow serve` (in this process, as typed) and `ampflow predict --text` over gRPC and
     REST beside it say it."""
-    from test_cli_step_by_step import serve_while
+    from cli_walk import serve_while
 
     from ampflow.cli import main
     from ampflow.serving.client import PredictionClient

@@ -157,10 +157,10 @@ def test_train_evaluate_export_from_a_checkpoint_serves_its_own_tokenizer(
     code, out = _cli("deploy", "--target", "local", "--saved-model-dir", str(version),
                      "--model-store", str(tmp_path / "store"))
     assert code == 0, out
-    from test_cli_step_by_step import _free_port, _serve_and_predict
+    from cli_walk import loopback_port, serve_and_predict
 
-    port = _free_port()
-    serve, predict = _serve_and_predict(
+    port = loopback_port()
+    serve, predict = serve_and_predict(
         ["serve", "--model-base-path", tmp_path / "store" / "ampflow", "--port", port],
         ["predict", "--port", port, "--wait-s", 60, "--text", texts[0]])
     assert (serve.code, predict.code) == (0, 0), serve.out
