@@ -247,3 +247,17 @@ def test_rest_predict_and_regress_as_tf_servings_api_docs(server):
     status, body = _rest(server, f"/v1/models/{H3}:regress",
                          {"signature_name": REGRESS, "examples": [{"z": 1.0}]})
     assert status == 400 and "is required" in body["error"]
+
+
+def test_v2_rest_metadata_shows_and_infer_checks_the_graphs_shapes(server):
+    """KServe V2 checks shapes: against the graph's [-1, 1], not the TensorInfo's scalar."""
+    url = f"/v2/models/{H3}"
+    with urllib.request.urlopen(f"http://{server.rest_address}{url}", timeout=30) as response:
+        meta = json.loads(response.read())
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 1]}]
+    x = {"name": "x", "datatype": "FP32", "shape": [3, 1], "data": [1.0, 2.0, 5.0]}
+    status, body = _rest(server, f"{url}/infer", {"inputs": [x]})
+    assert status == 200, body
+    np.testing.assert_allclose(body["outputs"][0]["data"], [3.5, 4.0, 5.5])
+    status, body = _rest(server, f"{url}/infer", {"inputs": [{**x, "shape": [3]}]})
+    assert status == 400 and "shape" in body["error"]

@@ -147,14 +147,14 @@ def matmul_tflite() -> bytes:
         return v1.lite.TFLiteConverter.from_session(sess, [x], [y]).convert()
 
 
-def write_half_plus_two_tf1(export_dir: Path, b: float = 2.0) -> Path:
+def write_half_plus_two_tf1(export_dir: Path) -> Path:
     """The TF1 half_plus_two of TF Serving's export script (`saved_model_half_plus_two_cpu`).
 
     Its TF1 branch, written here: a session graph parsing tf.Examples fed to `tf_example` (a
     string placeholder of unknown shape, as in the metadata TF Serving's tests expect), `x`
-    and `x2` features, y = 0.5 * x + b, y2 = 0.5 * x + 3, y3 = 0.5 * x2 + 3, saved with
-    `SavedModelBuilder` and five SignatureDefs with TF1's method names. `b=3`: the
-    `half_plus_three` of its model-config tests.
+    and `x2` features, y = 0.5 * x + 2, y2 = 0.5 * x + 3, y3 = 0.5 * x2 + 3, saved with
+    `SavedModelBuilder` and five SignatureDefs with TF1's method names (its SignatureDefs
+    agree with the graph; `write_half_plus_three_tf1` is the one whose do not).
     """
     import tensorflow as tf
 
@@ -163,7 +163,7 @@ def write_half_plus_two_tf1(export_dir: Path, b: float = 2.0) -> Path:
     consts = v1.saved_model.signature_constants
     graph = tf.Graph()
     with graph.as_default(), v1.Session(graph=graph) as sess:
-        a, b_var, c = (v1.Variable(v, name=n) for v, n in ((0.5, "a"), (b, "b"), (3.0, "c")))
+        a, b_var, c = (v1.Variable(v, name=n) for v, n in ((0.5, "a"), (2.0, "b"), (3.0, "c")))
         serialized = v1.placeholder(tf.string, name="tf_example")
         parsed = v1.parse_example(tf.reshape(serialized, [-1]), {
             "x": v1.FixedLenFeature([1], dtype=tf.float32),
