@@ -22,7 +22,9 @@ import tensorflow as tf
 from serving_helpers import free_port
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (
+    classification_pb2,
     get_model_metadata_pb2,
+    inference_pb2,
     predict_pb2,
     prediction_service_pb2_grpc,
     regression_pb2,
@@ -214,7 +216,7 @@ def _rest(server, path: str, payload) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
-def test_grpc_predict_regress_and_metadata_as_tf_serving(stub, base):
+def test_grpc_predict_regress_multi_inference_and_metadata_as_tf_serving(stub, base):
     request = predict_pb2.PredictRequest()
     request.model_spec.name = H3
     request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([1, 2, 5], np.float32)))
@@ -227,6 +229,17 @@ def test_grpc_predict_regress_and_metadata_as_tf_serving(stub, base):
         regress.input.example_list.examples.add().ParseFromString(_example(x))
     values = [r.value for r in stub.Regress(regress, timeout=30).result.regressions]
     np.testing.assert_allclose(values, [3.5, 4.0])
+    multi = inference_pb2.MultiInferenceRequest(input=regress.input)
+    task = multi.tasks.add(method_name=REGRESS)
+    task.model_spec.name, task.model_spec.signature_name = H3, REGRESS
+    (result,) = stub.MultiInference(multi, timeout=30).results
+    np.testing.assert_allclose([r.value for r in result.regression_result.regressions],
+                               [3.5, 4.0])
+    classify = classification_pb2.ClassificationRequest(model_spec=regress.model_spec,
+                                                        input=regress.input)
+    with pytest.raises(grpc.RpcError) as refused:  # no classes or scores: not a classifier
+        stub.Classify(classify, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
     meta = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
     meta.model_spec.name = H3
