@@ -122,6 +122,35 @@ def test_concurrent_session_runs_each_get_their_own_answer(servable):
     assert not errors and len(answers) == 4
 
 
+def test_server_side_batching_merges_session_runs_without_changing_answers(servable):
+    """Merged along the first dimension and split back: `x` of [2] per request, as sent."""
+    from ampflow.serving.config import BatchingConfig
+    from ampflow.serving.core.batching import Batcher
+
+    merged = []
+    batcher = Batcher(BatchingConfig(max_batch_size=64, batch_timeout_ms=50.0),
+                      observe=lambda requests, rows: merged.append(requests))
+    answers, errors = {}, []
+
+    def call(i: int) -> None:
+        try:
+            x = np.array([i, i + 0.5], np.float32)
+            answers[i] = batcher.run(servable, "serving_default", {"x": x}, 60.0)["y"]
+            np.testing.assert_allclose(answers[i], 0.5 * x + 3)
+        except Exception as e:  # collected: a thread's assertion would be lost
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        batcher.close()
+    assert not errors and len(answers) == 6 and sum(merged) == 6
+
+
 def _core(servable, **limits) -> tuple[InferenceCore, InferRequest]:
     return InferenceCore(ModelRegistry(()), limits=RequestLimits(**limits)), \
         InferRequest(H3, servable=servable)
