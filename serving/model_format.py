@@ -124,6 +124,8 @@ ENCODED_IMAGE_MAGIC = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n", "gi
 SAVED_MODEL_PB = "saved_model.pb"
 FINGERPRINT_PB = "fingerprint.pb"
 SERVE_TAG = "serve"  # the MetaGraph TF Serving loads
+# TensorFlow's SignatureDef of a SavedModel's init op: listed in metadata, never run
+INIT_OP_SIGNATURE = "__saved_model_init_op"
 # --model-format: what a version dir holds (auto: saved_model.pb, else one .tflite file;
 # prefer_tflite: its .tflite file when it has one, else its SavedModel, as TF Serving's
 # --prefer_tflite_model)

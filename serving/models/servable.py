@@ -1,8 +1,9 @@
 """One loaded model version: the `Servable` interface, and the SavedModel that implements it.
 
 `Servable` is what the registry, the core, the batcher and the warm-up need of a version,
-whatever its format; `SavedModelServable` (here) and `TFLiteServable` (tflite.py) implement it,
-and `load_servable` picks one by what the version dir holds.
+whatever its format; `SavedModelServable` (here), `TFLiteServable` (tflite.py) and, for a TF1
+graph whose SignatureDefs disagree with it, `SessionServable` (session.py) implement it, and
+`load_servable` picks one by what the version dir holds.
 
 TF Serving's `SavedModelBundle`: the SignatureDefs come from `saved_model.pb` itself (what
 GetModelMetadata returns), the functions from `tf.saved_model.load` (what a request runs).
@@ -27,20 +28,23 @@ import numpy as np
 
 from ampflow.errors import ConfigError, ModelLoadError
 from ampflow.serving.compute_precision import PrecisionScope, check_supported
-from ampflow.serving.model_format import SERVE_TAG, serving_signature_defs
+from ampflow.serving.model_format import (
+    INIT_OP_SIGNATURE,
+    SERVE_TAG,
+    serving_signature_defs,
+)
 from ampflow.serving.models.frozen import FrozenSignature
 from ampflow.serving.models.token_cost import TokenCost, read_token_cost
 
 log = logging.getLogger(__name__)
 
-INIT_OP_SIGNATURE = "__saved_model_init_op"
-
-
 class Servable(Protocol):
     """One loaded model version, whatever its format.
 
-    `signature_defs`: name -> SignatureDef proto (what metadata returns; a quantized TFLite
-    tensor is described as float32); `run` takes and returns numpy arrays keyed by the
+    `signature_defs`: name -> SignatureDef proto, what requests are checked against (a
+    quantized TFLite tensor is described as float32; a Session's graph gives its dtypes and
+    shapes); `metadata_signature_defs`: what GetModelMetadata returns (the same, but a TF1
+    graph's SignatureDefs as written); `run` takes and returns numpy arrays keyed by the
     signature's input and output names; `platform`: V2 metadata's name of the format;
     `model_format`: one of model_format.MODEL_FORMATS but `auto`; `token_cost`: a text
     model's rule for what a request costs in tokens (token_cost.py), None for any other.
@@ -52,6 +56,7 @@ class Servable(Protocol):
     platform: str
     model_format: str
     signature_defs: dict
+    metadata_signature_defs: dict
     token_cost: TokenCost | None
 
     def can_run(self, signature: str) -> bool:
@@ -69,7 +74,10 @@ def load_servable(model: str, version: int, path: Path, model_format: str = "aut
 
     A TFLite version computes in the precision it was converted to (its variant), so a
     `compute_precision` other than float32 is refused for it (ModelLoadError: never served).
+    A TF1 SavedModel that `tf.saved_model.load` refuses because its SignatureDefs disagree
+    with its graph runs in a Session (session.py); any other failure raises as it was.
     """
+    from ampflow.serving.models.session import session_servable
     from ampflow.serving.models.tflite import TFLiteServable, detect_format
 
     chosen = detect_format(path, prefer_tflite=model_format == "prefer_tflite") \
@@ -81,7 +89,13 @@ def load_servable(model: str, version: int, path: Path, model_format: str = "aut
                 "version is a TFLite flatbuffer, whose precision is its converter variant "
                 "(serve it with the default float32)")
         return TFLiteServable(model, version, path)
-    return SavedModelServable(model, version, path, compute_precision)
+    try:
+        return SavedModelServable(model, version, path, compute_precision)
+    except Exception as error:
+        servable = session_servable(model, version, path, compute_precision, error)
+        if servable is None:
+            raise
+        return servable
 
 
 class SavedModelServable:
@@ -105,6 +119,7 @@ class SavedModelServable:
         self.version = version
         self.path = path
         self.signature_defs = serving_signature_defs(path)
+        self.metadata_signature_defs = self.signature_defs
         self.token_cost = read_token_cost(path)
         self._loaded = tf.saved_model.load(str(path), tags=[SERVE_TAG])
         freeze = compute_precision != "float32"  # frozen.py: weights cast once, not per call

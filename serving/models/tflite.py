@@ -85,6 +85,7 @@ class TFLiteServable:
                 self._runners[key] = TensorRunner(self._interpreter, inputs, outputs)
                 self._details[key] = (inputs, outputs)
                 self.signature_defs[key] = sig or _signature_def(inputs, outputs)
+        self.metadata_signature_defs = self.signature_defs
 
     def can_run(self, signature: str) -> bool:
         """Whether the flatbuffer carries `signature`."""

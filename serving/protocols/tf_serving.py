@@ -220,7 +220,7 @@ class TFServingProtocol:
         response = get_model_metadata_pb2.GetModelMetadataResponse()
         fill_spec(response.model_spec, servable, "")
         sig_map = get_model_metadata_pb2.SignatureDefMap()
-        for name, sig in servable.signature_defs.items():
+        for name, sig in servable.metadata_signature_defs.items():
             sig_map.signature_def[name].CopyFrom(sig)
         packed = any_pb2.Any()
         packed.Pack(sig_map)

@@ -8,7 +8,8 @@ that ask for the same one), building the same `tensorflow_model_server` command 
 `ampflow serve`'s own parser and served in this process (`testBadModelConfig` runs the real
 command, as its assertion is on the process's stderr), with every flag upstream's harness
 passes (`--rest_api_timeout_in_ms`, `--prefer_tflite_model` for the TFLite models, ...). The
-models are built by the test as TF Serving's export scripts build them (tf_serving_models.py),
+models are built by the test as TF Serving's export scripts build them (tf_serving_models.py;
+half_plus_three as TF 1.0 wrote upstream's file, its SignatureDefs disagreeing with its graph),
 each in a `00000123` dir as upstream's testdata; the metadata golden file is a table here.
 `UPSTREAM_CASES` counts what passes as written; the cases that cannot say why in their marks.
 """
@@ -41,6 +42,7 @@ from tensorflow_serving.apis import (
 )
 from tf_serving_models import (
     half_plus_two_tflite,
+    write_half_plus_three_tf1,
     write_half_plus_two,
     write_half_plus_two_tf1,
 )
@@ -68,9 +70,9 @@ class Harness:
         self.root, self.socket_path = root, socket_path
         self.servers: dict[tuple, tuple] = {}
         self.testdata = root / "testdata"
-        models = {"saved_model_half_plus_two_cpu": lambda d: write_half_plus_two_tf1(d),
+        models = {"saved_model_half_plus_two_cpu": write_half_plus_two_tf1,
                   "saved_model_half_plus_two_tf2_cpu": write_half_plus_two,
-                  "saved_model_half_plus_three": lambda d: write_half_plus_two_tf1(d, b=3.0)}
+                  "saved_model_half_plus_three": write_half_plus_three_tf1}
         for name, write in models.items():
             write(self.testdata / name / f"{VERSION:08d}")
         for name, sigdef in (("saved_model_half_plus_two_tflite", False),

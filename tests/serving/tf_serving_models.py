@@ -147,14 +147,14 @@ def matmul_tflite() -> bytes:
         return v1.lite.TFLiteConverter.from_session(sess, [x], [y]).convert()
 
 
-def write_half_plus_two_tf1(export_dir: Path, b: float = 2.0) -> Path:
+def write_half_plus_two_tf1(export_dir: Path) -> Path:
     """The TF1 half_plus_two of TF Serving's export script (`saved_model_half_plus_two_cpu`).
 
     Its TF1 branch, written here: a session graph parsing tf.Examples fed to `tf_example` (a
     string placeholder of unknown shape, as in the metadata TF Serving's tests expect), `x`
-    and `x2` features, y = 0.5 * x + b, y2 = 0.5 * x + 3, y3 = 0.5 * x2 + 3, saved with
-    `SavedModelBuilder` and five SignatureDefs with TF1's method names. `b=3`: the
-    `half_plus_three` of its model-config tests.
+    and `x2` features, y = 0.5 * x + 2, y2 = 0.5 * x + 3, y3 = 0.5 * x2 + 3, saved with
+    `SavedModelBuilder` and five SignatureDefs with TF1's method names (its SignatureDefs
+    agree with the graph; `write_half_plus_three_tf1` is the one whose do not).
     """
     import tensorflow as tf
 
@@ -163,7 +163,7 @@ def write_half_plus_two_tf1(export_dir: Path, b: float = 2.0) -> Path:
     consts = v1.saved_model.signature_constants
     graph = tf.Graph()
     with graph.as_default(), v1.Session(graph=graph) as sess:
-        a, b_var, c = (v1.Variable(v, name=n) for v, n in ((0.5, "a"), (b, "b"), (3.0, "c")))
+        a, b_var, c = (v1.Variable(v, name=n) for v, n in ((0.5, "a"), (2.0, "b"), (3.0, "c")))
         serialized = v1.placeholder(tf.string, name="tf_example")
         parsed = v1.parse_example(tf.reshape(serialized, [-1]), {
             "x": v1.FixedLenFeature([1], dtype=tf.float32),
@@ -195,3 +195,64 @@ def write_half_plus_two_tf1(export_dir: Path, b: float = 2.0) -> Path:
                                              signature_def_map=signatures)
         builder.save()
     return export_dir
+
+
+def write_half_plus_three_tf1(export_dir: Path) -> Path:
+    """TF Serving's `saved_model_half_plus_three` testdata, as TF 1.0 wrote it (not copied).
+
+    What its `00000123/saved_model.pb` holds (read from the file): a session graph of TF
+    1.0's ops, `tf_example` (a string placeholder) parsed by the rank-1 `ParseExample` into
+    `x` ([-1, 1]), y = 0.5 * x + 3 and its copy `Identity`, `x2` (a float placeholder)
+    -> y2 = 0.5 * x2 + 3; two SignatureDefs whose TensorInfos carry a name and a dtype but no
+    shape, as TF 1.0's `build_tensor_info` wrote them: `serving_default` (Predict, x -> y) and
+    `tensorflow/serving/regress` (Regress, `inputs` -> `outputs`), whose `inputs` says
+    DT_FLOAT for the string `tf_example`. An absent shape reads as a scalar, which `y`'s
+    [-1, 1] contradicts: `tf.saved_model.load` refuses the model, TF Serving serves it. The
+    GraphDef is stamped as TF 1.0 stamped it too: producer 21, where a placeholder's empty
+    `shape {}` means "unknown" (a scalar from producer 22 on).
+    """
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default(), v1.Session(graph=graph) as sess:
+        a, b, c = (v1.Variable(v, name=n) for v, n in ((0.5, "a"), (3.0, "b"), (3.0, "c")))
+        serialized = v1.placeholder(tf.string, name="tf_example")
+        parsed = tf.raw_ops.ParseExample(  # TF 1.0's op: `serialized` must be a vector
+            serialized=serialized, names=tf.constant([], tf.string), sparse_keys=[],
+            dense_keys=[tf.constant("x")], dense_defaults=[tf.constant([], tf.float32)],
+            sparse_types=[], dense_shapes=[[1]])
+        x = tf.identity(parsed.dense_values[0], name="x")
+        y = tf.add(tf.multiply(a, x), b, name="y")
+        x2 = v1.placeholder(tf.float32, name="x2")
+        tf.add(tf.multiply(a, x2), c, name="y2")
+
+        def info(tensor, dtype=None):  # name and dtype only, as TF 1.0 wrote a TensorInfo
+            written = v1.saved_model.utils.build_tensor_info(tensor)
+            written.ClearField("tensor_shape")
+            written.dtype = (dtype or tensor.dtype).as_datatype_enum
+            return written
+
+        build = v1.saved_model.signature_def_utils.build_signature_def
+        signatures = {
+            "serving_default": build({"x": info(x)}, {"y": info(y)},
+                                     "tensorflow/serving/predict"),
+            "tensorflow/serving/regress": build({"inputs": info(serialized, tf.float32)},
+                                                {"outputs": info(tf.identity(y))},
+                                                "tensorflow/serving/regress"),
+        }
+        sess.run(v1.global_variables_initializer())
+        builder = v1.saved_model.builder.SavedModelBuilder(str(export_dir))
+        builder.add_meta_graph_and_variables(sess, [v1.saved_model.tag_constants.SERVING],
+                                             signature_def_map=signatures)
+        builder.save()
+    path = Path(export_dir) / "saved_model.pb"
+    saved_model = saved_model_pb2.SavedModel.FromString(path.read_bytes())
+    graph_def = saved_model.meta_graphs[0].graph_def
+    graph_def.versions.producer = 21
+    for node in graph_def.node:
+        if node.op == "Placeholder":
+            node.attr["shape"].shape.Clear()
+    path.write_bytes(saved_model.SerializeToString())
+    return Path(export_dir)
