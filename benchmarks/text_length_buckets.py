@@ -12,12 +12,17 @@ On the offline movie-review snippets at cap 128 (`--max-sequence-length 128`), i
 - serving in process: the exported `serving_default` (the tokenizer in the graph) of a SavedModel
   whose model takes any length (requests padded to their bucket) and of the same weights
   behind a fixed 128 input (padded to the cap), on 1 and on 32 real review snippets; p50 and
-  texts/s, interleaved, and the answers' largest difference.
+  texts/s, interleaved, and the answers' largest difference;
+- serving over gRPC (`--parts grpc`, text_buckets_grpc.py): the same two exports, each served
+  by an `ampflow serve` child process, queried by ampflow's `PredictionClient` with raw snippets
+  (1, 32, and 1 long text among 31), each request to both in turn: p50, p99, texts/s, the
+  ratio, the answers' largest difference and the share of same classes.
 The host's CPU flags and load average are recorded (a shared 2-core host swings ±40 %).
 
     python benchmarks/text_length_buckets.py --workdir /tmp/buckets-bench
     python benchmarks/text_length_buckets.py --workdir /tmp/b --models bert_tiny --seeds 1
     python benchmarks/text_length_buckets.py --workdir /tmp/b --parts accuracy --tag accuracy
+    python benchmarks/text_length_buckets.py --workdir /tmp/b --parts grpc --tag grpc
 
 Writes benchmarks/results/text_length_buckets[_TAG].{json,md}.
 """
@@ -37,11 +42,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_host import cpu_capabilities, git_commit, load_average, simd_flags  # noqa: E402
+from text_buckets_grpc import grpc_serving, markdown_lines  # noqa: E402
 
 OUT = Path(__file__).parent / "results"
 DATASET = "ampflow_rotten_tomatoes"
 PADDINGS = ("buckets", "max_length")
-PARTS = ("training", "caps", "serving", "xla_compile", "accuracy")
+PARTS = ("training", "caps", "serving", "grpc", "xla_compile", "accuracy")
 
 
 def main() -> int:
@@ -51,8 +57,9 @@ def main() -> int:
     report = {"benchmark": "text_length_buckets", "dataset": DATASET,
               "max_sequence_length": args.max_sequence_length, "batch_size": args.batch_size,
               "precision": args.precision, "host": _host(), "load_before": load_average(),
-              "training": [], "caps": [], "accuracy": [], "xla_compile": None, "serving": []}
-    parts = {"training": _training, "caps": _caps, "serving": _serving,
+              "training": [], "caps": [], "accuracy": [], "xla_compile": None, "serving": [],
+              "grpc": []}
+    parts = {"training": _training, "caps": _caps, "serving": _serving, "grpc": _grpc,
              "xla_compile": lambda a, _d: _xla_compile(a),
              "accuracy": lambda a, d: _accuracy(a, d, report["accuracy"],
                                                 lambda: _write(a, report))}
@@ -91,7 +98,10 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--precision", default="float32")
     parser.add_argument("--serving-models", nargs="*", default=["bert_tiny", "bert_small"])
-    parser.add_argument("--serving-calls", type=int, default=30)
+    parser.add_argument("--serving-calls", type=int, default=30,
+                        help="requests of each kind (serving and grpc parts)")
+    parser.add_argument("--grpc-rounds", type=int, default=3,
+                        help="the grpc part: rounds over the requests, each to both servers")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--tag", default="")
     return parser.parse_args()
@@ -223,13 +233,19 @@ def _timed(fn) -> float:
     return time.perf_counter() - began
 
 
-def _serving(args, data_dir: Path) -> list[dict]:
-    """serving_default in process: buckets vs the same weights behind a fixed cap input."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
+def _exports(args, data_dir: Path) -> tuple[list[str], dict[str, dict[str, Path]]]:
+    """Real test snippets and, for each serving model, its two exports (written once).
 
-    from ampflow.components.export_savedmodel.text_signatures import save_text_servable
+    `buckets` takes any length (requests padded to their bucket), `max_length` is the same
+    weights behind a fixed cap input. Each is a model base path (version 1 inside), with the
+    `ampflow_export.json` the export step writes, so a server knows its length buckets.
+    """
+    import keras
+
+    from ampflow.components.export_savedmodel.text_signatures import (
+        length_buckets_of,
+        save_text_servable,
+    )
     from ampflow.components.train.config import TrainConfig
     from ampflow.components.train.run.build import text_tokenizer
     from ampflow.data import load_dataset_info, load_texts
@@ -239,19 +255,39 @@ def _serving(args, data_dir: Path) -> list[dict]:
     config = TrainConfig(data_dir=data_dir, output_dir=args.workdir / "unused", model="bert_tiny",
                          max_sequence_length=args.max_sequence_length)
     tokenizer = text_tokenizer(config, load_dataset_info(data_dir))
-    rows = []
+    cap, exports = args.max_sequence_length, {}
     for name in args.serving_models:
+        exports[name] = {p: args.workdir / f"serve_{name}" / p for p in PADDINGS}
+        if all((base / "1").exists() for base in exports[name].values()):
+            continue
         keras.utils.set_random_seed(0)
-        model = make_text_model(name, args.max_sequence_length, tokenizer.vocabulary_size, 2,
-                                policy="float32").model
-        ids = keras.Input((args.max_sequence_length,), dtype="int32")
+        model = make_text_model(name, cap, tokenizer.vocabulary_size, 2, policy="float32").model
+        ids = keras.Input((cap,), dtype="int32")
         fixed = keras.Model(ids, model(ids))  # the same weights, at the cap only
-        served = {}
         for padding, keras_model in (("buckets", model), ("max_length", fixed)):
-            directory = args.workdir / f"serve_{name}_{padding}"
-            if not directory.exists():
-                save_text_servable(keras_model, tokenizer, ["fresh", "rotten"], directory)
-            served[padding] = tf.saved_model.load(str(directory)).signatures["serving_default"]
+            version = exports[name][padding] / "1"
+            save_text_servable(keras_model, tokenizer, ["fresh", "rotten"], version)
+            (version / "ampflow_export.json").write_text(json.dumps(
+                {"input": {"length_buckets": length_buckets_of(keras_model, cap)}}))
+    return texts, exports
+
+
+def _grpc(args, data_dir: Path) -> list[dict]:
+    """The exports served by `ampflow serve` over gRPC (text_buckets_grpc.py)."""
+    texts, exports = _exports(args, data_dir)
+    return grpc_serving(texts, exports, args.workdir, args.serving_calls, args.grpc_rounds)
+
+
+def _serving(args, data_dir: Path) -> list[dict]:
+    """serving_default in process: buckets vs the same weights behind a fixed cap input."""
+    import numpy as np
+    import tensorflow as tf
+
+    texts, exports = _exports(args, data_dir)
+    rows = []
+    for name, bases in exports.items():
+        served = {p: tf.saved_model.load(str(base / "1")).signatures["serving_default"]
+                  for p, base in bases.items()}
         for batch in (1, 32):
             requests = [tf.constant([t.encode("utf-8") for t in texts[i:i + batch]])
                         for i in range(0, len(texts) - batch + 1, batch)][:args.serving_calls]
@@ -361,7 +397,7 @@ def markdown(report: dict) -> list[str]:
                      f"{r['buckets']['texts_per_s']} | {r['max_length']['p50_ms']} | "
                      f"{r['max_length']['texts_per_s']} | {r['speedup']}× | "
                      f"{'yes' if r['same_classes'] else 'NO'} | {r['max_abs_diff']:.1e} |")
-    return lines
+    return lines + markdown_lines(report.get("grpc") or [])
 
 
 if __name__ == "__main__":

@@ -47,3 +47,31 @@ def test_the_caps_ratio_is_buckets_at_the_cap_over_the_small_cap_medians():
         cap_run("buckets", 128, 520.0), cap_run("max_length", 32, 650.0)]))
     assert "| bert_small | 128 | 520.0 | 32 | 640.0 | 0.81× |" in lines
     assert not any("cap's cost" in line for line in bench.markdown(_report()))
+
+
+def test_the_grpc_row_is_its_calls_percentiles_ratio_and_answer_agreement():
+    import numpy as np
+
+    grpc = load_benchmark("text_buckets_grpc")
+    seconds = {"buckets": [0.010] * 49 + [0.050], "max_length": [0.040] * 50}
+    p = np.array([[0.6, 0.4], [0.3, 0.7]])
+    answers = {"buckets": [p, p], "max_length": [p, p[::-1]]}  # 2 of 4 classes differ
+    row = grpc.row_of("bert_tiny", "32", 32, seconds, answers)
+    assert row["buckets"] == {"p50_ms": 10.0, "p99_ms": 50.0, "texts_per_s": 2963.0}
+    assert row["max_length"]["texts_per_s"] == 800.0 and row["speedup"] == 3.7
+    assert row["same_classes"] == 0.5 and row["answers_compared"] == 4
+    assert row["max_abs_diff"] == 0.3 and row["calls_per_arm"] == 50
+    lines = bench.markdown(_report(grpc=[row]))
+    assert ("| bert_tiny | 32 snippets | 10.0 / 50.0 | 2963.0 | 40.0 / 40.0 | 800.0 | 3.7× | "
+            "50.0 % of 4 | 3.0e-01 | 50 |") in lines
+    assert not any("over gRPC" in line for line in bench.markdown(_report()))
+
+
+def test_grpc_requests_are_real_snippets_and_the_mixed_one_leads_with_a_long_text():
+    grpc = load_benchmark("text_buckets_grpc")
+    texts = [f"snippet {i}" for i in range(70)]
+    assert grpc.requests_of(texts, "1", 3) == [[b"snippet 0"], [b"snippet 1"], [b"snippet 2"]]
+    short = grpc.requests_of(texts, "32", 5)
+    assert [len(r) for r in short] == [32, 32] and short[1][0] == b"snippet 32"
+    mixed = grpc.requests_of(texts, "1_long_31", 5)
+    assert mixed[0][0] == b" ".join(t.encode() for t in texts[:8]) and mixed[0][1:] == short[0][1:]
