@@ -308,6 +308,15 @@ def _serving_gate_headline(task_dir: Path) -> str:
     return "passed: deploy may go on"
 
 
+def _pretrain_headline(task_dir: Path) -> str:
+    report = _json(task_dir / "model", "pretraining.json")  # components/pretrain's report
+    if not report:
+        return ""
+    losses = report["masked_lm_loss_per_epoch"]
+    return (f"{report['texts']} texts, masked-LM loss {losses[0]:.3f} (epoch 1) -> "
+            f"{losses[-1]:.3f} (epoch {len(losses)})")
+
+
 def _export_headline(task_dir: Path) -> str:
     saved = task_dir / "saved_model"
     versions = sorted(str(p.relative_to(saved)) for p in saved.glob("*/*") if p.is_dir())
@@ -331,7 +340,8 @@ def _deploy_headline(task_dir: Path) -> str:
     return f"{endpoint['target']}: version {endpoint['version']} → {endpoint['model_path']}"
 
 
-_HEADLINES = {"prepare-data": _data_headline, "train": _train_headline,
+_HEADLINES = {"prepare-data": _data_headline, "pretrain": _pretrain_headline,
+              "train": _train_headline,
               "evaluate-parity": _evaluate_headline, "parity-gate": _gate_headline,
               "compare-serving": _compare_headline, "serving-gate": _serving_gate_headline,
               "export-savedmodel": _export_headline, "convert-tflite": _convert_headline,
