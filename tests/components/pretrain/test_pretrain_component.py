@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tiny_text_model import SEQ, TEST_ONLY_WORD, prepared_texts  # noqa: E402
 from ampflow.components.pretrain.component import pretrain  # noqa: E402
 from ampflow.components.pretrain.config import PretrainStepConfig  # noqa: E402
 from ampflow.errors import ConfigError  # noqa: E402
+from ampflow.pipeline.report import step_headline  # noqa: E402
 
 TINY = {"num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
         "max_sequence_length": SEQ, "vocabulary_size": 120, "epochs": 2, "batch_size": 8,
@@ -64,6 +66,9 @@ def test_the_component_publishes_a_checkpoint_read_hf_bert_reads_and_its_losses(
     assert (meta["format"], meta["model_type"], meta["max_position_embeddings"]) == (
         "huggingface", "bert", SEQ)
     assert meta["vocabulary_size"] == len(checkpoint.vocabulary)
+    # run-local's line for the task (the local runner's layout: <task dir>/model)
+    assert re.fullmatch(r"\d+ texts, masked-LM loss \d+\.\d{3} \(epoch 1\) -> \d+\.\d{3} "
+                        r"\(epoch 2\)", step_headline("pretrain", tmp_path))
 
 
 def test_an_image_dataset_fails_the_task_with_the_steps_one_line(prepared_digits, tmp_path):
