@@ -41,6 +41,11 @@ def key_metrics(result) -> dict[str, Any]:
     if is_text(info):
         out["data.texts"] = _splits(info, "texts")
         out["data.skipped"] = skipped_by_reason(info)
+    pretrained = _json(art.get("pretrain", {}).get("model"), "pretraining.json")
+    if pretrained:  # --pretrain-epochs: the encoder train fine-tuned
+        losses = pretrained["masked_lm_loss_per_epoch"]
+        out["pretrain.masked_lm_loss"] = (f"{losses[0]:.3f} (epoch 1) -> {losses[-1]:.3f} "
+                                          f"(epoch {len(losses)}), {pretrained['texts']} texts")
     meta = _json(art.get("train", {}).get("model"), "metadata.json")
     if meta:
         out["train.policy"] = meta["precision"]["policy"]

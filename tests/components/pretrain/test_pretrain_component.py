@@ -13,6 +13,7 @@ import inspect
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from kfp import dsl
@@ -23,7 +24,7 @@ from tiny_text_model import SEQ, TEST_ONLY_WORD, prepared_texts  # noqa: E402
 from ampflow.components.pretrain.component import pretrain  # noqa: E402
 from ampflow.components.pretrain.config import PretrainStepConfig  # noqa: E402
 from ampflow.errors import ConfigError  # noqa: E402
-from ampflow.pipeline.report import step_headline  # noqa: E402
+from ampflow.pipeline.report import key_metrics, step_headline  # noqa: E402
 
 TINY = {"num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
         "max_sequence_length": SEQ, "vocabulary_size": 120, "epochs": 2, "batch_size": 8,
@@ -66,9 +67,13 @@ def test_the_component_publishes_a_checkpoint_read_hf_bert_reads_and_its_losses(
     assert (meta["format"], meta["model_type"], meta["max_position_embeddings"]) == (
         "huggingface", "bert", SEQ)
     assert meta["vocabulary_size"] == len(checkpoint.vocabulary)
-    # run-local's line for the task (the local runner's layout: <task dir>/model)
+    # run-local's line for the task and its row of the results (the local runner's layout:
+    # <task dir>/model), by their form, not their numbers
     assert re.fullmatch(r"\d+ texts, masked-LM loss \d+\.\d{3} \(epoch 1\) -> \d+\.\d{3} "
                         r"\(epoch 2\)", step_headline("pretrain", tmp_path))
+    run = SimpleNamespace(artifacts={"pretrain": {"model": tmp_path / "model"}})
+    assert re.fullmatch(r"\d+\.\d{3} \(epoch 1\) -> \d+\.\d{3} \(epoch 2\), \d+ texts",
+                        key_metrics(run)["pretrain.masked_lm_loss"])
 
 
 def test_an_image_dataset_fails_the_task_with_the_steps_one_line(prepared_digits, tmp_path):
