@@ -81,7 +81,8 @@ def _register_compile(subparsers) -> None:
             "pipeline": path, "image": options.image, "gpu": options.gpu,
             "float32_baseline": options.with_float32_baseline,
             "checkpoints": options.checkpoints, "train_workers": options.train_workers,
-            **({"base_model": base_model} if base_model else {})})
+            **({"base_model": base_model} if base_model else {}),
+            **({"pretrain_epochs": options.pretrain_epochs} if options.pretrain_epochs else {})})
         return 0
 
     p.set_defaults(func=run)
@@ -121,7 +122,9 @@ def _register_submit(subparsers) -> None:
         from ampflow.pipeline.submit import submit
 
         arguments = dict(parse_param(text) for text in args.param)
-        check_arguments(arguments)  # before anything else: a misspelt run is refused first
+        # before anything else, a misspelt run is refused first; `args` holds the options it
+        # is checked with (a base model: --base-model-uri, --pretrain-epochs) by their names
+        check_arguments(arguments, args)
         result = submit(config_from_args(SubmitConfig, args, image=_image_of(args)), arguments)
         print_summary("ampflow submit: done", {"run_id": result.run_id, "url": result.url})
         return 0

@@ -163,7 +163,21 @@ class PipelineOptions:
                 "keras-hub preset), uploaded where the cluster's launcher fetches it (gs://, "
                 "s3://, minio://) and brought in with dsl.importer."})
 
+    # Masked-LM pretraining of a BERT encoder on the run's own prepared texts (components/
+    # pretrain), fed to the train tasks as their `base_model`, where base_model_uri's importer
+    # goes otherwise. One number both switches it and sizes it (its cost is epochs x corpus);
+    # the encoder's other settings are the pretrain step's defaults (bert_tiny's sizes), its
+    # position table the run's max_sequence_length (what train fine-tunes at) and its seed
+    # the run's. Compile time: it adds a task, as the importer does.
+    pretrain_epochs: int = field(default=0, metadata={
+        "metavar": "N",
+        "help": "> 0: pretrain a BERT encoder (masked LM, bert_tiny's sizes, the pretrain "
+                "step's defaults) for N epochs on the prepared texts' training split, and "
+                "fine-tune it in the train tasks instead of `model`. Text data only; not with "
+                "a base model to import. 0: off."})
+
     def __post_init__(self) -> None:
+        self._check_pretraining()
         if not self.image or ":" not in self.image.rsplit("/", 1)[-1] and "@" not in self.image:
             raise ConfigError("image must be a pinned image reference (name:tag or name@digest). "
                               f"Received: image={self.image!r}")
@@ -214,6 +228,19 @@ class PipelineOptions:
             except ValueError as e:
                 raise ConfigError(f"workspace_size must be a Kubernetes quantity such as 20Gi. "
                                   f"Received: workspace_size={self.workspace_size!r}") from e
+
+    def _check_pretraining(self) -> None:
+        """A count of epochs >= 0, and one source of the train tasks' base model."""
+        epochs = self.pretrain_epochs
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+            raise ConfigError("pretrain_epochs must be an integer >= 0 (0: no pretraining). "
+                              f"Received: pretrain_epochs={epochs!r}")
+        if epochs and self.base_model_uri:
+            raise ConfigError(
+                "pretrain_epochs and base_model_uri both give the train tasks their base model "
+                "(run-local imports a .keras or checkpoint --model as base_model_uri): pretrain "
+                f"or import, not both. Received: pretrain_epochs={epochs}, "
+                f"base_model_uri={self.base_model_uri!r}")
 
     @property
     def node_selector(self) -> tuple[str, str] | None:

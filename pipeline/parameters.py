@@ -196,8 +196,12 @@ def _renamed(name: str, raw: str) -> tuple[str, str]:
     return new_name, new_raw
 
 
-def check_arguments(arguments: dict[str, object]) -> None:
-    """Refuse unknown names and a served name that is an architecture's (the old meaning)."""
+def check_arguments(arguments: dict[str, object], options=None) -> None:
+    """Refuse unknown names and a served name that is an architecture's (the old meaning).
+
+    With the compile-time `options` (a PipelineOptions, or the parsed flags of one), also what
+    they and the run's data must agree on (check_data_arguments).
+    """
     unknown = sorted(set(arguments) - set(PIPELINE_PARAMETERS))
     if unknown:
         raise _unknown(unknown)
@@ -216,7 +220,7 @@ def check_arguments(arguments: dict[str, object]) -> None:
         raise ConfigError(f"accumulation_steps must be an integer >= 1. Received: "
                           f"accumulation_steps={steps!r}")
     check_gate_arguments(arguments)
-    check_data_arguments(arguments)
+    check_data_arguments(arguments, options)
 
 
 def check_gate_arguments(arguments: dict[str, object]) -> None:
@@ -238,14 +242,16 @@ _DATA_ARGUMENTS = ("dataset", "test_fraction", "image_folder", "image_size",
                    *TEXT_DATA_PARAMETERS)
 
 
-def check_data_arguments(arguments: dict[str, object]) -> None:
+def check_data_arguments(arguments: dict[str, object], options=None) -> None:
     """The data source, the text settings and the model's modality, before anything runs.
 
     prepare-data's config and the tokenizer's settings check themselves (a text file and an
     image folder together, a sequence length of 0); then a model that cannot take the data
     (bert_tiny on digits, small_cnn on a text folder) and text settings on image data are
     refused here, where the modality is known without reading the data: otherwise train
-    would refuse them, after prepare-data ran.
+    would refuse them, after prepare-data ran. Where the compile-time `options` give the train
+    tasks a base model (imported or pretrained), train fine-tunes that, not `model`; and
+    pretraining needs texts.
     """
     from pathlib import Path
 
@@ -262,8 +268,11 @@ def check_data_arguments(arguments: dict[str, object]) -> None:
     modality = data_modality(given)
     if modality is None:
         return
-    model = str(arguments.get("model", PIPELINE_PARAMETERS["model"][1]))
-    _check_model_fits(model, modality, given)
+    if options is not None and options.pretrain_epochs:
+        _check_pretraining_data(options.pretrain_epochs, modality, given)
+    if options is None or not (options.base_model_uri or options.pretrain_epochs):
+        _check_model_fits(str(arguments.get("model", PIPELINE_PARAMETERS["model"][1])),
+                          modality, given)
     if modality == "image":
         for name, value in text.items():
             if value != TEXT_DEFAULTS[name]:
@@ -295,6 +304,20 @@ def _source(given: dict[str, object]) -> str:
         if given.get(name):
             return f"{name}={given[name]!r}"
     return f"dataset={given['dataset']!r}"
+
+
+def _check_pretraining_data(epochs: int, modality: str, given: dict[str, object]) -> None:
+    """The pretrain step's own refusal of images (its modality seam), before anything runs.
+
+    A TFDS name's modality is read only by prepare-data: the pretrain task then refuses it.
+    """
+    from ampflow.components.pretrain.modalities import check_corpus
+
+    try:
+        check_corpus({"modality": modality}, _source(given))
+    except ConfigError as e:
+        raise ConfigError(f"pretrain_epochs pretrains on the run's texts, but {e} Received: "
+                          f"pretrain_epochs={epochs}") from e
 
 
 def _check_model_fits(model: str, modality: str, given: dict[str, object]) -> None:

@@ -102,6 +102,7 @@ def build_pipeline(options: PipelineOptions | None = None):
     )
     from ampflow.components.export_savedmodel.component import export_savedmodel
     from ampflow.components.prepare_data.component import prepare_data
+    from ampflow.components.pretrain.component import pretrain
     from ampflow.components.train.component import train
     from ampflow.pipeline.distributed_task import (
         configure_train_workers_task,
@@ -111,8 +112,8 @@ def build_pipeline(options: PipelineOptions | None = None):
     setters_without_a_stack_walk()
     options = options or PipelineOptions()
     ops = {f.__name__: as_component(f, options.image) for f in (
-        prepare_data, train, evaluate_parity, parity_gate, export_savedmodel, convert_tflite,
-        compare_serving, serving_gate, deploy_serving)}
+        prepare_data, pretrain, train, evaluate_parity, parity_gate, export_savedmodel,
+        convert_tflite, compare_serving, serving_gate, deploy_serving)}
 
     def ampflow_pipeline(
         dataset: str = DATA_DEFAULTS["dataset"],
@@ -184,6 +185,13 @@ def build_pipeline(options: PipelineOptions | None = None):
                                 reimport=False)
             base.set_display_name("base-model")
             train_args["base_model"] = base.output
+        elif options.pretrain_epochs:
+            # the encoder's position table is the length train fine-tunes at; the rest of its
+            # settings are the pretrain step's defaults (PipelineOptions.pretrain_epochs)
+            encoder = ops["pretrain"](data=data.outputs["data"], epochs=options.pretrain_epochs,
+                                      max_sequence_length=max_sequence_length, seed=seed)
+            configure_train_task(encoder, options)  # the run's other training: GPU, retries
+            train_args["base_model"] = encoder.outputs["model"]
         # A TFJob's workers do not mount the run's workspace: with train_workers > 1 the
         # checkpoints live on the training claim (kubeflow_job.py), so none is passed here.
         amp_checkpoints = "" if options.train_workers > 1 else options.checkpoint_dir(

@@ -41,6 +41,11 @@ def key_metrics(result) -> dict[str, Any]:
     if is_text(info):
         out["data.texts"] = _splits(info, "texts")
         out["data.skipped"] = skipped_by_reason(info)
+    pretrained = _json(art.get("pretrain", {}).get("model"), "pretraining.json")
+    if pretrained:  # --pretrain-epochs: the encoder train fine-tuned
+        losses = pretrained["masked_lm_loss_per_epoch"]
+        out["pretrain.masked_lm_loss"] = (f"{losses[0]:.3f} (epoch 1) -> {losses[-1]:.3f} "
+                                          f"(epoch {len(losses)}), {pretrained['texts']} texts")
     meta = _json(art.get("train", {}).get("model"), "metadata.json")
     if meta:
         out["train.policy"] = meta["precision"]["policy"]
@@ -308,6 +313,15 @@ def _serving_gate_headline(task_dir: Path) -> str:
     return "passed: deploy may go on"
 
 
+def _pretrain_headline(task_dir: Path) -> str:
+    report = _json(task_dir / "model", "pretraining.json")  # components/pretrain's report
+    if not report:
+        return ""
+    losses = report["masked_lm_loss_per_epoch"]
+    return (f"{report['texts']} texts, masked-LM loss {losses[0]:.3f} (epoch 1) -> "
+            f"{losses[-1]:.3f} (epoch {len(losses)})")
+
+
 def _export_headline(task_dir: Path) -> str:
     saved = task_dir / "saved_model"
     versions = sorted(str(p.relative_to(saved)) for p in saved.glob("*/*") if p.is_dir())
@@ -331,7 +345,8 @@ def _deploy_headline(task_dir: Path) -> str:
     return f"{endpoint['target']}: version {endpoint['version']} → {endpoint['model_path']}"
 
 
-_HEADLINES = {"prepare-data": _data_headline, "train": _train_headline,
+_HEADLINES = {"prepare-data": _data_headline, "pretrain": _pretrain_headline,
+              "train": _train_headline,
               "evaluate-parity": _evaluate_headline, "parity-gate": _gate_headline,
               "compare-serving": _compare_headline, "serving-gate": _serving_gate_headline,
               "export-savedmodel": _export_headline, "convert-tflite": _convert_headline,

@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 # run-local's flags that are PipelineOptions (compile time), not pipeline parameters; the
 # all-reduce ones take PipelineOptions' defaults and help.
 COMPILE_TIME = ("with_float32_baseline", "train_workers", "packed_allreduce",
-                "allreduce_bytes_per_pack", "allreduce_dtype")
+                "allreduce_bytes_per_pack", "allreduce_dtype", "pretrain_epochs")
 _OPTIONS = PipelineOptions.__dataclass_fields__
 # How much of a failed task's log the error repeats (the whole log is in <workdir>/logs/).
 LOG_TAIL_LINES = 15
@@ -206,6 +206,8 @@ class LocalRunConfig:
                                           metadata=_OPTIONS["allreduce_bytes_per_pack"].metadata)
     allreduce_dtype: str = field(default=_OPTIONS["allreduce_dtype"].default,
                                  metadata=_OPTIONS["allreduce_dtype"].metadata)
+    pretrain_epochs: int = field(default=_OPTIONS["pretrain_epochs"].default,
+                                 metadata=_OPTIONS["pretrain_epochs"].metadata)
     with_float32_baseline: bool = field(default=True, metadata={
         "help": "Also train a float32 baseline (in parallel on a cluster): the gate then "
                 "compares AMP-trained with float32-trained accuracy, and the report shows the "
@@ -228,8 +230,8 @@ class LocalRunConfig:
         check_supported(self.serving_compute_precision)  # deploy runs its gate on this CPU
         check_gate_arguments({name: getattr(self, name) for name in GATE_DEFAULTS})
         self._check_local_sources()
-        check_data_arguments(self.arguments())
-        self.pipeline_options()  # its checks (the all-reduce flags need train_workers > 1)
+        # the options' own checks first (the all-reduce flags need train_workers > 1)
+        check_data_arguments(self.arguments(), self.pipeline_options())
 
     def _check_checkpoint(self) -> None:
         """A checkpoint dir is read now, as train reads it: a bad one is one line before a step.

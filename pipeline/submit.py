@@ -72,7 +72,7 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
     credentials or the local kubeconfig, as it does by default.
     """
     arguments = dict(arguments or {})
-    check_arguments(arguments)  # a misspelt --param fails here, before anything is sent
+    check_arguments(arguments, config)  # a misspelt --param fails here, before anything is sent
     checked = config.check_base_model_for_cluster()
     if checked:
         log.info("base model: %s", checked)

@@ -64,6 +64,8 @@ class PretrainStepConfig:
         "help": "Seeds the initialization and the masking."})
 
     def __post_init__(self):
+        for name in ("data_dir", "output_dir"):  # a KFP artifact's path is a str
+            object.__setattr__(self, name, Path(getattr(self, name)))
         try:
             self.library_config()  # the library's checks, one line each, before any work
         except ConfigError as e:
