@@ -96,6 +96,7 @@ def test_a_filtered_process_prints_no_tensorflow_noise_and_keeps_its_own_warning
     assert run("quiet") == "<string>:1: UserWarning: ours\n"
 
 
+@pytest.mark.slow  # a fresh TensorFlow process
 def test_an_ampflow_process_imports_tensorflow_without_kerass_optional_packages():
     # Keras imports scikit-learn, matplotlib and pandas at start-up only for features ampflow
     # never uses: ~1/3 of the CPU of every ampflow process's start (ampflow/fast_start.py).

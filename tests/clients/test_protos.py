@@ -64,6 +64,7 @@ def tf_first(grpc_tools_path, tmp_path_factory) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
+@pytest.mark.slow  # its fixture starts a fresh TensorFlow process
 def test_vendored_protos_compile_to_tensorflow_serving_2_21_descriptors(tf_first):
     """Every vendored file equals, field for field, the one in the 2.21.0 wheels."""
     assert tf_first.returncode == 0, tf_first.stdout + tf_first.stderr
@@ -113,6 +114,7 @@ print(f"compared {n} files, all equal")
 '''
 
 
+@pytest.mark.slow  # a fresh TensorFlow process
 def test_client_and_tensorflow_serving_api_import_together_and_interoperate(tmp_path, tf_first):
     """One process: tensorflow + tensorflow_serving first, then the client (`tf_first`); and
     one with the client first."""

@@ -392,6 +392,7 @@ def test_the_bf16_node_labels_are_the_operators_to_change(render, tmp_path):
     assert schedulable_on(predictor_pod(both)) == {"zen4", "sapphire-rapids"}
 
 
+@pytest.mark.slow  # checkov, an external checker: seconds
 def test_checkov_passes_on_the_predictor_pod(render, tmp_path):
     """checkov reads no KServe kind (it finds 0 resources in the render), so it checks the pod
     KServe builds from them, with the base Deployment's two justified exceptions and two more:

@@ -350,6 +350,7 @@ def _checkov() -> str | None:
     return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
+@pytest.mark.slow  # checkov, an external checker: seconds
 def test_checkov_passes_with_only_justified_exceptions(render, tmp_path):
     checkov = require_tool(_checkov(), "checkov", "make .venv-tools (pip install checkov)")
     for target in ("overlays/cpu", "overlays/gpu", "rbac"):

@@ -60,6 +60,7 @@ def test_sentences_give_the_references_ids_and_the_numpy_berts_outputs(checkpoin
         assert error <= tolerance("float32", expected, longest_dot=128), key
 
 
+@pytest.mark.slow  # saves and reloads an encoder's SavedModel: ~10 s
 def test_a_saved_model_of_sentences_to_outputs_loads_with_core_ops_only(checkpoint_dir,
                                                                         tmp_path):
     directory, _ = checkpoint_dir

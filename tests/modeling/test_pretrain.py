@@ -68,6 +68,7 @@ def test_a_size_too_small_for_the_characters_is_one_line():
         build_wordpiece_vocabulary(["abcdefghijklmnop"], VocabularyConfig(size=20))
 
 
+@pytest.mark.slow  # its fixture pretrains an encoder: ~9 s
 def test_a_tiny_pretraining_writes_a_checkpoint_train_takes(pretrained, tmp_path):
     from ampflow.modeling.bert import load_hf_bert
     from ampflow.modeling.models import make_text_model

@@ -28,6 +28,7 @@ def prepared_texts(tmp_path_factory):
     return shared.prepared_texts(tmp_path_factory)
 
 
+@pytest.mark.slow  # XLA-compiles and times an encoder
 def test_the_search_fits_the_text_tokenizer_once_and_measures_xla_for_an_encoder(
         prepared_texts, tmp_path, monkeypatch):
     import keras

@@ -51,6 +51,7 @@ def _check_model(prepared_digits, broken_code, tmp_path, precision):
         capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.slow  # `ampflow check-model` in a fresh TensorFlow process
 def test_check_model_names_the_half_output_the_hard_coded_layer_and_the_inner_softmax(
         prepared_digits, broken_code, tmp_path):
     proc = _check_model(prepared_digits, broken_code, tmp_path, "mixed_float16")

@@ -185,6 +185,7 @@ def test_mobilenet_v2_batch_norm_averages_fast_enough_for_a_from_scratch_run():
     assert {layer.momentum for layer in norms} == {BATCH_NORM_MAX_MOMENTUM} == {0.99}
 
 
+@pytest.mark.slow  # fresh TensorFlow processes
 def test_fresh_process_loads_the_model_with_the_train_loader_or_the_layers_module(tmp_path):
     # The train package no longer imports Keras when it is imported (the CLI's --help reads
     # its config), so the layer registers where Keras says: when its module is imported, which

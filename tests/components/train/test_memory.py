@@ -99,6 +99,7 @@ def tf_regions() -> tuple[dict, str]:
     return _regions_in_a_fresh_process("tf")
 
 
+@pytest.mark.slow  # its fixture is a fresh TensorFlow process
 def test_peak_memory_tf_buffer_counts_in_its_peak_and_reset_forgets_it(tf_regions):
     """Where TF's allocator keeps statistics its peak is the primary source; where it does not
     (an AVX2-only CPU, oneDNN off by default), the process's peak sees the buffer instead, and
@@ -143,6 +144,7 @@ def test_peak_memory_numpy_buffer_counts_in_process_peak_and_reset_forgets_it():
         assert big["source"] == "process_maxrss_lifetime"
 
 
+@pytest.mark.slow  # its fixture is a fresh TensorFlow process
 def test_peak_memory_outer_region_keeps_its_peak_across_an_inner_reset(tf_regions):
     outer, inner = tf_regions[0]["outer"], tf_regions[0]["inner"]
     assert inner["region_bytes"] < 16 * MIB
@@ -319,6 +321,7 @@ def test_auto_batch_size_with_the_real_probe_and_an_injected_limit_finds_the_sma
     json.dumps(choice.to_json())
 
 
+@pytest.mark.slow  # train steps under two policies
 def test_train_step_probe_peak_is_lower_under_mixed_bfloat16_where_the_allocator_sees_it():
     """bfloat16 activations take half the bytes where bf16 is native (a GPU, AVX512_BF16/AMX):
     an allocator's peak shows it. Without native bf16, TF's CPU kernels hold float32 copies

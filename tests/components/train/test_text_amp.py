@@ -60,6 +60,7 @@ def test_keras_attention_with_dropout_runs_its_softmax_in_half_precision(policy)
     assert model.get_layer("ours").compute_dtype == half  # projections stay half precision
 
 
+@pytest.mark.slow  # traces bert_tiny's train step per policy
 @pytest.mark.parametrize("policy", MIXED)
 def test_bert_tiny_keeps_the_rules_and_passes_the_amp_check(policy):
     """Softmax of the scores, LayerNorm and the head in float32, read from the graph; and the

@@ -142,6 +142,7 @@ def test_user_builder_outside_repo_trains_under_mixed_float16_and_passes_the_gat
     assert "## AMP check" in report and "half_precision_output" in report
 
 
+@pytest.mark.slow  # trains under bfloat16 (emulated on most CPUs)
 def test_user_builder_under_mixed_bfloat16_gets_the_float32_head_and_records_its_spec(
         tmp_path, user_code, prepared_digits):
     """One training step is all the model block needs (it was also a 6-epoch run)."""
