@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -64,3 +67,14 @@ def running_server(config):
         yield server
     finally:
         server.stop(0.5)
+
+
+def rest_json(server, path: str, payload) -> tuple[int, dict]:
+    """(HTTP status, parsed JSON) of one REST POST to a running server's `rest_address`."""
+    request = urllib.request.Request(f"http://{server.rest_address}{path}",
+                                     data=json.dumps(payload).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")

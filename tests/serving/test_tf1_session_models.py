@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from serving_helpers import free_port
+from serving_helpers import free_port, rest_json
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
@@ -235,16 +235,6 @@ def stub(server):
         yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
 
 
-def _rest(server, path: str, payload) -> tuple[int, dict]:
-    request = urllib.request.Request(f"http://{server.rest_address}{path}",
-                                     data=json.dumps(payload).encode(), method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
 def test_grpc_predict_regress_multi_inference_and_metadata_as_tf_serving(stub, base):
     request = predict_pb2.PredictRequest()
     request.model_spec.name = H3
@@ -279,14 +269,14 @@ def test_grpc_predict_regress_multi_inference_and_metadata_as_tf_serving(stub, b
 
 def test_rest_predict_and_regress_as_tf_servings_api_docs(server):
     """The two calls of TF Serving's REST API docs on half_plus_three, with their answers."""
-    status, body = _rest(server, f"/v1/models/{H3}:predict", {"instances": [1.0, 2.0, 5.0]})
+    status, body = rest_json(server, f"/v1/models/{H3}:predict", {"instances": [1.0, 2.0, 5.0]})
     assert status == 200
     np.testing.assert_allclose(body["predictions"], [3.5, 4.0, 5.5])
-    status, body = _rest(server, f"/v1/models/{H3}:regress",
+    status, body = rest_json(server, f"/v1/models/{H3}:regress",
                          {"signature_name": REGRESS, "examples": [{"x": 1.0}, {"x": 2.0}]})
     assert status == 200
     np.testing.assert_allclose(body["results"], [3.5, 4.0])
-    status, body = _rest(server, f"/v1/models/{H3}:regress",
+    status, body = rest_json(server, f"/v1/models/{H3}:regress",
                          {"signature_name": REGRESS, "examples": [{"z": 1.0}]})
     assert status == 400 and "is required" in body["error"]
 
@@ -298,8 +288,8 @@ def test_v2_rest_metadata_shows_and_infer_checks_the_graphs_shapes(server):
         meta = json.loads(response.read())
     assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 1]}]
     x = {"name": "x", "datatype": "FP32", "shape": [3, 1], "data": [1.0, 2.0, 5.0]}
-    status, body = _rest(server, f"{url}/infer", {"inputs": [x]})
+    status, body = rest_json(server, f"{url}/infer", {"inputs": [x]})
     assert status == 200, body
     np.testing.assert_allclose(body["outputs"][0]["data"], [3.5, 4.0, 5.5])
-    status, body = _rest(server, f"{url}/infer", {"inputs": [{**x, "shape": [3]}]})
+    status, body = rest_json(server, f"{url}/infer", {"inputs": [{**x, "shape": [3]}]})
     assert status == 400 and "shape" in body["error"]

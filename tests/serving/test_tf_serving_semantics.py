@@ -7,15 +7,11 @@ shapes, an output JSON cannot carry is INVALID_ARGUMENT, ...
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from serving_helpers import MODEL, free_port, install_version
+from serving_helpers import MODEL, free_port, install_version, rest_json
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tf_serving_models import write_complex_output, write_half_plus_two
 
@@ -63,17 +59,6 @@ def stub(server):
         yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
 
 
-def rest(server, path: str, payload) -> tuple[int, dict]:
-    """(HTTP status, parsed JSON) of one REST POST."""
-    request = urllib.request.Request(f"http://{server.rest_address}{path}",
-                                     data=json.dumps(payload).encode(), method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
 def predict(stub, model: str, **inputs) -> dict[str, np.ndarray]:
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model
@@ -95,9 +80,9 @@ def test_grpc_predict_runs_shapes_the_signature_does_not_declare(stub, x):
 
 
 def test_rest_instances_of_plain_numbers_run_as_in_tf_servings_docs(server):
-    status, body = rest(server, f"/v1/models/{HPT}:predict", {"instances": [2.0, 3.0, 4.0]})
+    status, body = rest_json(server, f"/v1/models/{HPT}:predict", {"instances": [2.0, 3.0, 4.0]})
     assert (status, body) == (200, {"predictions": [3.0, 3.5, 4.0]})
-    status, body = rest(server, f"/v1/models/{HPT}:predict", {"inputs": {"x": [1.0, 2.0]}})
+    status, body = rest_json(server, f"/v1/models/{HPT}:predict", {"inputs": {"x": [1.0, 2.0]}})
     assert (status, body) == (200, {"outputs": [2.5, 3.0]})
 
 
@@ -115,7 +100,7 @@ def test_a_shape_the_graph_cannot_take_is_invalid_argument_with_its_reason(serve
         predict(stub, MODEL, images=np.zeros((1, 4, 4, 1), np.float32))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
     assert reason in info.value.details()
-    status, body = rest(server, f"/v1/models/{MODEL}:predict",
+    status, body = rest_json(server, f"/v1/models/{MODEL}:predict",
                         {"instances": np.zeros((1, 4, 4, 1)).tolist()})
     assert status == 400 and reason in body["error"], body
     good = predict(stub, MODEL, images=np.zeros((1, 8, 8, 1), np.float32))
@@ -138,7 +123,7 @@ def test_dtype_and_rows_are_still_checked_before_the_graph_runs(stub):
 @pytest.mark.parametrize("payload", [{"instances": [1.0, 2.0]}, {"inputs": [1.0, 2.0]}],
                          ids=["instances", "inputs"])
 def test_rest_complex_output_is_400_invalid_argument_not_a_server_error(server, stub, payload):
-    status, body = rest(server, "/v1/models/complex:predict", payload)
+    status, body = rest_json(server, "/v1/models/complex:predict", payload)
     assert status == 400, body
     assert "Failed to write JSON value for tensor type: complex64" in body["error"]
     z = predict(stub, "complex", x=np.array([1.0, 2.0], np.float32))["z"]  # gRPC carries it
@@ -163,7 +148,7 @@ def test_tf2_classify_signature_classifies_without_the_method_name_check(server,
     response = stub.Classify(_classify_request(HPT, "classify_x_to_y", [2.0, 4.0]), timeout=10)
     assert [[(c.label, c.score) for c in row.classes]
             for row in response.result.classifications] == [[("", 3.0)], [("", 4.0)]]
-    status, body = rest(server, f"/v1/models/{HPT}:classify",
+    status, body = rest_json(server, f"/v1/models/{HPT}:classify",
                         {"signature_name": "classify_x_to_y", "examples": [{"x": 2.0}]})
     assert (status, body) == (200, {"results": [[["", 3.0]]]})
 
@@ -205,7 +190,7 @@ def test_regress_over_grpc_and_rest_answers_as_tf_serving(server, stub, signatur
     assert [r.value for r in response.result.regressions] == expected
     assert (response.model_spec.name, response.model_spec.signature_name,
             response.model_spec.version.value) == (HPT, signature, 1)
-    status, body = rest(server, f"/v1/models/{HPT}:regress",
+    status, body = rest_json(server, f"/v1/models/{HPT}:regress",
                         {"signature_name": signature, "examples": [{"x": 2.0}, {"x": 4.0}]})
     assert (status, body) == (200, {"results": expected})
 
@@ -220,7 +205,7 @@ def test_regress_on_a_signature_that_is_no_regression_is_invalid_argument(server
         stub.Regress(_regress_request(HPT, signature, [2.0]), timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert text in info.value.details()
-    status, body = rest(server, f"/v1/models/{HPT}:regress",
+    status, body = rest_json(server, f"/v1/models/{HPT}:regress",
                         {"signature_name": signature, "examples": [{"x": 2.0}]})
     assert status == 400 and text in body["error"], body
 
