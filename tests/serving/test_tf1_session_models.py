@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from serving_helpers import free_port, rest_json
+from serving_helpers import free_port, rest_json, running_server
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
@@ -218,15 +218,10 @@ def test_a_compute_precision_other_than_float32_is_refused_in_one_line(base):
 
 @pytest.fixture(scope="module")
 def server(base):
-    from ampflow.serving.server import start_local_server
-
     config = ServerConfig(models=(ModelConfig(H3, base),), host="127.0.0.1", port=0,
                           rest_api_port=free_port(), grace_s=1.0)
-    running = start_local_server(config)
-    try:
+    with running_server(config) as running:
         yield running
-    finally:
-        running.stop(0.5)
 
 
 @pytest.fixture(scope="module")

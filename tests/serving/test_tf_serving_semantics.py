@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from serving_helpers import MODEL, free_port, install_version, rest_json
+from serving_helpers import MODEL, free_port, install_version, rest_json, running_server
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tf_serving_models import write_complex_output, write_half_plus_two
 
@@ -34,16 +34,11 @@ def models(tmp_path_factory, model_store):
 
 @pytest.fixture(scope="module")
 def server(models):
-    from ampflow.serving.server import start_local_server
-
     config = ServerConfig(models=tuple(ModelConfig(n, p) for n, p in models.items()),
                           host="127.0.0.1", port=0, rest_api_port=free_port(), grace_s=1.0,
                           max_request_batch_size=64)
-    running = start_local_server(config)
-    try:
+    with running_server(config) as running:
         yield running
-    finally:
-        running.stop(0.5)
 
 
 @pytest.fixture(scope="module")
