@@ -75,8 +75,11 @@ def load_servable(model: str, version: int, path: Path, model_format: str = "aut
     A TFLite version computes in the precision it was converted to (its variant), so a
     `compute_precision` other than float32 is refused for it (ModelLoadError: never served).
     A TF1 SavedModel that `tf.saved_model.load` refuses because its SignatureDefs disagree
-    with its graph runs in a Session (session.py); any other failure raises as it was.
+    with its graph runs in a Session (session.py); any other failure raises as it was. Ops a
+    SavedModel needs that TensorFlow has not registered (TF Text's) are imported first, or
+    refuse the version with one line (op_libraries.py).
     """
+    from ampflow.serving.models.op_libraries import ensure_ops_registered
     from ampflow.serving.models.session import session_servable
     from ampflow.serving.models.tflite import TFLiteServable, detect_format
 
@@ -89,6 +92,7 @@ def load_servable(model: str, version: int, path: Path, model_format: str = "aut
                 "version is a TFLite flatbuffer, whose precision is its converter variant "
                 "(serve it with the default float32)")
         return TFLiteServable(model, version, path)
+    ensure_ops_registered(path)
     try:
         return SavedModelServable(model, version, path, compute_precision)
     except Exception as error:

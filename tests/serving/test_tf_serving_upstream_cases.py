@@ -45,6 +45,7 @@ from tf_serving_models import (
     write_half_plus_three_tf1,
     write_half_plus_two,
     write_half_plus_two_tf1,
+    write_tf_text_regression,
 )
 
 from ampflow.cli import build_parser
@@ -56,7 +57,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.serving, pytest.mark.timeout(300)]
 RPC_TIMEOUT = 20.0
 VERSION = 123
 DEFAULT_SERVING_SIGNATURE_DEF_KEY = "serving_default"
-# upstream's 30 cases: 26 pass as written; 2 are Keras 3 exports, profiler and TF Text absent
+# upstream's 30 cases: 27 pass as written; 2 are Keras 3 exports, the profiler is absent
 UPSTREAM_CASES = 30
 RELOAD_WITHIN_S = 60.0  # a config poll (1 s) and a model load on a busy 2-core host, and more
 
@@ -569,10 +570,15 @@ def test_profiler_service_with_valid_trace_request():
     """Upstream: tensorflow.python.profiler's trace against the gRPC port under REST load."""
 
 
-@pytest.mark.skip(reason="TF Text ops are not built (issue 49: tensorflow-text is not an extra "
-                  "of the server yet, and its model, tf_text_regression, is TF Serving's own)")
-def test_tf_text():
-    """Upstream: Predict on testdata/tf_text_regression, a model using TF Text ops."""
+def test_tf_text(harness):
+    """Upstream: Predict on testdata/tf_text_regression, a model using TF Text ops (y = x + 1),
+    written here by a fresh process that imports tensorflow_text; this process serves it
+    without having imported it (the load registers TF Text's ops)."""
+    model_path = harness.testdata / "tf_text_regression"
+    write_tf_text_regression(model_path / "01", ["I like pie."])  # upstream's version dir
+    model_server_address = harness.run_server("default", model_path)[1]
+    verify_predict_request(model_server_address, expected_output=3.0,
+                           expected_version=model_version(model_path), rpc_timeout=600)
 
 
 def test_the_module_holds_every_upstream_case():

@@ -256,3 +256,58 @@ def write_half_plus_three_tf1(export_dir: Path) -> Path:
             node.attr["shape"].shape.Clear()
     path.write_bytes(saved_model.SerializeToString())
     return Path(export_dir)
+
+
+# upstream's tf_text_regression (tensorflow/text's oss_scripts/model_server/save_models.py),
+# small and written here: y = x + 1 once a TF Text tokenizer ran (upstream checks 18 TF Text
+# ops that way), and a `tokens` signature whose outputs are the tokenizer's. It runs in a fresh
+# process that imports tensorflow_text, which prints what the model answers there (JSON), so
+# the process that serves it need not have imported tensorflow_text itself.
+_TF_TEXT_SCRIPT = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as tft
+
+
+class TfTextRegression(tf.Module):
+    def __init__(self):
+        super().__init__()
+        self.tokenizer = tft.WhitespaceTokenizer()
+
+    @tf.function(input_signature=[tf.TensorSpec([1], tf.float32, name="x")])
+    def regression(self, x):
+        words = self.tokenizer.tokenize(["I like pie."])
+        check = tf.debugging.assert_equal(words.row_lengths(), tf.constant([3], tf.int64))
+        with tf.control_dependencies([check]):
+            return {"y": tf.add(x, [1.0])}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def tokens(self, text):
+        words = self.tokenizer.tokenize(text)
+        return {"num_tokens": words.row_lengths(), "tokens": words.to_tensor(default_value="")}
+
+
+module = TfTextRegression()
+tf.saved_model.save(module, sys.argv[1], signatures={
+    "serving_default": module.regression.get_concrete_function(),
+    "tokens": module.tokens.get_concrete_function()})
+answer = module.tokens(tf.constant(json.loads(sys.argv[2])))
+print(json.dumps({"num_tokens": answer["num_tokens"].numpy().tolist(),
+                  "tokens": [[t.decode() for t in row] for row in answer["tokens"].numpy()]}))
+"""
+
+
+def write_tf_text_regression(export_dir: Path, texts: list[str]) -> dict:
+    """Save the TF Text model at `export_dir` from a fresh process that imports tensorflow_text;
+    what its `tokens` signature answers there for `texts` ({"num_tokens", "tokens"})."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _TF_TEXT_SCRIPT, str(export_dir),
+                           json.dumps(texts)], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
