@@ -158,6 +158,17 @@ def _register_run_local(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+# The demo queries images and pretraining needs texts: the flag could only be refused. It is
+# kept (hidden) so that giving it gets that refusal's own line, not a "did you mean" guess.
+DEMO_HIDDEN_FIELDS = ("pretrain_epochs",)
+
+
+def _hide_from_help(parser, fields: tuple[str, ...]) -> None:
+    for action in parser._actions:
+        if action.dest in fields:
+            action.help = argparse.SUPPRESS
+
+
 def _register_demo(subparsers) -> None:
     from ampflow.pipeline.demo import DemoConfig
 
@@ -167,6 +178,7 @@ def _register_demo(subparsers) -> None:
                     "model with `ampflow serve` and query it over gRPC: predictions and a "
                     "results table (<workdir>/results.txt and .json).")
     add_config_arguments(p, DemoConfig)
+    _hide_from_help(p, DEMO_HIDDEN_FIELDS)
     _add_verbose(p)
 
     def run(args) -> int:

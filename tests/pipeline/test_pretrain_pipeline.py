@@ -109,3 +109,13 @@ def test_the_submit_command_takes_text_data_with_pretraining_whatever_model_says
     code = main(["submit", "--image", IMAGE, "--host", UNREACHABLE, "--pretrain-epochs", "2",
                  "--param", f"dataset={ROTTEN_TOMATOES_NAME}"])
     assert code != 0 and "cannot reach the KFP endpoint" in _one_error_line(capsys)
+
+
+def test_demo_does_not_offer_pretraining_it_could_only_refuse(tmp_path, capsys):
+    """The demo queries images and pretraining needs texts: not offered, and refused in its line."""
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "--pretrain-epochs" not in capsys.readouterr().out
+    assert main(["demo", "--pretrain-epochs", "1", "--workdir", str(tmp_path / "d")]) == 2
+    assert "--pretrain-epochs pretrains on the run's texts" in _one_error_line(capsys)
+    assert not (tmp_path / "d").exists()
