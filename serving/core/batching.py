@@ -186,10 +186,16 @@ class Batcher:
             self._queues.clear()
 
 
-def _length_bucket(servable: Servable, inputs: dict[str, np.ndarray]) -> int:
-    """The length bucket a text model's request is padded to (0 for any other model)."""
+def _length_bucket(servable: Servable, inputs: dict[str, np.ndarray]) -> tuple[int, int]:
+    """A text request's length bucket and its longest text's byte class; (0, 0) for others.
+
+    core/tokens.py runs a request's rows apart by both, so requests merge by both too.
+    """
     cost = request_tokens(servable, inputs)
-    return cost.padded_length if cost is not None else 0
+    if cost is None:
+        return 0, 0
+    classes = cost.row_byte_classes
+    return cost.padded_length, int(classes.max(initial=0)) if classes is not None else 0
 
 
 def _batch_rows(inputs: dict[str, np.ndarray]) -> int | None:

@@ -3,9 +3,10 @@
 `--max-request-tokens` refuses a request whose tokens after padding (rows x its longest text's
 bucket, bounded from its bytes: models/token_cost.py) are more than the server takes, before
 the model runs, with INVALID_ARGUMENT as for too many rows: the request itself must change.
-A request's texts run by length bucket (one long text no longer pads 31 short ones to its
-length), and `--max-execution-tokens` cuts each bucket's rows into slices of at most that many
-tokens, run one after the other; the answers go back to their rows. Each run is padded to its
+A request's texts run by length bucket and, within one, by the power of two of their bytes
+(one long text no longer pads 31 short ones to its length), and `--max-execution-tokens`
+cuts each group's rows into slices of at most that many tokens, run one after the other;
+the answers go back to their rows. Each run is padded to its
 own longest text, and a row's answer does not depend on the rows beside it (the mask), so the
 answer is the one a single run gives, while one run's memory stays that of one slice.
 """
@@ -45,14 +46,20 @@ def check_tokens(cost: RequestTokens, max_tokens: int) -> None:
 def row_parts(cost: RequestTokens, slice_tokens: int) -> list[np.ndarray]:
     """The row indices of each run, at least one row each.
 
-    The rows of one length bucket together (when the request's rows are known one by one), in
-    slices of at most `slice_tokens` tokens (0 = no slices).
+    The rows of one length bucket and one byte class together (when the request's rows are
+    known one by one: a 1,000-byte text does not pad 31 reviews of 150 bytes, which its bucket,
+    bounded from the bytes, also holds), in slices of at most `slice_tokens` tokens (0 = no
+    slices), each row counted at its bucket: one run's memory is still bounded.
     """
     if cost.row_lengths is None:
         groups = [(np.arange(cost.rows), cost.per_row)]
     else:
-        groups = [(np.flatnonzero(cost.row_lengths == width), int(width))
-                  for width in np.unique(cost.row_lengths)]
+        classes = (np.zeros_like(cost.row_lengths) if cost.row_byte_classes is None
+                   else cost.row_byte_classes)
+        keys = np.stack([cost.row_lengths, classes], axis=1)
+        groups = [(rows, int(cost.row_lengths[rows].max()))
+                  for rows in (np.flatnonzero((keys == key).all(axis=1))
+                               for key in np.unique(keys, axis=0))]
     parts = []
     for rows, width in groups:
         step = max(1, slice_tokens // width) if slice_tokens else max(1, len(rows))

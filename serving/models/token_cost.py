@@ -48,6 +48,11 @@ class TokenCost:
             return self.cap
         return min(self.cap, -(-nbytes // self.bytes_per_token) + self.added_tokens)
 
+    @property
+    def smallest_bucket_bytes(self) -> int:
+        """The bytes that may fill the smallest bucket: texts up to them all pad to it."""
+        return self.buckets[0] * max(1, self.bytes_per_token)
+
     def padded_length(self, longest_bytes: int) -> int:
         """The bucket a request whose longest string has `longest_bytes` is padded to, at most."""
         return int(self.padded_lengths(np.asarray([longest_bytes]))[0])
@@ -74,8 +79,10 @@ class TokenCost:
         (count,) = rows
         values = [np.asarray(v) for v in inputs.values()]
         if len(values) == 1 and values[0].ndim == 1 and values[0].dtype.kind in "OSU":
-            lengths = self.padded_lengths(byte_lengths(values[0]))
-            return RequestTokens(count, int(lengths.sum()), int(lengths.max(initial=0)), lengths)
+            nbytes = byte_lengths(values[0])
+            lengths = self.padded_lengths(nbytes)
+            return RequestTokens(count, int(lengths.sum()), int(lengths.max(initial=0)), lengths,
+                                 byte_classes(nbytes, self.smallest_bucket_bytes))
         tokens, width = 0, 0
         for value in values:
             if value.dtype.kind in "OSU":
@@ -92,12 +99,15 @@ class RequestTokens:
     """What one request runs: its rows, its tokens after padding, its widest padded length.
 
     `row_lengths`: each row's bucket, when its rows can run by bucket (else None: all at once).
+    `row_byte_classes`: with `row_lengths`, each row's `byte_classes`: the rows of one bucket
+    run apart by them (core/tokens.py), as the bound puts most rows in the cap's bucket.
     """
 
     rows: int
     tokens: int
     padded_length: int
     row_lengths: np.ndarray | None = None
+    row_byte_classes: np.ndarray | None = None
 
     @property
     def per_row(self) -> int:
@@ -109,6 +119,23 @@ def byte_lengths(strings: np.ndarray) -> np.ndarray:
     """Bytes of each element of a string array, flattened (a `str` counts its UTF-8 bytes)."""
     return np.fromiter((len(s.encode("utf-8")) if isinstance(s, str) else len(s)
                         for s in strings.ravel()), np.int64, count=strings.size)
+
+
+def byte_classes(nbytes: np.ndarray, floor: int = 1) -> np.ndarray:
+    """Each length's power-of-two class: n bytes in [2**k, 2**(k+1)) is class k.
+
+    Every n up to `floor` (the smallest bucket's bytes: they pad to it whatever they hold) is
+    in `floor`'s class.
+
+    Which rows share a run is a matter of speed, never of answers (each run pads to its own
+    longest text, and the mask hides the padding), so it may follow what the bytes suggest:
+    texts of one kind hold tokens about in proportion to their bytes, and rows within a factor
+    of 2 of each other pad each other by at most about that, as the doubling buckets do. The
+    bound (`padded_lengths`) cannot tell a 150-byte review (~30 tokens) from a 1,000-byte one:
+    both may hold the cap's tokens.
+    """
+    return np.frexp(np.maximum(np.asarray(nbytes, np.int64), max(1, floor))
+                    .astype(np.float64))[1] - 1
 
 
 def read_token_cost(version_dir: str | Path) -> TokenCost | None:

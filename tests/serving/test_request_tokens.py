@@ -217,6 +217,22 @@ def test_one_long_text_does_not_pad_the_short_ones_of_its_request(base_path):
         registry.stop()
 
 
+def test_a_long_text_runs_apart_from_the_reviews_that_share_its_bucket_by_their_bytes(
+        base_path):
+    """31 reviews of 150 bytes and one of 1,000: the byte bound puts all 32 in the cap's bucket
+    (150 bytes may hold 75 words), yet the reviews run without the long one (before, all 32
+    ran padded to its length), each run still sliced at its bucket's tokens."""
+    rows: list[int] = []
+    registry, core = _core(base_path, _recording_runner(rows), slice_tokens=16 * CAP)
+    try:
+        texts = [b"a review " * 16 + b"x" * 6] * 31
+        texts.insert(9, b"w " * 500)
+        assert SENDERS["tf-grpc-string_val"](core, texts) == Outcome("OK", tuple(map(len, texts)))
+        assert rows == [16, 15, 1]
+    finally:
+        registry.stop()
+
+
 @pytest.fixture(scope="module")
 def encoder_version(tmp_path_factory):
     """A one-layer BERT-style encoder on a 64-token cap, exported as the export step does."""
