@@ -7,6 +7,8 @@ On the offline movie-review snippets at cap 128 (`--max-sequence-length 128`), i
   and its spread over the seeds for either padding;
 - the cap's cost: buckets at the cap vs padding to a small cap (`--small-cap`, 32), whose
   texts are cut there: if the cost follows the texts, cap 128 runs near cap 32's texts/s;
+- precisions (`--parts precisions`): length-following batches under `--precision` and
+  `--compare-precision` (mixed_bfloat16), interleaved: the bf16 ratio, where the CPU has bf16;
 - one XLA compile per bucket length: bert_tiny's forward + backward, jit-compiled, timed on its
   first call at each length against a later call (how many shapes, what one costs);
 - serving in process: the exported `serving_default` (the tokenizer in the graph) of a SavedModel
@@ -47,7 +49,7 @@ from text_buckets_grpc import grpc_serving, markdown_lines  # noqa: E402
 OUT = Path(__file__).parent / "results"
 DATASET = "ampflow_rotten_tomatoes"
 PADDINGS = ("buckets", "max_length")
-PARTS = ("training", "caps", "serving", "grpc", "xla_compile", "accuracy")
+PARTS = ("training", "caps", "precisions", "serving", "grpc", "xla_compile", "accuracy")
 
 
 def main() -> int:
@@ -57,9 +59,10 @@ def main() -> int:
     report = {"benchmark": "text_length_buckets", "dataset": DATASET,
               "max_sequence_length": args.max_sequence_length, "batch_size": args.batch_size,
               "precision": args.precision, "host": _host(), "load_before": load_average(),
-              "training": [], "caps": [], "accuracy": [], "xla_compile": None, "serving": [],
-              "grpc": []}
-    parts = {"training": _training, "caps": _caps, "serving": _serving, "grpc": _grpc,
+              "training": [], "caps": [], "precisions": [], "accuracy": [],
+              "xla_compile": None, "serving": [], "grpc": []}
+    parts = {"training": _training, "caps": _caps, "precisions": _precisions,
+             "serving": _serving, "grpc": _grpc,
              "xla_compile": lambda a, _d: _xla_compile(a),
              "accuracy": lambda a, d: _accuracy(a, d, report["accuracy"],
                                                 lambda: _write(a, report))}
@@ -97,6 +100,8 @@ def _parse() -> argparse.Namespace:
                         help="the caps part: padded to this cap (texts cut there) vs buckets")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--precision", default="float32")
+    parser.add_argument("--compare-precision", default="mixed_bfloat16",
+                        help="the precisions part: the policy set beside --precision")
     parser.add_argument("--serving-models", nargs="*", default=["bert_tiny", "bert_small"])
     parser.add_argument("--serving-calls", type=int, default=30,
                         help="requests of each kind (serving and grpc parts)")
@@ -125,12 +130,14 @@ def _prepare(workdir: Path) -> Path:
 
 
 def _train(args, data_dir: Path, model: str, padding: str, seed: int, out: Path,
-           steps: int | None, epochs: int, cap: int | None = None) -> dict:
+           steps: int | None, epochs: int, cap: int | None = None,
+           precision: str | None = None) -> dict:
     """One `ampflow train` in its own process; its metadata.json's numbers."""
     cap = cap or args.max_sequence_length
+    precision = precision or args.precision
     command = [sys.executable, "-m", "ampflow.cli", "train", "--data-dir", str(data_dir),
                "--output-dir", str(out), "--model", model, "--text-padding", padding,
-               "--precision", args.precision, "--epochs", str(epochs), "--seed", str(seed),
+               "--precision", precision, "--epochs", str(epochs), "--seed", str(seed),
                "--batch-size", str(args.batch_size),
                "--max-sequence-length", str(cap)]
     if steps:
@@ -143,6 +150,8 @@ def _train(args, data_dir: Path, model: str, padding: str, seed: int, out: Path,
     meta = json.loads((out / "metadata.json").read_text())
     last = meta["epochs"][-1]
     return {"model": model, "padding": padding, "cap": cap, "seed": seed, "epochs": epochs,
+            "precision": precision, "policy": meta.get("precision", {}).get("policy"),
+            "jit_compile": meta.get("xla", {}).get("effective"),
             "steps_per_epoch": meta["steps_per_epoch"],
             "texts_per_s_last_epoch": last["examples_per_sec"],
             "train_seconds": meta["train_seconds"], "val_accuracy": last["val_accuracy"],
@@ -161,6 +170,41 @@ def _training(args, data_dir: Path) -> list[dict]:
                 print(f"train {model} {padding}: {runs[-1]['texts_per_s_last_epoch']:.1f} texts/s",
                       flush=True)
     return runs
+
+
+def _precisions(args, data_dir: Path) -> list[dict]:
+    """Length-following batches under `--precision` and `--compare-precision`, interleaved."""
+    runs = []
+    for repeat in range(args.repeats):
+        for model in args.models:
+            for precision in (args.precision, args.compare_precision):
+                out = args.workdir / f"precision_{model}_{precision}_{repeat}"
+                runs.append(_train(args, data_dir, model, "buckets", 1, out, args.timed_steps,
+                                   2, precision=precision))
+                print(f"train {model} buckets {precision}: "
+                      f"{runs[-1]['texts_per_s_last_epoch']:.1f} texts/s", flush=True)
+    return runs
+
+
+def _precisions_lines(report: dict) -> list[str]:
+    """The precisions part: texts/s per policy on length-following batches (medians)."""
+    runs = report.get("precisions") or []
+    if not runs:
+        return []
+    names = list(dict.fromkeys(r["precision"] for r in runs))
+    lines = ["", "## Length-following batches per precision (texts/s of the timed epoch, "
+             "median of repeats)", "",
+             "| model | " + " | ".join(f"{n} texts/s" for n in names) + f" | {names[-1]} × "
+             f"{names[0]} | XLA |", "|---|" + "---:|" * (len(names) + 1) + "---|"]
+    for model in dict.fromkeys(r["model"] for r in runs):
+        speed = {n: statistics.median(r["texts_per_s_last_epoch"] for r in runs
+                                      if r["model"] == model and r["precision"] == n)
+                 for n in names}
+        xla = ", ".join(f"{r['precision']}: {'on' if r.get('jit_compile') else 'off'}" for r in
+                        {r["precision"]: r for r in runs if r["model"] == model}.values())
+        lines.append(f"| {model} | " + " | ".join(f"{speed[n]:.1f}" for n in names)
+                     + f" | {speed[names[-1]] / speed[names[0]]:.2f}× | {xla} |")
+    return lines
 
 
 def _caps(args, data_dir: Path) -> list[dict]:
@@ -372,6 +416,7 @@ def markdown(report: dict) -> list[str]:
         lines.append(f"| {model} | {statistics.median(fast):.1f} | {statistics.median(slow):.1f}"
                      f" | {statistics.median(fast) / statistics.median(slow):.2f}× |")
     lines += _caps_lines(report)
+    lines += _precisions_lines(report)
     if report["accuracy"]:
         lines += ["", "## Accuracy (test split, mean ± sd over seeds)", "",
                   "| model | epochs | buckets | max_length | train s buckets / max_length |",
