@@ -75,6 +75,7 @@ def _register_compile(subparsers) -> None:
 
         options = config_from_args(PipelineOptions, args, image=_image_of(args))
         base_model = options.check_base_model_for_cluster()  # before anything is written
+        weights = options.check_weights_for_cluster()
         path = compile_pipeline(args.output, options)
         _check_for_backend(path, args.kfp_backend)
         print_summary("ampflow compile: done", {
@@ -82,6 +83,7 @@ def _register_compile(subparsers) -> None:
             "float32_baseline": options.with_float32_baseline,
             "checkpoints": options.checkpoints, "train_workers": options.train_workers,
             **({"base_model": base_model} if base_model else {}),
+            **({"weights": weights} if weights else {}),
             **({"pretrain_epochs": options.pretrain_epochs} if options.pretrain_epochs else {})})
         return 0
 

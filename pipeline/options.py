@@ -163,6 +163,16 @@ class PipelineOptions:
                 "keras-hub preset), uploaded where the cluster's launcher fetches it (gs://, "
                 "s3://, minio://) and brought in with dsl.importer."})
 
+    # An ImageNet weights file for a built-in image backbone (the `..._notop.h5` of Keras
+    # applications), brought in the same way, as the train tasks' `weights_file` input: what
+    # the `weights` run parameter names must already be where the task runs (image, volume).
+    weights_uri: str | None = field(default=None, metadata={
+        "metavar": "URI",
+        "help": "Load this ImageNet weights file (a Keras applications ..._notop.h5) into "
+                "resnet50's or mobilenet_v2's backbone and train the transfer recipe, uploaded "
+                "where the cluster's launcher fetches it (gs://, s3://, minio://) and brought "
+                "in with dsl.importer; instead of the `weights` parameter, a path in the pod."})
+
     # Masked-LM pretraining of a BERT encoder on the run's own prepared texts (components/
     # pretrain), fed to the train tasks as their `base_model`, where base_model_uri's importer
     # goes otherwise. One number both switches it and sizes it (its cost is epochs x corpus);
@@ -178,6 +188,7 @@ class PipelineOptions:
 
     def __post_init__(self) -> None:
         self._check_pretraining()
+        self._check_weights_uri()
         if not self.image or ":" not in self.image.rsplit("/", 1)[-1] and "@" not in self.image:
             raise ConfigError("image must be a pinned image reference (name:tag or name@digest). "
                               f"Received: image={self.image!r}")
@@ -228,6 +239,16 @@ class PipelineOptions:
             except ValueError as e:
                 raise ConfigError(f"workspace_size must be a Kubernetes quantity such as 20Gi. "
                                   f"Received: workspace_size={self.workspace_size!r}") from e
+
+    def _check_weights_uri(self) -> None:
+        """ImageNet weights go into a built-in backbone, which a base model would replace."""
+        if self.weights_uri and (self.base_model_uri or self.pretrain_epochs):
+            other = ("base_model_uri" if self.base_model_uri else "pretrain_epochs")
+            raise ConfigError(
+                f"weights_uri loads ImageNet weights into a built-in image backbone, and "
+                f"{other} replaces the model the train tasks build: one or the other. "
+                f"Received: weights_uri={self.weights_uri!r}, {other}="
+                f"{getattr(self, other)!r}")
 
     def _check_pretraining(self) -> None:
         """A count of epochs >= 0, and one source of the train tasks' base model."""
@@ -292,6 +313,14 @@ class PipelineOptions:
         from ampflow.modeling.base_model import check_base_model_uri
 
         return check_base_model_uri(self.base_model_uri, cluster=True)
+
+    def check_weights_for_cluster(self) -> str | None:
+        """`weights_uri` as a cluster's run takes it (compile, submit); what was checked."""
+        if not self.weights_uri:
+            return None
+        from ampflow.modeling.base_model import check_weights_uri
+
+        return check_weights_uri(self.weights_uri, cluster=True)
 
     def pipeline_config(self):
         """The KFP PipelineConfig: the per-run workspace that holds the train checkpoints."""

@@ -220,6 +220,11 @@ def check_arguments(arguments: dict[str, object], options=None) -> None:
         raise ConfigError(f"accumulation_steps must be an integer >= 1. Received: "
                           f"accumulation_steps={steps!r}")
     check_gate_arguments(arguments)
+    if options is not None and getattr(options, "weights_uri", None) and arguments.get("weights"):
+        raise ConfigError(  # the train task would refuse it, after prepare-data
+            "weights_uri imports the ImageNet weights file the train tasks load, and the "
+            "weights parameter names another: pass one. Received: weights_uri="
+            f"{options.weights_uri!r}, weights={arguments['weights']!r}")
     check_data_arguments(arguments, options)
 
 

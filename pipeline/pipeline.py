@@ -192,6 +192,11 @@ def build_pipeline(options: PipelineOptions | None = None):
                                       max_sequence_length=max_sequence_length, seed=seed)
             configure_train_task(encoder, options)  # the run's other training: GPU, retries
             train_args["base_model"] = encoder.outputs["model"]
+        if options.weights_uri:  # not with a base model (PipelineOptions): it is a backbone's
+            imagenet = dsl.importer(artifact_uri=options.weights_uri,
+                                    artifact_class=dsl.Artifact, reimport=False)
+            imagenet.set_display_name("imagenet-weights")
+            train_args["weights_file"] = imagenet.output
         # A TFJob's workers do not mount the run's workspace: with train_workers > 1 the
         # checkpoints live on the training claim (kubeflow_job.py), so none is passed here.
         amp_checkpoints = "" if options.train_workers > 1 else options.checkpoint_dir(

@@ -257,6 +257,7 @@ class LocalRunConfig:
         """The compile-time options of a local run: no GPU, no model-store claim."""
         return PipelineOptions(gpu=False, model_store_pvc=None,
                                base_model_uri=self.base_model_uri,
+                               weights_uri=self.weights_uri,
                                **{name: getattr(self, name) for name in COMPILE_TIME})
 
     @property
@@ -293,7 +294,17 @@ class LocalRunConfig:
         for name in ("model_path", *_LOCAL_SOURCES):  # the step runs in another working dir
             if args[name]:
                 args[name] = str(Path(args[name]).resolve())
+        args["weights"] = ""  # imported instead (weights_uri), as on a cluster
         return args
+
+    @property
+    def weights_uri(self) -> str | None:
+        """`--weights FILE`, imported by the pipeline's `dsl.importer` by its absolute path.
+
+        As on a cluster (`--weights-uri`): the train tasks get it as their `weights_file`
+        input artifact, not as a path the task must see.
+        """
+        return str(Path(self.weights).expanduser().resolve()) if self.weights else None
 
     @property
     def base_model_uri(self) -> str | None:

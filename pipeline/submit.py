@@ -76,6 +76,9 @@ def submit(config: SubmitConfig, arguments: dict | None = None) -> SubmitResult:
     checked = config.check_base_model_for_cluster()
     if checked:
         log.info("base model: %s", checked)
+    weights = config.check_weights_for_cluster()
+    if weights:
+        log.info("ImageNet weights: %s", weights)
     options = options_from(config)
     _probe(config)
     backend = preflight.read_backend(config.host, os.environ.get(TOKEN_ENV),

@@ -1,6 +1,6 @@
 """KFP component: train. A thin wrapper: artifact paths in, `run_train` out."""
 
-from kfp.dsl import Dataset, Input, Metrics, Model, Output
+from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
 from ampflow.components.train.config import TrainConfig
 from ampflow.kfp_args import document_args
@@ -35,6 +35,7 @@ def train(
     head_epochs: int = 5,
     head_learning_rate: float = 0.001,
     base_model: Input[Model] = None,
+    weights_file: Input[Artifact] = None,
 ):
     """Train with mixed precision; publish the model and its training metrics.
 
@@ -62,6 +63,12 @@ def train(
         from ampflow.modeling.base_model import model_argument
 
         architecture = model_argument(base_model.path)
+    if weights_file is not None:  # an imported ImageNet weights file, in place of the path
+        if weights:
+            raise ConfigError("weights and the imported weights_file both name the ImageNet "
+                              "weights to load: pass one. Received: weights="
+                              f"{weights!r}, weights_file={weights_file.uri!r}")
+        weights = weights_file.path
     config = TrainConfig(
         data_dir=data.path, output_dir=model.path, model=architecture,
         model_path=model_path or None, precision=precision,
@@ -128,4 +135,7 @@ document_args(train, TrainConfig, renamed={"architecture": "model", "xla": "jit_
                   "tokenizer beside it) or a pretrained BERT checkpoint dir (Hugging Face's "
                   "layout or a keras-hub preset), brought in by a dsl.importer and fine-tuned "
                   "instead of `architecture`.",
+    "weights_file": "A Keras applications ImageNet weights file (..._notop.h5) for "
+                    "resnet50's or mobilenet_v2's backbone, brought in by a dsl.importer "
+                    "(--weights-uri): used as `weights`, which must then be empty.",
 })

@@ -173,6 +173,9 @@ def run_training_job(config, settings: TFJobSettings, run_key: str, api_client=N
     elif config.model_spec.kind == "checkpoint":  # a pretrained checkpoint dir: the same
         shared = dataclasses.replace(shared, model=str(_stage_dir(Path(config.model),
                                                                   root / "base_model")))
+    if config.weights:  # an ImageNet weights file (an imported one is in this pod only)
+        shared = dataclasses.replace(shared, weights=str(_stage_file(Path(config.weights),
+                                                                     root / "weights.h5")))
     api_client = api_client or _in_cluster_client()
     namespace = namespace or _own_namespace()
     job = build_tfjob(name, settings, config_to_argv(shared))

@@ -7,6 +7,7 @@ or the image. The local runner takes a local path the same way. What the URI hol
 here, once for both: `model_argument` maps the downloaded artifact to train's `--model`, and
 `check_base_model_uri` refuses, before anything is compiled, what a train task would only fail
 on later (a missing or wrong local dir, a hub handle, a scheme the launcher cannot fetch).
+An image backbone's ImageNet weights file travels the same way (`check_weights_uri`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ _FORMS = ("a .keras file, a model dir holding model.keras, or a pretrained BERT 
 UPLOAD_HINT = ("upload it where the cluster's launcher fetches it, e.g. `gsutil -m cp -r DIR "
                "gs://BUCKET/PATH` (or `aws s3 cp --recursive`, `mc cp --recursive`), and pass "
                "that URI")
+FILE_UPLOAD_HINT = ("upload it where the cluster's launcher fetches it, e.g. `gsutil cp FILE "
+                    "gs://BUCKET/PATH` (or `aws s3 cp`, `mc cp`), and pass that URI")
 
 
 def model_argument(path: str) -> str:
@@ -85,3 +88,29 @@ def _local_form(path: Path) -> str:
                 "a directory with neither model.keras nor config.json" if path.is_dir() else
                 "a file that is not .keras")
     raise ModelConfigError(f"base_model_uri must be {_FORMS}. Received: {path}: {received}")
+
+
+def check_weights_uri(uri: str, *, cluster: bool) -> str:
+    """`weights_uri` (an ImageNet weights file to import) checked as far as this machine can.
+
+    The same rule as a base model's: a remote URI is taken as it is (train checks the file's
+    layers against the backbone when it loads it); a local path must be an existing file, and
+    on a `cluster` it is refused even then. Raises ModelConfigError (exit 2).
+    """
+    if is_remote(uri):
+        return f"{uri}: remote, not checked here (the train task reads it)"
+    if "://" in uri:
+        raise ModelConfigError(
+            f"weights_uri must be a local path or a URI KFP's launcher fetches "
+            f"({', '.join(REMOTE_SCHEMES)}). Received: weights_uri={uri!r}")
+    path = Path(uri).expanduser()
+    if not path.is_file():
+        received = "a directory" if path.is_dir() else "no such file"
+        raise ModelConfigError("weights_uri must be a Keras applications weights file (the "
+                               f"`..._notop.h5` users download). Received: {path}: {received}")
+    if cluster:
+        raise ModelConfigError(
+            f"weights_uri must be a URI the cluster's launcher fetches "
+            f"({', '.join(REMOTE_SCHEMES)}): a train pod does not see this machine's files. "
+            f"Received: the local file {uri!r}; {FILE_UPLOAD_HINT}")
+    return f"{path}: a local file, read by the train task"
