@@ -88,7 +88,31 @@ def _spoil_text(tmp_path, _source):
     return path
 
 
+def _keras_hub_preset(tmp_path, _source):
+    """What `ResNetBackbone.save_to_preset` writes first (keras-hub 0.32's config.json)."""
+    import json
+
+    preset = tmp_path / "resnet_50_imagenet"
+    preset.mkdir()
+    (preset / "config.json").write_text(json.dumps({
+        "module": "keras_hub.src.models.resnet.resnet_backbone", "class_name": "ResNetBackbone",
+        "config": {"block_type": "bottleneck_block"},
+        "registered_name": "keras_hub>ResNetBackbone"}))
+    (preset / "model.weights.h5").write_bytes(b"")
+    return preset
+
+
+def _plain_directory(tmp_path, _source):
+    return tmp_path
+
+
 BAD_FILES = {
+    "a keras-hub preset": (
+        _keras_hub_preset,
+        "Received: a keras-hub preset (keras_hub>ResNetBackbone), whose network is not the "
+        "built-ins' (keras-hub's ResNets are timm's v1.5, its MobileNets V3): train it as your "
+        "own model"),
+    "a directory": (_plain_directory, "Received: a directory; pass the .h5 file itself"),
     "another architecture": (
         lambda t, s: write_applications_weights(t / "other.h5", tiny_backbone(first="Conv1")),
         "expected the weights of resnet50 (first conv1_conv, 4 layers with weights). Received: "

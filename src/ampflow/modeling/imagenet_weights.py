@@ -54,6 +54,9 @@ def read_applications_weights(path: str | os.PathLike) -> dict[str, list[tuple[s
     import h5py
 
     path = Path(path)
+    if path.is_dir():
+        raise ModelConfigError(f"{path}: expected a Keras applications weights file (.h5). "
+                               f"Received: {_directory_kind(path)}")
     if not path.is_file():
         raise ModelConfigError(f"{path}: expected a Keras applications weights file (.h5). "
                                f"Received: no such file; download it, e.g. {_url('resnet50')}")
@@ -135,6 +138,29 @@ def save_applications_weights(model, path: str | os.PathLike) -> Path:
                 group.create_dataset(name, data=np.asarray(variable.numpy(), np.float32))
     partial.replace(path)
     return path
+
+
+def _directory_kind(path: Path) -> str:
+    """What a directory given as a weights file is, and what to do instead.
+
+    keras-hub's image presets are other networks than the built-ins: its ResNets are timm's
+    (the stride in the 3x3 convolution, convolutions without biases, its own input
+    normalization), its MobileNets are V3; their tensors do not fit Keras applications'
+    ResNet50 or MobileNetV2, so they are refused rather than loaded into the wrong function.
+    """
+    import json
+
+    try:
+        registered = json.loads((path / "config.json").read_text()).get("registered_name", "")
+    except (OSError, ValueError, AttributeError):
+        registered = ""
+    if str(registered).startswith("keras_hub>"):
+        return (f"a keras-hub preset ({registered}), whose network is not the built-ins' "
+                f"(keras-hub's ResNets are timm's v1.5, its MobileNets V3): train it as your "
+                f"own model, a builder returning keras_hub.models.ImageClassifier.from_preset"
+                f"(DIR, num_classes=N) (docs/how-to/own-model.md), or download the Keras "
+                f"applications notop file, e.g. {_url('resnet50')}")
+    return f"a directory; pass the .h5 file itself, e.g. {_url('resnet50')}"
 
 
 def backbone_of(model):
