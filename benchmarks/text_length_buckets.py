@@ -195,15 +195,20 @@ def _precisions_lines(report: dict) -> list[str]:
     lines = ["", "## Length-following batches per precision (texts/s of the timed epoch, "
              "median of repeats)", "",
              "| model | " + " | ".join(f"{n} texts/s" for n in names) + f" | {names[-1]} × "
-             f"{names[0]} | XLA |", "|---|" + "---:|" * (len(names) + 1) + "---|"]
+             f"{names[0]} | each repeat's pair | XLA |",
+             "|---|" + "---:|" * (len(names) + 1) + "---|---|"]
     for model in dict.fromkeys(r["model"] for r in runs):
         speed = {n: statistics.median(r["texts_per_s_last_epoch"] for r in runs
                                       if r["model"] == model and r["precision"] == n)
                  for n in names}
         xla = ", ".join(f"{r['precision']}: {'on' if r.get('jit_compile') else 'off'}" for r in
                         {r["precision"]: r for r in runs if r["model"] == model}.values())
+        mine = [r for r in runs if r["model"] == model]
+        pairs = [b["texts_per_s_last_epoch"] / a["texts_per_s_last_epoch"]  # interleaved
+                 for a, b in zip(mine[0::2], mine[1::2], strict=False)]
         lines.append(f"| {model} | " + " | ".join(f"{speed[n]:.1f}" for n in names)
-                     + f" | {speed[names[-1]] / speed[names[0]]:.2f}× | {xla} |")
+                     + f" | {speed[names[-1]] / speed[names[0]]:.2f}× | "
+                     + ", ".join(f"{p:.2f}×" for p in pairs) + f" | {xla} |")
     return lines
 
 
