@@ -27,9 +27,28 @@ def _test_split(prepared_digits):
     return images.astype("float32"), labels
 
 
-def _accuracy(model, images, labels) -> float:
-    """Independent of the step: full model (probabilities), argmax, compare."""
-    return float(np.mean(np.argmax(model.predict(images, verbose=0), axis=1) == labels))
+def _right(model, images, labels) -> np.ndarray:
+    """Independent of the step: full model (probabilities), argmax, compare per image."""
+    return np.argmax(model.predict(images, verbose=0), axis=1) == labels
+
+
+@pytest.fixture(scope="module")
+def answers(prepared_digits):
+    """Factory: `answers(model_dir, twin=False)` → which test images the published model (or
+    its float32 twin) gets right, computed here once per module: the gate, overflow and
+    baseline tests check the step against the same session models (a load and a predict
+    each, otherwise repeated per test)."""
+    images, labels = _test_split(prepared_digits)
+    cache = {}
+
+    def _get(model_dir, twin: bool = False) -> np.ndarray:
+        if (model_dir, twin) not in cache:
+            model, meta = load_trained_model(model_dir)
+            cache[model_dir, twin] = _right(build_float32_twin(model, meta) if twin else model,
+                                            images, labels)
+        return cache[model_dir, twin]
+
+    return _get
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +72,16 @@ def evaluated(trained_model, prepared_digits, tmp_path_factory):
 @pytest.mark.parametrize("policy, compute_dtype", [("mixed_float16", "float16"),
                                                    ("mixed_bfloat16", "bfloat16")])
 def test_run_evaluate_trained_amp_model_passes_gate_with_defaults(
-        trained_model, prepared_digits, evaluated, policy, compute_dtype):
+        trained_model, prepared_digits, evaluated, answers, policy, compute_dtype):
     model_dir = trained_model(policy)
     result = evaluated(policy)
 
     assert result.passed, result.verdict["message"]
     assert {p.name for p in result.output_dir.iterdir()} == OUTPUT_FILES
     metrics = json.loads((result.output_dir / "metrics.json").read_text())
-    model, meta = load_trained_model(model_dir)
-    images, labels = _test_split(prepared_digits)
-    amp_accuracy = _accuracy(model, images, labels)
-    twin_accuracy = _accuracy(build_float32_twin(model, meta), images, labels)
+    _, labels = _test_split(prepared_digits)
+    amp_accuracy = float(answers(model_dir).mean())
+    twin_accuracy = float(answers(model_dir, twin=True).mean())
     assert metrics["num_examples"] == len(labels) == 359
     np.testing.assert_allclose(metrics["amp_accuracy"], amp_accuracy, atol=1e-12)
     np.testing.assert_allclose(metrics["fp32_twin_accuracy"], twin_accuracy, atol=1e-12)
@@ -125,7 +143,7 @@ def test_build_float32_twin_mixed_model_computes_float32_with_same_weights(train
 
 @pytest.mark.slow
 def test_run_evaluate_float16_overflow_fails_gate_naming_each_measure(
-        overflowing_float16_model, trained_model, prepared_digits, tmp_path):
+        overflowing_float16_model, trained_model, prepared_digits, answers, tmp_path):
     out = tmp_path / "eval"
     config = EvaluateConfig(model_dir=overflowing_float16_model, data_dir=prepared_digits,
                             output_dir=out)
@@ -155,10 +173,8 @@ def test_run_evaluate_float16_overflow_fails_gate_naming_each_measure(
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["gate_passed"] == 0.0  # (how far accuracy falls depends on the kernels too)
     # the float32 function survived the rescaling: the twin scores like the original model
-    original, _ = load_trained_model(trained_model("mixed_float16"))
-    images, labels = _test_split(prepared_digits)
     np.testing.assert_allclose(metrics["fp32_twin_accuracy"],
-                               _accuracy(original, images, labels), atol=0.01)
+                               answers(trained_model("mixed_float16")).mean(), atol=0.01)
     assert "# FP32 parity: FAILED" in (out / "report.md").read_text()
 
 
@@ -183,18 +199,16 @@ def test_run_evaluate_fail_on_gate_false_returns_failed_verdict(
 
 @pytest.mark.slow
 def test_run_evaluate_with_float32_baseline_reports_training_parity(
-        trained_model, prepared_digits, tmp_path):
+        trained_model, prepared_digits, answers, tmp_path):
     amp_dir, base_dir = trained_model("mixed_bfloat16"), trained_model("float32")
     result = run_evaluate(EvaluateConfig(model_dir=amp_dir, data_dir=prepared_digits,
                                          output_dir=tmp_path / "eval",
                                          baseline_model_dir=base_dir, fail_on_gate=False))
 
     metrics = result.metrics
-    base_model, base_meta = load_trained_model(base_dir)
-    amp_model, amp_meta = load_trained_model(amp_dir)
-    images, labels = _test_split(prepared_digits)
-    base_right = np.argmax(base_model.predict(images, verbose=0), axis=1) == labels
-    amp_right = np.argmax(amp_model.predict(images, verbose=0), axis=1) == labels
+    base_meta, amp_meta = (json.loads((d / "metadata.json").read_text())
+                           for d in (base_dir, amp_dir))
+    base_right, amp_right = answers(base_dir), answers(amp_dir)
     np.testing.assert_allclose(metrics["baseline_accuracy"], base_right.mean(), atol=1e-12)
     np.testing.assert_allclose(metrics["baseline_accuracy_delta_points"],
                                100 * (amp_right.mean() - base_right.mean()), atol=1e-9)
