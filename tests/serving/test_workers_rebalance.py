@@ -27,7 +27,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from serving_helpers import MODEL, free_port, install_version, local_only, predict_request
+from serving_helpers import (
+    MODEL,
+    free_port,
+    install_version,
+    local_only,
+    predict_request,
+    without_warmup,
+)
 from workers_helpers import (
     ROUND,
     SERVE_FLAGS,
@@ -181,7 +188,9 @@ def test_two_workers_share_the_port_restart_rebalance_reload_count_once_and_drai
     from ampflow.serving.testing import ServeProcess
 
     base = tmp_path / MODEL
-    install_version(model_store, base, 1)
+    # no warm-up file (without_warmup): with the 1.5 s batch timeout below, its three replays
+    # held every load (the two workers', the restart's, version 2's) 4.5 s, the CPU idle
+    install_version(model_store, base, 1, edit=without_warmup)
     metrics_dir, metrics_port = tmp_path / "metrics", free_port()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
     log = tmp_path / "server.log"
@@ -214,7 +223,7 @@ def test_two_workers_share_the_port_restart_rebalance_reload_count_once_and_drai
 
         # a new version: every worker (the restarted one too) serves it after its poll
         pushed = time.monotonic()
-        install_version(model_store, base, 2)
+        install_version(model_store, base, 2, edit=without_warmup)
 
         def every_worker_on_v2() -> bool:
             nonlocal sent
