@@ -188,7 +188,8 @@ def test_many_idle_grpc_connections_leave_predict_answering_and_idle_ones_are_cl
         start_server, model_store, tmp_path, client_for):
     base = tmp_path / MODEL
     install_version(model_store, base, 1)
-    server = start_server(base, connection_limits=ConnectionLimits(grpc_max_connection_idle_s=1.0))
+    # 0.5 s: no idle socket has to beat it, and the client's call keeps its own connection busy
+    server = start_server(base, connection_limits=ConnectionLimits(grpc_max_connection_idle_s=0.5))
     port = server.port
     # the HTTP/2 preface, an empty SETTINGS, and the ACK of the server's SETTINGS (without
     # it, gRPC drops the connection at its handshake timeout: idleness would not be tested)
