@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from ports import free_port  # noqa: F401 - the tests import it from here (tests/ports.py says why)
 
-from ampflow.serving.model_format import WARMUP_FILE
 from ampflow.serving.testing import install_version  # noqa: F401 - the tests import it from here
 
 MODEL = os.environ.get("AMPFLOW_SERVING_MODEL", "ampflow")
@@ -56,16 +55,6 @@ def predict_request(model: str, images, **spec):
     if images is not None:
         request.inputs["images"].CopyFrom(tf.make_tensor_proto(images))
     return request
-
-
-def without_warmup(version_dir: Path) -> None:
-    """`install_version`'s `edit` for a server that batches with a long timeout: no warm-up file.
-
-    Each warm-up replay goes through the batcher alone and waits out the whole batch timeout
-    (serving/protocols/tf_serving.py): the contract model's three replays held a load 3 x 5 s
-    under a 5 s timeout, with the CPU idle. The tests that use it claim nothing of warm-up.
-    """
-    (Path(version_dir) / WARMUP_FILE).unlink()
 
 
 @contextlib.contextmanager

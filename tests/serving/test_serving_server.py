@@ -23,14 +23,7 @@ import pytest
 import tensorflow as tf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from serving_helpers import (
-    MODEL,
-    free_port,
-    install_version,
-    local_only,
-    predict_request,
-    without_warmup,
-)
+from serving_helpers import MODEL, free_port, install_version, local_only, predict_request
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from ampflow.serving.client import PredictionClient, RpcError
@@ -45,15 +38,6 @@ pytestmark = [pytest.mark.serving, local_only, pytest.mark.timeout(120)]
 def served_base(model_store, tmp_path) -> Path:
     base = tmp_path / MODEL
     install_version(model_store, base, 1)
-    return base
-
-
-@pytest.fixture
-def batched_base(model_store, tmp_path) -> Path:
-    """The same version for a server that batches with a long timeout: no warm-up file
-    (`without_warmup`: each replay would wait out the batch timeout, the CPU idle)."""
-    base = tmp_path / MODEL
-    install_version(model_store, base, 1, edit=without_warmup)
     return base
 
 
@@ -153,19 +137,21 @@ def test_mutual_tls_requires_client_certificate(pki, served_base, start_server, 
 
 @pytest.mark.slow
 def test_sigterm_with_in_flight_requests_completes_them_and_refuses_new_ones_retryably(
-        batched_base):
+        served_base):
     # A long batch timeout keeps requests in flight (queued for their batch) when SIGTERM lands:
     # 5 s, so that the 1 s the test gives the four requests to reach the server (warm channel,
     # but a loaded machine) ends well before their batch would run, and the server has 4 s
     # more to take the SIGTERM and refuse a call while they wait (with 2.5 s, a stall of
     # 1.5 s anywhere on a loaded host left no call to refuse). Calls made after SIGTERM, while
     # those finish, are answered UNAVAILABLE (gRPC) / 503 (REST) with a retry hint, never
-    # CANCELLED (grpcio's shutdown cancels calls it holds; transport/drain.py).
+    # CANCELLED (grpcio's shutdown cancels calls it holds; transport/drain.py). --no-warmup:
+    # each warm-up replay goes through the batcher alone and waits out its whole timeout (the
+    # model's three held the start 3 x 5 s, the CPU idle); nothing here is about warm-up.
     rest_port = free_port()
     cmd = [sys.executable, "-m", "ampflow.serving.cli", "serve",
-           "--model-base-path", str(batched_base), "--model-name", MODEL, "--port", "0",
+           "--model-base-path", str(served_base), "--model-name", MODEL, "--port", "0",
            "--rest-api-port", str(rest_port), "--max-batch-size", "64",
-           "--batch-timeout-ms", "5000", "--grace-s", "10", "--server", "local"]
+           "--batch-timeout-ms", "5000", "--no-warmup", "--grace-s", "10", "--server", "local"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
@@ -268,18 +254,19 @@ def _metric(body: str, name: str) -> float:
 
 
 def test_batching_merges_concurrent_predicts_and_answers_equal_unbatched(
-        batched_base, start_server, client_for):
+        served_base, start_server, client_for):
     # 12 requests of 1-3 rows (24 rows) fill one 24-row batch; the long timeout only matters
     # when a request is late (a busy machine), and then the batch runs with fewer requests.
+    # no warm-up: its requests would each wait out the batch timeout (3 x 1 s, the CPU idle)
     port = free_port()
-    server = start_server(batched_base, metrics_port=port,
+    server = start_server(served_base, metrics_port=port, enable_warmup=False,
                           batching=BatchingConfig(max_batch_size=24, batch_timeout_ms=1000))
-    reference = tf.saved_model.load(str(batched_base / "1")).signatures["serving_default"]
+    reference = tf.saved_model.load(str(served_base / "1")).signatures["serving_default"]
     inputs = [sample_images(1 + i % 3, seed=i) for i in range(12)]
     client = client_for(server.address)
     client.input_specs(MODEL)
     metrics_url = f"http://127.0.0.1:{port}/metrics"
-    before = urllib.request.urlopen(metrics_url, timeout=10).read().decode()  # (a delta)
+    before = urllib.request.urlopen(metrics_url, timeout=10).read().decode()  # counts before
     with ThreadPoolExecutor(12) as pool:
         results = list(pool.map(lambda x: client.predict(MODEL, x), inputs))
     for images, result in zip(inputs, results, strict=True):

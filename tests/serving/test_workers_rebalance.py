@@ -27,14 +27,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from serving_helpers import (
-    MODEL,
-    free_port,
-    install_version,
-    local_only,
-    predict_request,
-    without_warmup,
-)
+from serving_helpers import MODEL, free_port, install_version, local_only, predict_request
 from workers_helpers import (
     ROUND,
     SERVE_FLAGS,
@@ -188,17 +181,17 @@ def test_two_workers_share_the_port_restart_rebalance_reload_count_once_and_drai
     from ampflow.serving.testing import ServeProcess
 
     base = tmp_path / MODEL
-    # no warm-up file (without_warmup): with the 1.5 s batch timeout below, its three replays
-    # held every load (the two workers', the restart's, version 2's) 4.5 s, the CPU idle
-    install_version(model_store, base, 1, edit=without_warmup)
+    install_version(model_store, base, 1)
     metrics_dir, metrics_port = tmp_path / "metrics", free_port()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
     log = tmp_path / "server.log"
     poll_s = 0.5
-    # batching with a long timeout: the drain at the end has requests in flight to wait for
+    # batching with a long timeout: the drain at the end has requests in flight to wait for;
+    # --no-warmup: each warm-up replay would wait out that timeout alone (3 x 1.5 s held every
+    # load: the two workers', the restart's, version 2's, the CPU idle)
     server = ServeProcess(MODEL, base, log, *SERVE_FLAGS, "--metrics-port", str(metrics_port),
                           "--file-system-poll-wait-seconds", str(poll_s),
-                          "--max-batch-size", "64", "--batch-timeout-ms", "1500",
+                          "--max-batch-size", "64", "--batch-timeout-ms", "1500", "--no-warmup",
                           stop_timeout_s=60)
     try:
         # the supervisor never imported TensorFlow (or gRPC): the workers were spawned clean
@@ -223,7 +216,7 @@ def test_two_workers_share_the_port_restart_rebalance_reload_count_once_and_drai
 
         # a new version: every worker (the restarted one too) serves it after its poll
         pushed = time.monotonic()
-        install_version(model_store, base, 2, edit=without_warmup)
+        install_version(model_store, base, 2)
 
         def every_worker_on_v2() -> bool:
             nonlocal sent
