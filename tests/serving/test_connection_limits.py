@@ -77,7 +77,10 @@ def enough_file_descriptors():
 
 def test_500_half_sent_requests_from_one_address_leave_the_rest_api_answering(
         rest_server, enough_file_descriptors):
-    server = rest_server(header_timeout_s=3.0, max_connections_per_address=32)
+    # while the 500 connect, the address's 32 slots stay full (a slot a timeout frees is taken
+    # by the next connection), so a short timeout leaves the claim whole; 1.5 s is the real
+    # client's (it too must send its head within it)
+    server = rest_server(header_timeout_s=1.5, max_connections_per_address=32)
     port = int(server.rest_address.rsplit(":", 1)[1])
     held = []
     try:
@@ -102,11 +105,11 @@ def test_500_half_sent_requests_from_one_address_leave_the_rest_api_answering(
 
 def test_a_head_trickled_one_byte_at_a_time_is_cut_at_the_header_timeout(rest_server):
     """The head's time is a total (nginx's client_header_timeout), not a pause between bytes."""
-    server = rest_server(header_timeout_s=1.5)
+    server = rest_server(header_timeout_s=1.0)
     sock = _connect(int(server.rest_address.rsplit(":", 1)[1]))
     answer = b""
     try:
-        for byte in HALF_SENT:  # one byte per 0.1 s: never a pause near the timeout
+        for byte in HALF_SENT:  # one byte per 0.1 s: never a pause near the 1 s timeout
             sock.sendall(bytes([byte]))
             time.sleep(0.1)
             sock.settimeout(0.001)
@@ -123,7 +126,8 @@ def test_a_head_trickled_one_byte_at_a_time_is_cut_at_the_header_timeout(rest_se
 
 
 def test_a_body_that_stops_arriving_is_cut_and_the_connection_freed(rest_server):
-    server = rest_server(body_timeout_s=1.0, max_connections_per_address=1)
+    server = rest_server(body_timeout_s=0.5, max_connections_per_address=1)  # head and part
+    # of the body come in one send, so no byte of the client's has to beat the 0.5 s
     port = int(server.rest_address.rsplit(":", 1)[1])
     sock = _connect(port)
     sock.sendall(HALF_SENT + b"Content-Length: 100\r\n\r\n{\"instances\": ")
@@ -139,17 +143,20 @@ def test_a_body_that_stops_arriving_is_cut_and_the_connection_freed(rest_server)
 
 
 def test_a_connection_that_never_sends_is_closed_and_keep_alive_idles_out(rest_server):
-    """Closed after --rest-keepalive-timeout-s (1 s), well before uvicorn's own 5 s."""
-    server = rest_server(header_timeout_s=1.0, keepalive_timeout_s=1.0)
+    """Closed after --rest-keepalive-timeout-s (0.5 s), well before uvicorn's own 5 s.
+
+    The head's timeout stays 1 s: the kept connection's GET has to arrive within it. The two
+    connections are open side by side, so their timeouts run out together."""
+    server = rest_server(header_timeout_s=1.0, keepalive_timeout_s=0.5)
     port = int(server.rest_address.rsplit(":", 1)[1])
     silent = _connect(port)
-    assert _read_until_closed(silent, timeout_s=10).startswith(b"HTTP/1.1 408")
-    silent.close()
     kept = _connect(port)
     kept.sendall(f"GET /v1/models/{MODEL} HTTP/1.1\r\nHost: s\r\n\r\n".encode())
     reply = _read_until_closed(kept, timeout_s=4)  # answered, then closed when idle
     kept.close()
     assert reply.startswith(b"HTTP/1.1 200") and reply.count(b"HTTP/1.1") == 1
+    assert _read_until_closed(silent, timeout_s=10).startswith(b"HTTP/1.1 408")
+    silent.close()
 
 
 def test_the_total_connection_bound_refuses_with_503_and_frees_on_close(rest_server):
@@ -181,7 +188,8 @@ def test_many_idle_grpc_connections_leave_predict_answering_and_idle_ones_are_cl
         start_server, model_store, tmp_path, client_for):
     base = tmp_path / MODEL
     install_version(model_store, base, 1)
-    server = start_server(base, connection_limits=ConnectionLimits(grpc_max_connection_idle_s=1.0))
+    # 0.5 s: no idle socket has to beat it, and the client's call keeps its own connection busy
+    server = start_server(base, connection_limits=ConnectionLimits(grpc_max_connection_idle_s=0.5))
     port = server.port
     # the HTTP/2 preface, an empty SETTINGS, and the ACK of the server's SETTINGS (without
     # it, gRPC drops the connection at its handshake timeout: idleness would not be tested)
@@ -257,7 +265,7 @@ GET = f"GET /v1/models/{MODEL} HTTP/1.1\r\nHost: s\r\n\r\n".encode()
 
 def test_a_pipelined_request_whose_body_never_comes_is_still_cut(rest_server):
     """The second request starts while the first is answered, with no bytes arriving."""
-    server = rest_server(body_timeout_s=1.0)
+    server = rest_server(body_timeout_s=0.5)  # both heads come in one send: nothing to beat
     sock = _connect(int(server.rest_address.rsplit(":", 1)[1]), source="127.0.0.1")
     sock.sendall(GET + b"POST /v1/models/ampflow:predict HTTP/1.1\r\nHost: s\r\n"
                        b"Content-Length: 10\r\n\r\n")
@@ -323,7 +331,7 @@ def test_a_tls_connection_that_never_says_hello_is_closed_at_the_header_timeout(
     install_version(model_store, base, 1)
     server = start_server(base, rest_api_port=free_port(),
                           tls=TlsConfig(pki["server"], pki["server_key"]),
-                          connection_limits=ConnectionLimits(header_timeout_s=1.0))
+                          connection_limits=ConnectionLimits(header_timeout_s=0.5))
     sock = _connect(int(server.rest_address.rsplit(":", 1)[1]))
     assert _read_until_closed(sock, timeout_s=15) == b""  # asyncio's own default: 60 s
     sock.close()

@@ -186,10 +186,12 @@ def test_two_workers_share_the_port_restart_rebalance_reload_count_once_and_drai
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
     log = tmp_path / "server.log"
     poll_s = 0.5
-    # batching with a long timeout: the drain at the end has requests in flight to wait for
+    # batching with a long timeout: the drain at the end has requests in flight to wait for;
+    # --no-warmup: each warm-up replay would wait out that timeout alone (3 x 1.5 s held every
+    # load: the two workers', the restart's, version 2's, the CPU idle)
     server = ServeProcess(MODEL, base, log, *SERVE_FLAGS, "--metrics-port", str(metrics_port),
                           "--file-system-poll-wait-seconds", str(poll_s),
-                          "--max-batch-size", "64", "--batch-timeout-ms", "1500",
+                          "--max-batch-size", "64", "--batch-timeout-ms", "1500", "--no-warmup",
                           stop_timeout_s=60)
     try:
         # the supervisor never imported TensorFlow (or gRPC): the workers were spawned clean
