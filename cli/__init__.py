@@ -4,7 +4,8 @@ It imports each step's CLI module directly, in pipeline order, and nothing impor
 the steps, serving and the pipeline know only `ampflow.cliutil` and `ampflow.command` (the root
 package's CLI helpers), so the imports go one way and tests/test_architecture.py sees them all.
 `ampflow.command` does the rest (the parser, the one-line error, the exit codes). The console
-script is `main`; `python -m ampflow.cli` runs it too (`__main__.py`).
+script is `console` (`main`, then the process ends without TensorFlow's teardown: task_exit.py);
+`python -m ampflow.cli` runs it too (`__main__.py`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 from types import ModuleType
+from typing import NoReturn
 
 from ampflow import command
 from ampflow.command import CLOSED_PIPE_EXIT_CODE, write_whole_lines
@@ -49,6 +51,17 @@ def build_parser(modules: Iterable[ModuleType | str] = COMMANDS) -> argparse.Arg
 def main(argv: list[str] | None = None, modules: Iterable[ModuleType | str] = COMMANDS) -> int:
     """The `ampflow` console script, or a caller's own `argv` (ampflow.command: exit codes)."""
     return command.main(argv, _command_modules(modules))
+
+
+def console() -> NoReturn:
+    """The `ampflow` console script: `main`, then the end of a process that ran a command.
+
+    Its process ends without TensorFlow's teardown once the command returned (task_exit.py):
+    an in-process caller of `main` keeps its interpreter.
+    """
+    from ampflow.task_exit import exit_command
+
+    exit_command(main())
 
 
 def _command_modules(modules: Iterable[ModuleType | str]) -> list[ModuleType]:

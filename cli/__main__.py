@@ -1,7 +1,6 @@
 """`python -m ampflow.cli`: the `ampflow` console script without its installed wrapper."""
 
-import sys
-
 from ampflow.cli import main
+from ampflow.task_exit import exit_command
 
-sys.exit(main())
+exit_command(main())

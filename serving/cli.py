@@ -503,4 +503,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ampflow.task_exit import exit_command
+
+    exit_command(main())

@@ -79,3 +79,67 @@ def test_outside_a_kfp_task_nothing_is_installed():
     import ampflow.task_exit as task_exit
 
     assert not task_exit.in_kfp_task() and not task_exit._state["installed"]
+
+
+COMMAND = '''
+import atexit
+import sys
+import threading
+import time
+import types
+
+
+class Held:
+    def __del__(self, _open=open):
+        _open(MARKERS + ".torn_down", "w").close()
+
+
+MARKERS, TENSORFLOW, CODE = sys.argv[1], sys.argv[2] == "tf", int(sys.argv[3])
+if TENSORFLOW:  # what exit_command asks: whether the process imported TensorFlow
+    sys.modules.setdefault("tensorflow", types.ModuleType("tensorflow"))
+held = Held()
+atexit.register(lambda: open(MARKERS + ".exit_handler", "w").close())
+
+
+def late():  # a non-daemon thread: joined before the exit handlers run
+    time.sleep(0.3)
+    open(MARKERS + ".thread", "w").close()
+
+
+threading.Thread(target=late).start()
+print("the command ran", end="")  # no newline: stdout must still be flushed
+from ampflow.task_exit import exit_command
+
+exit_command(CODE)
+'''
+
+
+@pytest.mark.parametrize("code", [0, 2])
+@pytest.mark.parametrize("tensorflow", [True, False])
+def test_a_command_exits_with_its_code_and_skips_teardown_only_after_tensorflow(
+        tmp_path, code, tensorflow):
+    """The entry points' end (the `ampflow` script, `python -m ampflow.cli`, the serving CLI):
+    the command's exit code, its output, its threads and exit handlers, whatever the exit;
+    the interpreter's teardown skipped only where TensorFlow's would cost seconds."""
+    script = tmp_path / "command.py"
+    script.write_text(COMMAND)
+    markers = tmp_path / "marker"
+    done = subprocess.run([sys.executable, str(script), str(markers),
+                           "tf" if tensorflow else "-", str(code)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done.stderr[-3000:]
+    assert done.stdout == "the command ran"
+    assert (tmp_path / "marker.thread").is_file() and (tmp_path / "marker.exit_handler").is_file()
+    assert (tmp_path / "marker.torn_down").exists() is not tensorflow
+
+
+def test_the_console_script_and_module_entry_points_end_through_exit_command():
+    """Each way a user starts a command ends through `exit_command` (a wiring check: the
+    behaviour is the test above's, and every CLI test's exit code goes through it)."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["ampflow"] == "ampflow.cli:console"
+    for module in (root / "cli" / "__main__.py", root / "serving" / "cli.py"):
+        assert "exit_command(main())" in module.read_text(), module
