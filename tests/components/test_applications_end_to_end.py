@@ -31,7 +31,7 @@ import pytest
 from ampflow.artifacts.tflite_variants import VARIANTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "modeling"))
-from applications_files import check_phases, observed_phases, write_notop_file  # noqa: E402
+from applications_files import check_phases, observed_phases  # noqa: E402
 
 # The first test of each model pays for its whole pipeline run (a TFLite conversion of
 # ResNet-50 costs about a minute on 2 busy cores, MobileNetV2's a fraction of that).
@@ -137,7 +137,7 @@ def release_cached_models():
 
 
 @pytest.fixture(scope="session")
-def pipeline_run(tmp_path_factory, small_mnist):
+def pipeline_run(tmp_path_factory, small_mnist, notop_file):
     """Factory: `pipeline_run(name)` → train, evaluate, export and convert `name` once."""
     from ampflow.components.convert_tflite import ConvertConfig, run_convert
     from ampflow.components.evaluate_parity import EvaluateConfig, run_evaluate
@@ -152,7 +152,7 @@ def pipeline_run(tmp_path_factory, small_mnist):
         plan = PLANS[name]
         transfer = {}  # a --weights run: phase 1 (head, 1 step), then every layer (1 step)
         if plan.weights:
-            transfer = dict(weights=str(write_notop_file(root, name)), epochs=2,
+            transfer = dict(weights=str(notop_file(name)), epochs=2,
                             head_epochs=1, steps_per_epoch=1, learning_rate=1e-3,
                             head_learning_rate=1e-3)
         with observed_phases() as taken:

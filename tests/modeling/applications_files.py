@@ -62,18 +62,23 @@ def pretrained_like(model, seed: int) -> None:
         variable.assign(value.astype(np.float32))
 
 
+def notop_file_name(name: str) -> str:
+    """The file name Keras applications download `name`'s ImageNet notop weights under."""
+    from ampflow.modeling.imagenet_weights import FILES
+
+    return FILES[name][0].rsplit("/", 1)[-1]
+
+
 def write_notop_file(directory: Path, name: str, seed: int = 7) -> Path:
     """The ImageNet notop file of ampflow's built-in `name` (resnet50, mobilenet_v2), under the
     name Keras applications download it, from the same architecture at 32 px."""
     import keras
 
-    from ampflow.modeling.imagenet_weights import FILES
-
     constructor = {"resnet50": "ResNet50", "mobilenet_v2": "MobileNetV2"}[name]
     backbone = getattr(keras.applications, constructor)(
         include_top=False, weights=None, input_shape=(32, 32, 3), pooling="avg")
     pretrained_like(backbone, seed)
-    return write_applications_weights(directory / FILES[name][0].rsplit("/", 1)[-1], backbone)
+    return write_applications_weights(directory / notop_file_name(name), backbone)
 
 
 def file_tensors(path: Path) -> dict[str, dict[str, np.ndarray]]:
