@@ -11,6 +11,7 @@ import fcntl
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -231,6 +232,27 @@ def small_mnist(tmp_path_factory):
     split each epoch. Here so that the two files share one (one per run: `_once_per_run`)."""
     return _prepared(tmp_path_factory, "mnist-small", dataset="ampflow_mnist",
                      train_split="train[:1024]", test_split="test[:64]")
+
+
+@pytest.fixture(scope="session")
+def notop_file(tmp_path_factory):
+    """Factory: `notop_file(name)` → the built-in `name`'s ImageNet notop file as Keras
+    applications download it (tests/modeling/applications_files.py), written once per run
+    (`_once_per_run`), read by every run that trains from it and written to by none: for
+    ResNet-50 a keras.applications build and a 94 MB write (~4 CPU-s) that its end-to-end
+    run (mixed_bfloat16) and its float16 transfer run each paid."""
+
+    def _get(name: str) -> Path:
+        modeling = str(Path(__file__).parent / "modeling")
+        if modeling not in sys.path:  # (a run that collected no test of tests/modeling)
+            sys.path.insert(0, modeling)
+        from applications_files import notop_file_name, write_notop_file
+
+        made = _once_per_run(tmp_path_factory, f"{name}-notop",
+                             lambda out: write_notop_file(out, name))
+        return made / notop_file_name(name)
+
+    return _get
 
 
 @pytest.fixture(scope="session")

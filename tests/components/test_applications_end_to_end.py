@@ -31,7 +31,7 @@ import pytest
 from ampflow.artifacts.tflite_variants import VARIANTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "modeling"))
-from applications_files import check_phases, observed_phases, write_notop_file  # noqa: E402
+from applications_files import check_phases, observed_phases  # noqa: E402
 
 # The first test of each model pays for its whole pipeline run (a TFLite conversion of
 # ResNet-50 costs about a minute on 2 busy cores, MobileNetV2's a fraction of that).
@@ -93,7 +93,12 @@ def _batch_norm_layers(model):
 
 
 def _set_batch_norm_statistics_from_data(model_dir: Path, data_dir: Path) -> None:
-    """Moving mean/variance := the statistics of 128 training images (see the module doc)."""
+    """Moving mean/variance := the statistics of 128 training images (see the module doc).
+
+    The model, loaded by load_trained_model from the published dir and saved back there with
+    only those statistics changed, is what the dir now holds: `_trained_model` keeps it rather
+    than loading it again (a ResNet-50 load: seconds of CPU).
+    """
     from ampflow.artifacts.model_dir import load_trained_model
     from ampflow.data import load_arrays
 
@@ -107,17 +112,22 @@ def _set_batch_norm_statistics_from_data(model_dir: Path, data_dir: Path) -> Non
     for layer, momentum in zip(layers, momenta, strict=True):
         layer.momentum = momentum
     model.save(model_dir / "model.keras")
+    _loaded[model_dir] = model
 
 
-@functools.cache
+_loaded: dict[Path, object] = {}  # model dir → its model, as _trained_model returns it
+
+
 def _trained_model(model_dir: Path):
-    """The run's Keras model as load_trained_model reads it from disk, loaded once a session.
+    """The run's Keras model as load_trained_model read it from disk, loaded once a session.
 
     Two tests read it (neither changes it); a ResNet-50 load costs seconds of CPU.
     """
-    from ampflow.artifacts.model_dir import load_trained_model
+    if model_dir not in _loaded:
+        from ampflow.artifacts.model_dir import load_trained_model
 
-    return load_trained_model(model_dir)[0]
+        _loaded[model_dir] = load_trained_model(model_dir)[0]
+    return _loaded[model_dir]
 
 
 @functools.cache
@@ -132,12 +142,12 @@ def _saved_model_reference(version_dir: Path):
 def release_cached_models():
     """Frees the cached models after each file, so a worker's later files do not hold them."""
     yield
-    _trained_model.cache_clear()
+    _loaded.clear()
     _saved_model_reference.cache_clear()
 
 
 @pytest.fixture(scope="session")
-def pipeline_run(tmp_path_factory, small_mnist):
+def pipeline_run(tmp_path_factory, small_mnist, notop_file):
     """Factory: `pipeline_run(name)` → train, evaluate, export and convert `name` once."""
     from ampflow.components.convert_tflite import ConvertConfig, run_convert
     from ampflow.components.evaluate_parity import EvaluateConfig, run_evaluate
@@ -152,7 +162,7 @@ def pipeline_run(tmp_path_factory, small_mnist):
         plan = PLANS[name]
         transfer = {}  # a --weights run: phase 1 (head, 1 step), then every layer (1 step)
         if plan.weights:
-            transfer = dict(weights=str(write_notop_file(root, name)), epochs=2,
+            transfer = dict(weights=str(notop_file(name)), epochs=2,
                             head_epochs=1, steps_per_epoch=1, learning_rate=1e-3,
                             head_learning_rate=1e-3)
         with observed_phases() as taken:
@@ -216,7 +226,8 @@ def test_inference_outputs_depend_on_the_input(pipeline_run, name):
     run = pipeline_run(name)
     model = _trained_model(run.model_dir)
     images, _ = load_arrays(run.data_dir, "test", limit=32)
-    probabilities = model.predict(images.astype(np.float32), verbose=0)
+    # eager, in inference mode as predict runs it, without tracing a predict function
+    probabilities = np.asarray(model(images.astype(np.float32), training=False))
     assert probabilities.std(axis=0).max() > 1e-3  # else every comparison would be vacuous
     assert len(np.unique(probabilities.argmax(axis=-1))) > 1
 

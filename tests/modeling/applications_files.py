@@ -62,18 +62,23 @@ def pretrained_like(model, seed: int) -> None:
         variable.assign(value.astype(np.float32))
 
 
+def notop_file_name(name: str) -> str:
+    """The file name Keras applications download `name`'s ImageNet notop weights under."""
+    from ampflow.modeling.imagenet_weights import FILES
+
+    return FILES[name][0].rsplit("/", 1)[-1]
+
+
 def write_notop_file(directory: Path, name: str, seed: int = 7) -> Path:
     """The ImageNet notop file of ampflow's built-in `name` (resnet50, mobilenet_v2), under the
     name Keras applications download it, from the same architecture at 32 px."""
     import keras
 
-    from ampflow.modeling.imagenet_weights import FILES
-
     constructor = {"resnet50": "ResNet50", "mobilenet_v2": "MobileNetV2"}[name]
     backbone = getattr(keras.applications, constructor)(
         include_top=False, weights=None, input_shape=(32, 32, 3), pooling="avg")
     pretrained_like(backbone, seed)
-    return write_applications_weights(directory / FILES[name][0].rsplit("/", 1)[-1], backbone)
+    return write_applications_weights(directory / notop_file_name(name), backbone)
 
 
 def file_tensors(path: Path) -> dict[str, dict[str, np.ndarray]]:
@@ -94,8 +99,9 @@ def backbone_tensors(model) -> dict[str, dict[str, np.ndarray]]:
 
 @contextlib.contextmanager
 def observed_phases():
-    """A list that gets, as each phase's training loop ends (phases.py), the backbone's tensors
-    and the number of trainable variables. Observes the real loop; changes nothing."""
+    """A list that gets, as each phase's training loop ends (phases.py), the backbone's tensors,
+    the number of trainable variables and the eval step with its trace count. Observes the real
+    loop; changes nothing."""
     from ampflow.components.train.run import phases
 
     taken: list[dict] = []
@@ -105,7 +111,9 @@ def observed_phases():
         def fit(self, *args, **kwargs):
             result = super().fit(*args, **kwargs)
             taken.append({"backbone": backbone_tensors(self.model),
-                          "trainable": len(self.model.trainable_variables)})
+                          "trainable": len(self.model.trainable_variables),
+                          "eval_step": self._eval_step,
+                          "eval_traces": self._eval_step.experimental_get_tracing_count()})
             return result
 
     phases.TrainLoop = Observed
@@ -121,6 +129,9 @@ def check_phases(taken: list[dict], path: Path) -> None:
     expected = file_tensors(path)
     head, fine = taken
     assert head["trainable"] < fine["trainable"]  # phase 1: the head's variables only
+    # phase 2 evaluated with phase 1's eval step, traced once (loop.py's evaluate_with)
+    assert fine["eval_step"] is head["eval_step"] and fine["eval_traces"] == head[
+        "eval_traces"] >= 1
     assert set(head["backbone"]) == set(expected)
     for layer, weights in expected.items():
         assert set(head["backbone"][layer]) == set(weights), layer

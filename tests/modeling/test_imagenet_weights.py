@@ -217,8 +217,17 @@ def test_the_builtin_backbone_takes_every_tensor_of_its_applications_file(
         assert variable.dtype == "float32"
         np.testing.assert_array_equal(variable.numpy(), written[variable.path],
                                       err_msg=variable.path)
-    theirs = getattr(keras.applications, APPLICATIONS[name])(  # Keras's own `weights=` path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(APPLICATIONS))
+def test_keras_own_loader_reads_the_builtin_files_every_tensor(application_files, name):
+    """Keras's own `weights=` path reads each file the test writes into the same tensors. Once
+    per architecture: the policy above is ampflow's build, not Keras's float32 reference."""
+    path, written = application_files[name]
+    theirs = getattr(keras.applications, APPLICATIONS[name])(
         weights=str(path), include_top=False, input_shape=(32, 32, 3))
+    assert {v.path for v in theirs.weights} == set(written)
     for variable in theirs.weights:
         np.testing.assert_array_equal(variable.numpy(), written[variable.path])
 

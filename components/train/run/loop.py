@@ -328,6 +328,13 @@ class TrainLoop:
 
     # ---- evaluation -----------------------------------------------------------------------
 
+    def evaluate_with(self, earlier: TrainLoop) -> None:
+        """Evaluate with an earlier phase's eval step (phases.py), traced already.
+
+        Inference mode reads neither `trainable` nor the optimizer: one trace less a --weights run.
+        """
+        self._eval_step = earlier._eval_step
+
     def evaluate(self, dataset, desc: str = "evaluate") -> dict[str, float]:
         """Global loss and accuracy over a (distributed) dataset."""
         import numpy as np

@@ -83,10 +83,12 @@ def run_phases(model, phases: tuple[Phase, ...], loop_config, runtime, compile_p
         phase = phases[index]
         set_frozen(backbone, phase.frozen)
         compile_phase(phase)
-        loop = TrainLoop(runtime, model, dataclasses.replace(
+        earlier, loop = loop, TrainLoop(runtime, model, dataclasses.replace(
             loop_config, state_dir=phase_state_dir(loop_config.state_dir, phases, index),
             first_epoch=phase.first_epoch, last_epoch=phase.last_epoch,
             iterations_offset=applied))
+        if earlier is not None:
+            loop.evaluate_with(earlier)
         if runtime.is_chief:
             log.info("phase %s: epochs %d-%d, %s, learning rate %g (%d of %d variables "
                      "trainable)", phase.name, phase.first_epoch + 1, phase.last_epoch,

@@ -28,14 +28,14 @@ from applications_files import (  # noqa: E402
     check_phases,
     observed_phases,
     write_applications_weights,
-    write_notop_file,
 )
 
 
 @pytest.fixture(scope="module")
-def resnet50_file(tmp_path_factory) -> Path:
-    """A ResNet-50 notop file as Keras applications download it (~4 s to build and write)."""
-    return write_notop_file(tmp_path_factory.mktemp("weights"), "resnet50")
+def resnet50_file(notop_file) -> Path:
+    """A ResNet-50 notop file as Keras applications download it: the one ResNet-50's
+    end-to-end run trains from too, written once per run (tests/conftest.py)."""
+    return notop_file("resnet50")
 
 
 @pytest.fixture(scope="module")
