@@ -279,17 +279,19 @@ def test_bad_tf_config_is_one_clear_line(tmp_path, prepared_digits):
 
 # ---- real workers -------------------------------------------------------------------------------
 # Starting a worker costs ~9 CPU-s (TensorFlow's import and runtime), more than a small job: so
-# the jobs started by hand run one after the other on ONE pair of worker processes, and so do
-# the two MirroredStrategy jobs, one on each worker at once (worker_driver.py's `--then`: each
-# job gets a fresh TensorFlow context and its own environment: a TF_CONFIG on fresh loopback
-# ports, or none and two logical CPUs). Each test reads its job's part of the output. The
-# float32 job runs first, in fresh processes, as a TFJob's pods start; then mixed_float16 (loss
-# scaling, XLA); the interrupted job runs last (its worker 1 is killed). No mixed_bfloat16 job (~18 CPU-s with its one-process run): its distributed step is
-# float32's (no loss scaling, no XLA on a CPU, float32 gradients all-reduced), so it proved
-# nothing the float32 job does not; bfloat16 on two real workers is test_scaling_options.py's
-# (one step: Keras's all-reduce's bits, identical workers; and two accumulated steps equal to
-# one process's on the larger batch). The local launcher runs the restart of the interrupted
-# job and one whose worker is killed (and tests/components/train/test_text_buckets_train.py's
+# every job here but the launcher's runs on ONE pair of worker processes started by hand, one
+# job after the other (worker_driver.py's `--then`: each job gets a fresh TensorFlow context
+# and its own environment). The cluster jobs get a TF_CONFIG on fresh loopback ports; the jobs
+# that run alone (the one-process references, the two MirroredStrategy jobs on two logical
+# CPUs) get none, one on each worker at once. Each test reads its job's part of the output.
+# The float32 job runs first, in fresh processes, as a TFJob's pods start; then mixed_float16
+# (loss scaling, XLA); the interrupted job runs last (its worker 1 is killed). No
+# mixed_bfloat16 job (~18 CPU-s with its one-process run): its distributed step is float32's
+# (no loss scaling, no XLA on a CPU, float32 gradients all-reduced), so it proved nothing the
+# float32 job does not; bfloat16 on two real workers is test_scaling_options.py's (one step:
+# Keras's all-reduce's bits, identical workers; and two accumulated steps equal to one
+# process's on the larger batch). The local launcher runs the restart of the interrupted job
+# and one whose worker is killed (and tests/components/train/test_text_buckets_train.py's
 # accumulating job): the mixed_float16 job ran on it too, in three processes of its own, for
 # no claim of the launcher's that those runs do not make.
 
@@ -329,9 +331,19 @@ def _ports_kept_free(count: int) -> list[int]:
 
 class _Alone(NamedTuple):
     """A job each worker process runs on its own, not as a cluster (`args[i]` on worker i):
-    no TF_CONFIG, the CPU split into two logical devices for MirroredStrategy."""
+    no TF_CONFIG, the CPU split into `logical_cpus` devices (2: MirroredStrategy's replicas)."""
 
     args: list[list[str]]
+    logical_cpus: int = 1
+
+
+def _job_env(job: _Alone | list[dict], index: int) -> dict[str, str | None]:
+    """Worker `index`'s environment for one job: its TF_CONFIG (`job`: one per worker), or
+    none and the CPU split of a job that runs alone (None: the variable is removed)."""
+    if isinstance(job, _Alone):
+        split = str(job.logical_cpus) if job.logical_cpus > 1 else None
+        return {"TF_CONFIG": None, "AMPFLOW_TEST_LOGICAL_CPUS": split}
+    return {"TF_CONFIG": json.dumps(job[index]), "AMPFLOW_TEST_LOGICAL_CPUS": None}
 
 
 class _ByHand:
@@ -339,14 +351,12 @@ class _ByHand:
     TF_CONFIG (one per cluster job, on fresh ports); their output is read as it comes."""
 
     def __init__(self, jobs: list[list[str] | _Alone], count: int = 2):
-        per_job = [None if isinstance(job, _Alone) else tf_configs(_ports_kept_free(count))
+        per_job = [job if isinstance(job, _Alone) else tf_configs(_ports_kept_free(count))
                    for job in jobs]
         self.procs, self.lines, self.readers = [], [], []
         for index in range(count):
             own = [job.args[index] if isinstance(job, _Alone) else job for job in jobs]
-            envs = [{"TF_CONFIG": None, "AMPFLOW_TEST_LOGICAL_CPUS": "2"} if configs is None
-                    else {"TF_CONFIG": json.dumps(configs[index]),
-                          "AMPFLOW_TEST_LOGICAL_CPUS": None} for configs in per_job]
+            envs = [_job_env(job, index) for job in per_job]
             env = _env(**{k: v for k, v in envs[0].items() if v is not None},
                        AMPFLOW_TEST_JOB_ENVS=json.dumps(envs))
             proc = subprocess.Popen(_cli(*_jobs_argv(own)), env=env, stdout=subprocess.PIPE,
@@ -376,11 +386,11 @@ def _sha(output: str) -> str:
     return re.search(r"final weights sha256 ([0-9a-f]{64})", output).group(1)
 
 
-def _single_process_loss(prepared_digits, tmp_path, policy, steps):
-    meta = run_train(TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "single",
-                                 precision=policy, batch_size=32, epochs=2,
-                                 steps_per_epoch=steps, seed=7)).metadata
-    return meta
+def _one_process_args(data_dir, root, policies) -> list[list[str]]:
+    """The reference each cluster job's loss is compared with: one process on the cluster's
+    global batch (2 × 16), the same steps and seed (`policies[i]`'s on worker i)."""
+    return [_train_args(data_dir, root / policy, "--precision", policy, "--batch-size", "32",
+                        "--epochs", "2", "--steps-per-epoch", "20") for policy in policies]
 
 
 def _resumable_args(data_dir, out, checkpoints) -> list[str]:
@@ -399,24 +409,28 @@ _BY_HAND_POLICIES = ("float32", "mixed_float16")
 # either way; XLA on workers is the mixed_float16 job's claim. Off, each process saves an XLA
 # compile (~1.6 CPU-s measured for the mirrored one).
 _NO_XLA = ("--xla", "off")
-# Whichever test asks for `by_hand` first pays for its five jobs (the fixture waits up to
+# Whichever test asks for `by_hand` first pays for its six jobs (the fixture waits up to
 # 2 × WORKER_TIMEOUT_S for the kill point and 120 s more for the survivor), then its own call
 # (the restart: up to WORKER_TIMEOUT_S): pyproject's 600 s per test would stop it before the
 # fixture's own deadlines could say what hung.
 BY_HAND_TEST_TIMEOUT_S = 3 * WORKER_TIMEOUT_S + 180
-_JOB = {"float32": 0, "mixed_float16": 1, "inf": 2, "mirrored": 3, "killed": 4}
+_JOB = {"float32": 0, "mixed_float16": 1, "inf": 2, "one_process": 3, "mirrored": 4,
+        "killed": 5}
+# The one-process references, one on each worker at once: the longer one (XLA) on worker 0,
+# whose MirroredStrategy job is the shorter one.
+_ONE_PROCESS_ON_WORKER = ("mixed_float16", "float32")
 
 
 @pytest.fixture(scope="module")
 def by_hand(tmp_path_factory, prepared_digits) -> dict:
-    """Five jobs on one pair of workers started by hand: float32 and mixed_float16 to the
-    end, infinite gradients on worker 1 only, the MirroredStrategy jobs (each worker runs one
-    alone), then a job whose worker 1 is SIGKILLed once epoch 2 is saved (`_JOB` numbers
-    them)."""
+    """Six jobs on one pair of workers started by hand: float32 and mixed_float16 to the
+    end, infinite gradients on worker 1 only, their one-process references and the
+    MirroredStrategy jobs (each worker runs one of each alone), then a job whose worker 1 is
+    SIGKILLed once epoch 2 is saved (`_JOB` numbers them)."""
     root = tmp_path_factory.mktemp("by-hand")
     dirs = {policy: root / policy for policy in _BY_HAND_POLICIES}
     dirs.update(inf=root / "inf", killed=root / "killed", checkpoints=root / "durable",
-                mirrored=root / "mirrored")
+                mirrored=root / "mirrored", one_process=root / "one-process")
     jobs = [
         *(_train_args(prepared_digits, dirs[policy], "--precision", policy, "--batch-size", "16",
                       "--epochs", "2", "--steps-per-epoch", "20")
@@ -424,7 +438,8 @@ def by_hand(tmp_path_factory, prepared_digits) -> dict:
         _train_args(prepared_digits, dirs["inf"], "--model", "test_inf_gradient_on_replica_1",
                     "--precision", "mixed_float16", *_NO_XLA, "--batch-size", "16", "--epochs",
                     "10", "--steps-per-epoch", "4", "--guard-warmup-steps", "1000"),
-        _Alone(_mirrored_args(prepared_digits, dirs["mirrored"])),
+        _Alone(_one_process_args(prepared_digits, dirs["one_process"], _ONE_PROCESS_ON_WORKER)),
+        _Alone(_mirrored_args(prepared_digits, dirs["mirrored"]), logical_cpus=2),
         _resumable_args(prepared_digits, dirs["killed"], dirs["checkpoints"]),
     ]
     workers = _ByHand(jobs)
@@ -466,8 +481,7 @@ def _job(by_hand: dict, index: int) -> tuple[list[int | None], list[str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(BY_HAND_TEST_TIMEOUT_S)
 @pytest.mark.parametrize("policy", _BY_HAND_POLICIES)
-def test_two_workers_started_by_hand_match_one_process(policy, by_hand, prepared_digits,
-                                                       tmp_path):
+def test_two_workers_started_by_hand_match_one_process(policy, by_hand, prepared_digits):
     """Two processes with TF_CONFIG (as a TFJob starts them): identical weights on both,
     only the chief published, the same loss as one process with the same global batch."""
     codes, outputs = _job(by_hand, _JOB[policy])
@@ -488,7 +502,10 @@ def test_two_workers_started_by_hand_match_one_process(policy, by_hand, prepared
     assert not (out / "backup").exists()
     info = json.loads((Path(prepared_digits) / "dataset_info.json").read_text())
     assert meta["epochs"][-1]["val_examples"] == info["splits"]["test"]  # global, not a shard
-    single = _single_process_loss(prepared_digits, tmp_path, policy, 20)
+    codes, outputs = _job(by_hand, _JOB["one_process"])
+    worker = _ONE_PROCESS_ON_WORKER.index(policy)
+    assert codes[worker] == 0, outputs[worker][-3000:]
+    single = json.loads((by_hand["dirs"]["one_process"] / policy / "metadata.json").read_text())
     assert abs(meta["final_metrics"]["loss"] - single["final_metrics"]["loss"]) < LOSS_TOLERANCE
 
 
