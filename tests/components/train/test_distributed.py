@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -278,17 +279,19 @@ def test_bad_tf_config_is_one_clear_line(tmp_path, prepared_digits):
 
 # ---- real workers -------------------------------------------------------------------------------
 # Starting a worker costs ~9 CPU-s (TensorFlow's import and runtime), more than a small job: so
-# the jobs started by hand run one after the other on ONE pair of worker processes, and the two
-# MirroredStrategy jobs in one process (worker_driver.py's `--then`: each job gets a fresh
-# TensorFlow context and its own TF_CONFIG on fresh loopback ports). Each test reads its job's
-# part of the output. The float32 job runs first, in fresh processes, as a TFJob's pods start;
-# then mixed_float16 (loss scaling, XLA); the interrupted job runs last (its worker 1 is
-# killed). No mixed_bfloat16 job (~18 CPU-s with its one-process run): its distributed step is
-# float32's (no loss scaling, no XLA on a CPU, float32 gradients all-reduced), so it proved
-# nothing the float32 job does not; bfloat16 on two real workers is test_scaling_options.py's
-# (one step: Keras's all-reduce's bits, identical workers; and two accumulated steps equal to
-# one process's on the larger batch). The local launcher runs the restart of the interrupted
-# job and one whose worker is killed (and tests/components/train/test_text_buckets_train.py's
+# every job here but the launcher's runs on ONE pair of worker processes started by hand, one
+# job after the other (worker_driver.py's `--then`: each job gets a fresh TensorFlow context
+# and its own environment). The cluster jobs get a TF_CONFIG on fresh loopback ports; the jobs
+# that run alone (the one-process references, the two MirroredStrategy jobs on two logical
+# CPUs) get none, one on each worker at once. Each test reads its job's part of the output.
+# The float32 job runs first, in fresh processes, as a TFJob's pods start; then mixed_float16
+# (loss scaling, XLA); the interrupted job runs last (its worker 1 is killed). No
+# mixed_bfloat16 job (~18 CPU-s with its one-process run): its distributed step is float32's
+# (no loss scaling, no XLA on a CPU, float32 gradients all-reduced), so it proved nothing the
+# float32 job does not; bfloat16 on two real workers is test_scaling_options.py's (one step:
+# Keras's all-reduce's bits, identical workers; and two accumulated steps equal to one
+# process's on the larger batch). The local launcher runs the restart of the interrupted job
+# and one whose worker is killed (and tests/components/train/test_text_buckets_train.py's
 # accumulating job): the mixed_float16 job ran on it too, in three processes of its own, for
 # no claim of the launcher's that those runs do not make.
 
@@ -326,17 +329,37 @@ def _ports_kept_free(count: int) -> list[int]:
             continue
 
 
+class _Alone(NamedTuple):
+    """A job each worker process runs on its own, not as a cluster (`args[i]` on worker i):
+    no TF_CONFIG, the CPU split into `logical_cpus` devices (2: MirroredStrategy's replicas)."""
+
+    args: list[list[str]]
+    logical_cpus: int = 1
+
+
+def _job_env(job: _Alone | list[dict], index: int) -> dict[str, str | None]:
+    """Worker `index`'s environment for one job: its TF_CONFIG (`job`: one per worker), or
+    none and the CPU split of a job that runs alone (None: the variable is removed)."""
+    if isinstance(job, _Alone):
+        split = str(job.logical_cpus) if job.logical_cpus > 1 else None
+        return {"TF_CONFIG": None, "AMPFLOW_TEST_LOGICAL_CPUS": split}
+    return {"TF_CONFIG": json.dumps(job[index]), "AMPFLOW_TEST_LOGICAL_CPUS": None}
+
+
 class _ByHand:
     """Worker processes started the way a TFJob does: the same command, each with its
-    TF_CONFIG (one per job, on fresh ports); their output is read as it comes."""
+    TF_CONFIG (one per cluster job, on fresh ports); their output is read as it comes."""
 
-    def __init__(self, jobs: list[list[str]], count: int = 2):
-        per_job = [tf_configs(_ports_kept_free(count)) for _ in jobs]
+    def __init__(self, jobs: list[list[str] | _Alone], count: int = 2):
+        per_job = [job if isinstance(job, _Alone) else tf_configs(_ports_kept_free(count))
+                   for job in jobs]
         self.procs, self.lines, self.readers = [], [], []
         for index in range(count):
-            own = [configs[index] for configs in per_job]
-            env = _env(TF_CONFIG=json.dumps(own[0]), AMPFLOW_TEST_TF_CONFIGS=json.dumps(own))
-            proc = subprocess.Popen(_cli(*_jobs_argv(jobs)), env=env, stdout=subprocess.PIPE,
+            own = [job.args[index] if isinstance(job, _Alone) else job for job in jobs]
+            envs = [_job_env(job, index) for job in per_job]
+            env = _env(**{k: v for k, v in envs[0].items() if v is not None},
+                       AMPFLOW_TEST_JOB_ENVS=json.dumps(envs))
+            proc = subprocess.Popen(_cli(*_jobs_argv(own)), env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
             lines: list[str] = []
             reader = threading.Thread(target=lambda p=proc, out=lines: out.extend(p.stdout),
@@ -363,11 +386,11 @@ def _sha(output: str) -> str:
     return re.search(r"final weights sha256 ([0-9a-f]{64})", output).group(1)
 
 
-def _single_process_loss(prepared_digits, tmp_path, policy, steps):
-    meta = run_train(TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "single",
-                                 precision=policy, batch_size=32, epochs=2,
-                                 steps_per_epoch=steps, seed=7)).metadata
-    return meta
+def _one_process_args(data_dir, root, policies) -> list[list[str]]:
+    """The reference each cluster job's loss is compared with: one process on the cluster's
+    global batch (2 × 16), the same steps and seed (`policies[i]`'s on worker i)."""
+    return [_train_args(data_dir, root / policy, "--precision", policy, "--batch-size", "32",
+                        "--epochs", "2", "--steps-per-epoch", "20") for policy in policies]
 
 
 def _resumable_args(data_dir, out, checkpoints) -> list[str]:
@@ -386,22 +409,28 @@ _BY_HAND_POLICIES = ("float32", "mixed_float16")
 # either way; XLA on workers is the mixed_float16 job's claim. Off, each process saves an XLA
 # compile (~1.6 CPU-s measured for the mirrored one).
 _NO_XLA = ("--xla", "off")
-# Whichever test asks for `by_hand` first pays for its four jobs (the fixture waits up to
+# Whichever test asks for `by_hand` first pays for its six jobs (the fixture waits up to
 # 2 × WORKER_TIMEOUT_S for the kill point and 120 s more for the survivor), then its own call
 # (the restart: up to WORKER_TIMEOUT_S): pyproject's 600 s per test would stop it before the
 # fixture's own deadlines could say what hung.
 BY_HAND_TEST_TIMEOUT_S = 3 * WORKER_TIMEOUT_S + 180
-_JOB = {"float32": 0, "mixed_float16": 1, "inf": 2, "killed": 3}
+_JOB = {"float32": 0, "mixed_float16": 1, "inf": 2, "one_process": 3, "mirrored": 4,
+        "killed": 5}
+# The one-process references, one on each worker at once: the longer one (XLA) on worker 0,
+# whose MirroredStrategy job is the shorter one.
+_ONE_PROCESS_ON_WORKER = ("mixed_float16", "float32")
 
 
 @pytest.fixture(scope="module")
 def by_hand(tmp_path_factory, prepared_digits) -> dict:
-    """Four jobs on one pair of workers started by hand: float32 and mixed_float16 to the
-    end, infinite gradients on worker 1 only, then a job whose worker 1 is SIGKILLed once
-    epoch 2 is saved (`_JOB` numbers them)."""
+    """Six jobs on one pair of workers started by hand: float32 and mixed_float16 to the
+    end, infinite gradients on worker 1 only, their one-process references and the
+    MirroredStrategy jobs (each worker runs one of each alone), then a job whose worker 1 is
+    SIGKILLed once epoch 2 is saved (`_JOB` numbers them)."""
     root = tmp_path_factory.mktemp("by-hand")
     dirs = {policy: root / policy for policy in _BY_HAND_POLICIES}
-    dirs.update(inf=root / "inf", killed=root / "killed", checkpoints=root / "durable")
+    dirs.update(inf=root / "inf", killed=root / "killed", checkpoints=root / "durable",
+                mirrored=root / "mirrored", one_process=root / "one-process")
     jobs = [
         *(_train_args(prepared_digits, dirs[policy], "--precision", policy, "--batch-size", "16",
                       "--epochs", "2", "--steps-per-epoch", "20")
@@ -409,6 +438,8 @@ def by_hand(tmp_path_factory, prepared_digits) -> dict:
         _train_args(prepared_digits, dirs["inf"], "--model", "test_inf_gradient_on_replica_1",
                     "--precision", "mixed_float16", *_NO_XLA, "--batch-size", "16", "--epochs",
                     "10", "--steps-per-epoch", "4", "--guard-warmup-steps", "1000"),
+        _Alone(_one_process_args(prepared_digits, dirs["one_process"], _ONE_PROCESS_ON_WORKER)),
+        _Alone(_mirrored_args(prepared_digits, dirs["mirrored"]), logical_cpus=2),
         _resumable_args(prepared_digits, dirs["killed"], dirs["checkpoints"]),
     ]
     workers = _ByHand(jobs)
@@ -450,8 +481,7 @@ def _job(by_hand: dict, index: int) -> tuple[list[int | None], list[str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(BY_HAND_TEST_TIMEOUT_S)
 @pytest.mark.parametrize("policy", _BY_HAND_POLICIES)
-def test_two_workers_started_by_hand_match_one_process(policy, by_hand, prepared_digits,
-                                                       tmp_path):
+def test_two_workers_started_by_hand_match_one_process(policy, by_hand, prepared_digits):
     """Two processes with TF_CONFIG (as a TFJob starts them): identical weights on both,
     only the chief published, the same loss as one process with the same global batch."""
     codes, outputs = _job(by_hand, _JOB[policy])
@@ -472,7 +502,10 @@ def test_two_workers_started_by_hand_match_one_process(policy, by_hand, prepared
     assert not (out / "backup").exists()
     info = json.loads((Path(prepared_digits) / "dataset_info.json").read_text())
     assert meta["epochs"][-1]["val_examples"] == info["splits"]["test"]  # global, not a shard
-    single = _single_process_loss(prepared_digits, tmp_path, policy, 20)
+    codes, outputs = _job(by_hand, _JOB["one_process"])
+    worker = _ONE_PROCESS_ON_WORKER.index(policy)
+    assert codes[worker] == 0, outputs[worker][-3000:]
+    single = json.loads((by_hand["dirs"]["one_process"] / policy / "metadata.json").read_text())
     assert abs(meta["final_metrics"]["loss"] - single["final_metrics"]["loss"]) < LOSS_TOLERANCE
 
 
@@ -583,43 +616,44 @@ def test_launcher_stops_every_worker_when_one_is_killed_with_sigkill(prepared_di
 
 
 # ---- MirroredStrategy: two replicas in one process -------------------------------------------
+# Its two jobs run in the by-hand workers' processes, one each, at the same time, between
+# their cluster jobs: a fresh TensorFlow context on two logical CPUs and no TF_CONFIG (the
+# driver's per-job environment), so no process of their own pays TensorFlow's start-up.
 
-@pytest.fixture(scope="module")
-def mirrored(tmp_path_factory, prepared_digits) -> dict:
-    """Two jobs in one process on two logical CPUs: a BatchNormalization model trained to the
-    end, then a model whose gradients are infinite on replica 1 only."""
-    root = tmp_path_factory.mktemp("mirrored")
-    jobs = [
-        _train_args(prepared_digits, root / "batch-norm", "--strategy", "mirrored",
+def _mirrored_args(data_dir, root) -> list[list[str]]:
+    """Worker 0's job: a BatchNormalization model trained to the end; worker 1's: a model
+    whose gradients are infinite on replica 1 only."""
+    return [
+        _train_args(data_dir, root / "batch-norm", "--strategy", "mirrored",
                     "--precision", "float32", "--batch-size", "16", "--epochs", "2",
                     "--steps-per-epoch", "5", "--model", "test_batch_norm_cnn"),
-        _train_args(prepared_digits, root / "inf", "--strategy", "mirrored",
+        _train_args(data_dir, root / "inf", "--strategy", "mirrored",
                     "--model", "test_inf_gradient_on_replica_1", "--precision", "mixed_float16",
                     *_NO_XLA, "--batch-size", "16", "--epochs", "10", "--steps-per-epoch", "4",
                     "--guard-warmup-steps", "1000"),
     ]
-    done = subprocess.run(_cli(*_jobs_argv(jobs)), env=_env(AMPFLOW_TEST_LOGICAL_CPUS="2"),
-                          capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
-    parts, codes = _split_jobs(done.stderr)
-    return {"root": root, "stderr": parts, "codes": codes}
 
 
 @pytest.mark.slow
-def test_mirrored_strategy_with_inf_gradients_on_one_replica_skips_instead_of_nan(mirrored):
+@pytest.mark.timeout(BY_HAND_TEST_TIMEOUT_S)
+def test_mirrored_strategy_with_inf_gradients_on_one_replica_skips_instead_of_nan(by_hand):
     """MirroredStrategy: Keras takes replica 0's verdict only, so replica 1's inf would be
     averaged into the weights (NaN). The agreed verdict makes both replicas skip."""
-    stderr = mirrored["stderr"][1]
-    assert mirrored["codes"][1] == 1, stderr[-3000:]
+    codes, outputs = _job(by_hand, _JOB["mirrored"])
+    stderr = outputs[1]
+    assert codes[1] == 1, stderr[-3000:]
     assert "loss scale fell to 0.5, below the floor 1" in stderr
     assert "loss became non-finite" not in stderr
 
 
 @pytest.mark.slow
-def test_mirrored_strategy_two_replicas_in_one_process_train_and_publish(mirrored):
+@pytest.mark.timeout(BY_HAND_TEST_TIMEOUT_S)
+def test_mirrored_strategy_two_replicas_in_one_process_train_and_publish(by_hand):
     """A BatchNormalization model (whose moving statistics each replica updates) on two
     logical CPUs: trains, averages the statistics, publishes one model."""
-    assert mirrored["codes"][0] == 0, mirrored["stderr"][0][-3000:]
-    meta = json.loads((mirrored["root"] / "batch-norm" / "metadata.json").read_text())
+    codes, outputs = _job(by_hand, _JOB["mirrored"])
+    assert codes[0] == 0, outputs[0][-3000:]
+    meta = json.loads((by_hand["dirs"]["mirrored"] / "batch-norm" / "metadata.json").read_text())
     assert (meta["distribution"]["strategy"], meta["distribution"]["num_replicas"],
             meta["distribution"]["num_workers"]) == ("mirrored", 2, 1)
     assert meta["distribution"]["global_batch_size"] == 32

@@ -9,10 +9,12 @@ process, because each process pays ~9 CPU-s to start TensorFlow and its runtime,
 small job itself costs. Before each job after the first, TensorFlow's eager context is reset
 (its own helper for tests; a fresh context has fresh devices and collectives: a second
 MirroredStrategy in the old one collides with the first one's collective keys), so no
-strategy, device or collective state of one job reaches the next. AMPFLOW_TEST_TF_CONFIGS, a
-JSON list, gives each job its own TF_CONFIG (fresh ports: the previous job's collective server
-lives on until the process ends). After each job a `COMMAND_DONE` line on stderr says its exit
-code; the process exits with the last job's. With one job the driver is the CLI, nothing more.
+strategy, device or collective state of one job reaches the next. AMPFLOW_TEST_JOB_ENVS, a JSON
+list of one object per job, sets each job's environment before its context is made (a null
+value removes the variable): its own TF_CONFIG (fresh ports: the previous job's collective
+server lives on until the process ends), or none and AMPFLOW_TEST_LOGICAL_CPUS for a job that
+runs alone. After each job a `COMMAND_DONE` line on stderr says its exit code; the process
+exits with the last job's. With one job the driver is the CLI, nothing more.
 """
 
 import json
@@ -100,23 +102,32 @@ def _fresh_tensorflow_context() -> None:
     _split_cpu()
 
 
+def _set_job_env(changes: dict) -> None:
+    """One job's environment: each variable set, or removed where its value is None."""
+    for name, value in changes.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def main() -> int:
+    commands = split_commands(sys.argv[1:])
+    job_envs = json.loads(os.environ.get("AMPFLOW_TEST_JOB_ENVS", "null")) or [{}] * len(commands)
+    _set_job_env(job_envs[0])
     _split_cpu()
     from ampflow.cli import main as ampflow_main
     from ampflow.modeling.models import register_model
 
     register_model("test_inf_gradient_on_replica_1", _inf_gradient_on_replica_1)
     register_model("test_batch_norm_cnn", batch_norm_cnn)
-    commands = split_commands(sys.argv[1:])
     if len(commands) == 1:
         return ampflow_main(commands[0])
-    tf_configs = json.loads(os.environ.get("AMPFLOW_TEST_TF_CONFIGS", "null"))
     code = 0
     for index, command in enumerate(commands):
         if index:
+            _set_job_env(job_envs[index])
             _fresh_tensorflow_context()
-        if tf_configs:
-            os.environ["TF_CONFIG"] = json.dumps(tf_configs[index])
         code = ampflow_main(command)
         sys.stdout.flush()
         print(COMMAND_DONE.format(index=index, code=code), file=sys.stderr, flush=True)
