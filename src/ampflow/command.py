@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable
 from types import ModuleType
 
-from ampflow import __version__, progress
+from ampflow import __version__, progress, task_exit
 from ampflow.cliutil import ArgumentParser
 from ampflow.errors import AmpflowError
 from ampflow.fast_start import python_noise_quieted, quiet_python_noise
@@ -81,9 +81,12 @@ def main(argv: list[str] | None, modules: Iterable[ModuleType]) -> int:
     """
     try:
         with contextlib.nullcontext() if argv is None else callers_settings_kept():
-            return _main(argv, modules)
+            code = _main(argv, modules)
     except BrokenPipeError:
         return closed_pipe()
+    if argv is None and code == 0:  # a worker of a multi-worker run: no teardown (task_exit)
+        task_exit.end_cluster_worker_at_exit()
+    return code
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""A KFP task's process ends as soon as its work is done, without tearing TensorFlow down.
+"""A KFP task's or a cluster worker's process ends once its work is done, without teardown.
 
 Each step of the pipeline runs as its own process (`python -m kfp.dsl.executor_main`, under
 the kfp local runner and on a cluster alike). Once the executor has written the task's output,
@@ -15,8 +15,8 @@ executor wrote the task's output file (it does so after the component function r
 no exception went uncaught (sys.excepthook saw none); a failed task (an exception, a
 `sys.exit(1)`: no output file) finalizes as before and keeps its exit code.
 Nothing else is lost: files are written by then (the steps write atomically and close what they
-open, and non-daemon threads are joined before exit handlers run), as with `serve --workers`,
-whose drained worker exits the same way.
+open, and non-daemon threads are joined before exit handlers run), as with `serve --workers`. A
+multi-worker run's worker ends the same way (`end_cluster_worker_at_exit`: 7-34 s saved).
 """
 
 from __future__ import annotations
@@ -55,10 +55,39 @@ def _noting_failure(hook):
     return excepthook
 
 
+def in_cluster_worker() -> bool:
+    """Whether TF_CONFIG names a cluster of more than one task (this process is one of them)."""
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster") or {}
+        return sum(len(cluster.get(kind) or ()) for kind in ("chief", "worker")) > 1
+    except (AttributeError, TypeError, ValueError):
+        return False  # not a cluster this module reads: the normal exit
+
+
+def end_cluster_worker_at_exit() -> None:
+    """Called by a multi-worker run's command that succeeded (ampflow.command, for the process's
+    own command line only): the process then ends at exit without its teardown.
+
+    In a worker, TensorFlow's teardown also shuts its coordination service agent down, which
+    waits on the other workers, or on heartbeats to a chief that has already gone: measured on
+    the shared 2-core host, 7-9 s from a worker's last line to its exit (0.3-0.5 s without
+    teardown), and 34 s in one `ampflow train --workers 2` run, all of it the launcher waiting.
+    An exit handler, not an exit here: Python joins non-daemon threads before exit handlers run.
+    """
+    if in_cluster_worker():
+        atexit.register(_end_now)
+
+
 def _exit_without_teardown() -> None:
     if _state["failed"] or not _output_written():
         return  # the normal way out, with the failure's exit code
-    atexit.unregister(_exit_without_teardown)
+    _end_now()
+
+
+def _end_now() -> None:
+    """Run the other exit handlers, flush stdout and stderr, end the process with 0."""
+    for handler in (_exit_without_teardown, _end_now):
+        atexit.unregister(handler)
     atexit._run_exitfuncs()  # the others (logging.shutdown, TensorFlow's own), newest first
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -79,3 +79,93 @@ def test_outside_a_kfp_task_nothing_is_installed():
     import ampflow.task_exit as task_exit
 
     assert not task_exit.in_kfp_task() and not task_exit._state["installed"]
+
+
+# ---- a worker of a multi-worker run (`ampflow train` under a TF_CONFIG of several tasks) ------
+
+# The process's own command line through ampflow.command.main (as `python -m ampflow.cli` and
+# the console script run it), with one command, `work CODE`, that returns CODE.
+COMMAND = '''
+import atexit, sys, types
+from ampflow import command
+
+
+class Held:
+    def __del__(self, _open=open):
+        _open(MARKERS + ".torn_down", "w").close()
+
+
+def register(subparsers):
+    work = subparsers.add_parser("work")
+    work.add_argument("code", type=int)
+    work.set_defaults(func=lambda args: (print("the command ran", end=""),
+                                         print("its last log line", file=sys.stderr),
+                                         args.code)[-1])
+
+
+MARKERS = sys.argv.pop(1)
+held = Held()
+atexit.register(lambda: open(MARKERS + ".exit_handler", "w").close())
+sys.exit(command.main(None, [types.SimpleNamespace(register=register)]))
+'''
+TWO_WORKERS = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                          "task": {"type": "worker", "index": 1}})
+
+
+def _run_command(tmp_path: Path, code: int, tf_config: str | None):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    if tf_config is not None:
+        env["TF_CONFIG"] = tf_config
+    done = subprocess.run([sys.executable, "-c", COMMAND, str(tmp_path / "marker"), "work",
+                           str(code)], capture_output=True, text=True, env=env, timeout=120)
+    return done, (tmp_path / "marker.torn_down").exists()
+
+
+@pytest.mark.parametrize(("code", "tf_config", "torn_down"), [
+    (0, TWO_WORKERS, False),  # the worker that succeeded: no teardown
+    (1, TWO_WORKERS, True),   # a failed worker exits the normal way, with its code
+    (0, json.dumps({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker",
+                                                                     "index": 0}}), True),
+    (0, None, True),          # no cluster: Python's own exit
+])
+def test_a_cluster_workers_command_that_succeeded_ends_without_teardown(tmp_path, code,
+                                                                        tf_config, torn_down):
+    """A multi-worker run's worker: its teardown would stop TensorFlow's coordination service,
+    seconds of waiting on the other workers (task_exit.end_cluster_worker_at_exit)."""
+    done, was_torn_down = _run_command(tmp_path, code, tf_config)
+    assert done.returncode == code, done.stderr[-3000:]
+    assert was_torn_down is torn_down
+    assert done.stdout == "the command ran"  # flushed, with no newline
+    assert "its last log line" in done.stderr  # through the stderr filter, before the end
+    assert (tmp_path / "marker.exit_handler").is_file()  # every exit handler still ran
+
+
+def test_a_callers_own_command_never_ends_its_process(monkeypatch):
+    """main(argv) in a test or a notebook under a cluster's TF_CONFIG: the caller's process."""
+    import types
+
+    from ampflow import command, task_exit
+
+    calls = []
+    monkeypatch.setenv("TF_CONFIG", TWO_WORKERS)
+    monkeypatch.setattr(task_exit, "end_cluster_worker_at_exit", lambda: calls.append(1))
+
+    def register(subparsers):
+        subparsers.add_parser("work").set_defaults(func=lambda args: 0)
+
+    assert command.main(["work"], [types.SimpleNamespace(register=register)]) == 0
+    assert calls == [] and task_exit.in_cluster_worker()
+
+
+@pytest.mark.parametrize(("tf_config", "cluster"), [
+    (TWO_WORKERS, True),
+    ('{"cluster": {"chief": ["h:1"], "worker": ["h:2"]}, "task": {"type": "chief"}}', True),
+    ('{"cluster": {"worker": ["h:1"]}}', False), ("not json", False), ('["a", "b"]', False),
+    ("", False)])
+def test_in_cluster_worker_reads_tf_configs_tasks(monkeypatch, tf_config, cluster):
+    from ampflow import task_exit
+
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    assert task_exit.in_cluster_worker() is cluster
