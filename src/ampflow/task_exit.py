@@ -65,8 +65,9 @@ def in_cluster_worker() -> bool:
 
 
 def end_cluster_worker_at_exit() -> None:
-    """Called by a multi-worker run's command that succeeded (ampflow.command, for the process's
-    own command line only): the process then ends at exit without its teardown.
+    """After a multi-worker run's command succeeded, end the process at exit without teardown.
+
+    Called by ampflow.command for the process's own command line only, never a caller's.
 
     In a worker, TensorFlow's teardown also shuts its coordination service agent down, which
     waits on the other workers, or on heartbeats to a chief that has already gone: measured on
