@@ -211,9 +211,8 @@ def test_train_killed_then_latest_checkpoint_torn_resumes_from_the_previous_one(
     durable = tmp_path / "durable"
     epochs, killed_after = 4, 3
     # What is checked is epoch-level (which checkpoint, which epochs, how many lines), not the
-    # steps inside an epoch: 3 steps instead of the digits' full 45 (more than one, so that a
-    # checkpoint's number is the step count, not the epoch's)
-    steps_per_epoch = 3
+    # steps inside an epoch: 10 steps instead of the digits' full 45.
+    steps_per_epoch = 10
 
     def args(out):
         return ["train", "--data-dir", str(prepared_digits), "--output-dir", str(out),
