@@ -1,26 +1,20 @@
 """A KFP task's (or a command's) process ends once its work is done, without TensorFlow's teardown.
 
-Each step of the pipeline runs as its own process (`python -m kfp.dsl.executor_main`, under
-the kfp local runner and on a cluster alike). Once the executor has written the task's output,
-all that is left is the interpreter's finalization, which in a process that imported
-TensorFlow takes 2-4 s of wall time (~0.7 CPU-s) on this 2-core host: module teardown and
-TensorFlow's C++ destructors, for memory the OS reclaims anyway. Measured in the demo's logs:
-"Wrote executor output file" to "finished with status SUCCESS" 3.1 s for prepare-data, 3.8 s
-for evaluate-parity; with six such tasks per run, the pipeline waited ~20 s for nothing.
+Each step runs as its own process (`python -m kfp.dsl.executor_main`, under the local runner
+and on a cluster alike). Once the executor has written the task's output, all that is left is
+the interpreter's finalization, which after importing TensorFlow takes 2-4 s of wall time
+(~0.7 CPU-s) on this 2-core host, for memory the OS reclaims anyway ("Wrote executor output
+file" to "finished with status SUCCESS": 3.1 s for prepare-data, 3.8 s for evaluate-parity).
 
-`install()` (called when the `ampflow` package is imported, only in a KFP executor process)
-registers an exit handler that runs every other exit handler (logging's flush included),
-flushes stdout and stderr, then ends the process with `os._exit(0)`. Only after a success: the
-executor wrote the task's output file (it does so after the component function returned) and
-no exception went uncaught (sys.excepthook saw none); a failed task (an exception, a
-`sys.exit(1)`: no output file) finalizes as before and keeps its exit code.
-Nothing else is lost: files are written by then (the steps write atomically and close what they
-open, and non-daemon threads are joined before exit handlers run), as with `serve --workers`,
-whose drained worker exits the same way. `exit_command` does the same for a command-line
-process (the `ampflow` script, `python -m ampflow.cli` or `ampflow.serving.cli`) that imported
-TensorFlow, with the command's own exit code: `ampflow serve` took 3.4-3.6 s from "server
-stopped cleanly" to its end (load 9), which a rolling restart and every test that stops a
-server waited for.
+`install()` (on importing `ampflow`, only in a KFP executor process) registers an exit handler
+that runs every other exit handler (logging's flush included), flushes stdout and stderr, then
+ends the process with `os._exit(0)`, only after a success: the executor wrote the task's output
+file and no exception went uncaught; a failed task finalizes as before, with its exit code.
+`exit_command` does the same for a command-line process that imported TensorFlow (the `ampflow`
+script, `python -m ampflow.cli`, the serving CLI), with the command's exit code: `serve` spent
+3.4-3.6 s after "server stopped cleanly", a multi-worker run's worker 7-34 s (its coordination
+service waits on the others). Nothing is lost: files are written by then, and non-daemon
+threads are joined before exit handlers run.
 """
 
 from __future__ import annotations

@@ -181,8 +181,38 @@ def test_train_throughput_profile_runs_step_profile(monkeypatch):
     assert "--policies" not in argv  # step_profile's default: float16 only where native
 
 
+def test_onednn_isa_is_read_from_a_fresh_processs_verbose_header(profile_mod, monkeypatch):
+    """oneDNN prints its ISA once, at its first primitive, when ONEDNN_VERBOSE is set before
+    TensorFlow loads: so a throwaway process (the smoke run below records what this returns)."""
+    import subprocess
+
+    bench_host, seen = profile_mod.bench_host, {}
+
+    def fake_run(argv, **kwargs):
+        seen.update(argv=argv, env=kwargs["env"])
+        return subprocess.CompletedProcess(argv, 0, stdout=(
+            "onednn_verbose,v1,info,oneDNN v3.2.0\n"
+            "onednn_verbose,v1,info,cpu,isa:Intel AVX-512 with AVX512BW, AVX512VL, and "
+            "AVX512DQ extensions\nonednn_verbose,v1,primitive,exec,cpu,convolution,x\n"), stderr="")
+
+    monkeypatch.setattr(bench_host.subprocess, "run", fake_run)
+    assert bench_host.onednn_isa() == ("Intel AVX-512 with AVX512BW, AVX512VL, and AVX512DQ "
+                                       "extensions")
+    assert seen["argv"][0] == sys.executable and "tf.nn.conv2d" in seen["argv"][-1]
+    assert seen["env"]["ONEDNN_VERBOSE"] == "1"
+
+    def timed_out(argv, **kwargs):
+        raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+
+    monkeypatch.setattr(bench_host.subprocess, "run", timed_out)
+    assert bench_host.onednn_isa() is None
+
+
 @pytest.mark.slow  # TF start-up, a small CNN traced twice, the profiler
-def test_a_smoke_run_writes_its_tables(profile_mod, prepared_digits, tmp_path):
+def test_a_smoke_run_writes_its_tables(profile_mod, prepared_digits, tmp_path, monkeypatch):
+    # the ISA probe is a fresh TensorFlow process (5-9 CPU-s) whose answer is this host's fact,
+    # not the tables': its reading is the test above's; here, that the report records it
+    monkeypatch.setattr(profile_mod.bench_host, "onednn_isa", lambda: "the probe's ISA")
     assert profile_mod.main(["--model", "small_cnn", "--image-size", "16", "--batch-size", "8",
                              "--smoke", "--no-onednn-verbose", "--data-dir",
                              str(prepared_digits), "--out", str(tmp_path)]) == 0
@@ -191,6 +221,7 @@ def test_a_smoke_run_writes_its_tables(profile_mod, prepared_digits, tmp_path):
     assert set(report["step"]) >= {"float32", "mixed_bfloat16"}
     assert report["ceiling"]["ops_measured"] == 5  # 3 convs, 2 dense
     assert report["git"]["commit"] and report["load_average"]["start"]
+    assert report["cpu"]["onednn_isa"] == "the probe's ISA"
     for policy in ("float32", "mixed_bfloat16"):
         assert report["profiles"][policy]["groups_ms"]["convolutions/matmuls"] > 0
     text = written.with_suffix(".md").read_text()

@@ -66,23 +66,43 @@ def _dense_model(input_shape, num_classes, image_size):
     return keras.Model(inputs, float32_head(x, num_classes))
 
 
-def _one_step(runtime, data_dir: Path, out: Path, model: str, policy: str, mode: str) -> dict:
-    """Build the seeded model, take one train step under `mode`; weights before and after."""
+def _config(data_dir: Path, out: Path, model: str = "test_scaling_dense",
+            policy: str = "float32") -> TrainConfig:
+    return TrainConfig(data_dir=data_dir, output_dir=out, model=model, precision=policy,
+                       optimizer="sgd", learning_rate=LEARNING_RATE,
+                       batch_size=BATCH_PER_REPLICA, epochs=1, steps_per_epoch=1, seed=7)
+
+
+def _first_batch(runtime, data_dir: Path, out: Path):
+    """The run's seeded input pipeline's first global batch, read once: every case's batch (a
+    pipeline built per case cost more CPU than the case's model and step)."""
+    import tensorflow as tf
+
+    from ampflow.components.train.run.build import training_data
+    from ampflow.data import load_dataset_info
+
+    global_batch = BATCH_PER_REPLICA * runtime.num_replicas
+    train_ds, _, _ = training_data(_config(data_dir, out), load_dataset_info(data_dir),
+                                   global_batch)
+    return tf.data.Dataset.from_tensors(next(iter(train_ds))).repeat()
+
+
+def _one_step(runtime, data_dir: Path, out: Path, model: str, policy: str, mode: str,
+              first_batch) -> dict:
+    """Build the seeded model, take one train step under `mode` on `first_batch` (a dataset of
+    that one global batch); weights before and after."""
     import keras
 
     from ampflow.components.train.precision.policy import configure_precision
-    from ampflow.components.train.run.build import build_compiled_model, training_data
+    from ampflow.components.train.run.build import build_compiled_model
     from ampflow.components.train.run.loop import LoopConfig, TrainLoop, distribute_datasets
     from ampflow.data import load_dataset_info
 
-    config = TrainConfig(data_dir=data_dir, output_dir=out, model=model, precision=policy,
-                         optimizer="sgd", learning_rate=LEARNING_RATE,
-                         batch_size=BATCH_PER_REPLICA, epochs=1, steps_per_epoch=1, seed=7)
+    config = _config(data_dir, out, model, policy)
     info = load_dataset_info(data_dir)
     setup = configure_precision(policy, False)  # no XLA: the same kernels in every case
     global_batch = BATCH_PER_REPLICA * runtime.num_replicas
     keras.utils.set_random_seed(7)
-    train_ds, _, _ = training_data(config, info, global_batch)  # fresh: the same first batch
     net = build_compiled_model(config, info, setup, runtime, LEARNING_RATE)
     loop = TrainLoop(runtime, net, LoopConfig(
         epochs=1, steps_per_epoch=1, global_batch_size=global_batch, jit_compile=False,
@@ -90,13 +110,12 @@ def _one_step(runtime, data_dir: Path, out: Path, model: str, policy: str, mode:
         packed_allreduce=mode != "keras",
         allreduce_bytes_per_pack=SPLIT_BYTES_PER_PACK if mode == "packed_split" else 0,
         allreduce_dtype="compute" if mode == "packed_compute" else "float32"))
-    train, _ = distribute_datasets(runtime, train_ds, None)
+    train, _ = distribute_datasets(runtime, first_batch, None)
     before = [w.copy() for w in net.get_weights()]
     iterator = iter(train)
     local_grads = None
     if mode == "packed_float32":  # this worker's own (scaled) gradients of that first batch
-        batch = next(iter(distribute_datasets(runtime, training_data(
-            config, info, global_batch)[0], None)[0]))
+        batch = next(iter(distribute_datasets(runtime, first_batch, None)[0]))
         per_replica = runtime.strategy.run(loop._forward_backward, args=batch)
         grads = runtime.strategy.experimental_local_results(per_replica)[0][1]
         local_grads = [np.asarray(g, np.float64).tolist() for g in grads]
@@ -122,16 +141,19 @@ def _worker(data_dir: str, out_dir: str) -> None:
     register_model("test_scaling_inf_on_worker_1", _inf_gradient_on_replica_1)
     out = Path(out_dir)
     runtime = make_runtime(TrainConfig(data_dir=Path(data_dir), output_dir=out))
+    first_batch = _first_batch(runtime, Path(data_dir), out)
     results: dict = {}
     for policy in POLICIES:
         for mode in MODES:
             if mode == "packed_split" and policy != SPLIT_POLICY:
                 continue
             results[f"{policy}/{mode}"] = _one_step(runtime, Path(data_dir), out,
-                                                    "test_scaling_dense", policy, mode)
+                                                    "test_scaling_dense", policy, mode,
+                                                    first_batch)
     for mode in ("packed_float32", "packed_compute"):
         results[f"inf/{mode}"] = _one_step(runtime, Path(data_dir), out,
-                                           "test_scaling_inf_on_worker_1", "mixed_float16", mode)
+                                           "test_scaling_inf_on_worker_1", "mixed_float16", mode,
+                                           first_batch)
     for policy in ACCUMULATION_POLICIES:
         results[f"accumulation/{policy}"] = _accumulated_steps(runtime, policy)
     (out / f"worker{runtime.worker_id}.json").write_text(json.dumps(results))
@@ -304,5 +326,10 @@ def test_bad_allreduce_flags_are_one_line_and_exit_2(tmp_path, capsys, flags, me
 
 
 if __name__ == "__main__":
+    from ampflow.task_exit import exit_command
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     _worker(sys.argv[1], sys.argv[2])
+    # as `ampflow train`'s workers end: TensorFlow's teardown in a worker stops the
+    # coordination service, seconds of waiting on the other worker for nothing
+    exit_command(0)
