@@ -57,12 +57,8 @@ def check_base_model_uri(uri: str, *, cluster: bool) -> str:
         from ampflow.modeling.pretrained import read_pretrained_bert
 
         read_pretrained_bert(uri)  # one line: the command that downloads it
-    if is_remote(uri):
+    if _checked_remote(uri, "base_model_uri"):
         return f"{uri}: remote, not checked here (the train task reads it)"
-    if "://" in uri:
-        raise ModelConfigError(
-            f"base_model_uri must be a local path or a URI KFP's launcher fetches "
-            f"({', '.join(REMOTE_SCHEMES)}). Received: base_model_uri={uri!r}")
     path = Path(uri).expanduser()
     what = _local_form(path)
     if cluster:
@@ -71,6 +67,17 @@ def check_base_model_uri(uri: str, *, cluster: bool) -> str:
             f"({', '.join(REMOTE_SCHEMES)}): a train pod does not see this machine's files. "
             f"Received: the local {what} {uri!r}; {UPLOAD_HINT}")
     return f"{path}: {what}, checked"
+
+
+def _checked_remote(uri: str, name: str) -> bool:
+    """Whether `uri` is remote (taken as it is); a scheme the launcher does not fetch is refused."""
+    if is_remote(uri):
+        return True
+    if "://" in uri:
+        raise ModelConfigError(
+            f"{name} must be a local path or a URI KFP's launcher fetches "
+            f"({', '.join(REMOTE_SCHEMES)}). Received: {name}={uri!r}")
+    return False
 
 
 def _local_form(path: Path) -> str:
@@ -97,12 +104,8 @@ def check_weights_uri(uri: str, *, cluster: bool) -> str:
     layers against the backbone when it loads it); a local path must be an existing file, and
     on a `cluster` it is refused even then. Raises ModelConfigError (exit 2).
     """
-    if is_remote(uri):
+    if _checked_remote(uri, "weights_uri"):
         return f"{uri}: remote, not checked here (the train task reads it)"
-    if "://" in uri:
-        raise ModelConfigError(
-            f"weights_uri must be a local path or a URI KFP's launcher fetches "
-            f"({', '.join(REMOTE_SCHEMES)}). Received: weights_uri={uri!r}")
     path = Path(uri).expanduser()
     if not path.is_file():
         received = "a directory" if path.is_dir() else "no such file"

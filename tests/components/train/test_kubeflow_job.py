@@ -167,16 +167,7 @@ def test_tfjob_workers_read_a_pretrained_checkpoint_dir_from_the_claim(prepared_
     checkpoint = tmp_path / "imported" / "bert"
     write_hf_bert(checkpoint, layers=1, hidden=16, heads=2, intermediate=32)
     seen = {}
-
-    def operator(api, job):  # the chief publishes a (stand-in) model, then done
-        args = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["args"]
-        seen["args"] = args
-        output_dir = Path(args[args.index("--output-dir") + 1])
-        output_dir.mkdir(parents=True)
-        (output_dir / "metadata.json").write_text("{}")
-        job["status"] = _status("Succeeded", "TFJobSucceeded", "all workers finished")
-
-    fake = FakeApi(on_create=operator)
+    fake = FakeApi(on_create=_publishing_chief(seen))
     try:
         config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "artifact",
                              workers=2, model=str(checkpoint))
@@ -191,6 +182,19 @@ def test_tfjob_workers_read_a_pretrained_checkpoint_dir_from_the_claim(prepared_
         assert (staged / item.name).read_bytes() == item.read_bytes()
 
 
+def _publishing_chief(seen: dict):
+    """An operator whose chief publishes a (stand-in) model, then is done; `seen["args"]`: the
+    workers' command line."""
+    def operator(api, job):
+        args = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["args"]
+        seen["args"] = args
+        output_dir = Path(args[args.index("--output-dir") + 1])
+        output_dir.mkdir(parents=True)
+        (output_dir / "metadata.json").write_text("{}")
+        job["status"] = _status("Succeeded", "TFJobSucceeded", "all workers finished")
+    return operator
+
+
 def test_tfjob_workers_read_an_imported_weights_file_from_the_claim(prepared_digits, tmp_path,
                                                                    fast_poll):
     """An imported ImageNet weights file lives in the launcher pod: staged onto the claim."""
@@ -198,16 +202,7 @@ def test_tfjob_workers_read_an_imported_weights_file_from_the_claim(prepared_dig
     imported.parent.mkdir()
     imported.write_bytes(b"the file's bytes, as KFP's launcher downloaded them")
     seen = {}
-
-    def operator(api, job):  # the chief publishes a (stand-in) model, then done
-        args = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["args"]
-        seen["args"] = args
-        output_dir = Path(args[args.index("--output-dir") + 1])
-        output_dir.mkdir(parents=True)
-        (output_dir / "metadata.json").write_text("{}")
-        job["status"] = _status("Succeeded", "TFJobSucceeded", "all workers finished")
-
-    fake = FakeApi(on_create=operator)
+    fake = FakeApi(on_create=_publishing_chief(seen))
     try:
         config = TrainConfig(data_dir=prepared_digits, output_dir=tmp_path / "artifact",
                              workers=2, model=WEIGHTS_BACKBONE, weights=str(imported))
