@@ -60,7 +60,7 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 ## test: lint, then the whole test suite: 2,665 tests (2,662 passed, 2 skipped, 1 xfailed) in
-## 545 s of pytest on a fresh clone of a Zen 4 EPYC (AVX512_BF16; 2 cores, quiet, CI=true; stop
+## 545 s (576 s a second run) of pytest on a fresh clone of a Zen 4 EPYC (AVX512_BF16; quiet; stop
 ## 54 of the issues tool), where the previous head took 599 s (2,642 tests) side by side: under
 ## the 12-minute goal there. That head took 1,238 s on an AVX2-only AMD EPYC (2.07x slower, the
 ## same files: over the goal; stop 55, 1,261 s with 7 fewer tests the run before); 2,608 tests in
